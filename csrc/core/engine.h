@@ -1,0 +1,121 @@
+// The loader engine: one arena of batch slots, a pool of reader threads that fill slots ahead of the
+// consumer, and leases that return a slot to the pool when the consumer lets go of its batch.
+//
+// Slot life cycle: free -> filling -> ready -> leased -> free. Batches are handed out strictly in the
+// order of the index list given to start(); reader threads may fill them (and the records inside them)
+// in any order.
+#pragma once
+
+#include <sys/types.h>
+
+#include <atomic>
+#include <condition_variable>
+#include <cstdint>
+#include <exception>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "core/file.h"
+
+namespace fastpipe {
+
+enum class IoMode { kAuto, kMmap, kPread, kDirect };
+
+// One column of records in a file. Record i occupies bytes
+// [data_offset + i * record_stride, + record_bytes) of the file.
+struct ColumnSpec {
+  std::string path;
+  int64_t data_offset = 0;
+  int64_t record_stride = 0;
+  int64_t record_bytes = 0;
+  int64_t num_records = 0;
+  // Token windows: 0 copies records as they are (one output). Otherwise a record holds
+  // record_bytes / token_bytes tokens that are widened to int64 into two outputs, x = tokens[:-1]
+  // and y = tokens[1:].
+  int token_bytes = 0;
+  bool token_signed = false;
+};
+
+struct EngineOptions {
+  int64_t batch_size = 1;
+  int num_threads = 1;
+  int prefetch = 2;   // batches read ahead of the consumer
+  int num_slots = 4;  // arena slots, >= prefetch + 1
+  IoMode io = IoMode::kAuto;
+  double read_delay_s = 0;  // test hook: each chunk sleeps this long (interruptible) before reading
+  bool poison = false;      // test hook: fill released slots with 0xA5 so use-after-release shows
+};
+
+struct EngineStats {
+  int64_t batches = 0;
+  int64_t bytes_read = 0;
+  double read_seconds = 0;   // summed over reader threads
+  double wait_seconds = 0;   // consumer blocked in next()
+  double wall_seconds = 0;   // since the first start()
+  int64_t arena_bytes = 0;
+  int num_slots = 0;
+  int slots_leased = 0;
+  int num_threads = 0;
+};
+
+// An output region inside every slot: `record_bytes` per record, records back to back.
+struct OutputLayout {
+  int64_t offset;
+  int64_t record_bytes;
+};
+
+class Engine;
+struct EngineState;
+
+// A batch handed to the consumer. Destroying the last reference frees the slot.
+class Lease {
+ public:
+  Lease(std::shared_ptr<EngineState> state, int slot, int64_t records);
+  ~Lease();
+  Lease(const Lease&) = delete;
+  Lease& operator=(const Lease&) = delete;
+  char* data(int output) const;
+  int64_t records() const { return records_; }
+
+ private:
+  std::shared_ptr<EngineState> state_;
+  int slot_;
+  int64_t records_;
+};
+
+class Engine {
+ public:
+  Engine(std::vector<ColumnSpec> columns, EngineOptions options);
+  ~Engine();
+  Engine(const Engine&) = delete;
+  Engine& operator=(const Engine&) = delete;
+
+  // Starts a new pass over `indices` (record numbers, batched in order). A pass in progress is
+  // abandoned; its batches already leased stay valid.
+  void start(std::vector<int64_t> indices, bool drop_last);
+
+  // The next batch of the pass, or nullptr at its end. Waits at most `timeout_s` (< 0: forever);
+  // `poll` is called about every 50 ms while waiting (it may throw, e.g. on KeyboardInterrupt).
+  std::shared_ptr<Lease> next(double timeout_s, const std::function<void()>& poll);
+
+  // Joins the reader threads and closes the files. Leased batches stay valid.
+  void close();
+
+  const std::vector<OutputLayout>& outputs() const;
+  std::vector<std::string> io_modes() const;  // per column, the mode actually used
+  std::vector<std::string> warnings() const;  // e.g. O_DIRECT fallbacks
+  int64_t num_batches() const;
+  EngineStats stats() const;
+
+ private:
+  void check_usable() const;
+  std::shared_ptr<EngineState> state_;
+  std::vector<std::thread> threads_;
+  pid_t owner_pid_;
+};
+
+}  // namespace fastpipe

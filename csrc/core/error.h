@@ -1,0 +1,54 @@
+// Error types of the engine. Each carries a complete, user-facing message (file, record, cause); the
+// torch-facing layer maps the kind onto a Python exception type.
+#pragma once
+
+#include <cerrno>
+#include <cstring>
+#include <stdexcept>
+#include <string>
+
+namespace fastpipe {
+
+enum class ErrorKind {
+  kValue,    // bad input: header defect, wrong argument  -> ValueError
+  kIO,       // a system call failed, or a file changed under the reader -> OSError
+  kTimeout,  // nothing arrived within the timeout -> TimeoutError
+  kState,    // API misuse (closed loader, wrong process) -> RuntimeError
+};
+
+class Error : public std::runtime_error {
+ public:
+  Error(ErrorKind kind, const std::string& msg, int err = 0)
+      : std::runtime_error(msg), kind_(kind), errno_(err) {}
+  ErrorKind kind() const { return kind_; }
+  int error_number() const { return errno_; }
+
+ private:
+  ErrorKind kind_;
+  int errno_;
+};
+
+// A failed system call: "<what>: <strerror> (errno N) [at file:line]".
+[[noreturn]] inline void throw_syscall(const std::string& what, int err, const char* file, int line) {
+  throw Error(ErrorKind::kIO,
+              what + ": " + std::strerror(err) + " (errno " + std::to_string(err) + ") [" + file + ":" +
+                  std::to_string(line) + "]",
+              err);
+}
+
+}  // namespace fastpipe
+
+// Checks a syscall that returns -1 and sets errno on failure; `what` is a std::string expression
+// evaluated only on failure.
+#define FP_SYSCALL(expr, what)                                        \
+  do {                                                                \
+    if ((expr) == -1) {                                               \
+      int fp_err_ = errno;                                            \
+      ::fastpipe::throw_syscall((what), fp_err_, __FILE__, __LINE__); \
+    }                                                                 \
+  } while (0)
+
+#define FP_CHECK_VALUE(cond, msg)                                        \
+  do {                                                                   \
+    if (!(cond)) throw ::fastpipe::Error(::fastpipe::ErrorKind::kValue, (msg)); \
+  } while (0)

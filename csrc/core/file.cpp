@@ -1,0 +1,163 @@
+#include "core/file.h"
+
+#include <fcntl.h>
+#include <setjmp.h>
+#include <signal.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cstring>
+#include <mutex>
+
+#include "core/error.h"
+
+namespace fastpipe {
+namespace {
+
+// SIGBUS guard. Reading a mapped page past the end of a file that shrank raises SIGBUS. A reader
+// thread arms a jump buffer around its copies; the handler jumps back to it, or chains to the
+// handler installed before ours (faulthandler, or the default action) for faults that are not ours.
+thread_local sigjmp_buf* tl_guard = nullptr;
+struct sigaction g_previous;
+
+void sigbus_handler(int sig, siginfo_t* info, void* ctx) {
+  if (sigjmp_buf* env = tl_guard) {
+    tl_guard = nullptr;
+    siglongjmp(*env, 1);
+  }
+  if (g_previous.sa_flags & SA_SIGINFO) {
+    if (g_previous.sa_sigaction) return g_previous.sa_sigaction(sig, info, ctx);
+  } else if (g_previous.sa_handler != SIG_DFL && g_previous.sa_handler != SIG_IGN) {
+    return g_previous.sa_handler(sig);
+  }
+  // Default action: returning re-executes the faulting access, which now terminates the process.
+  signal(SIGBUS, SIG_DFL);
+}
+
+void install_sigbus_handler() {
+  static std::once_flag once;
+  std::call_once(once, [] {
+    struct sigaction sa;
+    std::memset(&sa, 0, sizeof(sa));
+    sa.sa_sigaction = sigbus_handler;
+    // SA_NODEFER: the jump leaves the handler without restoring the signal mask, so the signal must
+    // not be blocked while the handler runs or the next fault in this thread would kill the process.
+    sa.sa_flags = SA_SIGINFO | SA_NODEFER | SA_ONSTACK;
+    sigemptyset(&sa.sa_mask);
+    FP_SYSCALL(sigaction(SIGBUS, &sa, &g_previous), std::string("installing the SIGBUS handler"));
+  });
+}
+
+}  // namespace
+
+File::File(const std::string& path, FileMode mode) : path_(path), mode_(mode) {
+  int flags = O_RDONLY | O_CLOEXEC;
+  if (mode == FileMode::kDirect) {
+    fd_ = ::open(path.c_str(), flags | O_DIRECT);
+    if (fd_ < 0 && errno == EINVAL) {
+      fallback_reason_ = "the filesystem refuses O_DIRECT (open: EINVAL)";
+    } else if (fd_ >= 0) {
+      // Some filesystems accept the flag at open and refuse the first aligned read.
+      AlignedBuffer probe(kDirectAlign);
+      ssize_t n;
+      do {
+        n = ::pread(fd_, probe.data(), kDirectAlign, 0);
+      } while (n < 0 && errno == EINTR);
+      if (n < 0 && errno == EINVAL) {
+        fallback_reason_ = "the filesystem refuses O_DIRECT reads (EINVAL)";
+        ::close(fd_);
+        fd_ = -1;
+      }
+    }
+    if (!fallback_reason_.empty()) mode_ = FileMode::kBuffered;
+  }
+  if (fd_ < 0) fd_ = ::open(path.c_str(), flags);
+  FP_SYSCALL(fd_, "cannot open '" + path + "'");
+  struct stat st;
+  if (::fstat(fd_, &st) != 0) {
+    int err = errno;
+    ::close(fd_);
+    throw_syscall("cannot stat '" + path + "'", err, __FILE__, __LINE__);
+  }
+  size_at_open_ = st.st_size;
+  if (mode_ == FileMode::kMmap && size_at_open_ > 0) {
+    install_sigbus_handler();
+    map_len_ = static_cast<size_t>(size_at_open_);
+    void* p = ::mmap(nullptr, map_len_, PROT_READ, MAP_SHARED, fd_, 0);
+    if (p == MAP_FAILED) {
+      int err = errno;
+      ::close(fd_);
+      throw_syscall("cannot map '" + path + "'", err, __FILE__, __LINE__);
+    }
+    // Random record order: read-ahead around each fault would mostly fetch pages of other batches.
+    ::madvise(p, map_len_, MADV_RANDOM);
+    map_ = static_cast<const char*>(p);
+  }
+}
+
+File::~File() {
+  if (map_) ::munmap(const_cast<char*>(map_), map_len_);
+  if (fd_ >= 0) ::close(fd_);
+}
+
+int64_t File::current_size() const {
+  struct stat st;
+  FP_SYSCALL(::fstat(fd_, &st), "cannot stat '" + path_ + "'");
+  return st.st_size;
+}
+
+int64_t File::read_at_most(void* dst, int64_t len, int64_t offset) const {
+  char* out = static_cast<char*>(dst);
+  int64_t got = 0;
+  while (got < len) {
+    ssize_t n = ::pread(fd_, out + got, static_cast<size_t>(len - got), offset + got);
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      int err = errno;
+      throw_syscall("read of '" + path_ + "' failed at offset " + std::to_string(offset + got) + " (" +
+                        std::to_string(len) + " bytes requested at " + std::to_string(offset) + ")",
+                    err, __FILE__, __LINE__);
+    }
+    if (n == 0) break;
+    got += n;
+  }
+  return got;
+}
+
+bool File::copy_mapped(const Range* ranges, int64_t count, int64_t len, int64_t* done) const {
+  // Ranges past the mapped length would fault regardless of the file; report them as not copied.
+  volatile int64_t k = 0;
+  sigjmp_buf env;
+  if (sigsetjmp(env, 0) != 0) {
+    *done = k;
+    return false;
+  }
+  tl_guard = &env;
+  for (; k < count; k = k + 1) {
+    const Range& r = ranges[k];
+    if (r.offset + len > static_cast<int64_t>(map_len_)) {
+      tl_guard = nullptr;
+      *done = k;
+      return false;
+    }
+    std::memcpy(r.dst, map_ + r.offset, static_cast<size_t>(len));
+  }
+  tl_guard = nullptr;
+  *done = count;
+  return true;
+}
+
+AlignedBuffer::AlignedBuffer(size_t bytes) : size_(bytes) {
+  const size_t n = bytes ? bytes : 1;
+  void* p = ::mmap(nullptr, n, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  if (p == MAP_FAILED) {
+    int err = errno;
+    throw_syscall("cannot allocate " + std::to_string(bytes) + " bytes", err, __FILE__, __LINE__);
+  }
+  data_ = static_cast<char*>(p);
+}
+
+AlignedBuffer::~AlignedBuffer() { ::munmap(data_, size_ ? size_ : 1); }
+
+}  // namespace fastpipe

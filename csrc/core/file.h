@@ -1,0 +1,67 @@
+// A read-only file with the three access paths the reader uses: buffered pread, O_DIRECT pread and a
+// shared read-only mapping whose faults (the file shrank) are caught instead of killing the process.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+
+namespace fastpipe {
+
+enum class FileMode { kBuffered, kDirect, kMmap };
+
+// Alignment of O_DIRECT offsets, lengths and buffers; 4096 satisfies every common logical block size.
+constexpr int64_t kDirectAlign = 4096;
+
+class File {
+ public:
+  // Opens `path` read-only. kDirect falls back to kBuffered when the filesystem refuses O_DIRECT;
+  // fallback_reason() then says why. kMmap maps the whole file.
+  File(const std::string& path, FileMode mode);
+  ~File();
+  File(const File&) = delete;
+  File& operator=(const File&) = delete;
+
+  const std::string& path() const { return path_; }
+  FileMode mode() const { return mode_; }
+  const std::string& fallback_reason() const { return fallback_reason_; }
+  int64_t size_at_open() const { return size_at_open_; }
+  int64_t current_size() const;
+
+  // pread loop over partial reads and EINTR; returns the bytes read (< len only at end of file).
+  int64_t read_at_most(void* dst, int64_t len, int64_t offset) const;
+
+  // Copies from the mapping (kMmap only). Returns false if a page of the range faulted (SIGBUS:
+  // the file shrank under the mapping); `*done` is set to the number of leading ranges copied.
+  struct Range {
+    int64_t offset;
+    char* dst;
+  };
+  bool copy_mapped(const Range* ranges, int64_t count, int64_t len, int64_t* done) const;
+
+ private:
+  std::string path_;
+  FileMode mode_;
+  std::string fallback_reason_;
+  int fd_ = -1;
+  int64_t size_at_open_ = 0;
+  const char* map_ = nullptr;
+  size_t map_len_ = 0;
+};
+
+// Page-aligned anonymous memory; freed on destruction.
+class AlignedBuffer {
+ public:
+  explicit AlignedBuffer(size_t bytes);
+  ~AlignedBuffer();
+  AlignedBuffer(const AlignedBuffer&) = delete;
+  AlignedBuffer& operator=(const AlignedBuffer&) = delete;
+  char* data() const { return data_; }
+  size_t size() const { return size_; }
+
+ private:
+  char* data_ = nullptr;
+  size_t size_ = 0;
+};
+
+}  // namespace fastpipe

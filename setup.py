@@ -1,0 +1,155 @@
+"""Build script for fastpipe's C++/CUDA extension ``fastpipe._C``.
+
+The extension is compiled against the torch that is already installed (build with
+``pip install --no-build-isolation .``): torch's C++ ABI changes between releases, so an extension
+built against one torch cannot be loaded by another.
+
+Environment knobs (each decision is printed):
+  FASTPIPE_CUDA=auto|0|1   auto: compile CUDA sources when torch is a CUDA build and a CUDA toolkit is
+                           found. A GPU is never required to compile.
+  FASTPIPE_CUDA_ARCHS      semicolon-separated compute capabilities, default "8.0;9.0".
+  CUDA_HOME                toolkit root; found from nvcc (including wrapper scripts) when unset.
+  MAX_JOBS                 parallel compile jobs; default from cores and memory.
+  DEBUG=1                  -O0 -g (and -lineinfo for CUDA).
+"""
+
+import glob
+import os
+import re
+import shutil
+import sys
+
+from setuptools import find_packages, setup
+
+ROOT = os.path.dirname(os.path.abspath(__file__))
+VERSION = "0.1.0"
+
+
+def say(msg):
+    print(f"[fastpipe setup] {msg}", flush=True)
+
+
+def _toolkit_root(candidate):
+    return candidate if candidate and os.path.isfile(os.path.join(candidate, "include", "cuda_runtime.h")) else None
+
+
+def find_cuda_home():
+    """Locate the CUDA toolkit root (the folder holding bin/nvcc and include/cuda_runtime.h).
+
+    torch's own guess takes the parent of the folder nvcc's link or wrapper lives in (e.g. /usr/local),
+    which is wrong when /usr/local/bin/nvcc is a wrapper, so resolve it here first.
+    """
+    for var in ("CUDA_HOME", "CUDA_PATH"):
+        root = _toolkit_root(os.environ.get(var))
+        if root:
+            return root, f"${var}"
+    nvcc = shutil.which("nvcc")
+    if nvcc:
+        real = os.path.realpath(nvcc)
+        root = _toolkit_root(os.path.dirname(os.path.dirname(real)))
+        if root:
+            return root, f"nvcc at {real}"
+        try:  # a small shell wrapper such as `exec /usr/local/cuda-13.0/bin/nvcc "$@"`
+            with open(real, "r", errors="ignore") as f:
+                text = f.read(4096)
+            m = re.search(r"(/\S+)/bin/nvcc", text)
+            root = _toolkit_root(m.group(1)) if m else None
+            if root:
+                return root, f"wrapper script {real}"
+        except OSError:
+            pass
+    for cand in ["/usr/local/cuda"] + sorted(glob.glob("/usr/local/cuda-*"), reverse=True):
+        root = _toolkit_root(cand)
+        if root:
+            return root, "default location"
+    return None, "no nvcc on PATH and no toolkit under /usr/local/cuda*"
+
+
+CUDA_MODE = os.environ.get("FASTPIPE_CUDA", "auto").strip().lower()
+if CUDA_MODE not in ("auto", "0", "1"):
+    sys.exit(f"FASTPIPE_CUDA must be auto, 0 or 1, got {CUDA_MODE!r}")
+
+cuda_home, cuda_home_why = find_cuda_home() if CUDA_MODE != "0" else (None, "FASTPIPE_CUDA=0")
+if cuda_home:
+    # Must be set before torch.utils.cpp_extension is imported: it reads CUDA_HOME at import time.
+    os.environ["CUDA_HOME"] = cuda_home
+
+import torch  # noqa: E402
+from torch.utils.cpp_extension import BuildExtension, CppExtension, CUDAExtension  # noqa: E402
+
+if CUDA_MODE == "0":
+    WITH_CUDA, why = False, "FASTPIPE_CUDA=0"
+elif torch.version.cuda is None:
+    WITH_CUDA, why = False, f"torch {torch.__version__} is a CPU-only build"
+elif cuda_home is None:
+    WITH_CUDA, why = False, f"no CUDA toolkit found ({cuda_home_why})"
+else:
+    WITH_CUDA, why = True, f"torch {torch.__version__} is a CUDA {torch.version.cuda} build and the toolkit is {cuda_home} ({cuda_home_why})"
+if CUDA_MODE == "1" and not WITH_CUDA:
+    sys.exit(f"FASTPIPE_CUDA=1 but CUDA sources cannot be compiled: {why}")
+say(f"CUDA kernels: {'ON' if WITH_CUDA else 'OFF'} - {why}")
+
+ARCHS = os.environ.get("FASTPIPE_CUDA_ARCHS", "8.0;9.0").strip()
+if WITH_CUDA:
+    if not re.fullmatch(r"\d+\.\d+[a-z]?(\+PTX)?(;\d+\.\d+[a-z]?(\+PTX)?)*", ARCHS):
+        sys.exit(f"FASTPIPE_CUDA_ARCHS must look like '8.0;9.0', got {ARCHS!r}")
+    # torch turns this list into -gencode flags; without it, it probes for a GPU (there may be none).
+    os.environ["TORCH_CUDA_ARCH_LIST"] = ARCHS
+    say(f"CUDA archs: {ARCHS}")
+
+DEBUG = os.environ.get("DEBUG", "0") == "1"
+if "MAX_JOBS" not in os.environ:
+    # A translation unit that includes torch headers needs about 1.5 GB while compiling.
+    mem_gb = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
+    os.environ["MAX_JOBS"] = str(max(1, min(os.cpu_count() or 1, int(mem_gb // 1.5))))
+say(f"compile jobs: {os.environ['MAX_JOBS']}, {'debug' if DEBUG else 'release'} build")
+
+
+def sources(pattern):
+    return sorted(os.path.relpath(p, ROOT) for p in glob.glob(os.path.join(ROOT, pattern)))
+
+
+srcs = sources("csrc/core/*.cpp") + sources("csrc/ops/*.cpp")
+if WITH_CUDA:
+    srcs += sources("csrc/cuda/*.cu") + sources("csrc/ops/cuda/*.cpp")
+
+defines = [
+    ("FASTPIPE_VERSION", f'"{VERSION}"'),
+    ("FASTPIPE_TORCH_VERSION", f'"{torch.__version__}"'),
+    ("FASTPIPE_CUDA_ARCHS", f'"{ARCHS if WITH_CUDA else ""}"'),
+]
+opt = ["-O0", "-g"] if DEBUG else ["-O3"]
+cxx_flags = ["-std=c++17", "-Wall", "-Wno-unused-function", "-fvisibility=hidden"] + opt
+include_dirs = [os.path.join(ROOT, "csrc")]
+extra = {"cxx": cxx_flags}
+if WITH_CUDA:
+    defines.append(("FASTPIPE_WITH_CUDA", "1"))
+    extra["nvcc"] = ["-std=c++17", "--expt-relaxed-constexpr", "-Xcompiler", "-fvisibility=hidden"] + (
+        ["-O0", "-g", "-lineinfo"] if DEBUG else ["-O3", "--use_fast_math"]
+    )
+    # pip-installed torch ships CUDA library headers (cuDNN, cuSPARSE, ...) in nvidia-* wheels, not in
+    # the toolkit; torch's CUDA headers include them.
+    site = os.path.dirname(os.path.dirname(torch.__file__))
+    wheel_includes = sorted(glob.glob(os.path.join(site, "nvidia", "*", "include")))
+    include_dirs += [os.path.join(cuda_home, "include")] + wheel_includes
+    Ext = CUDAExtension
+else:
+    Ext = CppExtension
+
+say(f"sources: {len(srcs)} ({', '.join(srcs)})")
+
+setup(
+    name="fastpipe",
+    version=VERSION,
+    packages=find_packages(include=["fastpipe", "fastpipe.*"]),
+    ext_modules=[
+        Ext(
+            name="fastpipe._C",
+            sources=srcs,
+            include_dirs=include_dirs,
+            define_macros=defines,
+            extra_compile_args=extra,
+        )
+    ],
+    cmdclass={"build_ext": BuildExtension.with_options(use_ninja=True)},
+)
