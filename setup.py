@@ -119,12 +119,13 @@ defines = [
     ("FASTPIPE_CUDA_ARCHS", f'"{ARCHS if WITH_CUDA else ""}"'),
 ]
 opt = ["-O0", "-g"] if DEBUG else ["-O3"]
-cxx_flags = ["-std=c++17", "-Wall", "-Wno-unused-function", "-fvisibility=hidden"] + opt
+# No -std here: torch picks the standard its headers need (C++20 since 2.10); csrc/core is C++17.
+cxx_flags = ["-Wall", "-Wno-unused-function", "-fvisibility=hidden"] + opt
 include_dirs = [os.path.join(ROOT, "csrc")]
 extra = {"cxx": cxx_flags}
 if WITH_CUDA:
     defines.append(("FASTPIPE_WITH_CUDA", "1"))
-    extra["nvcc"] = ["-std=c++17", "--expt-relaxed-constexpr", "-Xcompiler", "-fvisibility=hidden"] + (
+    extra["nvcc"] = ["--expt-relaxed-constexpr", "-Xcompiler", "-fvisibility=hidden"] + (
         ["-O0", "-g", "-lineinfo"] if DEBUG else ["-O3", "--use_fast_math"]
     )
     # pip-installed torch ships CUDA library headers (cuDNN, cuSPARSE, ...) in nvidia-* wheels, not in

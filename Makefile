@@ -1,0 +1,29 @@
+# Two commands do everything on a fresh machine (see README.md):
+#   make bench   set up, build, generate sample data and run the loader benchmark
+#   make test    set up, build and run the tests
+# VENV and REQ choose the environment; `make test-cpu` is the CPU-only build (CPU torch, no CUDA).
+PYTHON ?= python3
+VENV ?= .venv
+REQ ?= requirements/cuda.txt
+PY := $(VENV)/bin/python
+PYTEST_ARGS ?=
+
+.PHONY: setup test bench test-cpu clean
+
+setup:
+	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q -r $(REQ)
+	$(PY) -m pip install -q --no-build-isolation -e .
+	$(PY) -c "import fastpipe, json; print(json.dumps(fastpipe.build_info()))"
+
+test: setup
+	$(PY) -m pytest -q $(PYTEST_ARGS)
+
+bench: setup
+	$(PY) benchmarks/loader_bench.py
+
+test-cpu:
+	$(MAKE) test VENV=.venv-cpu REQ=requirements/cpu.txt
+
+clean:
+	rm -rf build fastpipe/*.so *.egg-info

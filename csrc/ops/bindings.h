@@ -1,0 +1,8 @@
+// Entry points that add each part's Python bindings to fastpipe._C.
+#pragma once
+
+#include <torch/extension.h>
+
+namespace fastpipe {
+void bind_loader(pybind11::module& m);
+}  // namespace fastpipe

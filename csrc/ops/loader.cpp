@@ -1,0 +1,5 @@
+#include "ops/bindings.h"
+
+namespace fastpipe {
+void bind_loader(pybind11::module& m) {}
+}  // namespace fastpipe
