@@ -126,16 +126,18 @@ int64_t File::read_at_most(void* dst, int64_t len, int64_t offset) const {
 }
 
 bool File::copy_mapped(const Range* ranges, int64_t count, int64_t len, int64_t* done) const {
-  // Ranges past the mapped length would fault regardless of the file; report them as not copied.
-  volatile int64_t k = 0;
+  // volatile: read after the jump back from the signal handler.
+  volatile int64_t progress = 0;
   sigjmp_buf env;
   if (sigsetjmp(env, 0) != 0) {
-    *done = k;
+    *done = progress;
     return false;
   }
   tl_guard = &env;
-  for (; k < count; k = k + 1) {
+  for (int64_t k = 0; k < count; ++k) {
+    progress = k;
     const Range& r = ranges[k];
+    // A range past the mapped length would fault whatever the file holds now.
     if (r.offset + len > static_cast<int64_t>(map_len_)) {
       tl_guard = nullptr;
       *done = k;

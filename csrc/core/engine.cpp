@@ -1,0 +1,617 @@
+#include "core/engine.h"
+
+#include <pthread.h>
+#include <signal.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+
+#include "core/error.h"
+
+namespace fastpipe {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double seconds_since(Clock::time_point t0) {
+  return std::chrono::duration<double>(Clock::now() - t0).count();
+}
+
+std::string fmt_seconds(double s) {
+  char buf[32];
+  std::snprintf(buf, sizeof(buf), "%g s", s);
+  return buf;
+}
+
+int64_t align_up(int64_t v, int64_t a) { return (v + a - 1) / a * a; }
+
+// Records smaller than this are gathered from a mapping: one memcpy each instead of a syscall each.
+constexpr int64_t kMmapMaxRecord = 64 << 10;
+// A work item (chunk) carries about this many bytes, so that several threads share one large batch.
+constexpr int64_t kChunkBytes = 256 << 10;
+// O_DIRECT reads go through a per-thread bounce buffer of at least this size.
+constexpr int64_t kBounceBytes = 4 << 20;
+constexpr double kPollSeconds = 0.05;
+
+const char* mode_name(FileMode m) {
+  switch (m) {
+    case FileMode::kMmap: return "mmap";
+    case FileMode::kDirect: return "direct";
+    default: return "pread";
+  }
+}
+
+int64_t mem_available_bytes() {
+  const long pages = sysconf(_SC_AVPHYS_PAGES);
+  return pages > 0 ? static_cast<int64_t>(pages) * sysconf(_SC_PAGE_SIZE) : 0;
+}
+
+FileMode choose_mode(IoMode io, const ColumnSpec& c, int64_t total_data_bytes) {
+  switch (io) {
+    case IoMode::kMmap: return FileMode::kMmap;
+    case IoMode::kPread: return FileMode::kBuffered;
+    case IoMode::kDirect: return FileMode::kDirect;
+    case IoMode::kAuto: break;
+  }
+  if (c.record_bytes < kMmapMaxRecord) return FileMode::kMmap;
+  // Data that cannot stay in the page cache is read around it: buffered reads would evict other
+  // pages and then miss anyway.
+  return total_data_bytes > mem_available_bytes() / 2 ? FileMode::kDirect : FileMode::kBuffered;
+}
+
+template <typename T>
+void widen_tokens(const char* src, int64_t block, int64_t* x, int64_t* y) {
+  const T* t = reinterpret_cast<const T*>(src);
+  for (int64_t k = 0; k < block; ++k) x[k] = static_cast<int64_t>(t[k]);
+  for (int64_t k = 0; k < block; ++k) y[k] = static_cast<int64_t>(t[k + 1]);
+}
+
+using WidenFn = void (*)(const char*, int64_t, int64_t*, int64_t*);
+
+WidenFn widen_for(int bytes, bool is_signed) {
+  switch (bytes) {
+    case 1: return is_signed ? widen_tokens<int8_t> : widen_tokens<uint8_t>;
+    case 2: return is_signed ? widen_tokens<int16_t> : widen_tokens<uint16_t>;
+    case 4: return is_signed ? widen_tokens<int32_t> : widen_tokens<uint32_t>;
+    case 8: return widen_tokens<int64_t>;
+  }
+  throw Error(ErrorKind::kValue, "token size must be 1, 2, 4 or 8 bytes, got " + std::to_string(bytes));
+}
+
+}  // namespace
+
+enum class SlotState { kFree, kFilling, kReady, kLeased };
+
+struct Slot {
+  SlotState state = SlotState::kFree;
+  uint64_t gen = 0;     // pass that filled it
+  int64_t batch = -1;   // batch number within that pass
+  int64_t records = 0;
+  int pending = 0;      // chunks not finished yet
+  std::exception_ptr error;
+};
+
+struct Column {
+  ColumnSpec spec;
+  std::unique_ptr<File> file;
+  int first_output = 0;  // index into EngineState::outputs
+  WidenFn widen = nullptr;
+};
+
+// Everything the reader threads and the leases share. Leases keep it (and so the arena) alive after
+// the Engine is gone.
+struct EngineState {
+  EngineOptions opt;
+  std::vector<Column> columns;
+  std::vector<OutputLayout> outputs;
+  std::vector<std::string> warnings;
+  int64_t slot_bytes = 0;
+  int64_t record_bytes_total = 0;  // payload bytes read per record, all columns
+  int64_t chunk_records = 1;
+  int64_t scratch_bytes = 0;       // per thread: token windows of one chunk
+  std::unique_ptr<AlignedBuffer> arena;
+  pid_t owner_pid = 0;
+
+  std::mutex mu;
+  std::condition_variable work_cv;   // reader threads: work or stop
+  std::condition_variable ready_cv;  // consumer: a batch finished
+  bool stop = false;
+
+  // Current pass.
+  uint64_t gen = 0;
+  std::shared_ptr<const std::vector<int64_t>> indices;
+  int64_t num_batches = 0;
+  int64_t consumed = 0;       // batches handed to the consumer
+  int64_t next_batch = 0;     // next batch to dispatch
+  int64_t next_chunk = 0;     // next chunk of next_batch
+  std::vector<int> ring;      // batch b of the pass is in slot ring[b % prefetch] (-1: not assigned)
+  std::exception_ptr failure; // sticky: the pass failed
+  std::vector<Slot> slots;
+  int free_slots = 0;
+  int leased_slots = 0;
+
+  // Statistics.
+  std::atomic<int64_t> bytes_read{0};
+  std::atomic<int64_t> read_ns{0};
+  int64_t batches_out = 0;
+  double wait_s = 0;
+  bool started = false;
+  Clock::time_point t_first_start;
+
+  char* slot_data(int slot) const { return arena->data() + static_cast<int64_t>(slot) * slot_bytes; }
+  int64_t batch_records(int64_t b) const {
+    const int64_t bs = opt.batch_size;
+    return std::min<int64_t>(bs, static_cast<int64_t>(indices->size()) - b * bs);
+  }
+  int64_t batch_chunks(int64_t b) const { return (batch_records(b) + chunk_records - 1) / chunk_records; }
+
+  bool has_work() const {
+    if (!indices || next_batch >= num_batches || next_batch >= consumed + opt.prefetch) return false;
+    return next_chunk > 0 || free_slots > 0;
+  }
+
+  void release_slot_locked(int s) {
+    Slot& slot = slots[s];
+    slot.state = SlotState::kFree;
+    slot.error = nullptr;
+    ++free_slots;
+    work_cv.notify_all();
+  }
+};
+
+struct WorkItem {
+  uint64_t gen;
+  int slot;
+  int64_t batch;
+  int64_t first;  // first record of the chunk within the batch
+  int64_t count;
+  std::shared_ptr<const std::vector<int64_t>> indices;
+};
+
+namespace {
+
+std::string record_context(const Column& c, int64_t record) {
+  return "'" + c.spec.path + "': record " + std::to_string(record) + " (offset " +
+         std::to_string(c.spec.data_offset + record * c.spec.record_stride) + ", " +
+         std::to_string(c.spec.record_bytes) + " bytes)";
+}
+
+[[noreturn]] void throw_shrunk(const Column& c, int64_t record) {
+  int64_t now = -1;
+  try {
+    now = c.file->current_size();
+  } catch (const Error&) {
+  }
+  throw Error(ErrorKind::kIO, "cannot read " + record_context(c, record) + ": the file is now " +
+                                  std::to_string(now) + " bytes, it was " + std::to_string(c.file->size_at_open()) +
+                                  " when the loader opened it (it was truncated or replaced while being read)");
+}
+
+// Per-thread buffers, allocated once per thread.
+struct ThreadBuffers {
+  std::unique_ptr<AlignedBuffer> bounce;   // O_DIRECT
+  std::unique_ptr<AlignedBuffer> scratch;  // raw token windows before widening
+  std::vector<File::Range> ranges;
+  std::vector<int64_t> order;
+};
+
+// Reads `count` records of column `c` (record numbers idx[0..count)) so that record k lands at
+// dst + k * record_bytes.
+void read_records(const Column& c, const int64_t* idx, int64_t count, char* dst, ThreadBuffers& tb) {
+  const ColumnSpec& s = c.spec;
+  const int64_t len = s.record_bytes;
+  tb.ranges.resize(static_cast<size_t>(count));
+  for (int64_t k = 0; k < count; ++k) tb.ranges[k] = {s.data_offset + idx[k] * s.record_stride, dst + k * len};
+
+  if (c.file->mode() == FileMode::kMmap) {
+    int64_t done = 0;
+    if (!c.file->copy_mapped(tb.ranges.data(), count, len, &done)) throw_shrunk(c, idx[done]);
+  } else {
+    // Sorted by file offset: sequential runs become one request, and the disk sees ascending offsets.
+    tb.order.resize(static_cast<size_t>(count));
+    for (int64_t k = 0; k < count; ++k) tb.order[k] = k;
+    std::sort(tb.order.begin(), tb.order.end(),
+              [&](int64_t a, int64_t b) { return tb.ranges[a].offset < tb.ranges[b].offset; });
+    const bool direct = c.file->mode() == FileMode::kDirect;
+    int64_t i = 0;
+    while (i < count) {
+      const File::Range& first = tb.ranges[tb.order[i]];
+      int64_t j = i + 1;
+      if (direct) {
+        // Records whose aligned extents touch share one aligned read through the bounce buffer.
+        const int64_t start = first.offset / kDirectAlign * kDirectAlign;
+        int64_t end = align_up(first.offset + len, kDirectAlign);
+        while (j < count) {
+          const int64_t off = tb.ranges[tb.order[j]].offset;
+          const int64_t e = align_up(off + len, kDirectAlign);
+          if (off / kDirectAlign * kDirectAlign > end || e - start > static_cast<int64_t>(tb.bounce->size())) break;
+          end = std::max(end, e);
+          ++j;
+        }
+        const int64_t got = c.file->read_at_most(tb.bounce->data(), end - start, start);
+        for (int64_t k = i; k < j; ++k) {
+          const File::Range& r = tb.ranges[tb.order[k]];
+          if (r.offset + len - start > got) throw_shrunk(c, idx[tb.order[k]]);
+          std::memcpy(r.dst, tb.bounce->data() + (r.offset - start), static_cast<size_t>(len));
+        }
+      } else {
+        // Adjacent in the file and in the batch (sequential order): one pread straight into the slot.
+        while (j < count && tb.ranges[tb.order[j]].offset == first.offset + (j - i) * len &&
+               tb.ranges[tb.order[j]].dst == first.dst + (j - i) * len)
+          ++j;
+        const int64_t want = (j - i) * len;
+        const int64_t got = c.file->read_at_most(first.dst, want, first.offset);
+        if (got < want) throw_shrunk(c, idx[tb.order[i + got / std::max<int64_t>(len, 1)]]);
+      }
+      i = j;
+    }
+  }
+  // A mapping of a file that shrank reads zeros in the last page instead of faulting, and a pread
+  // can race with truncation: confirm the file still covers every record copied.
+  int64_t max_end = 0;
+  int64_t max_rec = 0;
+  for (int64_t k = 0; k < count; ++k) {
+    const int64_t end = tb.ranges[k].offset + len;
+    if (end > max_end) {
+      max_end = end;
+      max_rec = idx[k];
+    }
+  }
+  if (c.file->current_size() < max_end) throw_shrunk(c, max_rec);
+}
+
+void read_chunk(EngineState& st, const WorkItem& w, ThreadBuffers& tb) {
+  const int64_t* idx = w.indices->data() + w.batch * st.opt.batch_size + w.first;
+  for (int64_t k = 0; k < w.count; ++k) {
+    const int64_t n = st.columns[0].spec.num_records;
+    if (idx[k] < 0 || idx[k] >= n)
+      throw Error(ErrorKind::kValue, "record index " + std::to_string(idx[k]) + " is out of range for a dataset of " +
+                                         std::to_string(n) + " records");
+  }
+  char* base = st.slot_data(w.slot);
+  for (const Column& c : st.columns) {
+    const OutputLayout& out = st.outputs[c.first_output];
+    if (!c.widen) {
+      read_records(c, idx, w.count, base + out.offset + w.first * out.record_bytes, tb);
+      continue;
+    }
+    read_records(c, idx, w.count, tb.scratch->data(), tb);
+    const OutputLayout& out_y = st.outputs[c.first_output + 1];
+    const int64_t block = out.record_bytes / 8;
+    for (int64_t k = 0; k < w.count; ++k) {
+      c.widen(tb.scratch->data() + k * c.spec.record_bytes, block,
+              reinterpret_cast<int64_t*>(base + out.offset + (w.first + k) * out.record_bytes),
+              reinterpret_cast<int64_t*>(base + out_y.offset + (w.first + k) * out_y.record_bytes));
+    }
+  }
+}
+
+void reader_loop(std::shared_ptr<EngineState> sp) {
+  EngineState& st = *sp;
+  ThreadBuffers tb;
+  int64_t max_record = 0;
+  for (const Column& c : st.columns) {
+    max_record = std::max(max_record, c.spec.record_bytes);
+    if (c.file->mode() == FileMode::kDirect && !tb.bounce)
+      tb.bounce = std::make_unique<AlignedBuffer>(
+          static_cast<size_t>(std::max(kBounceBytes, align_up(max_record, kDirectAlign) + 2 * kDirectAlign)));
+  }
+  if (tb.bounce) {
+    for (const Column& c : st.columns)
+      if (align_up(c.spec.record_bytes, kDirectAlign) + 2 * kDirectAlign > static_cast<int64_t>(tb.bounce->size()))
+        tb.bounce = std::make_unique<AlignedBuffer>(
+            static_cast<size_t>(align_up(c.spec.record_bytes, kDirectAlign) + 2 * kDirectAlign));
+  }
+  if (st.scratch_bytes) tb.scratch = std::make_unique<AlignedBuffer>(static_cast<size_t>(st.scratch_bytes));
+
+  std::unique_lock<std::mutex> lk(st.mu);
+  for (;;) {
+    st.work_cv.wait(lk, [&] { return st.stop || st.has_work(); });
+    if (st.stop) return;
+    WorkItem w;
+    w.gen = st.gen;
+    w.batch = st.next_batch;
+    w.indices = st.indices;
+    const int64_t nchunks = st.batch_chunks(w.batch);
+    int& ring_slot = st.ring[w.batch % st.opt.prefetch];
+    if (st.next_chunk == 0) {
+      int s = 0;
+      while (st.slots[s].state != SlotState::kFree) ++s;
+      Slot& slot = st.slots[s];
+      slot.state = SlotState::kFilling;
+      slot.gen = st.gen;
+      slot.batch = w.batch;
+      slot.records = st.batch_records(w.batch);
+      slot.pending = static_cast<int>(nchunks);
+      slot.error = nullptr;
+      --st.free_slots;
+      ring_slot = s;
+    }
+    w.slot = ring_slot;
+    w.first = st.next_chunk * st.chunk_records;
+    w.count = std::min(st.chunk_records, st.batch_records(w.batch) - w.first);
+    if (++st.next_chunk == nchunks) {
+      st.next_chunk = 0;
+      ++st.next_batch;
+    }
+    lk.unlock();
+
+    std::exception_ptr err;
+    const auto t0 = Clock::now();
+    try {
+      if (st.opt.read_delay_s > 0) {
+        std::unique_lock<std::mutex> dl(st.mu);
+        st.work_cv.wait_for(dl, std::chrono::duration<double>(st.opt.read_delay_s), [&] { return st.stop; });
+      }
+      read_chunk(st, w, tb);
+    } catch (...) {
+      err = std::current_exception();
+    }
+    st.read_ns += std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now() - t0).count();
+    if (!err) st.bytes_read += w.count * st.record_bytes_total;
+
+    lk.lock();
+    Slot& slot = st.slots[w.slot];
+    if (err && !slot.error) slot.error = err;
+    if (--slot.pending == 0) {
+      if (slot.gen != st.gen) {
+        st.release_slot_locked(w.slot);  // the pass it belonged to was abandoned
+      } else {
+        slot.state = SlotState::kReady;
+        st.ready_cv.notify_all();
+      }
+    }
+  }
+}
+
+// Worker threads must not take process signals such as SIGINT (Python handles those in the main
+// thread); synchronous faults (SIGBUS, SIGSEGV) are still delivered to the thread that caused them.
+class BlockAsyncSignals {
+ public:
+  BlockAsyncSignals() {
+    sigset_t all;
+    sigfillset(&all);
+    for (int s : {SIGBUS, SIGSEGV, SIGFPE, SIGILL}) sigdelset(&all, s);
+    pthread_sigmask(SIG_BLOCK, &all, &old_);
+  }
+  ~BlockAsyncSignals() { pthread_sigmask(SIG_SETMASK, &old_, nullptr); }
+
+ private:
+  sigset_t old_;
+};
+
+}  // namespace
+
+Lease::Lease(std::shared_ptr<EngineState> state, int slot, int64_t records)
+    : state_(std::move(state)), slot_(slot), records_(records) {}
+
+Lease::~Lease() {
+  EngineState& st = *state_;
+  // In a child forked while the parent's readers ran, the lock may be held by a thread that does not
+  // exist here; the child never reuses the parent's slots, so leave them alone.
+  if (getpid() != st.owner_pid) return;
+  if (st.opt.poison) std::memset(st.slot_data(slot_), 0xA5, static_cast<size_t>(st.slot_bytes));
+  std::lock_guard<std::mutex> lk(st.mu);
+  --st.leased_slots;
+  st.release_slot_locked(slot_);
+}
+
+char* Lease::data(int output) const { return state_->slot_data(slot_) + state_->outputs[output].offset; }
+
+Engine::Engine(std::vector<ColumnSpec> columns, EngineOptions opt) : owner_pid_(getpid()) {
+  FP_CHECK_VALUE(!columns.empty(), "a loader needs at least one column");
+  FP_CHECK_VALUE(opt.batch_size >= 1, "batch_size must be at least 1, got " + std::to_string(opt.batch_size));
+  FP_CHECK_VALUE(opt.num_threads >= 1, "num_threads must be at least 1, got " + std::to_string(opt.num_threads));
+  FP_CHECK_VALUE(opt.prefetch >= 1, "prefetch must be at least 1, got " + std::to_string(opt.prefetch));
+  FP_CHECK_VALUE(opt.num_slots > opt.prefetch, "num_slots must exceed prefetch");
+  auto st = std::make_shared<EngineState>();
+  st->opt = opt;
+  st->owner_pid = owner_pid_;
+
+  int64_t total_data = 0;
+  for (const ColumnSpec& s : columns) total_data += s.num_records * s.record_bytes;
+  const int64_t n = columns[0].num_records;
+  int64_t offset = 0;
+  for (ColumnSpec& s : columns) {
+    FP_CHECK_VALUE(s.num_records == n, "'" + s.path + "' has " + std::to_string(s.num_records) +
+                                           " records but '" + columns[0].path + "' has " + std::to_string(n));
+    FP_CHECK_VALUE(s.record_bytes > 0, "'" + s.path + "': records must not be empty");
+    Column c;
+    c.first_output = static_cast<int>(st->outputs.size());
+    if (s.token_bytes) {
+      c.widen = widen_for(s.token_bytes, s.token_signed);
+      FP_CHECK_VALUE(s.record_bytes % s.token_bytes == 0 && s.record_bytes / s.token_bytes >= 2,
+                     "'" + s.path + "': a token window needs at least 2 whole tokens");
+      const int64_t block = s.record_bytes / s.token_bytes - 1;
+      for (int k = 0; k < 2; ++k) {
+        st->outputs.push_back({offset, block * 8});
+        offset = align_up(offset + block * 8 * opt.batch_size, kDirectAlign);
+      }
+    } else {
+      st->outputs.push_back({offset, s.record_bytes});
+      offset = align_up(offset + s.record_bytes * opt.batch_size, kDirectAlign);
+    }
+    st->record_bytes_total += s.record_bytes;
+    c.file = std::make_unique<File>(s.path, choose_mode(opt.io, s, total_data));
+    if (!c.file->fallback_reason().empty())
+      st->warnings.push_back("'" + s.path + "': io='direct' unavailable, " + c.file->fallback_reason() +
+                             "; using buffered reads");
+    const int64_t need = s.data_offset + (n - 1) * s.record_stride + s.record_bytes;
+    FP_CHECK_VALUE(c.file->size_at_open() >= need, "'" + s.path + "' is " + std::to_string(c.file->size_at_open()) +
+                                                        " bytes but its " + std::to_string(n) + " records need " +
+                                                        std::to_string(need));
+    c.spec = std::move(s);
+    st->columns.push_back(std::move(c));
+  }
+  st->slot_bytes = std::max<int64_t>(offset, kDirectAlign);
+  st->chunk_records = std::max<int64_t>(1, kChunkBytes / st->record_bytes_total);
+  for (const Column& c : st->columns)
+    if (c.widen) st->scratch_bytes = std::max(st->scratch_bytes, st->chunk_records * c.spec.record_bytes);
+
+  // One allocation for every slot; touched now so that the first batches do not pay page faults.
+  st->arena = std::make_unique<AlignedBuffer>(static_cast<size_t>(st->slot_bytes * opt.num_slots));
+  std::memset(st->arena->data(), 0, st->arena->size());
+  st->slots.resize(static_cast<size_t>(opt.num_slots));
+  st->free_slots = opt.num_slots;
+  st->ring.assign(static_cast<size_t>(opt.prefetch), -1);
+  state_ = st;
+
+  BlockAsyncSignals block;
+  for (int t = 0; t < opt.num_threads; ++t) {
+    threads_.emplace_back(reader_loop, st);
+    pthread_setname_np(threads_.back().native_handle(), ("fastpipe-rd" + std::to_string(t)).substr(0, 15).c_str());
+  }
+}
+
+Engine::~Engine() {
+  if (getpid() != owner_pid_) {
+    // Forked child: the reader threads exist only in the parent; joining would block forever and
+    // std::thread's destructor would abort. Their handles are abandoned on purpose.
+    new std::vector<std::thread>(std::move(threads_));
+    return;
+  }
+  close();
+}
+
+void Engine::check_usable() const {
+  if (getpid() != owner_pid_)
+    throw Error(ErrorKind::kState,
+                "this Loader was created in another process (before a fork); create a new Loader in this process");
+  if (!state_ || threads_.empty()) throw Error(ErrorKind::kState, "the Loader is closed");
+}
+
+void Engine::close() {
+  if (getpid() != owner_pid_ || threads_.empty()) return;
+  {
+    std::lock_guard<std::mutex> lk(state_->mu);
+    state_->stop = true;
+  }
+  state_->work_cv.notify_all();
+  state_->ready_cv.notify_all();
+  for (auto& t : threads_) t.join();
+  threads_.clear();
+  std::lock_guard<std::mutex> lk(state_->mu);
+  for (Column& c : state_->columns) c.file.reset();
+}
+
+void Engine::start(std::vector<int64_t> indices, bool drop_last) {
+  check_usable();
+  EngineState& st = *state_;
+  auto idx = std::make_shared<const std::vector<int64_t>>(std::move(indices));
+  const int64_t bs = st.opt.batch_size;
+  const int64_t n = static_cast<int64_t>(idx->size());
+  std::lock_guard<std::mutex> lk(st.mu);
+  ++st.gen;
+  // Finished batches of an abandoned pass go back to the pool; slots still filling are freed by the
+  // reader that finishes them (it sees the pass number changed). Leased slots stay with the consumer.
+  for (int s = 0; s < static_cast<int>(st.slots.size()); ++s)
+    if (st.slots[s].state == SlotState::kReady) st.release_slot_locked(s);
+  st.indices = idx;
+  st.num_batches = drop_last ? n / bs : (n + bs - 1) / bs;
+  st.consumed = st.next_batch = st.next_chunk = 0;
+  std::fill(st.ring.begin(), st.ring.end(), -1);
+  st.failure = nullptr;
+  if (!st.started) {
+    st.started = true;
+    st.t_first_start = Clock::now();
+  }
+  st.work_cv.notify_all();
+}
+
+std::shared_ptr<Lease> Engine::next(double timeout_s, const std::function<void()>& poll) {
+  check_usable();
+  EngineState& st = *state_;
+  const auto t0 = Clock::now();
+  std::unique_lock<std::mutex> lk(st.mu);
+  if (st.failure) std::rethrow_exception(st.failure);
+  if (!st.indices || st.consumed >= st.num_batches) return nullptr;
+  const int64_t b = st.consumed;
+  auto ready = [&] {
+    const int s = st.ring[b % st.opt.prefetch];
+    return st.stop || (s >= 0 && st.slots[s].gen == st.gen && st.slots[s].batch == b &&
+                       st.slots[s].state == SlotState::kReady);
+  };
+  while (!ready()) {
+    const double waited = seconds_since(t0);
+    if (timeout_s >= 0 && waited >= timeout_s) {
+      st.wait_s += waited;
+      if (st.leased_slots == static_cast<int>(st.slots.size()))
+        throw Error(ErrorKind::kTimeout,
+                    "no batch for " + fmt_seconds(timeout_s) + ": all " + std::to_string(st.slots.size()) +
+                        " arena slots are held by batches you still reference (" + std::to_string(st.leased_slots) +
+                        " held). A slot is reused only after every tensor, view or numpy array of its batch is "
+                        "freed: drop references to earlier batches, copy the ones you keep (batch.clone()), or "
+                        "create the Loader with a larger prefetch (slots = prefetch + 2).");
+      throw Error(ErrorKind::kTimeout, "no batch for " + fmt_seconds(timeout_s) + ": batch " + std::to_string(b) +
+                                           " of this epoch is still being read (" +
+                                           std::to_string(st.leased_slots) + " of " +
+                                           std::to_string(st.slots.size()) +
+                                           " slots held by the consumer); the storage may be stalled");
+    }
+    double slice = kPollSeconds;
+    if (timeout_s >= 0) slice = std::min(slice, timeout_s - waited);
+    st.ready_cv.wait_for(lk, std::chrono::duration<double>(slice));
+    if (!ready() && poll) {
+      lk.unlock();
+      try {
+        poll();
+      } catch (...) {
+        lk.lock();
+        st.wait_s += seconds_since(t0);
+        throw;
+      }
+      lk.lock();
+    }
+  }
+  if (st.stop) throw Error(ErrorKind::kState, "the Loader is closed");
+  st.wait_s += seconds_since(t0);
+  const int s = st.ring[b % st.opt.prefetch];
+  Slot& slot = st.slots[s];
+  if (slot.error) {
+    st.failure = slot.error;
+    st.release_slot_locked(s);
+    std::rethrow_exception(st.failure);
+  }
+  slot.state = SlotState::kLeased;
+  ++st.leased_slots;
+  ++st.consumed;
+  ++st.batches_out;
+  st.work_cv.notify_all();
+  return std::make_shared<Lease>(state_, s, slot.records);
+}
+
+const std::vector<OutputLayout>& Engine::outputs() const { return state_->outputs; }
+
+std::vector<std::string> Engine::io_modes() const {
+  std::vector<std::string> out;
+  for (const Column& c : state_->columns) out.push_back(c.file ? mode_name(c.file->mode()) : "closed");
+  return out;
+}
+
+std::vector<std::string> Engine::warnings() const { return state_->warnings; }
+
+int64_t Engine::num_batches() const {
+  std::lock_guard<std::mutex> lk(state_->mu);
+  return state_->num_batches;
+}
+
+EngineStats Engine::stats() const {
+  const EngineState& st = *state_;
+  EngineStats s;
+  std::lock_guard<std::mutex> lk(state_->mu);
+  s.batches = st.batches_out;
+  s.bytes_read = st.bytes_read.load();
+  s.read_seconds = st.read_ns.load() * 1e-9;
+  s.wait_seconds = st.wait_s;
+  s.wall_seconds = st.started ? seconds_since(st.t_first_start) : 0.0;
+  s.arena_bytes = static_cast<int64_t>(st.arena->size());
+  s.num_slots = static_cast<int>(st.slots.size());
+  s.slots_leased = st.leased_slots;
+  s.num_threads = static_cast<int>(threads_.size());
+  return s;
+}
+
+}  // namespace fastpipe

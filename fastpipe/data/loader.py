@@ -1,0 +1,318 @@
+"""Loader: a drop-in replacement for torch.utils.data.DataLoader over on-disk tensor datasets."""
+
+import os
+import warnings
+import weakref
+
+import numpy as np
+import torch
+
+from fastpipe._ext import _C
+from fastpipe.data._source import ColumnSource
+from fastpipe.data.order import REMAINDER_POLICIES, epoch_order, shard, shard_size
+
+IO_MODES = ("auto", "mmap", "pread", "direct")
+_STATE_FORMAT = "fastpipe.Loader/1"
+# State keys that must match for a saved position to mean the same batches.
+_STATE_IDENTITY = ("num_samples", "batch_size", "shuffle", "seed", "drop_last", "rank", "world_size",
+                   "shard_remainder")
+
+
+def _default_threads():
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        cores = os.cpu_count() or 1
+    return max(2, min(8, cores))
+
+
+def _distributed_defaults(rank, world_size):
+    dist = torch.distributed
+    initialised = dist.is_available() and dist.is_initialized()
+    if world_size is None:
+        world_size = dist.get_world_size() if initialised else 1
+    if rank is None:
+        rank = dist.get_rank() if initialised else 0
+    if not isinstance(world_size, int) or world_size < 1:
+        raise ValueError(f"world_size must be a positive int, got {world_size!r}")
+    if not isinstance(rank, int) or not 0 <= rank < world_size:
+        raise ValueError(f"rank must be an int in [0, world_size={world_size}), got {rank!r}")
+    return rank, world_size
+
+
+def _close_engine(engine):
+    engine.close()
+
+
+class Loader:
+    """Batches of an on-disk dataset, read by C++ threads into a fixed arena, as zero-copy tensors.
+
+    A drop-in replacement for ``torch.utils.data.DataLoader`` over :class:`NpyDataset` and
+    :class:`TokenDataset`: ``for batch in Loader(ds, batch_size=256, shuffle=True): ...``.
+
+    Parameters
+    ----------
+    dataset : NpyDataset or TokenDataset
+        Other datasets can be converted once with :func:`fastpipe.write_npy`.
+    batch_size : int
+        Records per batch (>= 1). The last batch may be smaller unless ``drop_last``.
+    shuffle : bool
+        Shuffle each epoch; the order is a pure function of ``(seed, epoch)``.
+    seed : int
+        Seed of the shuffle. The same seed gives the same batches whatever ``num_threads``.
+    drop_last : bool
+        Drop the last incomplete batch.
+    device : str
+        ``"cpu"``. (``"cuda"`` is not implemented yet.)
+    num_threads : int, optional
+        Reader threads; default: the usable cores, between 2 and 8.
+    prefetch : int
+        Batches read ahead of the training loop (>= 1). The arena holds ``prefetch + 2`` batches.
+    rank, world_size : int, optional
+        Distributed shard; default to torch.distributed's when it is initialised.
+    shard_remainder : {"pad", "drop"}
+        When the dataset does not divide by ``world_size``: "pad" repeats a few samples so that every
+        sample is read at least once (like DistributedSampler), "drop" leaves out the remainder so that
+        none is read twice. Either way every rank gets the same number of batches.
+    io : {"auto", "mmap", "pread", "direct"}
+        How records are read. "mmap" gathers small records from a mapping, "pread" reads with
+        pread(2) (sequential runs coalesced), "direct" bypasses the page cache with O_DIRECT (falls back
+        to buffered reads, with a warning, where the filesystem refuses it). "auto" uses mmap for
+        records under 64 KiB, else direct when the data exceeds half the free memory, else pread.
+    timeout : float or None
+        Seconds to wait for a batch before raising TimeoutError (None or 0: wait forever).
+    sampler : iterable of int, optional
+        A custom epoch order (as DataLoader's ``sampler``); ``set_epoch`` is forwarded to it.
+
+    DataLoader's other keywords are mapped: ``num_workers`` sets ``num_threads``; ``prefetch_factor``
+    sets ``prefetch`` to ``prefetch_factor * max(1, num_workers)`` (DataLoader's batches in flight);
+    ``generator`` sets ``seed`` from its initial seed; ``persistent_workers`` and ``in_order`` are what
+    fastpipe always does; ``pin_memory`` is accepted (batches are plain host tensors; a warning says
+    so when a GPU is present). ``collate_fn``, ``worker_init_fn``, ``batch_sampler`` and
+    ``multiprocessing_context`` are rejected with the reason.
+
+    Notes
+    -----
+    Batch tensors view the loader's arena: nothing is copied after the read. A slot is reused only
+    when every tensor, view and numpy array of its batch has been freed, so holding batches is safe;
+    holding more than ``prefetch + 2`` stalls the loader and, after ``timeout``, raises an error
+    that says so (copy batches you keep with ``.clone()``).
+    """
+
+    def __init__(self, dataset, batch_size=1, shuffle=False, *, seed=0, drop_last=False, device="cpu",
+                 num_threads=None, prefetch=2, rank=None, world_size=None, shard_remainder="pad", io="auto",
+                 timeout=120.0, sampler=None, generator=None, num_workers=0, pin_memory=False,
+                 prefetch_factor=None, persistent_workers=False, collate_fn=None, worker_init_fn=None,
+                 batch_sampler=None, multiprocessing_context=None, pin_memory_device="", in_order=True,
+                 _read_delay=0.0, _poison=False):
+        if not isinstance(dataset, ColumnSource):
+            raise TypeError(
+                f"fastpipe.Loader reads NpyDataset and TokenDataset, got {type(dataset).__name__}. Convert a "
+                "map-style dataset once with `ds = fastpipe.write_npy(dataset, out_dir)` and pass that."
+            )
+        for name, value, why in (
+            ("collate_fn", collate_fn, "batches are assembled by C++ readers straight into tensors; apply your "
+             "transform to the batch in the training loop"),
+            ("worker_init_fn", worker_init_fn, "there are no worker processes, only reader threads"),
+            ("batch_sampler", batch_sampler, "use batch_size/shuffle/drop_last, or sampler= for a custom order"),
+            ("multiprocessing_context", multiprocessing_context, "there are no worker processes"),
+        ):
+            if value is not None:
+                raise ValueError(f"fastpipe.Loader does not take {name}: {why}")
+        if device != "cpu":
+            if str(device).startswith("cuda"):
+                raise NotImplementedError("device='cuda' is not implemented yet; use device='cpu' and move "
+                                          "batches with .to('cuda', non_blocking=True)")
+            raise ValueError(f"device must be 'cpu', got {device!r}")
+        if not isinstance(batch_size, int) or isinstance(batch_size, bool) or batch_size < 1:
+            raise ValueError(f"batch_size must be a positive int, got {batch_size!r}")
+        if io not in IO_MODES:
+            raise ValueError(f"io must be one of {IO_MODES}, got {io!r}")
+        if shard_remainder not in REMAINDER_POLICIES:
+            raise ValueError(f"shard_remainder must be one of {REMAINDER_POLICIES}, got {shard_remainder!r}")
+        if sampler is not None and shuffle:
+            raise ValueError("sampler and shuffle=True are exclusive (as in DataLoader): the sampler sets the order")
+        if len(dataset) == 0:
+            raise ValueError(f"the dataset is empty: {dataset!r}")
+        if num_threads is None:
+            num_threads = num_workers if num_workers > 0 else _default_threads()
+        if prefetch_factor is not None:
+            prefetch = prefetch_factor * max(1, num_workers)
+        if not isinstance(prefetch, int) or prefetch < 1:
+            raise ValueError(f"prefetch must be a positive int, got {prefetch!r}")
+        if generator is not None:
+            seed = generator.initial_seed()
+        if pin_memory and torch.cuda.is_available():
+            warnings.warn("fastpipe.Loader(device='cpu') returns unpinned host tensors; pin_memory is ignored",
+                          stacklevel=2)
+        self.dataset = dataset
+        self.batch_size = batch_size
+        self.shuffle = bool(shuffle)
+        self.seed = int(seed)
+        self.drop_last = bool(drop_last)
+        self.sampler = sampler
+        self.rank, self.world_size = _distributed_defaults(rank, world_size)
+        self.shard_remainder = shard_remainder
+        self.timeout = -1.0 if not timeout else float(timeout)
+        self.epoch = 0
+        self._resume = None  # (epoch, batches to skip) from load_state_dict
+        self._active = None  # the iterator of the current pass
+        self._engine_args = dict(
+            columns=dataset._engine_columns(), outputs=dataset._engine_outputs(), batch_size=batch_size,
+            num_threads=int(num_threads), prefetch=prefetch, num_slots=prefetch + 2, io=io,
+            read_delay=float(_read_delay), poison=bool(_poison),
+        )
+        self._open_engine()
+        for w in self._engine.warnings():
+            warnings.warn(w, stacklevel=2)
+        self.io_modes = self._engine.io_modes()
+
+    def _open_engine(self):
+        self._engine = _C.Engine(**self._engine_args)
+        self._pid = os.getpid()
+        self._finalizer = weakref.finalize(self, _close_engine, self._engine)
+
+    # -- order -------------------------------------------------------------------------------------
+
+    def _num_samples(self):
+        if self.sampler is not None:
+            return len(self.sampler)
+        return shard_size(len(self.dataset), world_size=self.world_size, remainder=self.shard_remainder)
+
+    def __len__(self):
+        n = self._num_samples()
+        return n // self.batch_size if self.drop_last else -(-n // self.batch_size)
+
+    def _indices(self, epoch):
+        if self.sampler is not None:
+            if hasattr(self.sampler, "set_epoch"):
+                self.sampler.set_epoch(epoch)
+            idx = np.fromiter(iter(self.sampler), dtype=np.int64)
+            if len(idx) and (idx.min() < 0 or idx.max() >= len(self.dataset)):
+                raise ValueError(f"sampler yielded index {idx.min() if idx.min() < 0 else idx.max()}, out of range "
+                                 f"for a dataset of {len(self.dataset)} records")
+            return idx
+        order = epoch_order(len(self.dataset), shuffle=self.shuffle, seed=self.seed, epoch=epoch)
+        return shard(order, rank=self.rank, world_size=self.world_size, remainder=self.shard_remainder)
+
+    def set_epoch(self, epoch):
+        """Sets the epoch of the next iteration (its shuffle); later iterations count on from it."""
+        self.epoch = int(epoch)
+        self._resume = None
+
+    # -- iteration ---------------------------------------------------------------------------------
+
+    def __iter__(self):
+        if self._pid != os.getpid():
+            # A forked child cannot use the parent's reader threads: open a fresh engine here.
+            self._open_engine()
+        epoch = self.epoch
+        skip = 0
+        if self._resume is not None and self._resume[0] == epoch:
+            skip = self._resume[1]
+        self._resume = None
+        self.epoch = epoch + 1
+        indices = self._indices(epoch)
+        self._engine.start(indices[skip * self.batch_size:], self.drop_last)
+        self._active = _EpochIterator(self, epoch, skip)
+        return self._active
+
+    # -- resume ------------------------------------------------------------------------------------
+
+    def state_dict(self):
+        """The loader's position as a JSON-serialisable dict (see :meth:`load_state_dict`)."""
+        if self._resume is not None:
+            epoch, batch = self._resume
+        elif self._active is not None and not self._active._done:
+            epoch, batch = self._active.epoch, self._active.position
+        else:
+            epoch, batch = self.epoch, 0
+        if batch >= len(self):  # after the last batch, the next batch is the next epoch's first
+            epoch, batch = epoch + 1, 0
+        return {
+            "format": _STATE_FORMAT, "epoch": epoch, "batch": batch, "num_samples": len(self.dataset),
+            "batch_size": self.batch_size, "shuffle": self.shuffle, "seed": self.seed,
+            "drop_last": self.drop_last, "rank": self.rank, "world_size": self.world_size,
+            "shard_remainder": self.shard_remainder,
+        }
+
+    def load_state_dict(self, state):
+        """Resumes from :meth:`state_dict`: the next iteration yields exactly the remaining batches."""
+        if not isinstance(state, dict) or state.get("format") != _STATE_FORMAT:
+            raise ValueError(f"not a fastpipe Loader state (expected format {_STATE_FORMAT!r})")
+        mine = self.state_dict()
+        for key in _STATE_IDENTITY:
+            if state.get(key) != mine[key]:
+                raise ValueError(f"state_dict was saved with {key}={state.get(key)!r} but this loader has "
+                                 f"{key}={mine[key]!r}; resuming would yield different batches")
+        epoch, batch = int(state["epoch"]), int(state["batch"])
+        if not 0 <= batch <= len(self):
+            raise ValueError(f"state_dict batch {batch} is out of range for {len(self)} batches per epoch")
+        self.epoch = epoch
+        self._resume = (epoch, batch)
+
+    # -- statistics and lifetime -------------------------------------------------------------------
+
+    def stats(self):
+        """Counters since the first iteration.
+
+        Returns
+        -------
+        dict
+            batches, bytes_read, read_gbps (bytes read per wall second), read_seconds (summed over
+            reader threads), wait_seconds (the training loop blocked waiting for data), wait_fraction
+            (of wall time), wall_seconds, arena_bytes (the fixed memory budget), num_slots,
+            slots_leased (batches the program still holds), num_threads.
+        """
+        s = self._engine.stats()
+        wall = s["wall_seconds"]
+        s["read_gbps"] = s["bytes_read"] / wall / 1e9 if wall > 0 else 0.0
+        s["wait_fraction"] = s["wait_seconds"] / wall if wall > 0 else 0.0
+        return s
+
+    def close(self):
+        """Stops the reader threads and closes the files. Batches already returned stay valid."""
+        self._finalizer()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def __repr__(self):
+        return (f"Loader({self.dataset!r}, batch_size={self.batch_size}, shuffle={self.shuffle}, "
+                f"rank={self.rank}/{self.world_size}, io={self.io_modes})")
+
+
+class _EpochIterator:
+    """One pass over the loader; a new iter(loader) supersedes it."""
+
+    __slots__ = ("_loader", "_engine", "_pack", "_timeout", "epoch", "position", "_done")
+
+    def __init__(self, loader, epoch, skip):
+        self._loader = loader
+        self._engine = loader._engine
+        self._pack = loader.dataset._pack
+        self._timeout = loader.timeout
+        self.epoch = epoch
+        self.position = skip
+        self._done = False
+
+    def __iter__(self):
+        return self
+
+    def __next__(self):
+        if self._done:
+            raise StopIteration
+        if self._loader._active is not self:
+            raise RuntimeError("this iterator was superseded by a newer iter() of the same Loader")
+        tensors = self._engine.next(self._timeout)
+        if tensors is None:
+            self._done = True
+            raise StopIteration
+        self.position += 1
+        return self._pack(tensors)
+
+    def __len__(self):
+        return len(self._loader) - self.position

@@ -1,0 +1,95 @@
+"""TokenDataset: fixed-length windows over a flat file of token ids (language-model pretraining)."""
+
+import os
+
+import numpy as np
+import torch
+
+from fastpipe._ext import _C
+from fastpipe.data._source import ColumnSource
+
+_TOKEN_DTYPES = {"uint8": (1, False), "uint16": (2, False), "int16": (2, True), "int32": (4, True),
+                 "uint32": (4, False), "int64": (8, True)}
+
+
+class TokenDataset(ColumnSource):
+    """Windows of ``block_size + 1`` tokens from a flat token file, returned as ``(x, y)``.
+
+    Parameters
+    ----------
+    path : path
+        A raw token file (``.bin``, as nanoGPT/llm.c-style preprocessing writes it: tokens back to back,
+        no header) or a 1-D ``.npy`` file.
+    block_size : int
+        Tokens per sample; each sample reads ``block_size + 1`` tokens.
+    dtype : str
+        Token type of a raw file: uint8, uint16 (default), int16, int32, uint32 or int64. Ignored for
+        ``.npy`` files, whose header gives it.
+
+    Notes
+    -----
+    Window ``i`` covers tokens ``[i * block_size, i * block_size + block_size + 1)``: consecutive windows
+    share one token, so an epoch visits every non-overlapping block of ``block_size`` targets exactly
+    once. ``x`` is the first ``block_size`` tokens and ``y`` the last ``block_size``, both int64 (the
+    widening happens in the reader threads, not in the training loop).
+    """
+
+    def __init__(self, path, block_size, dtype="uint16"):
+        self.path = os.path.abspath(os.fspath(path))
+        if not isinstance(block_size, int) or isinstance(block_size, bool) or block_size < 1:
+            raise ValueError(f"block_size must be a positive int, got {block_size!r}")
+        self.block_size = block_size
+        if self.path.endswith(".npy"):
+            h = _C.read_npy_header(self.path)
+            if len(h["shape"]) != 1:
+                raise ValueError(f"'{self.path}': a token file must be 1-D, got shape {h['shape']}")
+            if h["dtype"] not in _TOKEN_DTYPES:
+                raise ValueError(f"'{self.path}': tokens must be integers, got dtype {h['dtype']}")
+            self.dtype = h["dtype"]
+            offset, ntokens = h["data_offset"], h["shape"][0]
+        else:
+            if dtype not in _TOKEN_DTYPES:
+                raise ValueError(f"dtype must be one of {sorted(_TOKEN_DTYPES)}, got {dtype!r}")
+            self.dtype = dtype
+            size = os.stat(self.path).st_size
+            itemsize = _TOKEN_DTYPES[dtype][0]
+            if size % itemsize:
+                raise ValueError(f"'{self.path}' is {size} bytes, not a whole number of {dtype} tokens "
+                                 f"({itemsize} bytes each): wrong dtype?")
+            offset, ntokens = 0, size // itemsize
+        if ntokens < block_size + 1:
+            raise ValueError(f"'{self.path}' holds {ntokens} tokens, fewer than one window of block_size + 1 = "
+                             f"{block_size + 1}")
+        self._offset = offset
+        self.num_tokens = ntokens
+        self._len = (ntokens - 1) // block_size
+        self._tokens = None
+
+    def __len__(self):
+        return self._len
+
+    def __getitem__(self, i):
+        i = int(i)
+        if not -self._len <= i < self._len:
+            raise IndexError(f"index {i} is out of range for a dataset of {self._len} windows")
+        i %= self._len
+        if self._tokens is None:
+            self._tokens = np.memmap(self.path, dtype=self.dtype, mode="r", offset=self._offset,
+                                     shape=(self.num_tokens,))
+        w = torch.from_numpy(self._tokens[i * self.block_size: (i + 1) * self.block_size + 1].astype(np.int64))
+        return w[:-1], w[1:]
+
+    def __repr__(self):
+        return f"TokenDataset({self._len} windows of {self.block_size}+1 {self.dtype} tokens from '{self.path}')"
+
+    def _engine_columns(self):
+        itemsize, signed = _TOKEN_DTYPES[self.dtype]
+        return [dict(path=self.path, data_offset=self._offset, record_stride=self.block_size * itemsize,
+                     record_bytes=(self.block_size + 1) * itemsize, num_records=self._len,
+                     token_bytes=itemsize, token_signed=signed)]
+
+    def _engine_outputs(self):
+        return [("int64", [self.block_size]), ("int64", [self.block_size])]
+
+    def _pack(self, tensors):
+        return tensors[0], tensors[1]
