@@ -141,6 +141,10 @@ struct EngineState {
   bool started = false;
   Clock::time_point t_first_start;
 
+  ~EngineState() {
+    if (arena && opt.on_arena_free) opt.on_arena_free(arena->data(), arena->size());
+  }
+
   char* slot_data(int slot) const { return arena->data() + static_cast<int64_t>(slot) * slot_bytes; }
   int64_t batch_records(int64_t b) const {
     const int64_t bs = opt.batch_size;
@@ -454,6 +458,7 @@ Engine::Engine(std::vector<ColumnSpec> columns, EngineOptions opt) : owner_pid_(
   // One allocation for every slot; touched now so that the first batches do not pay page faults.
   st->arena = std::make_unique<AlignedBuffer>(static_cast<size_t>(st->slot_bytes * opt.num_slots));
   std::memset(st->arena->data(), 0, st->arena->size());
+  if (opt.on_arena_alloc) opt.on_arena_alloc(st->arena->data(), st->arena->size());
   st->slots.resize(static_cast<size_t>(opt.num_slots));
   st->free_slots = opt.num_slots;
   st->ring.assign(static_cast<size_t>(opt.prefetch), -1);

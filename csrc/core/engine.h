@@ -48,6 +48,10 @@ struct EngineOptions {
   IoMode io = IoMode::kAuto;
   double read_delay_s = 0;  // test hook: each chunk sleeps this long (interruptible) before reading
   bool poison = false;      // test hook: fill released slots with 0xA5 so use-after-release shows
+  // Called once with the arena after it is allocated, and before it is freed (e.g. to page-lock it for
+  // asynchronous device copies). The engine itself knows nothing of devices.
+  std::function<void(void*, size_t)> on_arena_alloc;
+  std::function<void(void*, size_t)> on_arena_free;
 };
 
 struct EngineStats {

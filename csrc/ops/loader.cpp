@@ -1,5 +1,8 @@
 // Python bindings of the loader engine: engine errors become Python exceptions, leased slots become
 // zero-copy tensors whose deleter returns the slot.
+#ifdef FASTPIPE_WITH_CUDA
+#include <cuda_runtime_api.h>
+#endif
 #include <pybind11/numpy.h>
 #include <pybind11/stl.h>
 
@@ -75,7 +78,7 @@ class PyEngine {
  public:
   PyEngine(const std::vector<py::dict>& columns, const std::vector<std::pair<std::string, std::vector<int64_t>>>& outputs,
            int64_t batch_size, int num_threads, int prefetch, int num_slots, const std::string& io,
-           double read_delay, bool poison) {
+           double read_delay, bool poison, bool pin_memory) {
     std::vector<ColumnSpec> specs;
     for (const py::dict& d : columns) {
       ColumnSpec s;
@@ -96,6 +99,19 @@ class PyEngine {
     opt.io = parse_io(io);
     opt.read_delay_s = read_delay;
     opt.poison = poison;
+    if (pin_memory) {
+#ifdef FASTPIPE_WITH_CUDA
+      // Page-locked batches make .to("cuda", non_blocking=True) a true asynchronous copy.
+      opt.on_arena_alloc = [](void* p, size_t n) {
+        const cudaError_t err = cudaHostRegister(p, n, cudaHostRegisterDefault);
+        if (err != cudaSuccess)
+          throw Error(ErrorKind::kState, std::string("pin_memory: cudaHostRegister failed: ") + cudaGetErrorString(err));
+      };
+      opt.on_arena_free = [](void* p, size_t) { cudaHostUnregister(p); };
+#else
+      throw Error(ErrorKind::kState, "pin_memory=True needs fastpipe built with CUDA");
+#endif
+    }
     {
       py::gil_scoped_release nogil;  // opening files and touching the arena can take a while
       engine_ = std::make_unique<Engine>(std::move(specs), opt);
@@ -205,9 +221,10 @@ void bind_loader(py::module& m) {
 
   py::class_<PyEngine>(m, "Engine")
       .def(py::init<const std::vector<py::dict>&, const std::vector<std::pair<std::string, std::vector<int64_t>>>&,
-                    int64_t, int, int, int, const std::string&, double, bool>(),
+                    int64_t, int, int, int, const std::string&, double, bool, bool>(),
            py::arg("columns"), py::arg("outputs"), py::arg("batch_size"), py::arg("num_threads"), py::arg("prefetch"),
-           py::arg("num_slots"), py::arg("io"), py::arg("read_delay") = 0.0, py::arg("poison") = false)
+           py::arg("num_slots"), py::arg("io"), py::arg("read_delay") = 0.0, py::arg("poison") = false,
+           py::arg("pin_memory") = false)
       .def("start", &PyEngine::start, py::arg("indices"), py::arg("drop_last"))
       .def("next", &PyEngine::next, py::arg("timeout"))
       .def("stats", &PyEngine::stats)

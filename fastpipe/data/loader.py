@@ -7,7 +7,7 @@ import weakref
 import numpy as np
 import torch
 
-from fastpipe._ext import _C
+from fastpipe._ext import _C, build_info
 from fastpipe.data._source import ColumnSource
 from fastpipe.data.order import REMAINDER_POLICIES, epoch_order, shard, shard_size
 
@@ -87,8 +87,8 @@ class Loader:
     DataLoader's other keywords are mapped: ``num_workers`` sets ``num_threads``; ``prefetch_factor``
     sets ``prefetch`` to ``prefetch_factor * max(1, num_workers)`` (DataLoader's batches in flight);
     ``generator`` sets ``seed`` from its initial seed; ``persistent_workers`` and ``in_order`` are what
-    fastpipe always does; ``pin_memory`` is accepted (batches are plain host tensors; a warning says
-    so when a GPU is present). ``collate_fn``, ``worker_init_fn``, ``batch_sampler`` and
+    fastpipe always does; ``pin_memory`` page-locks the arena (once, at construction), so that
+    ``batch.to("cuda", non_blocking=True)`` is asynchronous. ``collate_fn``, ``worker_init_fn``, ``batch_sampler`` and
     ``multiprocessing_context`` are rejected with the reason.
 
     Notes
@@ -142,9 +142,12 @@ class Loader:
             raise ValueError(f"prefetch must be a positive int, got {prefetch!r}")
         if generator is not None:
             seed = generator.initial_seed()
-        if pin_memory and torch.cuda.is_available():
-            warnings.warn("fastpipe.Loader(device='cpu') returns unpinned host tensors; pin_memory is ignored",
-                          stacklevel=2)
+        if pin_memory_device and not str(pin_memory_device).startswith("cuda"):
+            raise ValueError(f"pin_memory_device must be '' or a CUDA device, got {pin_memory_device!r}")
+        pin = bool(pin_memory) and build_info()["cuda_available"]
+        if pin_memory and not pin:
+            warnings.warn("pin_memory=True but no usable CUDA device (or fastpipe was built without CUDA): "
+                          "batches are not pinned", stacklevel=2)
         self.dataset = dataset
         self.batch_size = batch_size
         self.shuffle = bool(shuffle)
@@ -160,7 +163,7 @@ class Loader:
         self._engine_args = dict(
             columns=dataset._engine_columns(), outputs=dataset._engine_outputs(), batch_size=batch_size,
             num_threads=int(num_threads), prefetch=prefetch, num_slots=prefetch + 2, io=io,
-            read_delay=float(_read_delay), poison=bool(_poison),
+            read_delay=float(_read_delay), poison=bool(_poison), pin_memory=pin,
         )
         self._open_engine()
         for w in self._engine.warnings():
