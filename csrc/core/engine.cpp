@@ -1,6 +1,7 @@
 #include "core/engine.h"
 
 #include <pthread.h>
+#include <sched.h>
 #include <signal.h>
 #include <unistd.h>
 
@@ -30,8 +31,13 @@ int64_t align_up(int64_t v, int64_t a) { return (v + a - 1) / a * a; }
 
 // Records smaller than this are gathered from a mapping: one memcpy each instead of a syscall each.
 constexpr int64_t kMmapMaxRecord = 64 << 10;
-// A work item (chunk) carries about this many bytes, so that several threads share one large batch.
-constexpr int64_t kChunkBytes = 256 << 10;
+// A work item (chunk) carries at most about this many bytes (large enough for sequential records to
+// coalesce into big reads), and a batch has at least one chunk per thread where it can.
+constexpr int64_t kChunkBytes = 1 << 20;
+// Reader threads by default: the usable cores (compute-bound gathers), or more for O_DIRECT, whose
+// threads mostly wait on the device and need a deeper queue.
+constexpr int kMaxDefaultThreads = 8;
+constexpr int kDirectDefaultThreads = 8;
 // O_DIRECT reads go through a per-thread bounce buffer of at least this size.
 constexpr int64_t kBounceBytes = 4 << 20;
 constexpr double kPollSeconds = 0.05;
@@ -408,7 +414,8 @@ char* Lease::data(int output) const { return state_->slot_data(slot_) + state_->
 Engine::Engine(std::vector<ColumnSpec> columns, EngineOptions opt) : owner_pid_(getpid()) {
   FP_CHECK_VALUE(!columns.empty(), "a loader needs at least one column");
   FP_CHECK_VALUE(opt.batch_size >= 1, "batch_size must be at least 1, got " + std::to_string(opt.batch_size));
-  FP_CHECK_VALUE(opt.num_threads >= 1, "num_threads must be at least 1, got " + std::to_string(opt.num_threads));
+  FP_CHECK_VALUE(opt.num_threads >= 0, "num_threads must be at least 1 (0: automatic), got " +
+                                          std::to_string(opt.num_threads));
   FP_CHECK_VALUE(opt.prefetch >= 1, "prefetch must be at least 1, got " + std::to_string(opt.prefetch));
   FP_CHECK_VALUE(opt.num_slots > opt.prefetch, "num_slots must exceed prefetch");
   auto st = std::make_shared<EngineState>();
@@ -451,7 +458,16 @@ Engine::Engine(std::vector<ColumnSpec> columns, EngineOptions opt) : owner_pid_(
     st->columns.push_back(std::move(c));
   }
   st->slot_bytes = std::max<int64_t>(offset, kDirectAlign);
-  st->chunk_records = std::max<int64_t>(1, kChunkBytes / st->record_bytes_total);
+  if (opt.num_threads == 0) {
+    cpu_set_t set;
+    const long cores = sched_getaffinity(0, sizeof(set), &set) == 0 ? CPU_COUNT(&set) : sysconf(_SC_NPROCESSORS_ONLN);
+    opt.num_threads = static_cast<int>(std::clamp<long>(cores, 2, kMaxDefaultThreads));
+    for (const Column& c : st->columns)
+      if (c.file->mode() == FileMode::kDirect) opt.num_threads = std::max(opt.num_threads, kDirectDefaultThreads);
+    st->opt.num_threads = opt.num_threads;
+  }
+  st->chunk_records = std::max<int64_t>(
+      1, std::min(kChunkBytes / st->record_bytes_total, (opt.batch_size + opt.num_threads - 1) / opt.num_threads));
   for (const Column& c : st->columns)
     if (c.widen) st->scratch_bytes = std::max(st->scratch_bytes, st->chunk_records * c.spec.record_bytes);
 

@@ -42,7 +42,7 @@ struct ColumnSpec {
 
 struct EngineOptions {
   int64_t batch_size = 1;
-  int num_threads = 1;
+  int num_threads = 0;  // 0: automatic (cores, more for O_DIRECT)
   int prefetch = 2;   // batches read ahead of the consumer
   int num_slots = 4;  // arena slots, >= prefetch + 1
   IoMode io = IoMode::kAuto;

@@ -18,14 +18,6 @@ _STATE_IDENTITY = ("num_samples", "batch_size", "shuffle", "seed", "drop_last", 
                    "shard_remainder")
 
 
-def _default_threads():
-    try:
-        cores = len(os.sched_getaffinity(0))
-    except AttributeError:  # not Linux
-        cores = os.cpu_count() or 1
-    return max(2, min(8, cores))
-
-
 def _distributed_defaults(rank, world_size):
     dist = torch.distributed
     initialised = dist.is_available() and dist.is_initialized()
@@ -65,7 +57,8 @@ class Loader:
     device : str
         ``"cpu"``. (``"cuda"`` is not implemented yet.)
     num_threads : int, optional
-        Reader threads; default: the usable cores, between 2 and 8.
+        Reader threads; default: the cores, between 2 and 8 (at least 8 when reading with O_DIRECT,
+        whose threads mostly wait on the device).
     prefetch : int
         Batches read ahead of the training loop (>= 1). The arena holds ``prefetch + 2`` batches.
     rank, world_size : int, optional
@@ -135,7 +128,9 @@ class Loader:
         if len(dataset) == 0:
             raise ValueError(f"the dataset is empty: {dataset!r}")
         if num_threads is None:
-            num_threads = num_workers if num_workers > 0 else _default_threads()
+            num_threads = num_workers if num_workers > 0 else 0  # 0: the engine decides
+        elif not isinstance(num_threads, int) or num_threads < 1:
+            raise ValueError(f"num_threads must be a positive int, got {num_threads!r}")
         if prefetch_factor is not None:
             prefetch = prefetch_factor * max(1, num_workers)
         if not isinstance(prefetch, int) or prefetch < 1:
