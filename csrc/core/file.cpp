@@ -7,6 +7,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cstring>
 #include <mutex>
 
@@ -18,7 +19,8 @@ namespace {
 // SIGBUS guard. Reading a mapped page past the end of a file that shrank raises SIGBUS. A reader
 // thread arms a jump buffer around its copies; the handler jumps back to it, or chains to the
 // handler installed before ours (faulthandler, or the default action) for faults that are not ours.
-thread_local sigjmp_buf* tl_guard = nullptr;
+// volatile: the stores around a memcpy must not be optimised away (nothing in the copy reads them).
+thread_local sigjmp_buf* volatile tl_guard = nullptr;
 struct sigaction g_previous;
 
 void sigbus_handler(int sig, siginfo_t* info, void* ctx) {
@@ -134,6 +136,7 @@ bool File::copy_mapped(const Range* ranges, int64_t count, int64_t len, int64_t*
     return false;
   }
   tl_guard = &env;
+  std::atomic_signal_fence(std::memory_order_seq_cst);
   for (int64_t k = 0; k < count; ++k) {
     progress = k;
     const Range& r = ranges[k];
@@ -145,6 +148,7 @@ bool File::copy_mapped(const Range* ranges, int64_t count, int64_t len, int64_t*
     }
     std::memcpy(r.dst, map_ + r.offset, static_cast<size_t>(len));
   }
+  std::atomic_signal_fence(std::memory_order_seq_cst);
   tl_guard = nullptr;
   *done = count;
   return true;
