@@ -282,6 +282,10 @@ void read_chunk(EngineState& st, const WorkItem& w, ThreadBuffers& tb) {
                                          std::to_string(n) + " records");
   }
   char* base = st.slot_data(w.slot);
+  if (st.opt.before_slot_fill) st.opt.before_slot_fill(w.slot);
+  if (st.opt.poison)
+    for (const OutputLayout& out : st.outputs)
+      std::memset(base + out.offset + w.first * out.record_bytes, 0xA5, static_cast<size_t>(w.count * out.record_bytes));
   for (const Column& c : st.columns) {
     const OutputLayout& out = st.outputs[c.first_output];
     if (!c.widen) {
@@ -403,7 +407,7 @@ Lease::~Lease() {
   // In a child forked while the parent's readers ran, the lock may be held by a thread that does not
   // exist here; the child never reuses the parent's slots, so leave them alone.
   if (getpid() != st.owner_pid) return;
-  if (st.opt.poison) std::memset(st.slot_data(slot_), 0xA5, static_cast<size_t>(st.slot_bytes));
+  if (st.opt.on_slot_release) st.opt.on_slot_release(slot_);
   std::lock_guard<std::mutex> lk(st.mu);
   --st.leased_slots;
   st.release_slot_locked(slot_);

@@ -47,11 +47,15 @@ struct EngineOptions {
   int num_slots = 4;  // arena slots, >= prefetch + 1
   IoMode io = IoMode::kAuto;
   double read_delay_s = 0;  // test hook: each chunk sleeps this long (interruptible) before reading
-  bool poison = false;      // test hook: fill released slots with 0xA5 so use-after-release shows
-  // Called once with the arena after it is allocated, and before it is freed (e.g. to page-lock it for
-  // asynchronous device copies). The engine itself knows nothing of devices.
+  bool poison = false;      // test hook: fill slots with 0xA5 before reading into them
+  // Device hooks; the engine itself knows nothing of devices. on_arena_alloc/free: once with the arena
+  // after it is allocated and before it is freed (e.g. to page-lock it). on_slot_release: in the thread
+  // that drops the last reference to a batch (e.g. to record an event after the copies queued from
+  // it). before_slot_fill: in a reader thread before it writes into a slot (e.g. to wait for that event).
   std::function<void(void*, size_t)> on_arena_alloc;
   std::function<void(void*, size_t)> on_arena_free;
+  std::function<void(int)> on_slot_release;
+  std::function<void(int)> before_slot_fill;
 };
 
 struct EngineStats {

@@ -1,6 +1,7 @@
 // Python bindings of the loader engine: engine errors become Python exceptions, leased slots become
 // zero-copy tensors whose deleter returns the slot.
 #ifdef FASTPIPE_WITH_CUDA
+#include <c10/cuda/CUDAStream.h>
 #include <cuda_runtime_api.h>
 #endif
 #include <pybind11/numpy.h>
@@ -73,6 +74,46 @@ IoMode parse_io(const std::string& io) {
   throw Error(ErrorKind::kValue, "io must be 'auto', 'mmap', 'pread' or 'direct', got '" + io + "'");
 }
 
+#ifdef FASTPIPE_WITH_CUDA
+void cuda_check(cudaError_t err, const char* what) {
+  if (err != cudaSuccess) throw Error(ErrorKind::kState, std::string("pin_memory: ") + what + ": " + cudaGetErrorString(err));
+}
+
+// Per-slot events: a pinned batch may still be the source of an asynchronous copy when the program drops
+// it. torch's record_stream cannot track memory it did not allocate, so the release records an event
+// on the current stream (after every copy queued from the batch) and the reader waits for it before
+// writing into the slot again.
+struct SlotFences {
+  explicit SlotFences(int n) : events(static_cast<size_t>(n), nullptr), recorded(static_cast<size_t>(n)) {}
+  ~SlotFences() {
+    for (cudaEvent_t e : events)
+      if (e) cudaEventDestroy(e);
+  }
+  std::vector<cudaEvent_t> events;
+  std::vector<std::atomic<bool>> recorded;
+};
+#endif
+
+// Page-locks the arena so that batch.to("cuda", non_blocking=True) is a true asynchronous copy.
+void pin_arena(EngineOptions& opt) {
+#ifdef FASTPIPE_WITH_CUDA
+  opt.on_arena_alloc = [](void* p, size_t n) { cuda_check(cudaHostRegister(p, n, cudaHostRegisterDefault), "cudaHostRegister"); };
+  opt.on_arena_free = [](void* p, size_t) { cudaHostUnregister(p); };
+  auto fences = std::make_shared<SlotFences>(opt.num_slots);
+  for (cudaEvent_t& e : fences->events) cuda_check(cudaEventCreateWithFlags(&e, cudaEventDisableTiming), "cudaEventCreate");
+  opt.on_slot_release = [fences](int slot) {
+    const cudaStream_t stream = c10::cuda::getCurrentCUDAStream().stream();
+    if (cudaEventRecord(fences->events[slot], stream) == cudaSuccess) fences->recorded[slot] = true;
+  };
+  opt.before_slot_fill = [fences](int slot) {
+    if (fences->recorded[slot]) cuda_check(cudaEventSynchronize(fences->events[slot]), "cudaEventSynchronize");
+  };
+#else
+  (void)opt;
+  throw Error(ErrorKind::kState, "pin_memory=True needs fastpipe built with CUDA");
+#endif
+}
+
 // The engine plus what turns its leases into tensors: per output, dtype and record shape.
 class PyEngine {
  public:
@@ -99,19 +140,7 @@ class PyEngine {
     opt.io = parse_io(io);
     opt.read_delay_s = read_delay;
     opt.poison = poison;
-    if (pin_memory) {
-#ifdef FASTPIPE_WITH_CUDA
-      // Page-locked batches make .to("cuda", non_blocking=True) a true asynchronous copy.
-      opt.on_arena_alloc = [](void* p, size_t n) {
-        const cudaError_t err = cudaHostRegister(p, n, cudaHostRegisterDefault);
-        if (err != cudaSuccess)
-          throw Error(ErrorKind::kState, std::string("pin_memory: cudaHostRegister failed: ") + cudaGetErrorString(err));
-      };
-      opt.on_arena_free = [](void* p, size_t) { cudaHostUnregister(p); };
-#else
-      throw Error(ErrorKind::kState, "pin_memory=True needs fastpipe built with CUDA");
-#endif
-    }
+    if (pin_memory) pin_arena(opt);
     {
       py::gil_scoped_release nogil;  // opening files and touching the arena can take a while
       engine_ = std::make_unique<Engine>(std::move(specs), opt);
