@@ -124,6 +124,7 @@ struct EngineState {
   std::mutex mu;
   std::condition_variable work_cv;   // reader threads: work or stop
   std::condition_variable ready_cv;  // consumer: a batch finished
+  std::condition_variable stop_cv;   // test hook read_delay: stop
   bool stop = false;
 
   // Current pass.
@@ -168,7 +169,15 @@ struct EngineState {
     slot.state = SlotState::kFree;
     slot.error = nullptr;
     ++free_slots;
-    work_cv.notify_all();
+  }
+
+  // Wakes one reader when there is work for it; called after the lock is released so that the woken
+  // thread does not block on it at once. Readers wake each other in a chain while work remains, so
+  // the training thread never pays for waking them all.
+  void wake_reader(std::unique_lock<std::mutex>& lk) {
+    const bool work = has_work();
+    lk.unlock();
+    if (work) work_cv.notify_one();
   }
 };
 
@@ -351,14 +360,14 @@ void reader_loop(std::shared_ptr<EngineState> sp) {
       st.next_chunk = 0;
       ++st.next_batch;
     }
-    lk.unlock();
+    st.wake_reader(lk);
 
     std::exception_ptr err;
     const auto t0 = Clock::now();
     try {
       if (st.opt.read_delay_s > 0) {
         std::unique_lock<std::mutex> dl(st.mu);
-        st.work_cv.wait_for(dl, std::chrono::duration<double>(st.opt.read_delay_s), [&] { return st.stop; });
+        st.stop_cv.wait_for(dl, std::chrono::duration<double>(st.opt.read_delay_s), [&] { return st.stop; });
       }
       read_chunk(st, w, tb);
     } catch (...) {
@@ -375,7 +384,9 @@ void reader_loop(std::shared_ptr<EngineState> sp) {
         st.release_slot_locked(w.slot);  // the pass it belonged to was abandoned
       } else {
         slot.state = SlotState::kReady;
-        st.ready_cv.notify_all();
+        lk.unlock();
+        st.ready_cv.notify_one();
+        lk.lock();
       }
     }
   }
@@ -408,9 +419,10 @@ Lease::~Lease() {
   // exist here; the child never reuses the parent's slots, so leave them alone.
   if (getpid() != st.owner_pid) return;
   if (st.opt.on_slot_release) st.opt.on_slot_release(slot_);
-  std::lock_guard<std::mutex> lk(st.mu);
+  std::unique_lock<std::mutex> lk(st.mu);
   --st.leased_slots;
   st.release_slot_locked(slot_);
+  st.wake_reader(lk);
 }
 
 char* Lease::data(int output) const { return state_->slot_data(slot_) + state_->outputs[output].offset; }
@@ -487,7 +499,12 @@ Engine::Engine(std::vector<ColumnSpec> columns, EngineOptions opt) : owner_pid_(
   BlockAsyncSignals block;
   for (int t = 0; t < opt.num_threads; ++t) {
     threads_.emplace_back(reader_loop, st);
-    pthread_setname_np(threads_.back().native_handle(), ("fastpipe-rd" + std::to_string(t)).substr(0, 15).c_str());
+    const pthread_t h = threads_.back().native_handle();
+    pthread_setname_np(h, ("fastpipe-rd" + std::to_string(t)).substr(0, 15).c_str());
+    // Readers are throughput work: as SCHED_BATCH they do not preempt the training thread when they
+    // wake, which on a machine with few cores otherwise delays the training step by a whole chunk.
+    sched_param sp{};
+    pthread_setschedparam(h, SCHED_BATCH, &sp);
   }
 }
 
@@ -516,6 +533,7 @@ void Engine::close() {
   }
   state_->work_cv.notify_all();
   state_->ready_cv.notify_all();
+  state_->stop_cv.notify_all();
   for (auto& t : threads_) t.join();
   threads_.clear();
   std::lock_guard<std::mutex> lk(state_->mu);
@@ -546,6 +564,44 @@ void Engine::start(std::vector<int64_t> indices, bool drop_last) {
   st.work_cv.notify_all();
 }
 
+// With the lock held and batch `b` ready (or the engine stopped): leases it to the consumer.
+std::shared_ptr<Lease> Engine::take_locked(std::unique_lock<std::mutex>& lk) {
+  EngineState& st = *state_;
+  if (st.stop) throw Error(ErrorKind::kState, "the Loader is closed");
+  const int s = st.ring[st.consumed % st.opt.prefetch];
+  Slot& slot = st.slots[s];
+  if (slot.error) {
+    st.failure = slot.error;
+    st.release_slot_locked(s);
+    st.wake_reader(lk);
+    std::rethrow_exception(st.failure);
+  }
+  slot.state = SlotState::kLeased;
+  ++st.leased_slots;
+  ++st.consumed;
+  ++st.batches_out;
+  auto lease = std::make_shared<Lease>(state_, s, slot.records);
+  st.wake_reader(lk);  // the read-ahead window moved by one batch
+  return lease;
+}
+
+bool Engine::ready_locked() const {
+  const EngineState& st = *state_;
+  const int s = st.ring[st.consumed % st.opt.prefetch];
+  return st.stop || (s >= 0 && st.slots[s].gen == st.gen && st.slots[s].batch == st.consumed &&
+                     st.slots[s].state == SlotState::kReady);
+}
+
+std::shared_ptr<Lease> Engine::try_next(bool* end) {
+  check_usable();
+  EngineState& st = *state_;
+  std::unique_lock<std::mutex> lk(st.mu);
+  if (st.failure) std::rethrow_exception(st.failure);
+  *end = !st.indices || st.consumed >= st.num_batches;
+  if (*end || !ready_locked()) return nullptr;
+  return take_locked(lk);
+}
+
 std::shared_ptr<Lease> Engine::next(double timeout_s, const std::function<void()>& poll) {
   check_usable();
   EngineState& st = *state_;
@@ -553,13 +609,7 @@ std::shared_ptr<Lease> Engine::next(double timeout_s, const std::function<void()
   std::unique_lock<std::mutex> lk(st.mu);
   if (st.failure) std::rethrow_exception(st.failure);
   if (!st.indices || st.consumed >= st.num_batches) return nullptr;
-  const int64_t b = st.consumed;
-  auto ready = [&] {
-    const int s = st.ring[b % st.opt.prefetch];
-    return st.stop || (s >= 0 && st.slots[s].gen == st.gen && st.slots[s].batch == b &&
-                       st.slots[s].state == SlotState::kReady);
-  };
-  while (!ready()) {
+  while (!ready_locked()) {
     const double waited = seconds_since(t0);
     if (timeout_s >= 0 && waited >= timeout_s) {
       st.wait_s += waited;
@@ -570,8 +620,8 @@ std::shared_ptr<Lease> Engine::next(double timeout_s, const std::function<void()
                         " held). A slot is reused only after every tensor, view or numpy array of its batch is "
                         "freed: drop references to earlier batches, copy the ones you keep (batch.clone()), or "
                         "create the Loader with a larger prefetch (slots = prefetch + 2).");
-      throw Error(ErrorKind::kTimeout, "no batch for " + fmt_seconds(timeout_s) + ": batch " + std::to_string(b) +
-                                           " of this epoch is still being read (" +
+      throw Error(ErrorKind::kTimeout, "no batch for " + fmt_seconds(timeout_s) + ": batch " +
+                                           std::to_string(st.consumed) + " of this epoch is still being read (" +
                                            std::to_string(st.leased_slots) + " of " +
                                            std::to_string(st.slots.size()) +
                                            " slots held by the consumer); the storage may be stalled");
@@ -579,7 +629,7 @@ std::shared_ptr<Lease> Engine::next(double timeout_s, const std::function<void()
     double slice = kPollSeconds;
     if (timeout_s >= 0) slice = std::min(slice, timeout_s - waited);
     st.ready_cv.wait_for(lk, std::chrono::duration<double>(slice));
-    if (!ready() && poll) {
+    if (!ready_locked() && poll) {
       lk.unlock();
       try {
         poll();
@@ -591,21 +641,8 @@ std::shared_ptr<Lease> Engine::next(double timeout_s, const std::function<void()
       lk.lock();
     }
   }
-  if (st.stop) throw Error(ErrorKind::kState, "the Loader is closed");
   st.wait_s += seconds_since(t0);
-  const int s = st.ring[b % st.opt.prefetch];
-  Slot& slot = st.slots[s];
-  if (slot.error) {
-    st.failure = slot.error;
-    st.release_slot_locked(s);
-    std::rethrow_exception(st.failure);
-  }
-  slot.state = SlotState::kLeased;
-  ++st.leased_slots;
-  ++st.consumed;
-  ++st.batches_out;
-  st.work_cv.notify_all();
-  return std::make_shared<Lease>(state_, s, slot.records);
+  return take_locked(lk);
 }
 
 const std::vector<OutputLayout>& Engine::outputs() const { return state_->outputs; }

@@ -110,6 +110,9 @@ class Engine {
   // `poll` is called about every 50 ms while waiting (it may throw, e.g. on KeyboardInterrupt).
   std::shared_ptr<Lease> next(double timeout_s, const std::function<void()>& poll);
 
+  // The next batch if it is ready now (nullptr otherwise; *end says the pass is over). Never waits.
+  std::shared_ptr<Lease> try_next(bool* end);
+
   // Joins the reader threads and closes the files. Leased batches stay valid.
   void close();
 
@@ -121,6 +124,8 @@ class Engine {
 
  private:
   void check_usable() const;
+  bool ready_locked() const;
+  std::shared_ptr<Lease> take_locked(std::unique_lock<std::mutex>& lk);
   std::shared_ptr<EngineState> state_;
   std::vector<std::thread> threads_;
   pid_t owner_pid_;

@@ -86,6 +86,7 @@ class DictParser {
       ++i_;
     }
     if (i_ == start) fail("expected a non-negative integer in shape at position " + std::to_string(i_));
+    if (i_ - start > 1 && s_[start] == '0') fail("integer with a leading zero in shape (not a Python literal)");
     if (i_ < s_.size() && s_[i_] == 'L') ++i_;  // Python 2 long literal
     return v;
   }
@@ -154,6 +155,8 @@ NpyHeader parse_npy_header(const char* buf, size_t len, int64_t file_size, const
   while (!p.eat('}')) {
     std::string key = p.string_lit();
     p.expect(':');
+    if ((key == "descr" && have_descr) || (key == "fortran_order" && have_order) || (key == "shape" && have_shape))
+      p.fail("duplicate key '" + key + "'");
     if (key == "descr") {
       if (!p.peek('\'') && !p.peek('"'))
         fail("structured or record dtypes are not supported (descr must be a simple type string)");

@@ -70,7 +70,9 @@ class NpyDataset(ColumnSource):
         if not -self._len <= i < self._len:
             raise IndexError(f"index {i} is out of range for a dataset of {self._len} records")
         if self._maps is None:
-            self._maps = [np.load(p, mmap_mode="r") for p in self.paths]
+            # Mapped from the header fastpipe validated, so ds[i] and the Loader agree on every file.
+            self._maps = [np.memmap(p, dtype=h["descr"], mode="r", offset=h["data_offset"], shape=tuple(h["shape"]))
+                          for p, h in zip(self.paths, self._headers)]
         return self._pack([torch.from_numpy(np.array(m[i])) for m in self._maps])
 
     def __repr__(self):
