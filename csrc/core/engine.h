@@ -63,7 +63,7 @@ struct EngineStats {
   int64_t bytes_read = 0;
   double read_seconds = 0;   // summed over reader threads
   double wait_seconds = 0;   // consumer blocked in next()
-  double wall_seconds = 0;   // since the first start()
+  double wall_seconds = 0;   // inside passes: from each start() to its last batch
   int64_t arena_bytes = 0;
   int num_slots = 0;
   int slots_leased = 0;

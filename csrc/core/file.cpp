@@ -53,7 +53,7 @@ void install_sigbus_handler() {
 
 }  // namespace
 
-File::File(const std::string& path, FileMode mode) : path_(path), mode_(mode) {
+File::File(const std::string& path, FileMode mode, bool random_access) : path_(path), mode_(mode) {
   int flags = O_RDONLY | O_CLOEXEC;
   if (mode == FileMode::kDirect) {
     fd_ = ::open(path.c_str(), flags | O_DIRECT);
@@ -92,8 +92,7 @@ File::File(const std::string& path, FileMode mode) : path_(path), mode_(mode) {
       ::close(fd_);
       throw_syscall("cannot map '" + path + "'", err, __FILE__, __LINE__);
     }
-    // Random record order: read-ahead around each fault would mostly fetch pages of other batches.
-    ::madvise(p, map_len_, MADV_RANDOM);
+    if (random_access) ::madvise(p, map_len_, MADV_RANDOM);
     map_ = static_cast<const char*>(p);
   }
 }

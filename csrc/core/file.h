@@ -16,8 +16,9 @@ constexpr int64_t kDirectAlign = 4096;
 class File {
  public:
   // Opens `path` read-only. kDirect falls back to kBuffered when the filesystem refuses O_DIRECT;
-  // fallback_reason() then says why. kMmap maps the whole file.
-  File(const std::string& path, FileMode mode);
+  // fallback_reason() then says why. kMmap maps the whole file; `random_access` turns off the
+  // mapping's read-ahead (for small records read in random order).
+  File(const std::string& path, FileMode mode, bool random_access = false);
   ~File();
   File(const File&) = delete;
   File& operator=(const File&) = delete;

@@ -257,9 +257,10 @@ class Loader:
         Returns
         -------
         dict
-            batches, bytes_read, read_gbps (bytes read per wall second), read_seconds (summed over
-            reader threads), wait_seconds (the training loop blocked waiting for data), wait_fraction
-            (of wall time), wall_seconds, arena_bytes (the fixed memory budget), num_slots,
+            batches, bytes_read, wall_seconds (time inside iterations: from each ``iter()`` to its
+            last batch), read_gbps (bytes_read / wall_seconds), read_seconds (summed over reader
+            threads), wait_seconds (the training loop blocked waiting for data), wait_fraction
+            (wait_seconds / wall_seconds), arena_bytes (the fixed memory budget), num_slots,
             slots_leased (batches the program still holds), num_threads.
         """
         s = self._engine.stats()
