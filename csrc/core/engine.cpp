@@ -33,8 +33,10 @@ int64_t align_up(int64_t v, int64_t a) { return (v + a - 1) / a * a; }
 // pages); larger ones keep the kernel's read-ahead, which then runs within the record.
 constexpr int64_t kSmallRecord = 64 << 10;
 // A work item (chunk) carries at most about this many bytes (large enough for sequential records to
-// coalesce into big reads), and a batch has at least one chunk per thread where it can.
+// coalesce into big reads), and a batch has at least one chunk per thread where it can, but no chunk
+// is smaller than kMinChunkBytes: below that, handing work between threads costs more than it saves.
 constexpr int64_t kChunkBytes = 1 << 20;
+constexpr int64_t kMinChunkBytes = 256 << 10;
 // Reader threads by default: the usable cores (compute-bound gathers), or more for O_DIRECT, whose
 // threads mostly wait on the device: random record reads reach a disk's sequential bandwidth only with
 // a deep queue (measured: 16 reads in flight on a virtio disk).
@@ -72,8 +74,8 @@ FileMode choose_mode(IoMode io, const ColumnSpec& c, int64_t total_data_bytes) {
 }
 
 template <typename T>
-void widen_tokens(const char* src, int64_t block, int64_t* x, int64_t* y) {
-  const T* t = reinterpret_cast<const T*>(src);
+void widen_tokens(const char* __restrict__ src, int64_t block, int64_t* __restrict__ x, int64_t* __restrict__ y) {
+  const T* __restrict__ t = reinterpret_cast<const T*>(src);
   for (int64_t k = 0; k < block; ++k) x[k] = static_cast<int64_t>(t[k]);
   for (int64_t k = 0; k < block; ++k) y[k] = static_cast<int64_t>(t[k + 1]);
 }
@@ -221,74 +223,85 @@ std::string record_context(const Column& c, int64_t record) {
 // Per-thread buffers, allocated once per thread.
 struct ThreadBuffers {
   std::unique_ptr<AlignedBuffer> bounce;   // O_DIRECT
-  std::unique_ptr<AlignedBuffer> scratch;  // raw token windows before widening
-  std::vector<File::Range> ranges;
+  std::unique_ptr<AlignedBuffer> scratch;  // token windows read with pread, before widening
+  std::vector<int64_t> offsets;
   std::vector<int64_t> order;
 };
 
-// Reads `count` records of column `c` (record numbers idx[0..count)) so that record k lands at
-// dst + k * record_bytes.
-void read_records(const Column& c, const int64_t* idx, int64_t count, char* dst, ThreadBuffers& tb) {
+// Where record k of a chunk lands in the slot: raw columns copy its bytes to dst + k * stride; token
+// columns widen them into x at dst + k * stride and y at y_delta further.
+struct Sink {
+  const Column* col;
+  char* dst;
+  int64_t stride;
+  int64_t y_delta;
+  void put(int64_t k, const char* src) const {
+    char* out = dst + k * stride;
+    if (col->widen)
+      col->widen(src, stride / 8, reinterpret_cast<int64_t*>(out), reinterpret_cast<int64_t*>(out + y_delta));
+    else
+      std::memcpy(out, src, static_cast<size_t>(stride));
+  }
+};
+
+// Reads records idx[0..count) of column c into `sink`.
+void read_records(const Column& c, const int64_t* idx, int64_t count, const Sink& sink, ThreadBuffers& tb) {
   const ColumnSpec& s = c.spec;
   const int64_t len = s.record_bytes;
-  tb.ranges.resize(static_cast<size_t>(count));
-  for (int64_t k = 0; k < count; ++k) tb.ranges[k] = {s.data_offset + idx[k] * s.record_stride, dst + k * len};
+  tb.offsets.resize(static_cast<size_t>(count));
+  for (int64_t k = 0; k < count; ++k) tb.offsets[k] = s.data_offset + idx[k] * s.record_stride;
+  const int64_t* off = tb.offsets.data();
 
   if (c.file->mode() == FileMode::kMmap) {
     int64_t done = 0;
-    if (!c.file->copy_mapped(tb.ranges.data(), count, len, &done)) throw_shrunk(c, idx[done]);
+    auto visit = [](void* ctx, int64_t k, const char* src) { static_cast<const Sink*>(ctx)->put(k, src); };
+    if (!c.file->visit_mapped(off, count, len, visit, const_cast<Sink*>(&sink), &done)) throw_shrunk(c, idx[done]);
   } else {
     // Sorted by file offset: sequential runs become one request, and the disk sees ascending offsets.
     tb.order.resize(static_cast<size_t>(count));
     for (int64_t k = 0; k < count; ++k) tb.order[k] = k;
-    std::sort(tb.order.begin(), tb.order.end(),
-              [&](int64_t a, int64_t b) { return tb.ranges[a].offset < tb.ranges[b].offset; });
+    std::sort(tb.order.begin(), tb.order.end(), [&](int64_t a, int64_t b) { return off[a] < off[b]; });
+    const int64_t* ord = tb.order.data();
     const bool direct = c.file->mode() == FileMode::kDirect;
     int64_t i = 0;
     while (i < count) {
-      const File::Range& first = tb.ranges[tb.order[i]];
       int64_t j = i + 1;
       if (direct) {
         // Records whose aligned extents touch share one aligned read through the bounce buffer.
-        const int64_t start = first.offset / kDirectAlign * kDirectAlign;
-        int64_t end = align_up(first.offset + len, kDirectAlign);
+        const int64_t start = off[ord[i]] / kDirectAlign * kDirectAlign;
+        int64_t end = align_up(off[ord[i]] + len, kDirectAlign);
         while (j < count) {
-          const int64_t off = tb.ranges[tb.order[j]].offset;
-          const int64_t e = align_up(off + len, kDirectAlign);
-          if (off / kDirectAlign * kDirectAlign > end || e - start > static_cast<int64_t>(tb.bounce->size())) break;
+          const int64_t e = align_up(off[ord[j]] + len, kDirectAlign);
+          if (off[ord[j]] / kDirectAlign * kDirectAlign > end || e - start > static_cast<int64_t>(tb.bounce->size()))
+            break;
           end = std::max(end, e);
           ++j;
         }
         const int64_t got = c.file->read_at_most(tb.bounce->data(), end - start, start);
         for (int64_t k = i; k < j; ++k) {
-          const File::Range& r = tb.ranges[tb.order[k]];
-          if (r.offset + len - start > got) throw_shrunk(c, idx[tb.order[k]]);
-          std::memcpy(r.dst, tb.bounce->data() + (r.offset - start), static_cast<size_t>(len));
+          if (off[ord[k]] + len - start > got) throw_shrunk(c, idx[ord[k]]);
+          sink.put(ord[k], tb.bounce->data() + (off[ord[k]] - start));
         }
       } else {
-        // Adjacent in the file and in the batch (sequential order): one pread straight into the slot.
-        while (j < count && tb.ranges[tb.order[j]].offset == first.offset + (j - i) * len &&
-               tb.ranges[tb.order[j]].dst == first.dst + (j - i) * len)
-          ++j;
+        // Adjacent in the file and in the batch (sequential order): one pread for the run, straight
+        // into the slot for raw columns.
+        while (j < count && off[ord[j]] == off[ord[i]] + (j - i) * len && ord[j] == ord[i] + (j - i)) ++j;
         const int64_t want = (j - i) * len;
-        const int64_t got = c.file->read_at_most(first.dst, want, first.offset);
-        if (got < want) throw_shrunk(c, idx[tb.order[i + got / std::max<int64_t>(len, 1)]]);
+        char* buf = c.widen ? tb.scratch->data() : sink.dst + ord[i] * sink.stride;
+        const int64_t got = c.file->read_at_most(buf, want, off[ord[i]]);
+        if (got < want) throw_shrunk(c, idx[ord[i + got / len]]);
+        if (c.widen)
+          for (int64_t k = i; k < j; ++k) sink.put(ord[k], buf + (k - i) * len);
       }
       i = j;
     }
   }
   // A mapping of a file that shrank reads zeros in the last page instead of faulting, and a pread
-  // can race with truncation: confirm the file still covers every record copied.
-  int64_t max_end = 0;
-  int64_t max_rec = 0;
-  for (int64_t k = 0; k < count; ++k) {
-    const int64_t end = tb.ranges[k].offset + len;
-    if (end > max_end) {
-      max_end = end;
-      max_rec = idx[k];
-    }
-  }
-  if (c.file->current_size() < max_end) throw_shrunk(c, max_rec);
+  // can race with truncation: confirm the file still covers every record read.
+  int64_t max_k = 0;
+  for (int64_t k = 1; k < count; ++k)
+    if (off[k] > off[max_k]) max_k = k;
+  if (count && c.file->current_size() < off[max_k] + len) throw_shrunk(c, idx[max_k]);
 }
 
 void read_chunk(EngineState& st, const WorkItem& w, ThreadBuffers& tb) {
@@ -306,18 +319,8 @@ void read_chunk(EngineState& st, const WorkItem& w, ThreadBuffers& tb) {
       std::memset(base + out.offset + w.first * out.record_bytes, 0xA5, static_cast<size_t>(w.count * out.record_bytes));
   for (const Column& c : st.columns) {
     const OutputLayout& out = st.outputs[c.first_output];
-    if (!c.widen) {
-      read_records(c, idx, w.count, base + out.offset + w.first * out.record_bytes, tb);
-      continue;
-    }
-    read_records(c, idx, w.count, tb.scratch->data(), tb);
-    const OutputLayout& out_y = st.outputs[c.first_output + 1];
-    const int64_t block = out.record_bytes / 8;
-    for (int64_t k = 0; k < w.count; ++k) {
-      c.widen(tb.scratch->data() + k * c.spec.record_bytes, block,
-              reinterpret_cast<int64_t*>(base + out.offset + (w.first + k) * out.record_bytes),
-              reinterpret_cast<int64_t*>(base + out_y.offset + (w.first + k) * out_y.record_bytes));
-    }
+    const int64_t y_delta = c.widen ? st.outputs[c.first_output + 1].offset - out.offset : 0;
+    read_records(c, idx, w.count, Sink{&c, base + out.offset + w.first * out.record_bytes, out.record_bytes, y_delta}, tb);
   }
 }
 
@@ -491,8 +494,12 @@ Engine::Engine(std::vector<ColumnSpec> columns, EngineOptions opt) : owner_pid_(
       if (c.file->mode() == FileMode::kDirect) opt.num_threads = std::max(opt.num_threads, kDirectDefaultThreads);
     st->opt.num_threads = opt.num_threads;
   }
-  st->chunk_records = std::max<int64_t>(
-      1, std::min(kChunkBytes / st->record_bytes_total, (opt.batch_size + opt.num_threads - 1) / opt.num_threads));
+  {
+    const int64_t per_thread = (opt.batch_size + opt.num_threads - 1) / opt.num_threads;
+    const int64_t at_least = std::max<int64_t>(1, kMinChunkBytes / st->record_bytes_total);
+    const int64_t at_most = std::max<int64_t>(1, kChunkBytes / st->record_bytes_total);
+    st->chunk_records = std::min(at_most, std::max(at_least, per_thread));
+  }
   for (const Column& c : st->columns)
     if (c.widen) st->scratch_bytes = std::max(st->scratch_bytes, st->chunk_records * c.spec.record_bytes);
 

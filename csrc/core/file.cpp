@@ -126,7 +126,8 @@ int64_t File::read_at_most(void* dst, int64_t len, int64_t offset) const {
   return got;
 }
 
-bool File::copy_mapped(const Range* ranges, int64_t count, int64_t len, int64_t* done) const {
+bool File::visit_mapped(const int64_t* offsets, int64_t count, int64_t len, MappedVisitor fn, void* ctx,
+                        int64_t* done) const {
   // volatile: read after the jump back from the signal handler.
   volatile int64_t progress = 0;
   sigjmp_buf env;
@@ -138,14 +139,13 @@ bool File::copy_mapped(const Range* ranges, int64_t count, int64_t len, int64_t*
   std::atomic_signal_fence(std::memory_order_seq_cst);
   for (int64_t k = 0; k < count; ++k) {
     progress = k;
-    const Range& r = ranges[k];
     // A range past the mapped length would fault whatever the file holds now.
-    if (r.offset + len > static_cast<int64_t>(map_len_)) {
+    if (offsets[k] + len > static_cast<int64_t>(map_len_)) {
       tl_guard = nullptr;
       *done = k;
       return false;
     }
-    std::memcpy(r.dst, map_ + r.offset, static_cast<size_t>(len));
+    fn(ctx, k, map_ + offsets[k]);
   }
   std::atomic_signal_fence(std::memory_order_seq_cst);
   tl_guard = nullptr;

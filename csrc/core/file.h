@@ -32,13 +32,12 @@ class File {
   // pread loop over partial reads and EINTR; returns the bytes read (< len only at end of file).
   int64_t read_at_most(void* dst, int64_t len, int64_t offset) const;
 
-  // Copies from the mapping (kMmap only). Returns false if a page of the range faulted (SIGBUS:
-  // the file shrank under the mapping); `*done` is set to the number of leading ranges copied.
-  struct Range {
-    int64_t offset;
-    char* dst;
-  };
-  bool copy_mapped(const Range* ranges, int64_t count, int64_t len, int64_t* done) const;
+  // Calls fn(ctx, k, src) for each mapped range [offsets[k], offsets[k] + len) (kMmap only). Returns
+  // false if a page of a range faulted (SIGBUS: the file shrank under the mapping); `*done` is set to
+  // the number of leading ranges visited.
+  using MappedVisitor = void (*)(void* ctx, int64_t k, const char* src);
+  bool visit_mapped(const int64_t* offsets, int64_t count, int64_t len, MappedVisitor fn, void* ctx,
+                    int64_t* done) const;
 
  private:
   std::string path_;
