@@ -562,6 +562,11 @@ void Engine::start(std::vector<int64_t> indices, bool drop_last) {
   auto idx = std::make_shared<const std::vector<int64_t>>(std::move(indices));
   const int64_t bs = st.opt.batch_size;
   const int64_t n = static_cast<int64_t>(idx->size());
+  for (const Column& c : st.columns)
+    if (c.file->mode() == FileMode::kMmap) {
+      ensure_sigbus_handler();
+      break;
+    }
   std::lock_guard<std::mutex> lk(st.mu);
   ++st.gen;
   // Finished batches of an abandoned pass go back to the pool; slots still filling are freed by the

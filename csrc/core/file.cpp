@@ -17,41 +17,48 @@ namespace fastpipe {
 namespace {
 
 // SIGBUS guard. Reading a mapped page past the end of a file that shrank raises SIGBUS. A reader
-// thread arms a jump buffer around its copies; the handler jumps back to it, or chains to the
-// handler installed before ours (faulthandler, or the default action) for faults that are not ours.
+// thread arms a jump buffer around its copies; the handler jumps back to it. A fault that is not ours
+// goes once to the handler installed before ours (e.g. faulthandler, which prints the traceback) and
+// then to the default action, which ends the process: never a loop of faults.
 // volatile: the stores around a memcpy must not be optimised away (nothing in the copy reads them).
 thread_local sigjmp_buf* volatile tl_guard = nullptr;
 struct sigaction g_previous;
+std::atomic<bool> g_chained{false};
+std::mutex g_install_mu;
 
 void sigbus_handler(int sig, siginfo_t* info, void* ctx) {
   if (sigjmp_buf* env = tl_guard) {
     tl_guard = nullptr;
     siglongjmp(*env, 1);
   }
-  if (g_previous.sa_flags & SA_SIGINFO) {
-    if (g_previous.sa_sigaction) return g_previous.sa_sigaction(sig, info, ctx);
-  } else if (g_previous.sa_handler != SIG_DFL && g_previous.sa_handler != SIG_IGN) {
-    return g_previous.sa_handler(sig);
+  if (!g_chained.exchange(true)) {
+    if (g_previous.sa_flags & SA_SIGINFO) {
+      if (g_previous.sa_sigaction) g_previous.sa_sigaction(sig, info, ctx);
+    } else if (g_previous.sa_handler != SIG_DFL && g_previous.sa_handler != SIG_IGN) {
+      g_previous.sa_handler(sig);
+    }
   }
-  // Default action: returning re-executes the faulting access, which now terminates the process.
+  // Returning re-executes the faulting access, which now terminates the process.
   signal(SIGBUS, SIG_DFL);
 }
 
-void install_sigbus_handler() {
-  static std::once_flag once;
-  std::call_once(once, [] {
-    struct sigaction sa;
-    std::memset(&sa, 0, sizeof(sa));
-    sa.sa_sigaction = sigbus_handler;
-    // SA_NODEFER: the jump leaves the handler without restoring the signal mask, so the signal must
-    // not be blocked while the handler runs or the next fault in this thread would kill the process.
-    sa.sa_flags = SA_SIGINFO | SA_NODEFER | SA_ONSTACK;
-    sigemptyset(&sa.sa_mask);
-    FP_SYSCALL(sigaction(SIGBUS, &sa, &g_previous), std::string("installing the SIGBUS handler"));
-  });
-}
-
 }  // namespace
+
+void ensure_sigbus_handler() {
+  std::lock_guard<std::mutex> lk(g_install_mu);
+  struct sigaction cur;
+  FP_SYSCALL(sigaction(SIGBUS, nullptr, &cur), std::string("reading the SIGBUS handler"));
+  if ((cur.sa_flags & SA_SIGINFO) && cur.sa_sigaction == sigbus_handler) return;
+  // First use, or someone (faulthandler.enable(), say) replaced ours since: install ours on top.
+  struct sigaction sa;
+  std::memset(&sa, 0, sizeof(sa));
+  sa.sa_sigaction = sigbus_handler;
+  // SA_NODEFER: the jump leaves the handler without restoring the signal mask, so the signal must not
+  // be blocked while the handler runs or the next fault in this thread would kill the process.
+  sa.sa_flags = SA_SIGINFO | SA_NODEFER | SA_ONSTACK;
+  sigemptyset(&sa.sa_mask);
+  FP_SYSCALL(sigaction(SIGBUS, &sa, &g_previous), std::string("installing the SIGBUS handler"));
+}
 
 File::File(const std::string& path, FileMode mode, bool random_access) : path_(path), mode_(mode) {
   int flags = O_RDONLY | O_CLOEXEC;
@@ -84,7 +91,7 @@ File::File(const std::string& path, FileMode mode, bool random_access) : path_(p
   }
   size_at_open_ = st.st_size;
   if (mode_ == FileMode::kMmap && size_at_open_ > 0) {
-    install_sigbus_handler();
+    ensure_sigbus_handler();
     map_len_ = static_cast<size_t>(size_at_open_);
     void* p = ::mmap(nullptr, map_len_, PROT_READ, MAP_SHARED, fd_, 0);
     if (p == MAP_FAILED) {

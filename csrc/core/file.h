@@ -49,6 +49,10 @@ class File {
   size_t map_len_ = 0;
 };
 
+// Installs the handler that turns SIGBUS in File::visit_mapped into an error, if it is not installed
+// (again: a handler installed after ours, such as faulthandler's, takes precedence until this runs).
+void ensure_sigbus_handler();
+
 // Page-aligned anonymous memory; freed on destruction.
 class AlignedBuffer {
  public:

@@ -1,0 +1,377 @@
+"""Loader content, order, threads, io modes, drop_last, batch structure and stats.
+
+Every dataset carries an ``idx`` column (np.arange(N)), so each batch reveals which records it holds;
+every other column is compared byte for byte with np.load(path)[idx].
+"""
+
+import numpy as np
+import pytest
+import torch
+
+import fastpipe
+
+pytestmark = pytest.mark.timeout(60)
+
+DTYPES = ["bool", "uint8", "int8", "int16", "uint16", "int32", "int64", "float16", "float32", "float64"]
+SHAPES = [(), (3,), (3, 5, 7)]
+
+
+def _expected_sizes(n, b, drop_last):
+    sizes = [b] * (n // b)
+    if n % b and not drop_last:
+        sizes.append(n % b)
+    return sizes
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("rec", SHAPES, ids=["scalar", "3", "3x5x7"])
+def test_byte_exact_every_dtype_and_shape(dataset_factory, fp, dtype, rec):
+    n, b = 203, 16  # 12 full batches and a partial one of 11
+    ds, arrays, _ = dataset_factory(n, {"x": (dtype, rec)})
+    ld = fp.loader(ds, b, shuffle=True, seed=1)
+    assert len(ld) == 13
+    first = next(iter(ld))
+    fp.check_batch_tensors(first, arrays)
+    del first
+    batches = fp.epoch(ld)
+    assert [len(x["idx"]) for x in batches] == _expected_sizes(n, b, False)
+    idx = fp.verify(batches, arrays)
+    assert sorted(idx.tolist()) == list(range(n)), "every record exactly once per epoch"
+
+
+@pytest.mark.parametrize(
+    "dtype,rec",
+    [("uint8", (3,)), ("uint8", (13,)), ("int8", (1,)), ("uint16", (3, 3)), ("float16", (13,)), ("bool", (3, 1, 1))],
+    ids=["3B", "13B", "1B", "18B", "26B", "bool3B"],
+)
+@pytest.mark.parametrize("drop_last", [False, True])
+def test_odd_record_sizes_odd_n(dataset_factory, fp, dtype, rec, drop_last):
+    n, b = 1_003, 32  # 31 full batches + 11
+    ds, arrays, _ = dataset_factory(n, {"x": (dtype, rec), "y": ("float64", (2,))})
+    ld = fp.loader(ds, b, shuffle=True, seed=7, drop_last=drop_last)
+    batches = fp.epoch(ld)
+    sizes = _expected_sizes(n, b, drop_last)
+    assert len(ld) == len(sizes)
+    assert [len(x["idx"]) for x in batches] == sizes
+    idx = fp.verify(batches, arrays)
+    assert len(set(idx.tolist())) == len(idx), "a record appeared twice in one epoch"
+    if drop_last:
+        assert len(idx) == (n // b) * b
+    else:
+        assert sorted(idx.tolist()) == list(range(n))
+
+
+def test_many_columns_mixed(dataset_factory, fp):
+    shapes = [(), (3,), (2, 2), (5,), (1,), (7,), (), (3, 5, 7), (4,), (2,)]
+    spec = {f"c{i}_{dt}": (dt, shape) for i, (dt, shape) in enumerate(zip(DTYPES, shapes))}
+    ds, arrays, _ = dataset_factory(517, spec)
+    batches = fp.epoch(fp.loader(ds, 50, shuffle=True, seed=2))
+    idx = fp.verify(batches, arrays)
+    assert sorted(idx.tolist()) == list(range(517))
+
+
+def test_shuffle_false_is_in_order(dataset_factory, fp):
+    n = 1_003
+    ds, arrays, _ = dataset_factory(n, {"x": ("int32", (3,))})
+    ld = fp.loader(ds, 64)
+    for _ in range(2):  # the same on every epoch
+        batches = fp.epoch(ld)
+        idx = fp.verify(batches, arrays)
+        assert idx.tolist() == list(range(n))
+
+
+def test_batch_size_one_and_larger_than_dataset(dataset_factory, fp):
+    ds, arrays, _ = dataset_factory(5, {"x": ("float32", (3,))})
+    batches = fp.epoch(fp.loader(ds, 1, shuffle=True, seed=4))
+    assert [len(b["idx"]) for b in batches] == [1] * 5
+    assert sorted(fp.verify(batches, arrays).tolist()) == list(range(5))
+    big = fp.loader(ds, 64, shuffle=True, seed=4)
+    assert len(big) == 1
+    batches = fp.epoch(big)
+    assert [len(b["idx"]) for b in batches] == [5]
+    assert sorted(fp.verify(batches, arrays).tolist()) == list(range(5))
+    dropped = fp.loader(ds, 64, drop_last=True)
+    assert len(dropped) == 0
+    assert fp.epoch(dropped) == []
+
+
+def test_structures(tmp_path, rng, fp):
+    n = 30
+    paths, arrays = fp.write_columns(tmp_path, n, {"x": ("uint8", (2, 3)), "y": ("int16", ())}, rng)
+
+    single = fp.loader(fastpipe.NpyDataset(paths["x"]), 8)
+    got = []
+    for b in single:
+        assert isinstance(b, torch.Tensor), type(b)
+        assert b.dtype == torch.uint8 and tuple(b.shape[1:]) == (2, 3)
+        got.append(b.numpy().copy())
+        del b
+    assert np.concatenate(got).tobytes() == arrays["x"].tobytes()
+
+    tup = fp.loader(fastpipe.NpyDataset([paths["idx"], paths["x"], paths["y"]]), 8, shuffle=True)
+    batches = fp.epoch(tup)
+    assert all(isinstance(b, tuple) and len(b) == 3 for b in batches)
+    idx = fp.verify(fp.tuple_to_dict(batches, ["idx", "x", "y"]), arrays)
+    assert sorted(idx.tolist()) == list(range(n))
+
+    one = fp.loader(fastpipe.NpyDataset([paths["idx"]]), 8)
+    for b in one:
+        assert isinstance(b, tuple) and len(b) == 1, "a list of one path gives 1-tuples"
+        del b
+
+    dct = fp.loader(fastpipe.NpyDataset({"y": paths["y"], "idx": paths["idx"], "x": paths["x"]}), 8, shuffle=True)
+    for b in dct:
+        assert isinstance(b, dict) and list(b) == ["y", "idx", "x"], list(b)
+        fp.check_batch_tensors(b, arrays)
+        del b
+
+
+def test_same_batches_whatever_num_threads(dataset_factory, fp):
+    ds, arrays, _ = dataset_factory(1_003, {"x": ("float32", (13,)), "y": ("uint8", (3,))})
+    runs = {t: fp.epoch(fp.loader(ds, 24, shuffle=True, seed=99, num_threads=t)) for t in (1, 2, 8)}
+    fp.verify(runs[1], arrays)
+    for t in (2, 8):
+        assert fp.same_batches(runs[1], runs[t]), f"num_threads={t} changed the batches"
+
+
+def test_same_batches_whatever_prefetch(dataset_factory, fp):
+    ds, arrays, _ = dataset_factory(300, {"x": ("int64", (5,))})
+    runs = [fp.epoch(fp.loader(ds, 7, shuffle=True, seed=5, prefetch=p, num_threads=2)) for p in (1, 2, 6)]
+    fp.verify(runs[0], arrays)
+    assert fp.same_batches(runs[0], runs[1]) and fp.same_batches(runs[0], runs[2])
+
+
+@pytest.mark.parametrize("io", ["mmap", "pread", "direct", "auto"])
+def test_same_batches_whatever_io_mode(dataset_factory, fp, io):
+    ds, arrays, _ = dataset_factory(777, {"x": ("uint8", (13,)), "y": ("float64", (3, 5, 7))})
+    ref = fp.epoch(fp.loader(ds, 20, shuffle=True, seed=8, io="pread"))
+    ld = fp.quiet_loader(ds, 20, shuffle=True, seed=8, io=io, num_threads=2)
+    modes = list(ld.io_modes)
+    assert len(modes) == 3 and set(modes) <= {"mmap", "pread", "direct"}, modes
+    if io in ("mmap", "pread"):
+        assert modes == [io] * 3, modes
+    got = fp.epoch(ld)
+    fp.verify(got, arrays)
+    assert fp.same_batches(ref, got), f"io={io} ({modes}) changed the batches"
+
+
+def test_epochs_reshuffle_same_records(dataset_factory, fp):
+    n = 400
+    ds, arrays, _ = dataset_factory(n, {"x": ("int16", (2,))})
+    ld = fp.loader(ds, 32, shuffle=True, seed=3)
+    assert ld.epoch == 0
+    orders = []
+    for e in range(3):
+        idx = fp.verify(fp.epoch(ld), arrays)
+        assert sorted(idx.tolist()) == list(range(n))
+        orders.append(idx.tolist())
+        assert ld.epoch == e + 1, "each iter() advances the epoch by one"
+    assert orders[0] != list(range(n))
+    assert len({tuple(o) for o in orders}) == 3, "epochs gave the same order"
+
+
+def test_order_is_pure_function_of_seed_and_epoch(dataset_factory, fp):
+    ds, arrays, _ = dataset_factory(250, {"x": ("uint8", ())})
+    a = fp.loader(ds, 16, shuffle=True, seed=12)
+    a_epochs = [fp.batch_idx(fp.epoch(a)) for _ in range(3)]
+
+    b = fp.loader(ds, 16, shuffle=True, seed=12, num_threads=3)
+    b.set_epoch(2)
+    assert b.epoch == 2
+    assert fp.batch_idx(fp.epoch(b)) == a_epochs[2]
+    b.set_epoch(0)
+    assert fp.batch_idx(fp.epoch(b)) == a_epochs[0]
+    assert fp.batch_idx(fp.epoch(b)) == a_epochs[1]
+
+    # set_epoch to the same value twice gives the same order twice
+    b.set_epoch(1)
+    first = fp.batch_idx(fp.epoch(b))
+    b.set_epoch(1)
+    assert fp.batch_idx(fp.epoch(b)) == first == a_epochs[1]
+
+    c = fp.loader(ds, 16, shuffle=True, seed=13)
+    assert fp.batch_idx(fp.epoch(c)) != a_epochs[0], "a different seed gave the same order"
+
+
+def test_len_and_batch_counts(dataset_factory, fp):
+    ds, _, _ = dataset_factory(101, {})
+    for b in (1, 2, 10, 100, 101, 102):
+        for drop_last in (False, True):
+            ld = fp.loader(ds, b, drop_last=drop_last)
+            sizes = _expected_sizes(101, b, drop_last)
+            assert len(ld) == len(sizes), (b, drop_last)
+            assert [len(x["idx"]) for x in fp.epoch(ld)] == sizes
+            ld.close()
+
+
+def test_stats(dataset_factory, fp):
+    n, b = 300, 32
+    ds, arrays, _ = dataset_factory(n, {"x": ("float32", (6,))})
+    ld = fp.loader(ds, b, shuffle=True, prefetch=3, num_threads=2)
+    fp.epoch(ld)
+    st = ld.stats()
+    print(st)
+    for key in ("batches", "bytes_read", "read_gbps", "wait_seconds", "wait_fraction", "wall_seconds",
+                "arena_bytes", "num_slots", "slots_leased", "num_threads"):
+        assert key in st, f"stats() lacks {key!r}"
+    assert st["num_slots"] == 3 + 2
+    assert st["num_threads"] == 2
+    assert st["batches"] == len(ld)
+    assert st["bytes_read"] >= n * (8 + 24)
+    record_bytes = 8 + 24
+    assert st["arena_bytes"] >= st["num_slots"] * b * record_bytes
+    assert 0.0 <= st["wait_fraction"] <= 1.0
+    assert st["wait_seconds"] >= 0 and st["wall_seconds"] > 0 and st["read_gbps"] >= 0
+    assert st["slots_leased"] == 0
+
+
+def test_tensors_are_views_of_a_fixed_arena(dataset_factory, fp):
+    """Batches are zero-copy views into one arena: their storage lies inside a fixed set of slots."""
+    ds, arrays, _ = dataset_factory(200, {"x": ("uint8", (10,))})
+    ld = fp.loader(ds, 10, shuffle=True, prefetch=1)
+    ptrs = set()
+    for b in ld:
+        ptrs.add(b["x"].data_ptr())
+        del b
+    assert len(ptrs) <= ld.stats()["num_slots"], f"{len(ptrs)} distinct buffers for {ld.stats()['num_slots']} slots"
+
+
+def test_context_manager(dataset_factory, fp):
+    ds, arrays, _ = dataset_factory(50, {"x": ("int8", (3,))})
+    with fp.loader(ds, 8, shuffle=True) as ld:
+        assert isinstance(ld, fastpipe.Loader)
+        idx = fp.verify(fp.epoch(ld), arrays)
+        assert sorted(idx.tolist()) == list(range(50))
+    with pytest.raises(RuntimeError):
+        iter(ld).__next__()
+
+
+def test_pin_memory_is_accepted(dataset_factory, fp):
+    ds, arrays, _ = dataset_factory(40, {"x": ("float32", (4,))})
+    if fastpipe.build_info()["cuda_available"]:
+        ld = fp.loader(ds, 8, pin_memory=True)
+    else:
+        with pytest.warns(UserWarning):  # nothing to pin for: say so
+            ld = fp.loader(ds, 8, pin_memory=True)
+    assert fp.verify(fp.epoch(ld), arrays).tolist() == list(range(40))
+
+
+@pytest.mark.parametrize("batch,threads,prefetch", [(1, 8, 8), (3, 8, 1), (1, 1, 1), (257, 8, 2)])
+def test_many_threads_small_batches(dataset_factory, fp, batch, threads, prefetch):
+    n = 1_003
+    ds, arrays, _ = dataset_factory(n, {"x": ("uint8", (13,)), "y": ("float32", (3,))})
+    ref = fp.epoch(fp.loader(ds, batch, shuffle=True, seed=6, num_threads=1, prefetch=1))
+    for _ in range(2):
+        ld = fp.loader(ds, batch, shuffle=True, seed=6, num_threads=threads, prefetch=prefetch)
+        got = fp.epoch(ld)
+        assert fp.same_batches(ref, got)
+    assert sorted(fp.verify(got, arrays).tolist()) == list(range(n))
+
+
+def test_auto_with_small_and_large_records(dataset_factory, fp):
+    """Records above and below any small-record threshold in one loader (large: 66 KiB)."""
+    ds, arrays, _ = dataset_factory(7, {"small": ("uint8", (5,)), "large": ("uint8", (66 * 1024,))})
+    ld = fp.loader(ds, 3, shuffle=True, io="auto", num_threads=2)
+    print(ld.io_modes)
+    assert len(ld.io_modes) == 3
+    for _ in range(2):
+        idx = fp.verify(fp.epoch(ld), arrays)
+        assert sorted(idx.tolist()) == list(range(7))
+
+
+def test_same_file_in_two_columns(tmp_path, rng, fp):
+    paths, arrays = fp.write_columns(tmp_path, 64, {"x": ("int16", (3,))}, rng)
+    ds = fastpipe.NpyDataset({"idx": paths["idx"], "x": paths["x"], "x2": paths["x"]})
+    arrays = dict(arrays, x2=arrays["x"])
+    idx = fp.verify(fp.epoch(fp.loader(ds, 10, shuffle=True)), arrays)
+    assert sorted(idx.tolist()) == list(range(64))
+
+
+def test_two_loaders_on_one_dataset_interleaved(dataset_factory, fp):
+    ds, arrays, _ = dataset_factory(500, {"x": ("float64", (4,))})
+    a = fp.loader(ds, 16, shuffle=True, seed=1, num_threads=2)
+    b = fp.loader(ds, 7, shuffle=True, seed=2, num_threads=2)
+    got_a, got_b = [], []
+    ia, ib = iter(a), iter(b)
+    done_a = done_b = False
+    while not (done_a and done_b):
+        for it, out, flag in ((ia, got_a, "a"), (ib, got_b, "b")):
+            if (flag == "a" and done_a) or (flag == "b" and done_b):
+                continue
+            try:
+                out.append(fp.to_np(next(it)))
+            except StopIteration:
+                if flag == "a":
+                    done_a = True
+                else:
+                    done_b = True
+    assert sorted(fp.verify(got_a, arrays).tolist()) == list(range(500))
+    assert sorted(fp.verify(got_b, arrays).tolist()) == list(range(500))
+    assert fp.same_batches(got_a, fp.epoch(fp.loader(ds, 16, shuffle=True, seed=1)))
+
+
+def _runs_order(rng, n, length):
+    """An index order made of ascending runs, descending runs, repeats and random jumps (what samplers
+    with replacement, or sorted/bucketed samplers, produce)."""
+    out = []
+    while len(out) < length:
+        kind = rng.integers(4)
+        start = int(rng.integers(n))
+        k = int(rng.integers(1, 40))
+        if kind == 0:
+            out.extend(range(start, min(n, start + k)))
+        elif kind == 1:
+            out.extend(range(start, max(-1, start - k), -1))
+        elif kind == 2:
+            out.extend([start] * min(k, 5))
+        else:
+            out.extend(rng.integers(0, n, size=k).tolist())
+    return out[:length]
+
+
+@pytest.mark.parametrize("io", ["mmap", "pread", "direct"])
+def test_in_order_runs_and_repeats_every_io_mode(dataset_factory, fp, rng, io):
+    """shuffle=False (long sequential runs that readers may merge into one request) and a sampler with
+    runs, reversed runs and repeated indices: every batch holds exactly the requested records."""
+    n = 1_501
+    ds, arrays, _ = dataset_factory(n, {"x": ("uint8", (13,)), "y": ("float16", (3, 3))})
+    ld = fp.quiet_loader(ds, 1, io=io, num_threads=3)
+    assert fp.verify(fp.take(iter(ld), 150), arrays).tolist() == list(range(150))  # one record per batch
+    ld.close()
+    for batch in (37, 500):
+        ld = fp.quiet_loader(ds, batch, io=io, num_threads=3)
+        assert fp.verify(fp.epoch(ld), arrays).tolist() == list(range(n))
+        ld.close()
+    order = _runs_order(rng, n, 3_000)
+    ld = fp.quiet_loader(ds, 37, io=io, num_threads=3, sampler=order)
+    assert fp.verify(fp.epoch(ld), arrays).tolist() == order
+
+
+@pytest.mark.parametrize("io", ["mmap", "pread", "direct"])
+def test_token_windows_every_io_mode(tmp_path, rng, fp, io):
+    tokens = rng.integers(0, 65536, size=20_000, dtype=np.uint16)
+    path = tmp_path / "tok.bin"
+    tokens.tofile(path)
+    bs = 100
+    ds = fastpipe.TokenDataset(str(path), bs)
+    for shuffle in (False, True):
+        ld = fp.quiet_loader(ds, 16, shuffle=shuffle, io=io, num_threads=2)
+        starts = []
+        for x, y in ld:
+            xn, yn = x.numpy(), y.numpy()
+            for r in range(len(xn)):
+                s = None
+                # windows are identified by content; check against the file at the matching start
+                for cand in np.flatnonzero(tokens[: len(ds) * bs : bs] == xn[r, 0]):
+                    i = int(cand)
+                    if np.array_equal(tokens[i * bs : i * bs + bs], xn[r]):
+                        s = i
+                        break
+                assert s is not None, "x matches no window"
+                assert np.array_equal(tokens[s * bs + 1 : s * bs + bs + 1], yn[r])
+                starts.append(s)
+            del x, y
+        if shuffle:
+            assert sorted(starts) == list(range(len(ds)))
+        else:
+            assert starts == list(range(len(ds)))

@@ -1,0 +1,665 @@
+"""Batch lifetime, slots, early break, close/delete (threads, fds, slots back to baseline), fork, exit.
+
+Thread counts come from /proc/self/task and fd counts from /proc/self/fd. The timeout method is
+"thread" so that a hang inside C++ still ends the run with every stack dumped.
+"""
+
+import ctypes
+import gc
+import hashlib
+import json
+import os
+import signal
+import time
+
+import numpy as np
+import pytest
+import torch
+
+import fastpipe
+
+pytestmark = pytest.mark.timeout(60, method="thread")
+
+
+def digest(batch):
+    h = hashlib.sha256()
+    for k in sorted(batch):
+        h.update(batch[k].numpy().tobytes())
+    return h.hexdigest()
+
+
+def check_live(batch, arrays):
+    idx = batch["idx"].numpy()
+    for name, ref in arrays.items():
+        assert batch[name].numpy().tobytes() == ref[idx].tobytes(), f"column {name} changed"
+
+
+# ---------------------------------------------------------------- holding batches
+
+
+@pytest.mark.parametrize("poison", [False, True])
+def test_holding_more_batches_than_slots(dataset_factory, fp, poison):
+    n, b = 400, 10
+    ds, arrays, _ = dataset_factory(n, {"x": ("float32", (13,))})
+    ld = fastpipe.Loader(ds, b, prefetch=1, timeout=1.0, _poison=poison)
+    assert ld.stats()["num_slots"] == 3
+    it = iter(ld)
+    held = []
+    sums = []
+    t_err = None
+    for _ in range(5):  # try to hold 5 batches in 3 slots
+        try:
+            batch = next(it)
+        except TimeoutError as e:
+            t_err = e
+            break
+        held.append(batch)
+        sums.append(digest(batch))
+        del batch
+    assert t_err is not None, f"held {len(held)} batches in 3 slots without waiting"
+    assert len(held) == 3
+    msg = str(t_err)
+    print(msg)
+    assert "3" in msg, f"the message should say how many batches are held: {msg}"
+    assert "prefetch" in msg and "clone" in msg, f"the message should suggest prefetch / .clone(): {msg}"
+    assert ld.stats()["slots_leased"] == 3
+    time.sleep(0.2)  # give a (buggy) reader time to overwrite something
+    for h, s in zip(held, sums):
+        assert digest(h) == s, "a held batch changed while the loader waited"
+        check_live(h, arrays)
+    del h
+    # release one: iteration continues with the very next batch, nothing skipped
+    del held[0]
+    gc.collect()
+    nxt = next(it)
+    assert nxt["idx"].numpy().tolist() == list(range(30, 40))
+    check_live(nxt, arrays)
+    for h, s in zip(held, sums[1:]):
+        assert digest(h) == s
+    del nxt, h
+    held.clear()
+    rest = fp.epoch(it)
+    idx = fp.verify(rest, arrays)
+    assert idx.tolist() == list(range(40, n))
+    assert ld.stats()["slots_leased"] == 0
+
+
+def test_timeout_error_repeats_then_recovers(dataset_factory, fp):
+    ds, arrays, _ = dataset_factory(100, {"x": ("uint8", (5,))})
+    ld = fastpipe.Loader(ds, 10, prefetch=1, timeout=0.3)
+    it = iter(ld)
+    held = [next(it) for _ in range(3)]
+    for _ in range(2):
+        t0 = time.monotonic()
+        with pytest.raises(TimeoutError):
+            next(it)
+        assert time.monotonic() - t0 < 3.0
+    held.clear()
+    rest = fp.epoch(it)
+    assert fp.verify(rest, arrays).tolist() == list(range(30, 100))
+
+
+@pytest.mark.parametrize(
+    "alias",
+    ["numpy", "slice-view", "reshape-view", "as_strided", "torch.as_tensor", "element"],
+)
+def test_released_slot_recycled_only_after_the_last_alias(dataset_factory, fp, alias):
+    """With _poison=True a released slot is filled with 0xA5: an alias of a released-but-held batch
+    would show it. Each alias must keep its batch's slot alive through many more batches."""
+    n, b = 300, 10
+    ds, arrays, _ = dataset_factory(n, {"x": ("int32", (7,))})
+    ld = fastpipe.Loader(ds, b, shuffle=True, seed=3, prefetch=1, _poison=True, timeout=10.0)
+    it = iter(ld)
+    batch = next(it)
+    idx = batch["idx"].numpy().copy()
+    x = batch["x"]
+    ref = arrays["x"][idx]
+    if alias == "numpy":
+        keep, want = x.numpy(), ref
+    elif alias == "slice-view":
+        keep, want = x[2:5, 1:], ref[2:5, 1:]
+    elif alias == "reshape-view":
+        keep, want = x.view(-1), ref.reshape(-1)
+    elif alias == "as_strided":
+        keep, want = x.as_strided((3,), (7,)), ref[:3, 0]
+    elif alias == "torch.as_tensor":
+        keep, want = torch.as_tensor(x.numpy()), ref
+    else:
+        keep, want = x[4, 3], ref[4, 3]
+    del batch, x
+    gc.collect()
+    # drive the loader through every slot several times; with 3 slots the held one must be skipped
+    for _ in range(12):
+        nb = next(it)
+        del nb
+    got = keep.numpy() if isinstance(keep, torch.Tensor) else keep
+    assert np.asarray(got).tobytes() == np.ascontiguousarray(want).tobytes(), (
+        "a slot was recycled while an alias of its batch was alive"
+    )
+    assert ld.stats()["slots_leased"] == 1
+    del keep, got
+    gc.collect()
+    assert fp.wait_until(lambda: ld.stats()["slots_leased"] == 0, 2.0)
+
+
+def test_poison_really_overwrites_released_slots(dataset_factory, fp):
+    """Control for the test above: once every alias is gone the slot memory does change (read through a
+    raw pointer while the loader, and so the arena, is alive)."""
+    ds, arrays, _ = dataset_factory(200, {"x": ("uint8", (64,))})
+    ld = fastpipe.Loader(ds, 10, prefetch=1, _poison=True, timeout=10.0)
+    it = iter(ld)
+    batch = next(it)
+    ptr, nbytes = batch["x"].data_ptr(), batch["x"].numel()
+    before = ctypes.string_at(ptr, nbytes)
+    assert before == arrays["x"][:10].tobytes()
+    del batch
+    gc.collect()
+    changed = fp.wait_until(lambda: ctypes.string_at(ptr, nbytes) != before, 2.0)
+    if not changed:  # a slot may be refilled lazily: pull a few batches so it cycles
+        for _ in range(4):
+            nb = next(it)
+            del nb
+        changed = ctypes.string_at(ptr, nbytes) != before
+    assert changed, "a released slot was neither poisoned nor reused"
+
+
+def test_slots_leased_counts_held_batches(dataset_factory, fp):
+    ds, _, _ = dataset_factory(100, {})
+    ld = fastpipe.Loader(ds, 10, prefetch=2, timeout=10.0)
+    it = iter(ld)
+    a = next(it)
+    b = next(it)
+    assert ld.stats()["slots_leased"] == 2
+    del a
+    gc.collect()
+    assert ld.stats()["slots_leased"] == 1
+    del b
+    gc.collect()
+    assert ld.stats()["slots_leased"] == 0
+
+
+def test_batch_outlives_loader(dataset_factory, fp, torch_warm):
+    ds, arrays, _ = dataset_factory(100, {"x": ("float64", (3, 5, 7))})
+    base_threads, base_fds = fp.count_threads(), fp.count_fds()
+    ld = fastpipe.Loader(ds, 10, shuffle=True, num_threads=3, timeout=10.0)
+    it = iter(ld)
+    batch = next(it)
+    alias = batch["x"][3:].numpy()
+    want = arrays["x"][batch["idx"].numpy()[3:]].copy()
+    del it, ld
+    gc.collect()
+    # threads and files go even though a batch is still held
+    assert fp.wait_until(lambda: fp.count_threads() <= base_threads), (fp.count_threads(), base_threads)
+    assert fp.wait_until(lambda: fp.count_fds() <= base_fds), (fp.count_fds(), base_fds)
+    check_live(batch, arrays)
+    del batch
+    gc.collect()
+    assert alias.tobytes() == want.tobytes()
+    del alias
+    gc.collect()
+
+
+def test_close_keeps_held_batches(dataset_factory, fp, torch_warm):
+    ds, arrays, _ = dataset_factory(100, {"x": ("int16", (4,))})
+    base_threads, base_fds = fp.count_threads(), fp.count_fds()
+    ld = fastpipe.Loader(ds, 10, num_threads=2, timeout=10.0)
+    it = iter(ld)
+    held = [next(it), next(it)]
+    ld.close()
+    assert fp.wait_until(lambda: fp.count_threads() <= base_threads), (fp.count_threads(), base_threads)
+    assert fp.count_fds() <= base_fds, "close() left files open"
+    for h in held:
+        check_live(h, arrays)
+    with pytest.raises(RuntimeError):
+        next(it)
+    with pytest.raises(RuntimeError):
+        iter(ld)
+    with pytest.raises(RuntimeError):
+        for _ in ld:
+            pass
+    ld.close()  # closing twice is harmless
+
+
+# ---------------------------------------------------------------- baselines
+
+
+@pytest.mark.parametrize("io", ["mmap", "pread", "auto"])
+def test_early_break_then_delete_returns_to_baseline(dataset_factory, fp, torch_warm, io):
+    ds, arrays, _ = dataset_factory(500, {"x": ("uint8", (100,)), "y": ("float32", ())})
+    gc.collect()
+    base_threads, base_fds = fp.count_threads(), fp.count_fds()
+    ld = fp.quiet_loader(ds, 8, shuffle=True, num_threads=4, io=io)
+    n = 0
+    for batch in ld:
+        n += 1
+        if n == 1:
+            during = fp.count_threads()
+        if n == 3:
+            break
+    assert during > base_threads, "no reader thread seen while iterating (is the baseline measured right?)"
+    assert fp.count_fds() > base_fds or io != "pread", "no file open while iterating with pread"
+    # a new pass after the break restarts cleanly
+    idx = fp.verify(fp.epoch(ld), arrays)
+    assert sorted(idx.tolist()) == list(range(500))
+    for batch in ld:
+        break
+    del batch
+    del ld
+    gc.collect()
+    assert fp.wait_until(lambda: fp.count_threads() <= base_threads), (
+        f"threads {fp.count_threads()} > baseline {base_threads}"
+    )
+    assert fp.wait_until(lambda: fp.count_fds() <= base_fds), f"fds {fp.count_fds()} > baseline {base_fds}"
+
+
+def test_many_loaders_do_not_accumulate(dataset_factory, fp, torch_warm):
+    ds, _, _ = dataset_factory(200, {"x": ("uint8", (16,))})
+    gc.collect()
+    base_threads, base_fds = fp.count_threads(), fp.count_fds()
+    for i in range(30):
+        ld = fastpipe.Loader(ds, 16, shuffle=True, num_threads=2, timeout=10.0)
+        it = iter(ld)
+        next(it)
+        if i % 3 == 0:
+            ld.close()
+        del it, ld
+    gc.collect()
+    assert fp.wait_until(lambda: fp.count_threads() <= base_threads), (fp.count_threads(), base_threads)
+    assert fp.wait_until(lambda: fp.count_fds() <= base_fds), (fp.count_fds(), base_fds)
+
+
+def _rss_bytes():
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+def test_long_run_stays_flat(dataset_factory, fp, torch_warm):
+    ds, arrays, _ = dataset_factory(1_000, {"x": ("uint8", (32,))})
+    ld = fastpipe.Loader(ds, 4, shuffle=True, num_threads=2, timeout=10.0)
+    fp.epoch(ld)
+    gc.collect()
+    threads, fds = fp.count_threads(), fp.count_fds()
+    objects, rss = len(gc.get_objects()), _rss_bytes()
+    for _ in range(8):  # 2,000 batches
+        idx = []
+        for b in ld:
+            idx.append(b["idx"].numpy().copy())
+            del b
+        assert sorted(np.concatenate(idx).tolist()) == list(range(1_000))
+    gc.collect()
+    st = ld.stats()
+    assert st["slots_leased"] == 0
+    assert fp.count_threads() <= threads and fp.count_fds() <= fds
+    grown = len(gc.get_objects()) - objects
+    assert grown < 1_000, f"{grown} more Python objects after 2,000 batches: something leaks per batch"
+    assert _rss_bytes() - rss < 32 << 20, "resident memory grew by more than 32 MiB over 2,000 batches"
+
+
+# ---------------------------------------------------------------- stalls and interrupts
+
+
+def test_stalled_read_timeout_then_prompt_close(dataset_factory, fp, torch_warm):
+    ds, _, _ = dataset_factory(64, {"x": ("float32", (4,))})
+    base_threads = fp.count_threads()
+    ld = fastpipe.Loader(ds, 8, num_threads=2, _read_delay=5, timeout=0.5)
+    t0 = time.monotonic()
+    with pytest.raises(TimeoutError):
+        next(iter(ld))
+    assert time.monotonic() - t0 < 3.0
+    t0 = time.monotonic()
+    ld.close()
+    assert time.monotonic() - t0 < 2.0, "close() waited for a stalled read"
+    assert fp.wait_until(lambda: fp.count_threads() <= base_threads, 2.0)
+
+
+def test_delete_while_reads_stall(dataset_factory, fp, torch_warm):
+    ds, _, _ = dataset_factory(64, {"x": ("float32", (4,))})
+    base_threads = fp.count_threads()
+    ld = fastpipe.Loader(ds, 8, num_threads=2, _read_delay=30, timeout=None)
+    it = iter(ld)
+    time.sleep(0.2)
+    t0 = time.monotonic()
+    del it, ld
+    gc.collect()
+    assert time.monotonic() - t0 < 3.0, "deleting a loader waited for a stalled read"
+    assert fp.wait_until(lambda: fp.count_threads() <= base_threads, 3.0)
+
+
+@pytest.mark.parametrize("timeout", [None, 0])
+def test_timeout_none_or_zero_waits_forever(dataset_factory, fp, timeout):
+    """timeout=None or 0 means no limit (0 is DataLoader's default), not "give up at once"."""
+    ds, arrays, _ = dataset_factory(16, {"x": ("float32", (4,))})
+    ld = fastpipe.Loader(ds, 8, num_threads=1, _read_delay=0.6, timeout=timeout)
+    t0 = time.monotonic()
+    batches = fp.epoch(ld)
+    assert time.monotonic() - t0 >= 0.5, "_read_delay had no effect: the test proves nothing"
+    assert fp.verify(batches, arrays).tolist() == list(range(16))
+    ld.close()
+
+
+class _Interrupt(Exception):
+    pass
+
+
+def test_signal_interrupts_a_waiting_next(dataset_factory, fp):
+    """A Python signal handler (like Ctrl-C) runs while next() waits for data, and its exception escapes."""
+    ds, _, _ = dataset_factory(64, {"x": ("float32", (4,))})
+    ld = fastpipe.Loader(ds, 8, _read_delay=30, timeout=None)
+
+    def handler(signum, frame):
+        raise _Interrupt()
+
+    old = signal.signal(signal.SIGALRM, handler)
+    try:
+        signal.setitimer(signal.ITIMER_REAL, 0.3)
+        t0 = time.monotonic()
+        with pytest.raises(_Interrupt):
+            next(iter(ld))
+        assert time.monotonic() - t0 < 3.0
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, old)
+    t0 = time.monotonic()
+    ld.close()
+    assert time.monotonic() - t0 < 3.0
+
+
+def test_interrupted_next_can_be_retried(dataset_factory, fp):
+    """After an exception from a signal handler escapes a waiting next(), the same iterator goes on
+    with the batch it was waiting for (nothing skipped, nothing duplicated)."""
+    ds, arrays, _ = dataset_factory(16, {"x": ("float32", (4,))})
+    ld = fastpipe.Loader(ds, 8, num_threads=1, _read_delay=0.6, timeout=None)
+
+    def handler(signum, frame):
+        raise _Interrupt()
+
+    it = iter(ld)
+    old = signal.signal(signal.SIGALRM, handler)
+    try:
+        signal.setitimer(signal.ITIMER_REAL, 0.2)
+        with pytest.raises(_Interrupt):
+            next(it)
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, old)
+    rest = fp.epoch(it)
+    assert fp.verify(rest, arrays).tolist() == list(range(16))
+    ld.close()
+
+
+# ---------------------------------------------------------------- fork and exit
+
+
+def _wait_child(pid, timeout):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        done, status = os.waitpid(pid, os.WNOHANG)
+        if done:
+            return os.waitstatus_to_exitcode(status)
+        time.sleep(0.05)
+    os.kill(pid, signal.SIGKILL)
+    os.waitpid(pid, 0)
+    return None
+
+
+def test_fork_while_readers_run(dataset_factory, fp, tmp_path):
+    """fork() with reader threads running: in the child a new Loader works (or raises a clear
+    RuntimeError); the parent's loader keeps working."""
+    ds, arrays, paths = dataset_factory(600, {"x": ("uint8", (40,))})
+    ld = fastpipe.Loader(ds, 8, shuffle=True, seed=1, num_threads=4, timeout=10.0)
+    it = iter(ld)
+    first = fp.to_np(next(it))
+    report = tmp_path / "child.json"
+    pid = os.fork()
+    if pid == 0:  # child: never return into pytest
+        code = 1
+        out = {}
+        try:
+            try:
+                cds = fastpipe.NpyDataset(paths)
+                cl = fastpipe.Loader(cds, 16, shuffle=True, seed=2, num_threads=2, timeout=10.0)
+                seen = []
+                for b in cl:
+                    i = b["idx"].numpy()
+                    if b["x"].numpy().tobytes() != arrays["x"][i].tobytes():
+                        out["error"] = "wrong bytes in the child"
+                        raise SystemExit
+                    seen.extend(i.tolist())
+                    del b
+                cl.close()
+                out["new_loader"] = "ok" if sorted(seen) == list(range(600)) else "wrong records"
+                code = 0 if out["new_loader"] == "ok" else 1
+            except RuntimeError as e:
+                out["new_loader"] = f"RuntimeError: {e}"
+                code = 3
+            except BaseException as e:  # noqa: BLE001
+                out.setdefault("error", f"{type(e).__name__}: {e}")
+                code = 2
+            with open(report, "w") as f:
+                json.dump(out, f)
+        finally:
+            os._exit(code)
+    # parent keeps going while the child works
+    rest = fp.epoch(it)
+    idx = fp.verify([first] + rest, arrays)
+    assert sorted(idx.tolist()) == list(range(600))
+    code = _wait_child(pid, 40)
+    info = report.read_text() if report.exists() else "(no report)"
+    assert code is not None, "the forked child deadlocked"
+    print("child:", code, info)
+    assert code in (0, 3), f"child exit {code}: {info}"
+    if code == 3:
+        assert "fork" in info.lower() or "process" in info.lower(), f"an unclear error in the child: {info}"
+
+
+def test_fork_child_touching_parents_loader(dataset_factory, fp, tmp_path):
+    """The inherited loader in a forked child has no reader threads: using it must raise a clear error
+    (RuntimeError) or work — never hang."""
+    ds, arrays, _ = dataset_factory(300, {"x": ("uint8", (40,))})
+    ld = fastpipe.Loader(ds, 8, num_threads=2, timeout=5.0)
+    it = iter(ld)
+    next(it)
+    report = tmp_path / "child2.json"
+    pid = os.fork()
+    if pid == 0:
+        code = 1
+        try:
+            try:
+                b = next(it)
+                ok = b["x"].numpy().tobytes() == arrays["x"][b["idx"].numpy()].tobytes()
+                msg = "worked" if ok else "wrong bytes"
+                code = 0 if ok else 1
+            except RuntimeError as e:
+                msg, code = f"RuntimeError: {e}", 3
+            except BaseException as e:  # noqa: BLE001
+                msg, code = f"{type(e).__name__}: {e}", 2
+            with open(report, "w") as f:
+                f.write(msg)
+        finally:
+            os._exit(code)
+    code = _wait_child(pid, 30)
+    info = report.read_text() if report.exists() else "(no report)"
+    print("child:", code, info)
+    assert code is not None, "the forked child hung using the parent's loader"
+    assert code in (0, 3), f"child exit {code}: {info}"
+    rest = fp.epoch(it)
+    fp.verify(rest, arrays)
+
+
+def test_dataloader_workers_beside_fastpipe(dataset_factory, fp):
+    """A torch DataLoader forking workers while fastpipe's readers run (a common mix)."""
+    ds, arrays, _ = dataset_factory(400, {"x": ("float32", (8,))})
+    ld = fastpipe.Loader(ds, 16, shuffle=True, num_threads=2, timeout=10.0)
+    it = iter(ld)
+    got = [fp.to_np(next(it))]
+    tds = torch.utils.data.TensorDataset(torch.arange(64))
+    dl = torch.utils.data.DataLoader(tds, batch_size=8, num_workers=2, multiprocessing_context="fork", timeout=30)
+    total = sum(int(b[0].sum()) for b in dl)
+    assert total == sum(range(64))
+    got += fp.epoch(it)
+    assert sorted(fp.verify(got, arrays).tolist()) == list(range(400))
+
+
+EXIT_SCRIPT = r"""
+import os, sys, time
+import numpy as np
+import fastpipe
+work, scenario = sys.argv[1], sys.argv[2]
+np.save(os.path.join(work, "x.npy"), np.arange(4000, dtype=np.float32).reshape(1000, 4))
+ds = fastpipe.NpyDataset(os.path.join(work, "x.npy"))
+if scenario == "held":
+    ld = fastpipe.Loader(ds, 8, shuffle=True, num_threads=4)
+    it = iter(ld)
+    keep = [next(it), next(it)]
+elif scenario == "stalled":
+    ld = fastpipe.Loader(ds, 8, num_threads=2, _read_delay=30, timeout=None)
+    it = iter(ld)
+    time.sleep(0.2)
+elif scenario == "fork-exit":
+    ld = fastpipe.Loader(ds, 8, shuffle=True, num_threads=4)
+    it = iter(ld)
+    keep = next(it)
+    pid = os.fork()
+    if pid == 0:
+        # a child that exits normally: atexit and garbage collection see the parent's loader
+        sys.exit(0)
+    _, status = os.waitpid(pid, 0)
+    print("child status", os.waitstatus_to_exitcode(status))
+    if os.waitstatus_to_exitcode(status) != 0:
+        sys.exit(5)
+print("exiting", flush=True)
+"""
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("scenario", ["held", "stalled", "fork-exit"])
+def test_process_exits_without_close(tmp_path, fp, scenario):
+    """A loader never closed (mid-epoch, batches held, or a read stalled) does not keep the process alive
+    at exit and does not crash it; nor does a forked child that exits normally."""
+    t0 = time.monotonic()
+    proc = fp.run_python(EXIT_SCRIPT, timeout=60, args=(tmp_path, scenario))
+    elapsed = time.monotonic() - t0
+    assert proc.returncode == 0, fp.describe_exit(proc)
+    assert "exiting" in proc.stdout
+    print(f"{scenario}: {elapsed:.1f}s")
+    assert elapsed < 25, f"exit took {elapsed:.1f}s: something waited for the stalled read"
+
+
+def test_abandoned_passes_never_leak_into_new_ones(dataset_factory, fp):
+    """Break out right after the first batch many times while readers are still filling slots: every
+    first batch of every new pass is right, and held batches of old passes never change."""
+    ds, arrays, _ = dataset_factory(2_000, {"x": ("uint8", (200,))})
+    ld = fastpipe.Loader(ds, 64, shuffle=True, seed=5, num_threads=4, prefetch=3, _poison=True, timeout=10.0)
+    keep = None
+    for r in range(40):
+        it = iter(ld)
+        b = next(it)
+        check_live(b, arrays)
+        if r == 5:
+            keep, keep_sum = b, digest(b)
+        del b, it
+    assert digest(keep) == keep_sum, "a batch held from an abandoned pass changed"
+    check_live(keep, arrays)
+    got = fp.epoch(ld)
+    assert sorted(fp.verify(got, arrays).tolist()) == list(range(2_000))
+    assert digest(keep) == keep_sum
+    del keep
+    gc.collect()
+    assert fp.wait_until(lambda: ld.stats()["slots_leased"] == 0, 2.0)
+
+
+def test_held_batches_of_a_finished_epoch_survive_the_next(dataset_factory, fp):
+    ds, arrays, _ = dataset_factory(120, {"x": ("int32", (9,))})
+    ld = fastpipe.Loader(ds, 10, shuffle=True, prefetch=1, _poison=True, timeout=10.0)
+    it = iter(ld)
+    held = [next(it), next(it)]
+    sums = [digest(h) for h in held]
+    for b in it:  # the rest of epoch 0 through the one free slot
+        check_live(b, arrays)
+        del b
+    got = fp.epoch(ld)  # all of epoch 1, still with two slots held
+    assert sorted(fp.verify(got, arrays).tolist()) == list(range(120))
+    assert [digest(h) for h in held] == sums
+    for h in held:
+        check_live(h, arrays)
+
+
+def test_random_hold_and_release_model(dataset_factory, fp, rng):
+    """Hold and release batches in a random order (never more than the slots allow): every batch is
+    right when taken, still right when released, and the epoch is exact."""
+    n, b = 900, 6
+    ds, arrays, _ = dataset_factory(n, {"x": ("uint8", (33,)), "y": ("float64", (2,))})
+    ld = fastpipe.Loader(ds, b, shuffle=True, seed=8, prefetch=2, num_threads=3, _poison=True, timeout=10.0)
+    slots = ld.stats()["num_slots"]
+    held = []
+    seen = []
+    for e in range(2):
+        for batch in ld:
+            check_live(batch, arrays)
+            seen.append(batch["idx"].numpy().copy())
+            held.append((batch, digest(batch)))
+            del batch
+            # keep at most slots - 1 so that the loader can always make progress
+            while held and (len(held) >= slots or rng.random() < 0.5):
+                k = int(rng.integers(len(held)))
+                h, s = held.pop(k)
+                assert digest(h) == s, "a held batch changed before its release"
+                check_live(h, arrays)
+                del h
+        idx = np.concatenate(seen)
+        assert sorted(idx.tolist()) == list(range(n)), f"epoch {e}"
+        seen.clear()
+    assert all(digest(h_) == s_ for h_, s_ in held)
+    held.clear()
+    gc.collect()
+    assert ld.stats()["slots_leased"] == 0
+
+
+def test_batches_released_and_consumed_on_other_threads(dataset_factory, fp):
+    """A producer thread iterates (like a prefetch/pin thread); the main thread checks and drops the
+    batches; a third thread polls stats(). No deadlock, no wrong bytes."""
+    import queue
+    import threading
+
+    ds, arrays, _ = dataset_factory(1_000, {"x": ("int16", (20,))})
+    ld = fastpipe.Loader(ds, 8, shuffle=True, seed=2, prefetch=2, num_threads=2, _poison=True, timeout=10.0)
+    q = queue.Queue(maxsize=2)
+    stop = threading.Event()
+    errors = []
+
+    def produce():
+        try:
+            for _ in range(3):
+                for batch in ld:
+                    q.put(batch)
+                    del batch
+        except BaseException as e:  # noqa: BLE001
+            errors.append(e)
+        finally:
+            q.put(None)
+
+    def poll_stats():
+        while not stop.is_set():
+            ld.stats()
+            time.sleep(0.001)
+
+    threads = [threading.Thread(target=produce, daemon=True), threading.Thread(target=poll_stats, daemon=True)]
+    for t in threads:
+        t.start()
+    seen = []
+    try:
+        while True:
+            batch = q.get(timeout=30)
+            if batch is None:
+                break
+            check_live(batch, arrays)
+            seen.append(batch["idx"].numpy().copy())
+            del batch
+    finally:
+        stop.set()
+        for t in threads:
+            t.join(10)
+    assert not errors, errors
+    idx = np.concatenate(seen)
+    assert len(idx) == 3_000
+    assert all(sorted(idx[e * 1000:(e + 1) * 1000].tolist()) == list(range(1000)) for e in range(3))

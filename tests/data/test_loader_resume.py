@@ -1,0 +1,225 @@
+"""state_dict / load_state_dict: a fresh loader resumes with exactly the remaining batches."""
+
+import json
+
+import numpy as np
+import pytest
+
+pytestmark = pytest.mark.timeout(60)
+
+N, B = 1_003, 32  # 32 batches per epoch, the last of 11 records
+
+
+def roundtrip(sd):
+    text = json.dumps(sd)  # must be JSON-serialisable as is (no default=)
+    return json.loads(text)
+
+
+@pytest.fixture
+def setup(dataset_factory):
+    ds, arrays, _ = dataset_factory(N, {"x": ("uint8", (13,)), "y": ("float32", (3,))})
+    return ds, arrays
+
+
+def reference(fp, ds, epochs=3, **kw):
+    ld = fp.loader(ds, B, shuffle=True, seed=31, **kw)
+    out = [fp.epoch(ld) for _ in range(epochs)]
+    ld.close()
+    return out
+
+
+def describe(a, b, fp):
+    ia, ib = fp.batch_idx(a), fp.batch_idx(b)
+    return f"{len(ia)} batches vs {len(ib)}; first idx {ia[:1]} vs {ib[:1]}"
+
+
+@pytest.mark.parametrize("k", [0, 1, 16, 31, 32], ids=["start", "after-one", "midway", "before-last", "at-last"])
+def test_resume_within_first_epoch(fp, setup, k):
+    ds, arrays = setup
+    ref = reference(fp, ds)
+    a = fp.loader(ds, B, shuffle=True, seed=31)
+    it = iter(a)
+    consumed = fp.take(it, k)
+    assert fp.same_batches(consumed, ref[0][:k])
+    sd = roundtrip(a.state_dict())
+    del it
+    a.close()
+
+    b = fp.loader(ds, B, shuffle=True, seed=31)
+    b.load_state_dict(sd)
+    assert roundtrip(b.state_dict()) == sd, "state_dict() right after load_state_dict() is the loaded state"
+    rest = fp.epoch(b)
+    fp.verify(rest, arrays)
+    if k < len(ref[0]):
+        assert fp.same_batches(rest, ref[0][k:]), describe(rest, ref[0][k:], fp)
+        # and the epoch after is the uninterrupted run's second epoch
+        assert fp.same_batches(fp.epoch(b), ref[1])
+    else:
+        # taken after the last batch: the next iteration is the next epoch
+        assert fp.same_batches(rest, ref[1]), describe(rest, ref[1], fp)
+        assert fp.same_batches(fp.epoch(b), ref[2])
+
+
+def test_resume_before_any_iter(fp, setup):
+    ds, _ = setup
+    ref = reference(fp, ds, epochs=2)
+    a = fp.loader(ds, B, shuffle=True, seed=31)
+    sd = roundtrip(a.state_dict())
+    b = fp.loader(ds, B, shuffle=True, seed=31)
+    b.load_state_dict(sd)
+    assert fp.same_batches(fp.epoch(b), ref[0])
+    assert fp.same_batches(fp.epoch(b), ref[1])
+
+
+def test_resume_after_exhausted_epoch(fp, setup):
+    ds, _ = setup
+    ref = reference(fp, ds)
+    a = fp.loader(ds, B, shuffle=True, seed=31)
+    fp.epoch(a)  # StopIteration reached
+    sd = roundtrip(a.state_dict())
+    b = fp.loader(ds, B, shuffle=True, seed=31)
+    b.load_state_dict(sd)
+    assert fp.same_batches(fp.epoch(b), ref[1])
+
+
+@pytest.mark.parametrize("k", [0, 1, 20, 32])
+def test_resume_across_epoch_boundary(fp, setup, k):
+    ds, _ = setup
+    ref = reference(fp, ds)
+    a = fp.loader(ds, B, shuffle=True, seed=31)
+    assert fp.same_batches(fp.epoch(a), ref[0])
+    it = iter(a)
+    assert fp.same_batches(fp.take(it, k), ref[1][:k])
+    sd = roundtrip(a.state_dict())
+    b = fp.loader(ds, B, shuffle=True, seed=31)
+    b.load_state_dict(sd)
+    rest = fp.epoch(b)
+    want = ref[1][k:] if k < 32 else ref[2]
+    assert fp.same_batches(rest, want), describe(rest, want, fp)
+
+
+def test_resume_of_a_resumed_loader(fp, setup):
+    ds, _ = setup
+    ref = reference(fp, ds, epochs=2)
+    a = fp.loader(ds, B, shuffle=True, seed=31)
+    it = iter(a)
+    fp.take(it, 5)
+    sd = roundtrip(a.state_dict())
+    b = fp.loader(ds, B, shuffle=True, seed=31, num_threads=3)  # threads are not part of the state
+    b.load_state_dict(sd)
+    itb = iter(b)
+    assert fp.same_batches(fp.take(itb, 7), ref[0][5:12])
+    sd2 = roundtrip(b.state_dict())
+    c = fp.loader(ds, B, shuffle=True, seed=31, num_threads=1)
+    c.load_state_dict(sd2)
+    assert fp.same_batches(fp.epoch(c), ref[0][12:])
+    assert fp.same_batches(fp.epoch(c), ref[1])
+
+
+def test_load_state_into_the_same_loader_mid_epoch(fp, setup):
+    """load_state_dict on a loader that is itself mid-epoch rewinds it to the saved point."""
+    ds, _ = setup
+    ref = reference(fp, ds, epochs=1)
+    a = fp.loader(ds, B, shuffle=True, seed=31)
+    it = iter(a)
+    fp.take(it, 3)
+    sd = roundtrip(a.state_dict())
+    fp.take(it, 10)
+    del it
+    a.load_state_dict(sd)
+    assert fp.same_batches(fp.epoch(a), ref[0][3:])
+
+
+def test_resume_after_set_epoch(fp, setup):
+    ds, _ = setup
+    a = fp.loader(ds, B, shuffle=True, seed=31)
+    a.set_epoch(7)
+    full = fp.epoch(a)
+    a.set_epoch(7)
+    it = iter(a)
+    fp.take(it, 9)
+    sd = roundtrip(a.state_dict())
+    b = fp.loader(ds, B, shuffle=True, seed=31)
+    b.load_state_dict(sd)
+    assert fp.same_batches(fp.epoch(b), full[9:])
+    assert b.epoch == 8
+
+
+@pytest.mark.parametrize("policy", ["pad", "drop"])
+def test_resume_sharded_with_drop_last(fp, setup, policy):
+    ds, _ = setup
+    kw = dict(shuffle=True, seed=5, rank=1, world_size=3, shard_remainder=policy, drop_last=True)
+    ref_loader = fp.loader(ds, 16, **kw)
+    ref = fp.epoch(ref_loader)
+    assert len(ref) == len(ref_loader)
+    a = fp.loader(ds, 16, **kw)
+    it = iter(a)
+    fp.take(it, 4)
+    sd = roundtrip(a.state_dict())
+    b = fp.loader(ds, 16, **kw)
+    b.load_state_dict(sd)
+    assert fp.same_batches(fp.epoch(b), ref[4:])
+
+
+def test_resume_unshuffled(fp, setup):
+    ds, arrays = setup
+    a = fp.loader(ds, B)
+    it = iter(a)
+    fp.take(it, 10)
+    sd = roundtrip(a.state_dict())
+    b = fp.loader(ds, B)
+    b.load_state_dict(sd)
+    idx = fp.verify(fp.epoch(b), arrays)
+    assert idx.tolist() == list(range(10 * B, N))
+
+
+def test_resume_token_dataset(tmp_path, rng, fp):
+    import fastpipe
+
+    tokens = rng.integers(0, 65536, size=30_001, dtype=np.uint16)
+    path = tmp_path / "tok.bin"
+    tokens.tofile(path)
+    ds = fastpipe.TokenDataset(str(path), 100)
+    ref = fp.epoch(fp.loader(ds, 8, shuffle=True, seed=1))
+    a = fp.loader(ds, 8, shuffle=True, seed=1)
+    it = iter(a)
+    fp.take(it, 13)
+    sd = roundtrip(a.state_dict())
+    b = fp.loader(ds, 8, shuffle=True, seed=1)
+    b.load_state_dict(sd)
+    assert fp.same_batches(fp.epoch(b), ref[13:])
+
+
+@pytest.mark.parametrize(
+    "change",
+    [
+        {"batch_size": 16},
+        {"seed": 32},
+        {"shuffle": False},
+        {"world_size": 2, "rank": 0},
+        {"drop_last": True},
+        {"dataset": "shorter"},
+    ],
+    ids=["batch_size", "seed", "shuffle", "world_size", "drop_last", "dataset-length"],
+)
+def test_incompatible_state_is_rejected(fp, setup, dataset_factory, change):
+    ds, _ = setup
+    a = fp.loader(ds, B, shuffle=True, seed=31)
+    it = iter(a)
+    fp.take(it, 2)
+    sd = roundtrip(a.state_dict())
+    kw = dict(batch_size=B, shuffle=True, seed=31)
+    kw.update(change)
+    other = ds
+    if kw.pop("dataset", None) == "shorter":
+        other, _, _ = dataset_factory(N - 1, {"x": ("uint8", (13,)), "y": ("float32", (3,))})
+    bs = kw.pop("batch_size")
+    b = fp.loader(other, bs, **kw)
+    with pytest.raises(ValueError) as ei:
+        b.load_state_dict(sd)
+    print(ei.value)
+    key = next(iter(change))
+    if key != "dataset":
+        words = {"batch_size": "batch", "seed": "seed", "shuffle": "shuffle", "world_size": "world",
+                 "drop_last": "drop"}
+        assert words[key] in str(ei.value).lower(), f"message does not name {key}: {ei.value}"

@@ -1,0 +1,79 @@
+"""The package imports everywhere and build_info() describes the build."""
+
+import os
+import re
+import subprocess
+import sys
+
+import pytest
+import torch
+
+import fastpipe
+
+
+def test_build_info_keys_and_types():
+    info = fastpipe.build_info()
+    print(info)
+    assert isinstance(info, dict)
+    expected = {
+        "version": str,
+        "torch_version": str,
+        "cuda": bool,
+        "cuda_archs": list,
+        "cuda_available": bool,
+    }
+    for key, typ in expected.items():
+        assert key in info, f"build_info() lacks {key!r}: {sorted(info)}"
+        assert isinstance(info[key], typ), f"build_info()[{key!r}] = {info[key]!r} is not {typ.__name__}"
+    assert "device" in info
+    assert info["device"] is None or isinstance(info["device"], str)
+
+
+def test_build_info_values_consistent():
+    info = fastpipe.build_info()
+    assert info["version"] == fastpipe.__version__
+    assert info["torch_version"] == torch.__version__, "built against a different torch than the one installed"
+    for arch in info["cuda_archs"]:
+        assert isinstance(arch, str) and re.fullmatch(r"\d+\.\d+a?", arch), f"odd CUDA arch {arch!r}"
+    if info["cuda"]:
+        assert info["cuda_archs"], "CUDA kernels compiled but no arch listed"
+    else:
+        assert info["cuda_available"] is False, "no CUDA kernels compiled, yet a GPU is reported usable"
+    assert info["cuda_available"] == (info["cuda"] and torch.cuda.is_available())
+    if info["cuda_available"]:
+        assert info["device"]
+    else:
+        assert info["device"] is None
+
+
+def test_build_info_is_json_serialisable():
+    import json
+
+    json.dumps(fastpipe.build_info())
+
+
+def test_build_info_returns_a_fresh_dict():
+    a = fastpipe.build_info()
+    a["version"] = "tampered"
+    assert fastpipe.build_info()["version"] == fastpipe.__version__
+
+
+def test_data_api_is_exported():
+    import fastpipe.data
+
+    for name in ("Loader", "NpyDataset", "TokenDataset", "write_npy"):
+        assert hasattr(fastpipe, name), f"fastpipe.{name} missing"
+        assert getattr(fastpipe, name) is getattr(fastpipe.data, name), f"fastpipe.{name} is not fastpipe.data.{name}"
+
+
+@pytest.mark.timeout(120)
+def test_import_without_gpu_in_fresh_process():
+    """`import fastpipe` never fails for lack of a GPU (CUDA hidden from the process)."""
+    env = dict(os.environ, CUDA_VISIBLE_DEVICES="")
+    code = (
+        "import fastpipe, json; info = fastpipe.build_info(); "
+        "assert info['cuda_available'] is False, info; "
+        "print(json.dumps(info))"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=100, env=env)
+    assert proc.returncode == 0, f"rc={proc.returncode}\n{proc.stdout}\n{proc.stderr}"
