@@ -29,6 +29,10 @@ class File {
   int64_t size_at_open() const { return size_at_open_; }
   int64_t current_size() const;
 
+  // Asks the kernel to read [offset, offset + len) into the page cache, asynchronously (POSIX_FADV_WILLNEED;
+  // the kernel reads at most about one read-ahead window per call, so callers step through a file).
+  void will_need(int64_t offset, int64_t len) const;
+
   // pread loop over partial reads and EINTR; returns the bytes read (< len only at end of file).
   int64_t read_at_most(void* dst, int64_t len, int64_t offset) const;
 
