@@ -44,12 +44,16 @@ _EAGER = {
 ATOL = {torch.float64: 1e-10, torch.float32: 1e-5, torch.float16: 2e-3, torch.bfloat16: 1.6e-2}
 
 
+def eager_activation(t, act, act_kwargs):
+    return _EAGER[act](t, **act_kwargs)
+
+
 def eager_conv_act(x, w, b, stride, padding, dilation, groups, act, act_kwargs, residual=None):
     """What eager PyTorch computes: conv, + residual, activation, each rounded to the input's dtype."""
     y = F.conv2d(x, w, b, stride, padding, dilation, groups)
     if residual is not None:
         y = y + residual
-    return _EAGER[act](y, **act_kwargs)
+    return eager_activation(y, act, act_kwargs)
 
 
 def to64(t):
