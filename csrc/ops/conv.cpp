@@ -365,25 +365,22 @@ Choice tune(const ConvArgs& a, const DeviceEngines& dev) {
     }
   }
   std::vector<double> times(cands.size(), std::numeric_limits<double>::infinity());
-  times[0] = 0;
   if (live.size() > 1) {
-    // Interleaved rounds, so that load from elsewhere hits every candidate alike; the median of each.
+    // Interleaved rounds; each candidate keeps its fastest. Load from elsewhere only ever adds time
+    // (on a busy CPU, in bursts), so the minimum is the least disturbed estimate of a candidate's cost.
     const int rounds = slowest > 50.0 ? 3 : 5;  // bounds the one-off cost of a new key
-    std::vector<std::vector<double>> samples(cands.size());
     for (int r = 0; r < rounds; ++r) {
-      for (size_t i : live) samples[i].push_back(timed_run(cands[i]));
+      for (size_t i : live) times[i] = std::min(times[i], timed_run(cands[i]));
     }
-    for (size_t i : live) {
-      std::sort(samples[i].begin(), samples[i].end());
-      times[i] = samples[i][samples[i].size() / 2];
-    }
+  } else {
+    times[0] = 0;  // eager alone
   }
   Choice choice{pick_engine(times), describe(a) + " -> "};
   choice.report += cands[choice.index].name;
   if (live.size() > 1) {
     std::ostringstream s;
     s.precision(4);
-    s << " (median ms:";
+    s << " (ms:";
     for (size_t i : live) s << " " << cands[i].name << "=" << times[i];
     s << ")";
     choice.report += s.str();

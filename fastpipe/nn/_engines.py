@@ -2,9 +2,10 @@
 
 Every new key (device, dtype, shapes, layouts, stride/padding/dilation/groups, activation, bias and
 residual present, threads, TF32) is timed once on every engine that supports it, eager PyTorch
-included, and the choice is cached; an engine replaces eager only when at least 3% faster. The
-environment variable FASTPIPE_CONV_ENGINE=auto|eager|<name> overrides the choice (read on every call);
-an engine that cannot run a call, or belongs to another device type, falls back to eager.
+included (the fastest of a few interleaved calls each), and the choice is cached; an engine replaces
+eager only when at least 3% faster. The environment variable FASTPIPE_CONV_ENGINE=auto|eager|<name>
+overrides the choice (read on every call); an engine that cannot run a call, or belongs to another
+device type, falls back to eager.
 """
 
 import contextlib
@@ -25,7 +26,7 @@ def conv_engines(device="cpu"):
 
 
 def conv_engine_cache():
-    """One line per cached key: the call, the engine chosen and the median times measured."""
+    """One line per cached key: the call, the engine chosen and each candidate's fastest timed call."""
     return list(torch.ops.fastpipe._conv_engine_cache())
 
 
