@@ -104,6 +104,7 @@ def _setup_context(ctx, inputs, output):
     out, preact = output if isinstance(output, tuple) else (output, None)
     if preact is not None:  # the training op: its pre-activation is for backward only
         ctx.mark_non_differentiable(preact)
+        ctx.set_materialize_grads(False)  # else autograd fills a zero gradient for it on every backward
     # None: the plain op with an activation that needs its input; backward recomputes it.
     saved = out if grad_from_output(activation, act_args) else preact
     ctx.save_for_backward(input, weight, saved, bias if saved is None else None, residual if saved is None else None)
@@ -111,6 +112,8 @@ def _setup_context(ctx, inputs, output):
 
 
 def _backward(ctx, grad, *_):
+    if grad is None:  # the training op does not materialize zero gradients
+        return (None,) * 10
     input, weight, saved, bias, residual = ctx.saved_tensors
     stride, padding, dilation, groups, activation, act_args = ctx.conv
     need_x, need_w, need_b = ctx.needs_input_grad[:3]
@@ -119,11 +122,14 @@ def _backward(ctx, grad, *_):
     if saved is None:
         saved = _fwd(input, weight, bias, stride, padding, dilation, groups, "identity", [], residual)
     grad_bias = None
-    bias_from_conv = need_b and activation == "identity"
+    # The bias gradient comes from convolution_backward where no activation kernel runs, and on the CPU,
+    # where oneDNN sums it inside its weight-gradient pass; on CUDA the activation kernel sums it in the
+    # same pass over the gradient.
+    bias_from_conv = need_b and (activation == "identity" or not grad.is_cuda)
     if activation == "identity":
         grad_pre = grad
     else:
-        grad_pre, grad_bias = _act_bwd(grad, saved, activation, act_args, need_b)
+        grad_pre, grad_bias = _act_bwd(grad, saved, activation, act_args, need_b and not bias_from_conv)
     grad_x = grad_w = None
     if need_x or need_w or bias_from_conv:
         grad_x, grad_w, grad_b = _conv_bwd(

@@ -1,45 +1,15 @@
-"""fastpipe's CUDA kernels on their edge cases (skipped without a GPU): odd sizes for the 16-byte
-vector paths, misaligned inputs, many bias-gradient splits, side streams and CUDA graph capture."""
+"""fastpipe's CUDA kernels on their edge cases (skipped without a GPU): misaligned and strided
+operands, side streams and CUDA graph capture. The backward kernel's odd sizes are in test_ops.py."""
 
 import pytest
 import torch
 import torch.nn.functional as F
 
 import fastpipe.nn as fnn
-from conv_ref import ACT_IDS, ACTIVATIONS, CUDA, check_error, eager_activation
-from fastpipe import ops
-from fastpipe.nn import _activations
+from conv_ref import CUDA
 from fastpipe.nn.functional import conv2d_act
 
 pytestmark = [pytest.mark.gpu, CUDA]
-
-# (N, C, H, W): NCHW planes with H*W a multiple of 8 or not; NHWC rows with C a multiple of 8 or not;
-# few channels over many rows (many splits of the bias reduction).
-BACKWARD_SHAPES = [(2, 59, 7, 7), (3, 64, 8, 8), (1, 5, 3, 1), (32, 3, 64, 64), (4, 960, 7, 7)]
-
-
-@pytest.mark.parametrize("act,act_kwargs", ACTIVATIONS, ids=ACT_IDS)
-@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16], ids=str)
-@pytest.mark.parametrize("layout", [torch.contiguous_format, torch.channels_last], ids=["nchw", "nhwc"])
-def test_activation_backward_kernel(act, act_kwargs, dtype, layout):
-    name, act_args = _activations.resolve(act, act_kwargs)
-    eager = lambda t: eager_activation(t, act, act_kwargs)  # noqa: E731
-    for shape in BACKWARD_SHAPES:
-        z = torch.randn(shape, device="cuda").to(dtype).contiguous(memory_format=layout)
-        g = torch.randn(shape, device="cuda").to(dtype).contiguous(memory_format=layout)
-        saved = eager(z) if ops.grad_from_output(name, act_args) else z
-        grad_in, grad_bias = torch.ops.fastpipe._conv2d_act_backward(g, saved, name, act_args, True)
-        assert grad_in.is_contiguous(memory_format=layout) and grad_bias.dtype == dtype
-        # torch's own: autograd through the eager activation at dtype; the reference: the same in float64
-        zz = z.detach().requires_grad_()
-        eager(zz).backward(g)
-        z64 = z.double().requires_grad_()
-        eager(z64).backward(g.double())
-        check_error(f"grad {shape}", grad_in, z64.grad, zz.grad, dtype)
-        check_error(f"bias grad {shape}", grad_bias, z64.grad.sum((0, 2, 3)), zz.grad.float().sum((0, 2, 3)).to(dtype), dtype)
-        _, empty = torch.ops.fastpipe._conv2d_act_backward(g, saved, name, act_args, False)
-        assert empty.numel() == 0
-
 
 def test_misaligned_and_strided_operands():
     x = torch.randn(2, 10, 9, 9, device="cuda")

@@ -5,7 +5,17 @@ import torch
 import torch.nn as nn
 
 import fastpipe.nn as fnn
-from conv_ref import ACT_IDS, ACTIVATIONS, CUDA, DEVICES, check_error, eager_conv_act, make_inputs, to64
+from conv_ref import (
+    ACT_IDS,
+    ACTIVATIONS,
+    CUDA,
+    DEVICES,
+    check_error,
+    eager_activation,
+    eager_conv_act,
+    make_inputs,
+    to64,
+)
 from fastpipe import ops
 from fastpipe.nn import _activations
 from fastpipe.nn.functional import conv2d_act
@@ -84,6 +94,37 @@ def test_gradients_match_reference(device, act, act_kwargs, layout):
         assert out.is_contiguous(memory_format=fmt)
         for name, o, t, f in zip(("input", "weight", "bias", "residual"), ours, torch_own, ref):
             check_error(f"{engine} grad {name}", o, f, t, torch.float32)
+
+
+# (N, C, H, W) for the backward op: NCHW planes with H*W a multiple of 8 or not; NHWC rows with C a
+# multiple of 8 or not; few channels over many rows (many splits of the CUDA bias reduction).
+BACKWARD_SHAPES = [(2, 59, 7, 7), (3, 64, 8, 8), (1, 5, 3, 1), (32, 3, 64, 64), (4, 960, 7, 7)]
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("act,act_kwargs", ACTIVATIONS, ids=ACT_IDS)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("layout", [torch.contiguous_format, torch.channels_last], ids=["nchw", "nhwc"])
+def test_activation_backward_op(device, act, act_kwargs, dtype, layout):
+    """_conv2d_act_backward (the CUDA kernel; ATen on the CPU) against autograd through the eager
+    activation, error vs error, with the bias-gradient reduction."""
+    name, act_args = _activations.resolve(act, act_kwargs)
+    eager = lambda t: eager_activation(t, act, act_kwargs)  # noqa: E731
+    for shape in BACKWARD_SHAPES if device == "cuda" else BACKWARD_SHAPES[:3]:
+        z = torch.randn(shape, device=device).to(dtype).contiguous(memory_format=layout)
+        g = torch.randn(shape, device=device).to(dtype).contiguous(memory_format=layout)
+        saved = eager(z) if ops.grad_from_output(name, act_args) else z
+        grad_in, grad_bias = torch.ops.fastpipe._conv2d_act_backward(g, saved, name, act_args, True)
+        assert grad_in.is_contiguous(memory_format=layout) and grad_bias.dtype == dtype
+        # torch's own: autograd through the eager activation at dtype; the reference: the same in float64
+        zz = z.detach().requires_grad_()
+        eager(zz).backward(g)
+        z64 = z.double().requires_grad_()
+        eager(z64).backward(g.double())
+        check_error(f"grad {shape}", grad_in, z64.grad, zz.grad, dtype)
+        check_error(f"bias grad {shape}", grad_bias, z64.grad.sum((0, 2, 3)), zz.grad.float().sum((0, 2, 3)).to(dtype), dtype)
+        _, empty = torch.ops.fastpipe._conv2d_act_backward(g, saved, name, act_args, False)
+        assert empty.numel() == 0
 
 
 def test_saved_tensor_choice():
