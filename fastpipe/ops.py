@@ -1,4 +1,4 @@
-"""fastpipe's torch ops: entry points, fake kernels (torch.compile) and autograd.
+"""fastpipe's torch ops: the entry point used by fastpipe.nn and the fake kernels for torch.compile.
 
 The ops are defined in C++ (csrc/ops/conv.cpp) and registered when fastpipe._C loads:
 
@@ -11,9 +11,11 @@ The ops are defined in C++ (csrc/ops/conv.cpp) and registered when fastpipe._C l
     pre-activation.
 ``fastpipe::_conv2d_act_backward(grad_out, saved, activation, act_args, bias_grad)``
     (gradient w.r.t. the pre-activation, bias gradient or an empty tensor) in one pass. ``saved`` is the
-    output where :func:`grad_from_output` says so, the pre-activation otherwise.
+    output for identity, relu, hardtanh, sigmoid, tanh and leaky_relu with a slope >= 0, the
+    pre-activation otherwise.
 
-Backward then calls ``aten.convolution_backward`` for the input and weight gradients.
+Autograd is registered in C++ (conv.cpp): backward runs ``_conv2d_act_backward`` then
+``aten.convolution_backward`` for the input and weight gradients. This module adds the fake kernels.
 """
 
 import torch
@@ -21,34 +23,9 @@ from torch._prims_common import suggest_memory_format
 
 import fastpipe._ext  # noqa: F401  (loads fastpipe._C, which registers the ops)
 
-_fwd = torch.ops.fastpipe.conv2d_act.default
-_train = torch.ops.fastpipe._conv2d_act_train.default
-_act_bwd = torch.ops.fastpipe._conv2d_act_backward.default
-_conv_bwd = torch.ops.aten.convolution_backward.default
-
-# Activations whose derivative their output determines: backward keeps the output (which exists anyway).
-_GRAD_FROM_OUTPUT = frozenset({"identity", "relu", "hardtanh", "sigmoid", "tanh"})
-
-
-def grad_from_output(activation, act_args):
-    """Whether backward reads the derivative of ``activation`` from its output (else its input)."""
-    return activation in _GRAD_FROM_OUTPUT or (activation == "leaky_relu" and act_args[0] >= 0)
-
-
-def conv2d_act(input, weight, bias, stride, padding, dilation, groups, activation, act_args, residual):
-    """Calls ``fastpipe::conv2d_act``, or the training op when backward will need the pre-activation."""
-    if (
-        torch.is_grad_enabled()
-        and not grad_from_output(activation, act_args)
-        and (
-            input.requires_grad
-            or weight.requires_grad
-            or (bias is not None and bias.requires_grad)
-            or (residual is not None and residual.requires_grad)
-        )
-    ):
-        return _train(input, weight, bias, stride, padding, dilation, groups, activation, act_args, residual)[0]
-    return _fwd(input, weight, bias, stride, padding, dilation, groups, activation, act_args, residual)
+# The op's autograd (C++, Autograd key) keeps the pre-activation for backward only when a backward will
+# run and the activation needs it; its CPU/CUDA kernels pick the fastest engine per call key.
+conv2d_act = torch.ops.fastpipe.conv2d_act.default
 
 
 # ---- fake kernels -------------------------------------------------------------------------------------
@@ -96,70 +73,3 @@ def _conv2d_act_backward_fake(grad_out, saved, activation, act_args, bias_grad):
         saved.shape, dtype=saved.dtype, device=saved.device, memory_format=suggest_memory_format(saved)
     )
     return grad_in, saved.new_empty([saved.shape[1] if bias_grad else 0])
-
-
-# ---- autograd -----------------------------------------------------------------------------------------
-def _setup_context(ctx, inputs, output):
-    input, weight, bias, stride, padding, dilation, groups, activation, act_args, residual = inputs
-    out, preact = output if isinstance(output, tuple) else (output, None)
-    if preact is not None:  # the training op: its pre-activation is for backward only
-        ctx.mark_non_differentiable(preact)
-        ctx.set_materialize_grads(False)  # else autograd fills a zero gradient for it on every backward
-    # None: the plain op with an activation that needs its input; backward recomputes it.
-    saved = out if grad_from_output(activation, act_args) else preact
-    ctx.save_for_backward(input, weight, saved, bias if saved is None else None, residual if saved is None else None)
-    ctx.conv = (stride, padding, dilation, groups, activation, act_args)
-
-
-def _backward(ctx, grad, *_):
-    if grad is None:  # the training op does not materialize zero gradients
-        return (None,) * 10
-    input, weight, saved, bias, residual = ctx.saved_tensors
-    stride, padding, dilation, groups, activation, act_args = ctx.conv
-    need_x, need_w, need_b = ctx.needs_input_grad[:3]
-    # Trailing arguments left at their defaults may be missing from needs_input_grad.
-    need_r = len(ctx.needs_input_grad) > 9 and ctx.needs_input_grad[9]
-    if saved is None:
-        saved = _fwd(input, weight, bias, stride, padding, dilation, groups, "identity", [], residual)
-    grad_bias = None
-    # The bias gradient comes from convolution_backward where no activation kernel runs, and on the CPU,
-    # where oneDNN sums it inside its weight-gradient pass; on CUDA the activation kernel sums it in the
-    # same pass over the gradient.
-    bias_from_conv = need_b and (activation == "identity" or not grad.is_cuda)
-    if activation == "identity":
-        grad_pre = grad
-    else:
-        grad_pre, grad_bias = _act_bwd(grad, saved, activation, act_args, need_b and not bias_from_conv)
-    grad_x = grad_w = None
-    if need_x or need_w or bias_from_conv:
-        grad_x, grad_w, grad_b = _conv_bwd(
-            grad_pre,
-            input,
-            weight,
-            [weight.shape[0]] if bias_from_conv else None,
-            stride,
-            padding,
-            dilation,
-            False,
-            [0, 0],
-            groups,
-            [need_x, need_w, bias_from_conv],
-        )
-        if bias_from_conv:
-            grad_bias = grad_b
-    return (
-        grad_x,
-        grad_w,
-        grad_bias if need_b else None,
-        None,
-        None,
-        None,
-        None,
-        None,
-        None,
-        grad_pre if need_r else None,
-    )
-
-
-torch.library.register_autograd("fastpipe::conv2d_act", _backward, setup_context=_setup_context)
-torch.library.register_autograd("fastpipe::_conv2d_act_train", _backward, setup_context=_setup_context)

@@ -6,6 +6,7 @@
 #include <ATen/autocast_mode.h>
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <c10/core/DeviceGuard.h>
+#include <torch/autograd.h>
 #include <torch/library.h>
 
 #include <algorithm>
@@ -469,7 +470,7 @@ std::tuple<at::Tensor, at::Tensor> conv2d_act_backward_cpu(const at::Tensor& gra
   return act_backward_aten(grad_out, saved, check_backward_args(grad_out, saved, activation, act_args), bias_grad);
 }
 
-// ---- autocast: run the conv ops in the autocast dtype, like F.conv2d -------------------------------
+// ---- the ops as seen from the dispatcher, for autocast and autograd ------------------------------------
 template <typename Ret>
 using ConvOpFn = Ret(const at::Tensor&, const at::Tensor&, const std::optional<at::Tensor>&, at::IntArrayRef,
                      at::IntArrayRef, at::IntArrayRef, int64_t, c10::string_view, at::ArrayRef<double>,
@@ -478,12 +479,18 @@ using ConvOpFn = Ret(const at::Tensor&, const at::Tensor&, const std::optional<a
 constexpr char kConv2dAct[] = "fastpipe::conv2d_act";
 constexpr char kConv2dActTrain[] = "fastpipe::_conv2d_act_train";
 
+template <typename Fn>
+c10::TypedOperatorHandle<Fn> op_handle(const char* name) {
+  return c10::Dispatcher::singleton().findSchemaOrThrow(name, "").typed<Fn>();
+}
+
+// Autocast: run the conv ops in the autocast dtype, like F.conv2d.
 template <c10::DeviceType D, typename Ret, const char* Name>
 Ret autocast_conv(const at::Tensor& input, const at::Tensor& weight, const std::optional<at::Tensor>& bias,
                   at::IntArrayRef stride, at::IntArrayRef padding, at::IntArrayRef dilation, int64_t groups,
                   c10::string_view activation, at::ArrayRef<double> act_args,
                   const std::optional<at::Tensor>& residual) {
-  static const auto op = c10::Dispatcher::singleton().findSchemaOrThrow(Name, "").typed<ConvOpFn<Ret>>();
+  static const auto op = op_handle<ConvOpFn<Ret>>(Name);
   c10::impl::ExcludeDispatchKeyGuard no_autocast(at::autocast::get_autocast_dispatch_key_from_device_type(D));
   const at::ScalarType dt = at::autocast::get_lower_precision_fp_from_device_type(D);
   using at::autocast::cached_cast;
@@ -495,6 +502,145 @@ template <c10::DeviceType D>
 void register_autocast(torch::Library& m) {
   m.impl("conv2d_act", &autocast_conv<D, at::Tensor, kConv2dAct>);
   m.impl("_conv2d_act_train", &autocast_conv<D, std::tuple<at::Tensor, at::Tensor>, kConv2dActTrain>);
+}
+
+// ---- autograd ---------------------------------------------------------------------------------------
+// In C++ rather than torch.library.register_autograd: the Python wrapper costs ~0.1 ms per call,
+// more than a small convolution (and far more than its CUDA kernels).
+
+// Activations whose derivative their output determines: backward keeps the output (which exists
+// anyway); the others keep the pre-activation.
+bool grad_from_output(const ActSpec& s) {
+  switch (s.act) {
+    case Act::Identity:
+    case Act::Relu:
+    case Act::Hardtanh:
+    case Act::Sigmoid:
+    case Act::Tanh:
+      return true;
+    case Act::LeakyRelu:
+      return s.alpha >= 0;  // a negative slope flips the sign: the output no longer tells the branch
+    default:
+      return false;
+  }
+}
+
+using ActBackwardFn = std::tuple<at::Tensor, at::Tensor>(const at::Tensor&, const at::Tensor&, c10::string_view,
+                                                         at::ArrayRef<double>, bool);
+
+// act(conv(input) + bias + residual). An absent bias or residual is no input of the node: the inputs
+// (edges) are input, weight, then bias and residual where given.
+struct ConvActFunction : public torch::autograd::Function<ConvActFunction> {
+  static torch::autograd::variable_list forward(torch::autograd::AutogradContext* ctx, const at::Tensor& input,
+                                                const at::Tensor& weight, const std::optional<at::Tensor>& bias,
+                                                const std::optional<at::Tensor>& residual, at::IntArrayRef stride,
+                                                at::IntArrayRef padding, at::IntArrayRef dilation, int64_t groups,
+                                                c10::string_view activation, at::ArrayRef<double> act_args,
+                                                bool keep_preact, bool return_preact) {
+    static const auto fwd = op_handle<ConvOpFn<at::Tensor>>(kConv2dAct);
+    static const auto train = op_handle<ConvOpFn<std::tuple<at::Tensor, at::Tensor>>>(kConv2dActTrain);
+    at::Tensor out, preact;
+    {
+      at::AutoDispatchBelowADInplaceOrView below_autograd;
+      if (keep_preact || return_preact) {
+        std::tie(out, preact) =
+            train.call(input, weight, bias, stride, padding, dilation, groups, activation, act_args, residual);
+      } else {
+        out = fwd.call(input, weight, bias, stride, padding, dilation, groups, activation, act_args, residual);
+      }
+    }
+    ctx->saved_data["stride"] = stride.vec();
+    ctx->saved_data["padding"] = padding.vec();
+    ctx->saved_data["dilation"] = dilation.vec();
+    ctx->saved_data["groups"] = groups;
+    ctx->saved_data["activation"] = std::string(activation);
+    ctx->saved_data["act_args"] = act_args.vec();
+    ctx->saved_data["has_bias"] = bias.has_value();
+    ctx->saved_data["has_residual"] = residual.has_value();
+    // Without keep_preact no backward will run (see conv2d_act_autograd), so preact is there when needed.
+    ctx->save_for_backward({input, weight, grad_from_output(parse_activation(activation, act_args)) ? out : preact});
+    if (!return_preact) return {out};
+    ctx->mark_non_differentiable({preact});
+    ctx->set_materialize_grads(false);  // else autograd fills a zero gradient for preact on every backward
+    return {out, preact};
+  }
+
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grads) {
+    static const auto act_backward = op_handle<ActBackwardFn>("fastpipe::_conv2d_act_backward");
+    constexpr size_t kInputs = 12;  // forward's arguments after ctx
+    const at::Tensor& grad = grads[0];
+    if (!grad.defined()) return torch::autograd::variable_list(kInputs);
+    const auto saved = ctx->get_saved_variables();
+    const at::Tensor &input = saved[0], &weight = saved[1];
+    const auto stride = ctx->saved_data["stride"].toIntVector();
+    const auto padding = ctx->saved_data["padding"].toIntVector();
+    const auto dilation = ctx->saved_data["dilation"].toIntVector();
+    const int64_t groups = ctx->saved_data["groups"].toInt();
+    const std::string activation = ctx->saved_data["activation"].toStringRef();
+    const auto act_args = ctx->saved_data["act_args"].toDoubleVector();
+    const at::Tensor& act_saved = saved[2];
+    TORCH_INTERNAL_ASSERT(act_saved.defined(), "conv2d_act backward without the tensor it keeps");
+    const bool has_bias = ctx->saved_data["has_bias"].toBool();
+    const bool need_x = ctx->needs_input_grad(0), need_w = ctx->needs_input_grad(1);
+    const bool need_b = has_bias && ctx->needs_input_grad(2);
+    const bool need_r = ctx->saved_data["has_residual"].toBool() && ctx->needs_input_grad(has_bias ? 3 : 2);
+    const bool identity = activation == "identity";
+    // The bias gradient comes from convolution_backward where no activation kernel runs, and on the CPU,
+    // where oneDNN sums it inside its weight-gradient pass; on CUDA the activation kernel sums it in the
+    // same pass over the gradient.
+    const bool bias_from_conv = need_b && (identity || !grad.is_cuda());
+    at::Tensor grad_pre = grad, grad_bias;
+    if (!identity) {
+      std::tie(grad_pre, grad_bias) = act_backward.call(grad, act_saved, activation, act_args,
+                                                        need_b && !bias_from_conv);
+    }
+    at::Tensor grad_x, grad_w;
+    if (need_x || need_w || bias_from_conv) {
+      const std::vector<int64_t> bias_sizes{weight.size(0)};
+      at::Tensor grad_b;
+      std::tie(grad_x, grad_w, grad_b) = at::convolution_backward(
+          grad_pre, input, weight, bias_from_conv ? std::optional<at::IntArrayRef>(bias_sizes) : std::nullopt,
+          stride, padding, dilation, false, {0, 0}, groups, {need_x, need_w, bias_from_conv});
+      if (bias_from_conv) grad_bias = grad_b;
+    }
+    torch::autograd::variable_list out(kInputs);  // by forward argument
+    out[0] = grad_x;
+    out[1] = grad_w;
+    out[2] = need_b ? grad_bias : at::Tensor();
+    out[3] = need_r ? grad_pre : at::Tensor();
+    return out;
+  }
+};
+
+bool requires_grad(const std::optional<at::Tensor>& t) {
+  return t.has_value() && t->requires_grad();
+}
+
+at::Tensor conv2d_act_autograd(const at::Tensor& input, const at::Tensor& weight,
+                               const std::optional<at::Tensor>& bias, at::IntArrayRef stride,
+                               at::IntArrayRef padding, at::IntArrayRef dilation, int64_t groups,
+                               c10::string_view activation, at::ArrayRef<double> act_args,
+                               const std::optional<at::Tensor>& residual) {
+  // Keep the pre-activation only when a backward will run and the activation needs it.
+  const bool keep_preact =
+      at::GradMode::is_enabled() &&
+      (input.requires_grad() || weight.requires_grad() || requires_grad(bias) || requires_grad(residual)) &&
+      !grad_from_output(parse_activation(activation, act_args));
+  return ConvActFunction::apply(input, weight, bias, residual, stride, padding, dilation, groups, activation,
+                                act_args, keep_preact, false)[0];
+}
+
+std::tuple<at::Tensor, at::Tensor> conv2d_act_train_autograd(const at::Tensor& input, const at::Tensor& weight,
+                                                             const std::optional<at::Tensor>& bias,
+                                                             at::IntArrayRef stride, at::IntArrayRef padding,
+                                                             at::IntArrayRef dilation, int64_t groups,
+                                                             c10::string_view activation,
+                                                             at::ArrayRef<double> act_args,
+                                                             const std::optional<at::Tensor>& residual) {
+  auto out = ConvActFunction::apply(input, weight, bias, residual, stride, padding, dilation, groups, activation,
+                                    act_args, true, true);
+  return {out[0], out[1]};
 }
 
 [[maybe_unused]] const bool cpu_engines =
@@ -617,6 +763,11 @@ TORCH_LIBRARY_IMPL(fastpipe, CPU, m) {
   m.impl("conv2d_act", &fastpipe::conv::conv2d_act);
   m.impl("_conv2d_act_train", &fastpipe::conv::conv2d_act_train);
   m.impl("_conv2d_act_backward", &fastpipe::conv::conv2d_act_backward_cpu);
+}
+
+TORCH_LIBRARY_IMPL(fastpipe, Autograd, m) {
+  m.impl("conv2d_act", &fastpipe::conv::conv2d_act_autograd);
+  m.impl("_conv2d_act_train", &fastpipe::conv::conv2d_act_train_autograd);
 }
 
 TORCH_LIBRARY_IMPL(fastpipe, AutocastCPU, m) {

@@ -41,6 +41,14 @@ _EAGER = {
     "hardswish": F.hardswish,
 }
 
+# Which tensor backward keeps (the output or the pre-activation), as the C++ autograd decides.
+_GRAD_FROM_OUTPUT = {"identity", "relu", "hardtanh", "sigmoid", "tanh"}
+
+
+def grad_from_output(name, act_args):
+    return name in _GRAD_FROM_OUTPUT or (name == "leaky_relu" and act_args[0] >= 0)
+
+
 ATOL = {torch.float64: 1e-10, torch.float32: 1e-5, torch.float16: 2e-3, torch.bfloat16: 1.6e-2}
 
 
