@@ -1,6 +1,6 @@
 // fastpipe's op schemas (all of them live here), and the fused convolution + bias + activation ops:
 // argument checks, the per-key engine choice shared by every device, the CPU engines and kernels,
-// and autocast.
+// autograd and autocast.
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 #include <ATen/autocast_mode.h>
@@ -557,7 +557,7 @@ struct ConvActFunction : public torch::autograd::Function<ConvActFunction> {
     ctx->saved_data["act_args"] = act_args.vec();
     ctx->saved_data["has_bias"] = bias.has_value();
     ctx->saved_data["has_residual"] = residual.has_value();
-    // Without keep_preact no backward will run (see conv2d_act_autograd), so preact is there when needed.
+    // conv2d_act_autograd asks for keep_preact whenever the activation needs it, so preact is there.
     ctx->save_for_backward({input, weight, grad_from_output(parse_activation(activation, act_args)) ? out : preact});
     if (!return_preact) return {out};
     ctx->mark_non_differentiable({preact});
@@ -622,11 +622,15 @@ at::Tensor conv2d_act_autograd(const at::Tensor& input, const at::Tensor& weight
                                at::IntArrayRef padding, at::IntArrayRef dilation, int64_t groups,
                                c10::string_view activation, at::ArrayRef<double> act_args,
                                const std::optional<at::Tensor>& residual) {
-  // Keep the pre-activation only when a backward will run and the activation needs it.
-  const bool keep_preact =
-      at::GradMode::is_enabled() &&
-      (input.requires_grad() || weight.requires_grad() || requires_grad(bias) || requires_grad(residual)) &&
-      !grad_from_output(parse_activation(activation, act_args));
+  if (!at::GradMode::is_enabled() ||
+      !(input.requires_grad() || weight.requires_grad() || requires_grad(bias) || requires_grad(residual))) {
+    // No backward will run: skip building an autograd node (a few microseconds per call).
+    static const auto fwd = op_handle<ConvOpFn<at::Tensor>>(kConv2dAct);
+    at::AutoDispatchBelowADInplaceOrView below_autograd;
+    return fwd.call(input, weight, bias, stride, padding, dilation, groups, activation, act_args, residual);
+  }
+  // Keep the pre-activation when the activation's derivative needs it.
+  const bool keep_preact = !grad_from_output(parse_activation(activation, act_args));
   return ConvActFunction::apply(input, weight, bias, residual, stride, padding, dilation, groups, activation,
                                 act_args, keep_preact, false)[0];
 }
