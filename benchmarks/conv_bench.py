@@ -309,11 +309,28 @@ def main(argv=None):
     timer = Timer(device)
     rows = [r for r in SHAPES if args.rows.lower() in (r.family + " " + r.name).lower()]
 
-    runs = []
+    out = pathlib.Path(args.out) if args.out else (
+        pathlib.Path(__file__).resolve().parent / "results"
+        / f"conv_{device.split(':')[0]}_{datetime.datetime.now().strftime('%Y%m%d-%H%M%S')}.json")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    config = {k: v for k, v in vars(args).items() if k != "out"}
+    machine = machine_info(device)
     started = time.time()
     load_start = os.getloadavg()
+
+    def write(runs, complete):
+        # The load average tells how busy the machine was with other work while this ran.
+        merged = median_over_runs(runs)
+        doc = {"machine": machine, "config": config, "complete": complete,
+               "seconds": round(time.time() - started, 1), "loadavg_start": load_start,
+               "loadavg_end": os.getloadavg(), "rows": merged, "summary": summarize(merged)}
+        out.write_text(json.dumps(doc, indent=1))
+        return doc
+
+    runs = []
     for run in range(args.runs):
         results = []
+        runs.append(results)
         for dtype in args.dtype:
             for batch in args.batch:
                 for layout in args.layout:
@@ -323,21 +340,9 @@ def main(argv=None):
                             results.append(r)
                             print(f"[run {run + 1}/{args.runs}] {dtype} b{batch} {layout} {mode} {row.name}: "
                                   f"{r['speedup']:.2f}x", file=sys.stderr, flush=True)
-        runs.append(results)
-    merged = median_over_runs(runs)
-    summary = summarize(merged)
-    print_table(merged, summary)
-
-    out = pathlib.Path(args.out) if args.out else (
-        pathlib.Path(__file__).resolve().parent / "results"
-        / f"conv_{device.split(':')[0]}_{datetime.datetime.now().strftime('%Y%m%d-%H%M%S')}.json")
-    out.parent.mkdir(parents=True, exist_ok=True)
-    config = {k: v for k, v in vars(args).items() if k != "out"}
-    # The load average tells how busy the machine was with other work while this ran.
-    doc = {"machine": machine_info(device), "config": config, "seconds": round(time.time() - started, 1),
-           "loadavg_start": load_start, "loadavg_end": os.getloadavg(),
-           "rows": merged, "summary": summary}
-    out.write_text(json.dumps(doc, indent=1))
+                        write(runs, complete=False)  # a run cut short by a time limit keeps what it measured
+    doc = write(runs, complete=True)
+    print_table(doc["rows"], doc["summary"])
     print(f"\nwrote {out}")
 
 
