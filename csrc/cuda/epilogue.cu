@@ -160,8 +160,8 @@ template <typename T, Act A, bool kBias, bool kResidual>
 __global__ void __launch_bounds__(kThreads) epilogue_kernel(EpilogueParams p) {
   constexpr int V = 16 / sizeof(T);
   using Vec = Pack<T, V>;
-  T* __restrict__ out = static_cast<T*>(p.out);
-  const T* __restrict__ y = static_cast<const T*>(p.y);
+  T* out = static_cast<T*>(p.out);  // not __restrict__: out may be y (in place)
+  const T* y = static_cast<const T*>(p.y);
   const T* __restrict__ bias = static_cast<const T*>(p.bias);
   const T* __restrict__ residual = static_cast<const T*>(p.residual);
   const uint32_t C = static_cast<uint32_t>(p.channels);
