@@ -2,10 +2,10 @@
 
 Eager is nn.Conv2d followed by the activation module as torchvision builds these networks (in-place
 ReLU/ReLU6/SiLU, GELU out of place, ``out += residual``), with cudnn.benchmark on; torch.compile is the
-default mode applied to that eager block. For each row the three run interleaved, after warm-up
-(which also makes FusedConv2d time its engines for the shape), and the median of the repetitions is
-kept; speedup = eager time / FusedConv2d time. With --runs N the whole sweep repeats and each row
-reports the median speedup over the runs.
+default mode applied to that eager block. For each row the three run interleaved in a rotating order,
+after warm-up (which also makes FusedConv2d time its engines for the shape), and the median of the
+repetitions is kept; speedup = eager time / FusedConv2d time. With --runs N the whole sweep repeats and
+each row reports the median speedup over the runs.
 
   python benchmarks/conv_bench.py                         # CPU: batch 8, fp32, NCHW + channels_last
   python benchmarks/conv_bench.py --quick --no-compile    # a short CPU run
@@ -153,6 +153,7 @@ def measure_row(row, args, device, dtype_name, batch, layout, mode, timer):
             def run():
                 for p in params:
                     p.grad = None
+                xg.grad = None
                 model(xg, res).backward(grad)
         return run
 
@@ -166,9 +167,13 @@ def measure_row(row, args, device, dtype_name, batch, layout, mode, timer):
     once = timer(runs["eager"], 1)
     inner = max(1, min(200, int(1e-3 / max(once, 1e-7)))) if timer.cuda else 1
     samples = collections.defaultdict(list)
-    for _ in range(args.reps):
-        for name, run in runs.items():  # interleaved, so that drifting load hits all alike
-            samples[name].append(timer(run, inner))
+    names = list(runs)
+    for rep in range(args.reps):
+        # Interleaved, so that drifting load hits all alike, and in a rotating order: on the CPU a call's
+        # time depends on what the previous one freed (allocator state, page faults).
+        k = rep % len(names)
+        for name in names[k:] + names[:k]:
+            samples[name].append(timer(runs[name], inner))
     times = {name: statistics.median(s) for name, s in samples.items()}
     result = {
         "family": row.family,
@@ -280,6 +285,23 @@ def machine_info(device):
     return info
 
 
+def keep_freed_memory():
+    """Make glibc's malloc keep freed memory instead of returning it to the OS.
+
+    PyTorch's CPU allocator is plain malloc, and glibc serves blocks this large with mmap and unmaps them
+    on free, so each call page-faults its buffers afresh and a call's time depends on what the previous
+    call freed. Keeping the heap (as jemalloc or tcmalloc would) takes that out of the comparison.
+    """
+    import ctypes
+
+    try:
+        libc = ctypes.CDLL("libc.so.6")
+    except OSError:
+        return False
+    m_trim_threshold, m_mmap_max = -1, -4
+    return bool(libc.mallopt(m_mmap_max, 0)) and bool(libc.mallopt(m_trim_threshold, 2**30))
+
+
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--device", default="cpu", help="cpu or cuda[:i] (default cpu)")
@@ -306,6 +328,7 @@ def main(argv=None):
     args.batch = args.batch or ([32, 128] if cuda else [8])
     args.reps = args.reps or (5 if args.quick else 11)
     torch.backends.cudnn.benchmark = True
+    malloc_kept = not cuda and keep_freed_memory()
     timer = Timer(device)
     rows = [r for r in SHAPES if args.rows.lower() in (r.family + " " + r.name).lower()]
 
@@ -315,6 +338,7 @@ def main(argv=None):
     out.parent.mkdir(parents=True, exist_ok=True)
     config = {k: v for k, v in vars(args).items() if k != "out"}
     machine = machine_info(device)
+    machine["malloc_keeps_freed_memory"] = malloc_kept
     started = time.time()
     load_start = os.getloadavg()
 

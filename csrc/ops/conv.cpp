@@ -369,7 +369,8 @@ Choice tune(const ConvArgs& a, const DeviceEngines& dev) {
   if (live.size() > 1) {
     // Interleaved rounds; each candidate keeps its fastest. Load from elsewhere only ever adds time
     // (on a busy CPU, in bursts), so the minimum is the least disturbed estimate of a candidate's cost.
-    const int rounds = slowest > 50.0 ? 3 : 5;  // bounds the one-off cost of a new key
+    // About 100 ms of rounds, 3 to 25: fast calls are the noisiest and cheapest to repeat.
+    const int rounds = static_cast<int>(std::clamp(100.0 / std::max(slowest, 1e-3), 3.0, 25.0));
     for (int r = 0; r < rounds; ++r) {
       for (size_t i : live) times[i] = std::min(times[i], timed_run(cands[i]));
     }

@@ -2,7 +2,7 @@
 
 Every new key (device, dtype, shapes, layouts, stride/padding/dilation/groups, activation, bias and
 residual present, threads, TF32) is timed once on every engine that supports it, eager PyTorch
-included (the fastest of a few interleaved calls each), and the choice is cached; an engine replaces
+included (the fastest of 3 to 25 interleaved calls each), and the choice is cached; an engine replaces
 eager only when at least 3% faster. The environment variable FASTPIPE_CONV_ENGINE=auto|eager|<name>
 overrides the choice (read on every call); an engine that cannot run a call, or belongs to another
 device type, falls back to eager.
