@@ -1,0 +1,128 @@
+// CUDA side of the fused convolution ops: the "epilogue" engine (cuDNN convolution without bias, then
+// one fastpipe kernel for bias + residual + activation: two passes where eager makes three) and the
+// fused backward prologue (activation gradient + bias-gradient reduction in one pass).
+#include <ATen/ATen.h>
+#include <ATen/cuda/CUDAContext.h>
+#include <c10/cuda/CUDAGraphsC10Utils.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <torch/library.h>
+
+#include "cuda/epilogue.h"
+#include "ops/conv.h"
+
+namespace fastpipe::conv {
+namespace {
+
+#define FASTPIPE_CHECK_LAUNCH(expr, what)                                                   \
+  do {                                                                                      \
+    const cudaError_t err_ = (expr);                                                        \
+    TORCH_CHECK(err_ == cudaSuccess, what, " failed: ", cudaGetErrorString(err_));          \
+  } while (0)
+
+bool kernel_dtype_ok(at::ScalarType t) {
+  return t == at::kFloat || t == at::kHalf || t == at::kBFloat16;
+}
+
+cuda::DType kernel_dtype(at::ScalarType t) {
+  switch (t) {
+    case at::kFloat: return cuda::DType::Float;
+    case at::kHalf: return cuda::DType::Half;
+    case at::kBFloat16: return cuda::DType::BFloat16;
+    default: TORCH_CHECK(false, "fastpipe's CUDA kernels take float32, float16 or bfloat16, got ", t);
+  }
+}
+
+// The kernels read and write 16 bytes at a time: a dense tensor in `fmt` starting 16-byte aligned.
+at::Tensor aligned_dense(const at::Tensor& t, at::MemoryFormat fmt) {
+  at::Tensor d = t.contiguous(fmt);
+  return reinterpret_cast<uintptr_t>(d.data_ptr()) % 16 == 0 ? d : d.clone(fmt);
+}
+
+int num_sms() {
+  return at::cuda::getCurrentDeviceProperties()->multiProcessorCount;
+}
+
+bool epilogue_supports(const ConvArgs& a) {
+  const int64_t numel = a.out_sizes[0] * a.out_sizes[1] * a.out_sizes[2] * a.out_sizes[3];
+  return a.input.is_cuda() && kernel_dtype_ok(a.input.scalar_type()) && numel <= cuda::kMaxElements;
+}
+
+at::Tensor epilogue_run(const ConvArgs& a) {
+  // at::convolution picks cuDNN and honours cudnn.benchmark, deterministic and the TF32 settings.
+  at::Tensor y = aligned_dense(
+      at::convolution(a.input, a.weight, std::nullopt, a.stride, a.padding, a.dilation, false, {0, 0}, a.groups),
+      a.format);
+  const at::Tensor bias = a.bias ? a.bias->contiguous() : at::Tensor();
+  const at::Tensor residual = a.residual ? aligned_dense(*a.residual, a.format) : at::Tensor();
+  cuda::EpilogueParams p;
+  p.out = y.data_ptr();
+  p.y = y.data_ptr();
+  p.bias = bias.defined() ? bias.data_ptr() : nullptr;
+  p.residual = residual.defined() ? residual.data_ptr() : nullptr;
+  p.batch = y.size(0);
+  p.channels = y.size(1);
+  p.spatial = y.size(2) * y.size(3);
+  p.channels_last = a.format == at::MemoryFormat::ChannelsLast;
+  p.dtype = kernel_dtype(y.scalar_type());
+  p.act = a.act;
+  FASTPIPE_CHECK_LAUNCH(cuda::launch_epilogue(p, num_sms(), at::cuda::getCurrentCUDAStream()),
+                        "fastpipe conv epilogue kernel");
+  return y;
+}
+
+std::tuple<at::Tensor, at::Tensor> conv2d_act_backward_cuda(const at::Tensor& grad_out, const at::Tensor& saved,
+                                                            c10::string_view activation,
+                                                            at::ArrayRef<double> act_args, bool bias_grad) {
+  const ActSpec act = check_backward_args(grad_out, saved, activation, act_args);
+  const c10::cuda::CUDAGuard guard(saved.device());
+  if (!kernel_dtype_ok(saved.scalar_type()) || saved.numel() == 0 || saved.numel() > cuda::kMaxElements) {
+    return act_backward_aten(grad_out, saved, act, bias_grad);
+  }
+  const auto fmt = saved.suggest_memory_format();
+  const at::Tensor g = aligned_dense(grad_out, fmt);
+  const at::Tensor s = aligned_dense(saved, fmt);
+  at::Tensor grad_in = at::empty_like(s);
+  cuda::ActBackwardParams p;
+  p.grad_in = grad_in.data_ptr();
+  p.grad_out = g.data_ptr();
+  p.saved = s.data_ptr();
+  p.batch = s.size(0);
+  p.channels = s.size(1);
+  p.spatial = s.size(2) * s.size(3);
+  p.channels_last = fmt == at::MemoryFormat::ChannelsLast;
+  p.dtype = kernel_dtype(s.scalar_type());
+  p.act = act;
+  p.splits = cuda::act_backward_splits(p.batch, p.channels, p.spatial, p.channels_last, num_sms());
+  const at::Tensor partial =
+      bias_grad ? at::empty({p.splits, p.channels}, s.options().dtype(at::kFloat)) : at::Tensor();
+  p.bias_partial = bias_grad ? partial.data_ptr<float>() : nullptr;
+  const auto stream = at::cuda::getCurrentCUDAStream();
+  FASTPIPE_CHECK_LAUNCH(cuda::launch_act_backward(p, stream), "fastpipe conv activation-backward kernel");
+  at::Tensor grad_bias = at::empty({bias_grad ? p.channels : 0}, s.options());
+  if (bias_grad) {
+    FASTPIPE_CHECK_LAUNCH(cuda::launch_bias_grad_finalize(grad_bias.data_ptr(), partial.data_ptr<float>(), p.splits,
+                                                          p.channels, p.dtype, stream),
+                          "fastpipe conv bias-gradient kernel");
+  }
+  return {grad_in, grad_bias};
+}
+
+void synchronize(c10::DeviceIndex index) {
+  c10::cuda::getCurrentCUDAStream(index).synchronize();
+}
+
+bool capturing() {
+  return c10::cuda::currentStreamCaptureStatusMayInitCtx() != c10::cuda::CaptureStatus::None;
+}
+
+[[maybe_unused]] const bool cuda_engines = register_engines(c10::DeviceType::CUDA, DeviceHooks{synchronize, capturing},
+                                                            {{"epilogue", epilogue_supports, epilogue_run}});
+
+}  // namespace
+}  // namespace fastpipe::conv
+
+TORCH_LIBRARY_IMPL(fastpipe, CUDA, m) {
+  m.impl("conv2d_act", &fastpipe::conv::conv2d_act);
+  m.impl("_conv2d_act_train", &fastpipe::conv::conv2d_act_train);
+  m.impl("_conv2d_act_backward", &fastpipe::conv::conv2d_act_backward_cuda);
+}

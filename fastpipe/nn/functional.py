@@ -1,0 +1,111 @@
+"""Functional form of fastpipe's fused convolution."""
+
+import torch.nn.functional as F
+
+from fastpipe import ops
+from fastpipe.nn import _activations
+
+__all__ = ["conv2d_act"]
+
+
+def _pair(v, name):
+    if isinstance(v, int):
+        return (v, v)
+    v = tuple(v)
+    if len(v) != 2 or not all(isinstance(x, int) for x in v):
+        raise ValueError(f"{name} must be an int or a pair of ints, got {v!r}")
+    return v
+
+
+def padding_plan(padding, kernel_size, dilation, stride):
+    """``(pre_pad, padding)``: F.pad widths to apply first (or None) and the conv's own padding pair.
+
+    "same" pads asymmetrically when the dilated kernel's extent is even; the conv cannot, so the input
+    is padded first then.
+    """
+    if not isinstance(padding, str):
+        return None, _pair(padding, "padding")
+    if padding == "valid":
+        return None, (0, 0)
+    if padding != "same":
+        raise ValueError(f"padding must be 'same', 'valid', an int or a pair of ints, got {padding!r}")
+    if stride != (1, 1):
+        raise ValueError(f"padding='same' needs stride 1, got stride={stride}")
+    totals = [d * (k - 1) for d, k in zip(dilation, kernel_size)]
+    if all(t % 2 == 0 for t in totals):
+        return None, (totals[0] // 2, totals[1] // 2)
+    (th, tw) = totals
+    return (tw // 2, tw - tw // 2, th // 2, th - th // 2), (0, 0)
+
+
+def fused_conv(input, weight, bias, stride, padding, dilation, groups, activation, act_args, residual):
+    """The shared body of conv2d_act and FusedConv2d: unbatched input and a broadcast residual."""
+    unbatched = input.dim() == 3
+    if unbatched:
+        input = input.unsqueeze(0)
+        if residual is not None:
+            residual = residual.unsqueeze(0)
+    if residual is not None:
+        out_shape = [input.shape[0], weight.shape[0]] + [
+            (input.shape[2 + d] + 2 * padding[d] - dilation[d] * (weight.shape[2 + d] - 1) - 1) // stride[d] + 1
+            for d in range(2)
+        ]
+        if list(residual.shape) != out_shape:
+            try:
+                residual = residual.expand(out_shape)
+            except RuntimeError:
+                raise ValueError(
+                    f"residual of shape {list(residual.shape)} does not broadcast to the output shape {out_shape}"
+                ) from None
+    out = ops.conv2d_act(input, weight, bias, stride, padding, dilation, groups, activation, act_args, residual)
+    return out.squeeze(0) if unbatched else out
+
+
+def conv2d_act(
+    input,
+    weight,
+    bias=None,
+    stride=1,
+    padding=0,
+    dilation=1,
+    groups=1,
+    activation="relu",
+    residual=None,
+    **activation_kwargs,
+):
+    """``act(conv2d(input, weight, bias) + residual)`` as one fused op.
+
+    Parameters
+    ----------
+    input : Tensor
+        ``(N, C_in, H, W)`` or unbatched ``(C_in, H, W)``; float32, float16, bfloat16 or float64.
+    weight, bias, stride, padding, dilation, groups
+        As in :func:`torch.nn.functional.conv2d` (padding may be "same" or "valid").
+    activation : str or nn.Module
+        identity, relu, relu6, hardtanh, leaky_relu, silu, gelu, sigmoid, tanh or hardswish, or an
+        instance of the matching nn module (nn.ReLU(), nn.GELU(approximate="tanh"), ...).
+    residual : Tensor, optional
+        Added before the activation; broadcast to the output's shape like ``+`` would.
+    **activation_kwargs
+        The activation's arguments: ``min_val``/``max_val`` (hardtanh), ``negative_slope``
+        (leaky_relu), ``approximate`` (gelu).
+
+    Returns
+    -------
+    Tensor
+        Channels_last when input or weight is, like eager convolution.
+
+    Notes
+    -----
+    Each new shape/dtype/layout/activation combination is timed once against eager PyTorch and the
+    faster implementation is kept (see ``fastpipe.nn.conv_engines``); set FASTPIPE_CONV_ENGINE to
+    ``eager`` or an engine's name to force one.
+    """
+    act, act_args = _activations.resolve(activation, activation_kwargs)
+    stride = _pair(stride, "stride")
+    dilation = _pair(dilation, "dilation")
+    pre_pad, pad = padding_plan(padding, tuple(weight.shape[2:]), dilation, stride)
+    if pre_pad is not None:
+        input = F.pad(input, pre_pad)
+    return fused_conv(input, weight, bias, stride, pad, dilation, groups, act, act_args, residual)
+

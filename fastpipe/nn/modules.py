@@ -1,0 +1,91 @@
+"""FusedConv2d: nn.Conv2d with its activation (and an optional residual add) fused into one op."""
+
+import torch.nn as nn
+import torch.nn.functional as F
+
+from fastpipe.nn import _activations
+from fastpipe.nn.functional import fused_conv, padding_plan
+
+__all__ = ["FusedConv2d"]
+
+
+class FusedConv2d(nn.Conv2d):
+    """``act(conv2d(input) + bias [+ residual])`` as one op; a drop-in nn.Conv2d.
+
+    It is an nn.Conv2d subclass with the same parameters, so it loads an nn.Conv2d ``state_dict``
+    unchanged; ``forward(input, residual=None)`` adds ``residual`` before the activation.
+
+    Parameters
+    ----------
+    in_channels, out_channels, kernel_size, stride, padding, dilation, groups, bias, padding_mode,
+    device, dtype
+        As in :class:`torch.nn.Conv2d`.
+    activation : str or nn.Module, default "relu"
+        identity, relu, relu6, hardtanh, leaky_relu, silu, gelu, sigmoid, tanh or hardswish, or an
+        instance of the matching nn module.
+    **activation_kwargs
+        ``min_val``/``max_val`` (hardtanh), ``negative_slope`` (leaky_relu), ``approximate`` (gelu).
+
+    Notes
+    -----
+    Performance: the first call with a new shape, dtype, layout or activation times the available
+    implementations (eager PyTorch included) and keeps the fastest, so expect a slower first call. On
+    CPUs with oneDNN the conv and activation run as one primitive; on CUDA, cuDNN's convolution is
+    followed by one fastpipe kernel for bias, residual and activation.
+    """
+
+    def __init__(
+        self,
+        in_channels,
+        out_channels,
+        kernel_size,
+        stride=1,
+        padding=0,
+        dilation=1,
+        groups=1,
+        bias=True,
+        padding_mode="zeros",
+        activation="relu",
+        device=None,
+        dtype=None,
+        **activation_kwargs,
+    ):
+        super().__init__(
+            in_channels,
+            out_channels,
+            kernel_size,
+            stride,
+            padding,
+            dilation,
+            groups,
+            bias,
+            padding_mode,
+            device=device,
+            dtype=dtype,
+        )
+        self.activation, self.activation_args = _activations.resolve(activation, activation_kwargs)
+        if padding_mode != "zeros":
+            # As nn.Conv2d: pad the input with the mode, then convolve without padding.
+            self._pre_pad, self._pad_mode, self._padding = self._reversed_padding_repeated_twice, padding_mode, (0, 0)
+        else:
+            self._pre_pad, self._padding = padding_plan(self.padding, self.kernel_size, self.dilation, self.stride)
+            self._pad_mode = "constant"
+
+    def forward(self, input, residual=None):
+        if self._pre_pad is not None:
+            input = F.pad(input, self._pre_pad, mode=self._pad_mode)
+        return fused_conv(
+            input,
+            self.weight,
+            self.bias,
+            self.stride,
+            self._padding,
+            self.dilation,
+            self.groups,
+            self.activation,
+            self.activation_args,
+            residual,
+        )
+
+    def extra_repr(self):
+        return f"{super().extra_repr()}, activation={_activations.describe(self.activation, self.activation_args)}"

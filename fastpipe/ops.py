@@ -1,0 +1,75 @@
+"""fastpipe's torch ops: the entry point used by fastpipe.nn and the fake kernels for torch.compile.
+
+The ops are defined in C++ (csrc/ops/conv.cpp) and registered when fastpipe._C loads:
+
+``fastpipe::conv2d_act(input, weight, bias, stride, padding, dilation, groups, activation, act_args, residual)``
+    ``act(conv2d(input, weight) + bias + residual)``. ``activation`` is one of identity, relu, hardtanh
+    (act_args = [min, max]), leaky_relu ([negative_slope]), silu, gelu, gelu_tanh, sigmoid, tanh,
+    hardswish. The output is channels_last when input or weight is.
+``fastpipe::_conv2d_act_train(...)``
+    The same arguments; returns (output, pre-activation) for activations whose derivative needs the
+    pre-activation.
+``fastpipe::_conv2d_act_backward(grad_out, saved, activation, act_args, bias_grad)``
+    (gradient w.r.t. the pre-activation, bias gradient or an empty tensor) in one pass. ``saved`` is the
+    output for identity, relu, hardtanh, sigmoid, tanh and leaky_relu with a slope >= 0, the
+    pre-activation otherwise.
+
+Autograd is registered in C++ (conv.cpp): backward runs ``_conv2d_act_backward`` then
+``aten.convolution_backward`` for the input and weight gradients. This module adds the fake kernels.
+"""
+
+import torch
+from torch._prims_common import suggest_memory_format
+
+import fastpipe._ext  # noqa: F401  (loads fastpipe._C, which registers the ops)
+
+# The op's autograd (C++, Autograd key) keeps the pre-activation for backward only when a backward will
+# run and the activation needs it; its CPU/CUDA kernels pick the fastest engine per call key.
+conv2d_act = torch.ops.fastpipe.conv2d_act.default
+
+
+# ---- fake kernels -------------------------------------------------------------------------------------
+def _pair(v, d):
+    return v[d] if len(v) == 2 else v[0]
+
+
+def _fake_output(input, weight, stride, padding, dilation, groups):
+    torch._check(input.dim() == 4, lambda: f"input must be 4-D (N, C, H, W), got {input.dim()}-D")
+    torch._check(weight.dim() == 4, lambda: f"weight must be 4-D, got {weight.dim()}-D")
+    torch._check(
+        input.shape[1] == weight.shape[1] * groups,
+        lambda: f"input has {input.shape[1]} channels but weight expects {weight.shape[1] * groups}",
+    )
+    size = [input.shape[0], weight.shape[0]]
+    for d in range(2):
+        extent = _pair(dilation, d) * (weight.shape[2 + d] - 1) + 1
+        size.append((input.shape[2 + d] + 2 * _pair(padding, d) - extent) // _pair(stride, d) + 1)
+    channels_last = torch.channels_last in (suggest_memory_format(input), suggest_memory_format(weight))
+    fmt = torch.channels_last if channels_last else torch.contiguous_format
+    return torch.empty(size, dtype=input.dtype, device=input.device, memory_format=fmt)
+
+
+# Defaults as in the schema: trailing arguments left at them may not be passed.
+@torch.library.register_fake("fastpipe::conv2d_act")
+def _conv2d_act_fake(
+    input, weight, bias=None, stride=(1, 1), padding=(0, 0), dilation=(1, 1), groups=1, activation="relu",
+    act_args=(), residual=None,
+):
+    return _fake_output(input, weight, stride, padding, dilation, groups)
+
+
+@torch.library.register_fake("fastpipe::_conv2d_act_train")
+def _conv2d_act_train_fake(
+    input, weight, bias=None, stride=(1, 1), padding=(0, 0), dilation=(1, 1), groups=1, activation="relu",
+    act_args=(), residual=None,
+):
+    out = _fake_output(input, weight, stride, padding, dilation, groups)
+    return out, torch.empty_like(out)
+
+
+@torch.library.register_fake("fastpipe::_conv2d_act_backward")
+def _conv2d_act_backward_fake(grad_out, saved, activation, act_args, bias_grad):
+    grad_in = torch.empty(
+        saved.shape, dtype=saved.dtype, device=saved.device, memory_format=suggest_memory_format(saved)
+    )
+    return grad_in, saved.new_empty([saved.shape[1] if bias_grad else 0])

@@ -1,0 +1,116 @@
+"""Shared pieces of the fused-convolution tests: devices, activations, a float64 reference and the
+error-versus-error check (ours <= 2 x torch's own error at that dtype + a small atol)."""
+
+import importlib.util
+import pathlib
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+CUDA = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+DEVICES = ["cpu", pytest.param("cuda", marks=[pytest.mark.gpu, CUDA])]
+
+# Activations as users pass them: (name, kwargs), and the eager function that defines each.
+ACTIVATIONS = [
+    ("identity", {}),
+    ("relu", {}),
+    ("relu6", {}),
+    ("hardtanh", {"min_val": -0.5, "max_val": 1.5}),
+    ("leaky_relu", {"negative_slope": 0.1}),
+    ("leaky_relu", {"negative_slope": -0.3}),
+    ("silu", {}),
+    ("gelu", {}),
+    ("gelu", {"approximate": "tanh"}),
+    ("sigmoid", {}),
+    ("tanh", {}),
+    ("hardswish", {}),
+]
+ACT_IDS = [name + "".join(f"-{v}" for v in kw.values()) for name, kw in ACTIVATIONS]
+
+_EAGER = {
+    "identity": lambda t: t,
+    "relu": F.relu,
+    "relu6": F.relu6,
+    "hardtanh": F.hardtanh,
+    "leaky_relu": F.leaky_relu,
+    "silu": F.silu,
+    "gelu": F.gelu,
+    "sigmoid": torch.sigmoid,
+    "tanh": torch.tanh,
+    "hardswish": F.hardswish,
+}
+
+# Which tensor backward keeps (the output or the pre-activation), as the C++ autograd decides.
+_GRAD_FROM_OUTPUT = {"identity", "relu", "hardtanh", "sigmoid", "tanh"}
+
+
+def grad_from_output(name, act_args):
+    return name in _GRAD_FROM_OUTPUT or (name == "leaky_relu" and act_args[0] >= 0)
+
+
+ATOL = {torch.float64: 1e-10, torch.float32: 1e-5, torch.float16: 2e-3, torch.bfloat16: 1.6e-2}
+
+
+def eager_activation(t, act, act_kwargs):
+    return _EAGER[act](t, **act_kwargs)
+
+
+def eager_conv_act(x, w, b, stride, padding, dilation, groups, act, act_kwargs, residual=None):
+    """What eager PyTorch computes: conv, + residual, activation, each rounded to the input's dtype."""
+    y = F.conv2d(x, w, b, stride, padding, dilation, groups)
+    if residual is not None:
+        y = y + residual
+    return eager_activation(y, act, act_kwargs)
+
+
+def to64(t):
+    return None if t is None else t.double()
+
+
+def check_error(what, ours, ref64, torch_own, dtype):
+    """ours and torch_own (both at dtype) against the float64 reference: the error-vs-error rule."""
+    err = (ours.double() - ref64).abs().max().item()
+    err_torch = (torch_own.double() - ref64).abs().max().item()
+    scale = max(1.0, ref64.abs().max().item())
+    tol = 2 * err_torch + ATOL[dtype] * scale
+    print(f"{what}: error {err:.3g}, torch's own {err_torch:.3g}, allowed {tol:.3g}")
+    assert err <= tol, f"{what}: error {err:.3g} > allowed {tol:.3g} (torch's own error {err_torch:.3g})"
+
+
+def make_inputs(shape, dtype, device, layout, bias=True, residual=False, seed=0):
+    """Random conv inputs: x ~ N(0, 1), weight scaled by 1/sqrt(fan_in), all rounded to dtype.
+
+    layout: "nchw", "channels_last" (input and weight) or "strided" (a non-contiguous input view).
+    Returns (x, weight, bias, residual, conv kwargs).
+    """
+    n, c, h, w_, o, k, stride, padding, dilation, groups = shape
+    k = k if isinstance(k, tuple) else (k, k)
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(n, c, h, w_ * (2 if layout == "strided" else 1), generator=g)
+    if layout == "strided":
+        x = x[..., ::2]
+    fan_in = (c // groups) * k[0] * k[1]
+    weight = torch.randn(o, c // groups, *k, generator=g) / fan_in**0.5
+    b = 0.5 * torch.randn(o, generator=g) if bias else None
+    conv = dict(stride=stride, padding=padding, dilation=dilation, groups=groups)
+    r = None
+    if residual:
+        out = F.conv2d(torch.empty(n, c, h, w_, device="meta"), weight.to("meta"), None, **conv)
+        r = torch.randn(out.shape, generator=g)
+    fmt = torch.channels_last if layout == "channels_last" else torch.contiguous_format
+    move = lambda t: None if t is None else t.to(device=device, dtype=dtype)  # noqa: E731
+    x, weight, b, r = move(x), move(weight), move(b), move(r)
+    if layout == "channels_last":
+        x, weight = x.contiguous(memory_format=fmt), weight.contiguous(memory_format=fmt)
+        r = None if r is None else r.contiguous(memory_format=fmt)
+    return x, weight, b, r, conv
+
+
+def load_benchmark():
+    """benchmarks/conv_bench.py as a module (its SHAPES are the issue's list)."""
+    path = pathlib.Path(__file__).resolve().parents[2] / "benchmarks" / "conv_bench.py"
+    spec = importlib.util.spec_from_file_location("conv_bench", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module

@@ -1,0 +1,78 @@
+"""FusedConv2d as a drop-in nn.Conv2d."""
+
+import pytest
+import torch
+import torch.nn as nn
+
+import fastpipe.nn as fnn
+from conv_ref import DEVICES
+
+
+def pair(activation="relu", **kwargs):
+    """A FusedConv2d and the eager Conv2d + activation it must match, sharing parameters."""
+    torch.manual_seed(0)
+    fused = fnn.FusedConv2d(**{**dict(in_channels=6, out_channels=10, kernel_size=3, padding=1), **kwargs},
+                            activation=activation)
+    conv = nn.Conv2d(**{**dict(in_channels=6, out_channels=10, kernel_size=3, padding=1), **kwargs})
+    conv.load_state_dict(fused.state_dict())
+    return fused, conv
+
+
+def test_is_a_conv2d_and_loads_its_state_dict():
+    conv = nn.Conv2d(6, 10, 3, padding=1)
+    fused = fnn.FusedConv2d(6, 10, 3, padding=1, activation="silu")
+    assert isinstance(fused, nn.Conv2d)
+    fused.load_state_dict(conv.state_dict())  # strict: same keys and shapes
+    x = torch.randn(2, 6, 8, 8)
+    torch.testing.assert_close(fused(x), nn.functional.silu(conv(x)))
+    assert "activation=silu" in repr(fused)
+    assert "activation=hardtanh(0.0, 6.0)" in repr(fnn.FusedConv2d(2, 2, 1, activation=nn.ReLU6()))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize(
+    "kwargs",
+    [
+        dict(padding_mode="reflect"),
+        dict(padding_mode="circular", stride=2),
+        dict(padding_mode="replicate", padding=(2, 1), kernel_size=(5, 3)),
+        dict(padding="same", kernel_size=4, dilation=(1, 2)),
+        dict(padding="valid", bias=False),
+        dict(groups=2, dilation=2, padding=2),
+    ],
+    ids=["reflect", "circular", "replicate", "same-even", "valid-nobias", "groups-dilation"],
+)
+def test_matches_conv2d_then_activation(device, kwargs):
+    fused, conv = pair("gelu", **kwargs)
+    fused, conv = fused.to(device), conv.to(device)
+    x = torch.randn(2, 6, 11, 9, device=device)
+    torch.testing.assert_close(fused(x), nn.functional.gelu(conv(x)))
+    torch.testing.assert_close(fused(x[0]), nn.functional.gelu(conv(x[0])))  # unbatched
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_channels_last_module_and_residual(device):
+    fused, conv = pair(nn.LeakyReLU(0.2))
+    fused = fused.to(device, memory_format=torch.channels_last)
+    conv = conv.to(device, memory_format=torch.channels_last)
+    x = torch.randn(3, 6, 7, 7, device=device).to(memory_format=torch.channels_last)
+    r = torch.randn(3, 10, 7, 7, device=device)
+    out = fused(x, residual=r)
+    assert out.is_contiguous(memory_format=torch.channels_last)
+    torch.testing.assert_close(out, nn.functional.leaky_relu(conv(x) + r, 0.2))
+
+
+def test_dtype_and_gradients():
+    fused, conv = pair("tanh", dtype=torch.float64)
+    x = torch.randn(2, 6, 5, 5, dtype=torch.float64, requires_grad=True)
+    fused(x).square().sum().backward()
+    torch.tanh(conv(x)).square().sum().backward()
+    for a, b in ((fused.weight, conv.weight), (fused.bias, conv.bias)):
+        torch.testing.assert_close(a.grad, b.grad)
+
+
+def test_bad_activation_names_the_problem():
+    with pytest.raises(ValueError, match="activation must be one of"):
+        fnn.FusedConv2d(2, 2, 1, activation="swish2")
+    with pytest.raises(TypeError, match="takes no keyword argument approx"):
+        fnn.FusedConv2d(2, 2, 1, activation="gelu", approx="tanh")
