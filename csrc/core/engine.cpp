@@ -44,7 +44,10 @@ constexpr int kMaxDefaultThreads = 8;
 constexpr int kDirectDefaultThreads = 16;
 // O_DIRECT reads go through a per-thread bounce buffer of at least this size.
 constexpr int64_t kBounceBytes = 4 << 20;
-constexpr double kPollSeconds = 0.05;
+constexpr double kSignalCheckSeconds = 0.05;
+// A reader with nothing to do checks for work this often, for this long, before it sleeps until woken.
+constexpr std::chrono::microseconds kPollInterval(100);
+constexpr std::chrono::milliseconds kPollFor(50);
 
 const char* mode_name(FileMode m) {
   switch (m) {
@@ -183,13 +186,29 @@ struct EngineState {
     ++free_slots;
   }
 
-  // Wakes one reader when there is work for it; called after the lock is released so that the woken
-  // thread does not block on it at once. Readers wake each other in a chain while work remains, so
-  // the training thread never pays for waking them all.
+  // Waking a sleeping thread costs its waker tens of microseconds on a virtual machine (an
+  // inter-processor interrupt), far more than the rest of next(). So the training thread does not wake
+  // readers while one of them is polling: that reader finds the freed slot within kPollInterval and
+  // wakes the others itself, in a chain. Only when every reader sleeps (the loader sat idle for
+  // kPollFor) does a release or next() wake one. Called with the lock held; returns with it released.
+  int pollers = 0;
+
   void wake_reader(std::unique_lock<std::mutex>& lk) {
-    const bool work = has_work();
+    const bool wake = pollers == 0 && has_work();
     lk.unlock();
-    if (work) work_cv.notify_one();
+    if (wake) work_cv.notify_one();
+  }
+
+  // Reader side: blocks until there is work or the engine stops. At most one reader polls.
+  void wait_for_work(std::unique_lock<std::mutex>& lk) {
+    if (stop || has_work()) return;
+    if (pollers == 0) {
+      ++pollers;
+      const auto until = Clock::now() + kPollFor;
+      while (!stop && !has_work() && Clock::now() < until) work_cv.wait_for(lk, kPollInterval);
+      --pollers;
+    }
+    work_cv.wait(lk, [&] { return stop || has_work(); });
   }
 };
 
@@ -364,7 +383,7 @@ void reader_loop(std::shared_ptr<EngineState> sp, int thread_index) {
 
   std::unique_lock<std::mutex> lk(st.mu);
   for (;;) {
-    st.work_cv.wait(lk, [&] { return st.stop || st.has_work(); });
+    st.wait_for_work(lk);
     if (st.stop) return;
     WorkItem w;
     w.gen = st.gen;
@@ -392,7 +411,9 @@ void reader_loop(std::shared_ptr<EngineState> sp, int thread_index) {
       st.next_chunk = 0;
       ++st.next_batch;
     }
-    st.wake_reader(lk);
+    const bool more = st.has_work();  // hand the rest to a sleeping reader, whoever is polling
+    lk.unlock();
+    if (more) st.work_cv.notify_one();
 
     std::exception_ptr err;
     const auto t0 = Clock::now();
@@ -672,7 +693,7 @@ std::shared_ptr<Lease> Engine::next(double timeout_s, const std::function<void()
                                            std::to_string(st.slots.size()) +
                                            " slots held by the consumer); the storage may be stalled");
     }
-    double slice = kPollSeconds;
+    double slice = kSignalCheckSeconds;
     if (timeout_s >= 0) slice = std::min(slice, timeout_s - waited);
     st.ready_cv.wait_for(lk, std::chrono::duration<double>(slice));
     if (!ready_locked() && poll) {
