@@ -7,6 +7,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cstring>
 #include <mutex>
@@ -112,6 +113,18 @@ File::~File() {
 void File::will_need(int64_t offset, int64_t len) const {
   // Advice only: a kernel that ignores it costs nothing but the first pass's speed.
   if (mode_ != FileMode::kDirect) ::posix_fadvise(fd_, offset, len, POSIX_FADV_WILLNEED);
+}
+
+void File::populate(int64_t offset, int64_t len) const {
+#ifdef MADV_POPULATE_READ
+  if (!map_ || offset >= static_cast<int64_t>(map_len_)) return;
+  len = std::min<int64_t>(len, static_cast<int64_t>(map_len_) - offset);
+  // Advice only; fails harmlessly (EINVAL) on kernels before 5.14, or EFAULT if the file shrank.
+  ::madvise(const_cast<char*>(map_) + offset, static_cast<size_t>(len), MADV_POPULATE_READ);
+#else
+  (void)offset;
+  (void)len;
+#endif
 }
 
 int64_t File::current_size() const {

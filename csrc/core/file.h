@@ -33,6 +33,10 @@ class File {
   // the kernel reads at most about one read-ahead window per call, so callers step through a file).
   void will_need(int64_t offset, int64_t len) const;
 
+  // Maps the pages of [offset, offset + len) into the mapping now, reading them if needed (kMmap only;
+  // a no-op on kernels without MADV_POPULATE_READ).
+  void populate(int64_t offset, int64_t len) const;
+
   // pread loop over partial reads and EINTR; returns the bytes read (< len only at end of file).
   int64_t read_at_most(void* dst, int64_t len, int64_t offset) const;
 

@@ -1,5 +1,6 @@
 """Loader: a drop-in replacement for torch.utils.data.DataLoader over on-disk tensor datasets."""
 
+import math
 import os
 import warnings
 import weakref
@@ -16,6 +17,15 @@ _STATE_FORMAT = "fastpipe.Loader/1"
 # State keys that must match for a saved position to mean the same batches.
 _STATE_IDENTITY = ("num_samples", "batch_size", "shuffle", "seed", "drop_last", "rank", "world_size",
                    "shard_remainder")
+
+
+_PREFETCH_BYTES = 4 << 20
+
+
+def _default_prefetch(dataset, batch_size):
+    batch_bytes = sum(torch.empty((), dtype=getattr(torch, dtype)).element_size() * math.prod(shape)
+                      for dtype, shape in dataset._engine_outputs()) * batch_size
+    return max(2, min(16, -(-_PREFETCH_BYTES // max(1, batch_bytes))))
 
 
 def _distributed_defaults(rank, world_size):
@@ -59,8 +69,10 @@ class Loader:
     num_threads : int, optional
         Reader threads; default: the cores, between 2 and 8 (at least 8 when reading with O_DIRECT,
         whose threads mostly wait on the device).
-    prefetch : int
+    prefetch : int, optional
         Batches read ahead of the training loop (>= 1). The arena holds ``prefetch + 2`` batches.
+        Default: enough batches for about 4 MiB of read-ahead, between 2 and 16 (small batches need a
+        deeper queue to keep the readers busy between the training loop's requests).
     rank, world_size : int, optional
         Distributed shard; default to torch.distributed's when it is initialised.
     shard_remainder : {"pad", "drop"}
@@ -93,7 +105,7 @@ class Loader:
     """
 
     def __init__(self, dataset, batch_size=1, shuffle=False, *, seed=0, drop_last=False, device="cpu",
-                 num_threads=None, prefetch=2, rank=None, world_size=None, shard_remainder="pad", io="auto",
+                 num_threads=None, prefetch=None, rank=None, world_size=None, shard_remainder="pad", io="auto",
                  timeout=120.0, sampler=None, generator=None, num_workers=0, pin_memory=False,
                  prefetch_factor=None, persistent_workers=False, collate_fn=None, worker_init_fn=None,
                  batch_sampler=None, multiprocessing_context=None, pin_memory_device="", in_order=True,
@@ -133,6 +145,8 @@ class Loader:
             raise ValueError(f"num_threads must be a positive int, got {num_threads!r}")
         if prefetch_factor is not None:
             prefetch = prefetch_factor * max(1, num_workers)
+        elif prefetch is None:
+            prefetch = _default_prefetch(dataset, batch_size)
         if not isinstance(prefetch, int) or prefetch < 1:
             raise ValueError(f"prefetch must be a positive int, got {prefetch!r}")
         if generator is not None:
