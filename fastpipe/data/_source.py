@@ -9,8 +9,18 @@ class ColumnSource:
     (the batch structure handed to the user).
     """
 
+    _len = 0
+    _unit = "records"
+
     def __len__(self):
-        raise NotImplementedError
+        return self._len
+
+    def _index(self, i):
+        """``i`` as a non-negative index; IndexError when out of range (negative counts from the end)."""
+        i = int(i)
+        if not -self._len <= i < self._len:
+            raise IndexError(f"index {i} is out of range for a dataset of {self._len} {self._unit}")
+        return i % self._len
 
     def _engine_columns(self):
         raise NotImplementedError

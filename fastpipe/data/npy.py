@@ -62,13 +62,8 @@ class NpyDataset(ColumnSource):
         self.dtypes = [getattr(torch, h["dtype"]) for h in self._headers]
         self._maps = None
 
-    def __len__(self):
-        return self._len
-
     def __getitem__(self, i):
-        i = int(i)
-        if not -self._len <= i < self._len:
-            raise IndexError(f"index {i} is out of range for a dataset of {self._len} records")
+        i = self._index(i)
         if self._maps is None:
             # Mapped from the header fastpipe validated, so ds[i] and the Loader agree on every file.
             self._maps = [np.memmap(p, dtype=h["descr"], mode="r", offset=h["data_offset"], shape=tuple(h["shape"]))

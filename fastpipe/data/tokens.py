@@ -34,6 +34,8 @@ class TokenDataset(ColumnSource):
     widening happens in the reader threads, not in the training loop).
     """
 
+    _unit = "windows"
+
     def __init__(self, path, block_size, dtype="uint16"):
         self.path = os.path.abspath(os.fspath(path))
         if not isinstance(block_size, int) or isinstance(block_size, bool) or block_size < 1:
@@ -65,14 +67,8 @@ class TokenDataset(ColumnSource):
         self._len = (ntokens - 1) // block_size
         self._tokens = None
 
-    def __len__(self):
-        return self._len
-
     def __getitem__(self, i):
-        i = int(i)
-        if not -self._len <= i < self._len:
-            raise IndexError(f"index {i} is out of range for a dataset of {self._len} windows")
-        i %= self._len
+        i = self._index(i)
         if self._tokens is None:
             self._tokens = np.memmap(self.path, dtype=self.dtype, mode="r", offset=self._offset,
                                      shape=(self.num_tokens,))
