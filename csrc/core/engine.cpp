@@ -326,8 +326,8 @@ void read_records(const Column& c, const int64_t* idx, int64_t count, const Sink
 
 void read_chunk(EngineState& st, const WorkItem& w, ThreadBuffers& tb) {
   const int64_t* idx = w.indices->data() + w.batch * st.opt.batch_size + w.first;
+  const int64_t n = st.columns[0].spec.num_records;
   for (int64_t k = 0; k < w.count; ++k) {
-    const int64_t n = st.columns[0].spec.num_records;
     if (idx[k] < 0 || idx[k] >= n)
       throw Error(ErrorKind::kValue, "record index " + std::to_string(idx[k]) + " is out of range for a dataset of " +
                                          std::to_string(n) + " records");
@@ -372,19 +372,12 @@ void warm_files(EngineState& st, int thread_index) {
 void reader_loop(std::shared_ptr<EngineState> sp, int thread_index) {
   EngineState& st = *sp;
   ThreadBuffers tb;
-  int64_t max_record = 0;
-  for (const Column& c : st.columns) {
-    max_record = std::max(max_record, c.spec.record_bytes);
-    if (c.file->mode() == FileMode::kDirect && !tb.bounce)
-      tb.bounce = std::make_unique<AlignedBuffer>(
-          static_cast<size_t>(std::max(kBounceBytes, align_up(max_record, kDirectAlign) + 2 * kDirectAlign)));
-  }
-  if (tb.bounce) {
-    for (const Column& c : st.columns)
-      if (align_up(c.spec.record_bytes, kDirectAlign) + 2 * kDirectAlign > static_cast<int64_t>(tb.bounce->size()))
-        tb.bounce = std::make_unique<AlignedBuffer>(
-            static_cast<size_t>(align_up(c.spec.record_bytes, kDirectAlign) + 2 * kDirectAlign));
-  }
+  // The bounce buffer holds at least one whole aligned record of any O_DIRECT column.
+  int64_t bounce = 0;
+  for (const Column& c : st.columns)
+    if (c.file->mode() == FileMode::kDirect)
+      bounce = std::max({bounce, kBounceBytes, align_up(c.spec.record_bytes, kDirectAlign) + 2 * kDirectAlign});
+  if (bounce) tb.bounce = std::make_unique<AlignedBuffer>(static_cast<size_t>(bounce));
   if (st.scratch_bytes) tb.scratch = std::make_unique<AlignedBuffer>(static_cast<size_t>(st.scratch_bytes));
   if (st.warm_page_cache) warm_files(st, thread_index);
 
@@ -550,7 +543,8 @@ Engine::Engine(std::vector<ColumnSpec> columns, EngineOptions opt) : owner_pid_(
     st->chunk_records = std::min(at_most, std::max(at_least, per_thread));
   }
   for (const Column& c : st->columns)
-    if (c.widen) st->scratch_bytes = std::max(st->scratch_bytes, st->chunk_records * c.spec.record_bytes);
+    if (c.widen && c.file->mode() == FileMode::kBuffered)  // pread lands token windows here before widening
+      st->scratch_bytes = std::max(st->scratch_bytes, st->chunk_records * c.spec.record_bytes);
 
   // One allocation for every slot; touched now so that the first batches do not pay page faults.
   st->arena = std::make_unique<AlignedBuffer>(static_cast<size_t>(st->slot_bytes * opt.num_slots));

@@ -223,6 +223,21 @@ __device__ __forceinline__ float block_sum(float x) {
   return threadIdx.x < 32 ? warp_sum(x) : 0.f;
 }
 
+// The activation gradient of vector v: stores it to grad_in and hands each lane's value back in d
+// (for the bias-gradient sums).
+template <typename T, Act A, int V>
+__device__ __forceinline__ void act_backward_vec(const Pack<T, V>* g, const Pack<T, V>* saved, Pack<T, V>* gi,
+                                                 uint32_t v, float alpha, float beta, float (&d)[V]) {
+  const Pack<T, V> gv = g[v], sv = saved[v];
+  Pack<T, V> ov;
+#pragma unroll
+  for (int k = 0; k < V; ++k) {
+    d[k] = act_backward<A>(to_float(gv.v[k]), to_float(sv.v[k]), alpha, beta);
+    ov.v[k] = from_float<T>(d[k]);
+  }
+  gi[v] = ov;
+}
+
 // NCHW: block (c, s) handles split s of the N*H*W elements of channel c. Returns this thread's sum.
 template <typename T, Act A, int V>
 __device__ __forceinline__ float nchw_pass(const ActBackwardParams& p, uint32_t c, uint32_t s) {
@@ -240,15 +255,10 @@ __device__ __forceinline__ float nchw_pass(const ActBackwardParams& p, uint32_t 
   for (uint32_t j = j0 + threadIdx.x; j < j1; j += blockDim.x) {
     const uint32_t n = j / per_plane;
     const uint32_t v = (n * C + c) * per_plane + (j - n * per_plane);
-    const Vec gv = g[v], sv = saved[v];
-    Vec ov;
+    float d[V];
+    act_backward_vec<T, A, V>(g, saved, gi, v, alpha, beta, d);
 #pragma unroll
-    for (int k = 0; k < V; ++k) {
-      const float d = act_backward<A>(to_float(gv.v[k]), to_float(sv.v[k]), alpha, beta);
-      ov.v[k] = from_float<T>(d);
-      sum += d;
-    }
-    gi[v] = ov;
+    for (int k = 0; k < V; ++k) sum += d[k];
   }
   return sum;
 }
@@ -281,15 +291,10 @@ __device__ __forceinline__ void nhwc_pass(const ActBackwardParams& p, float* sha
   if (col < groups) {
     for (uint32_t r = blockIdx.y * kRows + threadIdx.y; r < rows; r += gridDim.y * kRows) {
       const uint32_t v = r * groups + col;
-      const Vec gv = g[v], sv = saved[v];
-      Vec ov;
+      float d[V];
+      act_backward_vec<T, A, V>(g, saved, gi, v, alpha, beta, d);
 #pragma unroll
-      for (int k = 0; k < V; ++k) {
-        const float d = act_backward<A>(to_float(gv.v[k]), to_float(sv.v[k]), alpha, beta);
-        ov.v[k] = from_float<T>(d);
-        acc[k] += d;
-      }
-      gi[v] = ov;
+      for (int k = 0; k < V; ++k) acc[k] += d[k];
     }
   }
   if (p.bias_partial == nullptr) return;
