@@ -5,11 +5,13 @@
 #include <ATen/Parallel.h>
 #include <ATen/autocast_mode.h>
 #include <ATen/core/dispatch/Dispatcher.h>
+#include <ATen/record_function.h>
 #include <c10/core/DeviceGuard.h>
 #include <torch/autograd.h>
 #include <torch/library.h>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cstdlib>
 #include <cstring>
@@ -18,6 +20,7 @@
 #include <sstream>
 #include <string>
 #include <unordered_map>
+#include <unordered_set>
 
 #include "ops/conv.h"
 
@@ -152,7 +155,7 @@ at::Tensor empty_output(const ConvArgs& a) {
 }
 
 // ---- engines available everywhere / on the CPU -------------------------------------------------------
-bool always(const ConvArgs&) { return true; }
+const char* always(const ConvArgs&) { return nullptr; }
 
 // ATen's convolution (bias included), the residual added and the activation applied in place.
 at::Tensor run_eager(const ConvArgs& a) {
@@ -195,10 +198,43 @@ const OneDnnOps& onednn_ops() {
   return ops;
 }
 
-bool onednn_supports(const ConvArgs& a) {
-  const auto dt = a.input.scalar_type();
-  return a.input.is_cpu() && (dt == at::kFloat || dt == at::kBFloat16 || dt == at::kHalf) &&
-         onednn_ops().unary.has_value() && (!a.residual || onednn_ops().binary.has_value());
+// The dtypes torch's oneDNN runs on this CPU, as a mask of ScalarType bits: float32 always; float16 needs
+// AVX512-FP16 or AVX-NE-CONVERT and bfloat16 AVX512-BW/VL/DQ or AVX-NE-CONVERT (torch's own query, asked
+// once). Tests may override the mask (_conv_onednn_dtypes_override) to show the fallback on any CPU.
+uint64_t dtype_bit(at::ScalarType t) {
+  return uint64_t{1} << static_cast<int>(t);
+}
+
+uint64_t query_onednn_dtypes() {
+  const auto ask = [](const char* op) {
+    auto h = c10::Dispatcher::singleton().findSchema({op, ""});
+    return h.has_value() && h->typed<bool()>().call();
+  };
+  if (!at::hasMKLDNN()) return 0;
+  return dtype_bit(at::kFloat) | (ask("mkldnn::_is_mkldnn_fp16_supported") ? dtype_bit(at::kHalf) : 0) |
+         (ask("mkldnn::_is_mkldnn_bf16_supported") ? dtype_bit(at::kBFloat16) : 0);
+}
+
+constexpr int64_t kNoOverride = -1;
+std::atomic<int64_t> onednn_dtypes_override{kNoOverride};
+
+uint64_t onednn_dtypes() {
+  static const uint64_t cpu = query_onednn_dtypes();
+  const int64_t o = onednn_dtypes_override.load(std::memory_order_relaxed);
+  return o == kNoOverride ? cpu : static_cast<uint64_t>(o);
+}
+
+const char* onednn_why_not(const ConvArgs& a) {
+  if (!a.input.is_cpu()) return "not a CPU tensor";
+  if (!onednn_ops().unary.has_value()) return "this torch has no oneDNN fused convolution";
+  if (a.residual && !onednn_ops().binary.has_value()) return "this torch has no oneDNN convolution + add";
+  const at::ScalarType dt = a.input.scalar_type();
+  if (onednn_dtypes() & dtype_bit(dt)) return nullptr;
+  switch (dt) {
+    case at::kHalf: return "this CPU's oneDNN has no float16 path (it needs AVX512-FP16 or AVX-NE-CONVERT)";
+    case at::kBFloat16: return "this CPU's oneDNN has no bfloat16 path (it needs AVX512-BW/VL/DQ or AVX-NE-CONVERT)";
+    default: return "oneDNN takes float32, float16 and bfloat16 only";
+  }
 }
 
 at::Tensor onednn_run(const ConvArgs& a) {
@@ -250,6 +286,13 @@ constexpr double kSwitchMargin = 1.03;  // a candidate replaces eager only when 
 struct DeviceEngines {
   DeviceHooks hooks{};
   std::vector<Candidate> candidates;  // [0] is eager
+  std::vector<std::string> labels;    // per candidate: "fastpipe::conv_engine.<name>", the profiler's name
+
+  // Runs candidate i under a profiler label, so that a trace (and the tests) show which engine ran.
+  at::Tensor run(size_t i, const ConvArgs& a) const {
+    RECORD_FUNCTION(labels[i].c_str(), std::vector<c10::IValue>());
+    return candidates[i].run(a);
+  }
 };
 
 using Key = std::array<int64_t, 28>;
@@ -270,6 +313,11 @@ struct EngineState {
   std::mutex mutex;
   std::unordered_map<int, DeviceEngines> devices;  // by c10::DeviceType
   std::unordered_map<Key, Choice, KeyHash> cache;
+  // Candidates that threw on a key (bit i: candidate i), never tried on it again; `any_failed` lets
+  // the forced path skip building the key while nothing ever failed.
+  std::unordered_map<Key, uint64_t, KeyHash> failed;
+  std::atomic<bool> any_failed{false};
+  std::unordered_set<std::string> warned;  // warnings already given (each is given once)
 };
 
 EngineState& engine_state() {
@@ -338,31 +386,73 @@ double now_ms() {
   return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now().time_since_epoch()).count();
 }
 
-// Times every candidate that supports `a` on `a` itself (like cudnn.benchmark) and picks one.
-Choice tune(const ConvArgs& a, const DeviceEngines& dev) {
+std::atomic<void (*)(const std::string&)> warning_sink{nullptr};
+
+void warn_once(EngineState& st, const std::string& message) {
+  {
+    std::lock_guard<std::mutex> lock(st.mutex);
+    if (!st.warned.insert(message).second) return;
+  }
+  if (auto sink = warning_sink.load()) {
+    sink(message);
+  } else {
+    TORCH_WARN(message);
+  }
+}
+
+// Remembers that candidate `index` threw on `a`'s key, and says so once.
+void note_failure(EngineState& st, const DeviceEngines& dev, size_t index, const ConvArgs& a, const char* error) {
+  const Key key = make_key(a);
+  {
+    std::lock_guard<std::mutex> lock(st.mutex);
+    st.failed[key] |= uint64_t{1} << index;
+    st.any_failed = true;
+  }
+  std::string first_line(error);
+  first_line = first_line.substr(0, first_line.find('\n'));
+  warn_once(st, c10::str("fastpipe: conv engine '", dev.candidates[index].name, "' failed on ", describe(a),
+                         " and is not used for it (eager runs instead): ", first_line));
+}
+
+bool failed_before(EngineState& st, size_t index, const ConvArgs& a) {
+  if (!st.any_failed) return false;
+  const Key key = make_key(a);
+  std::lock_guard<std::mutex> lock(st.mutex);
+  auto it = st.failed.find(key);
+  return it != st.failed.end() && (it->second >> index & 1);
+}
+
+// Times every candidate that can run `a` on `a` itself (like cudnn.benchmark) and picks one.
+Choice tune(EngineState& st, const ConvArgs& a, const DeviceEngines& dev) {
   const auto& cands = dev.candidates;
   const c10::DeviceIndex index = a.input.device().index();
   auto sync = [&] {
     if (dev.hooks.synchronize) dev.hooks.synchronize(index);
   };
-  auto timed_run = [&](const Candidate& c) {
+  auto timed_run = [&](size_t i) {
     sync();
     const double t0 = now_ms();
-    c.run(a);
+    dev.run(i, a);
     sync();
     return now_ms() - t0;
   };
   // Warm-up: a first call builds plans and primitives. A candidate that throws for this call is left
-  // out; eager throwing is the caller's error and surfaces.
+  // out (and remembered); eager throwing is the caller's error and surfaces.
+  std::vector<size_t> eligible{0};
+  for (size_t i = 1; i < cands.size(); ++i) {
+    if (cands[i].why_not(a) == nullptr && !failed_before(st, i, a)) eligible.push_back(i);
+  }
   std::vector<size_t> live;
+  std::string failures;
   double slowest = 0;
-  for (size_t i = 0; i < cands.size(); ++i) {
-    if (!cands[i].supports(a)) continue;
+  for (size_t i : eligible.size() > 1 ? eligible : std::vector<size_t>{}) {  // eager alone: nothing to time
     try {
-      slowest = std::max(slowest, timed_run(cands[i]));
+      slowest = std::max(slowest, timed_run(i));
       live.push_back(i);
-    } catch (const c10::Error&) {
+    } catch (const c10::Error& e) {
       if (i == 0) throw;
+      note_failure(st, dev, i, a, e.what_without_backtrace());
+      failures += std::string(" ") + cands[i].name + "=failed";
     }
   }
   std::vector<double> times(cands.size(), std::numeric_limits<double>::infinity());
@@ -372,25 +462,33 @@ Choice tune(const ConvArgs& a, const DeviceEngines& dev) {
     // About 100 ms of rounds, 3 to 25: fast calls are the noisiest and cheapest to repeat.
     const int rounds = static_cast<int>(std::clamp(100.0 / std::max(slowest, 1e-3), 3.0, 25.0));
     for (int r = 0; r < rounds; ++r) {
-      for (size_t i : live) times[i] = std::min(times[i], timed_run(cands[i]));
+      for (size_t i : live) times[i] = std::min(times[i], timed_run(i));
     }
   } else {
     times[0] = 0;  // eager alone
   }
   Choice choice{pick_engine(times), describe(a) + " -> "};
   choice.report += cands[choice.index].name;
-  if (live.size() > 1) {
+  if (live.size() > 1 || !failures.empty()) {
     std::ostringstream s;
     s.precision(4);
     s << " (ms:";
     for (size_t i : live) s << " " << cands[i].name << "=" << times[i];
-    s << ")";
+    s << failures << ")";
     choice.report += s.str();
   }
   return choice;
 }
 
-const Candidate& select_engine(const ConvArgs& a) {
+// The engine for a call: the forced one (FASTPIPE_CONV_ENGINE) where it can run the call, else the
+// cached or newly timed choice of the call's key.
+struct Selection {
+  const DeviceEngines* dev;
+  size_t index;
+  bool forced;
+};
+
+Selection select_engine(const ConvArgs& a) {
   EngineState& st = engine_state();
   const DeviceEngines* dev = nullptr;
   {
@@ -400,11 +498,18 @@ const Candidate& select_engine(const ConvArgs& a) {
                 a.input.device().type());
     dev = &it->second;  // map nodes are stable; devices are only added during static initialisation
   }
-  const Candidate& eager = dev->candidates[0];
+  const Selection eager{dev, 0, false};
   const char* forced = std::getenv("FASTPIPE_CONV_ENGINE");
   if (forced != nullptr && *forced != '\0' && std::strcmp(forced, "auto") != 0) {
-    for (const auto& c : dev->candidates) {
-      if (std::strcmp(c.name, forced) == 0) return c.supports(a) ? c : eager;
+    for (size_t i = 0; i < dev->candidates.size(); ++i) {
+      const Candidate& c = dev->candidates[i];
+      if (std::strcmp(c.name, forced) != 0) continue;
+      if (const char* why = c.why_not(a)) {
+        warn_once(st, c10::str("fastpipe: FASTPIPE_CONV_ENGINE=", forced, " cannot run ", a.input.scalar_type(),
+                               " on ", a.input.device().type(), " (", why, "): eager runs instead"));
+        return eager;
+      }
+      return i > 0 && failed_before(st, i, a) ? eager : Selection{dev, i, true};
     }
     std::string known;
     {
@@ -422,14 +527,27 @@ const Candidate& select_engine(const ConvArgs& a) {
   {
     std::lock_guard<std::mutex> lock(st.mutex);
     auto it = st.cache.find(key);
-    if (it != st.cache.end()) return dev->candidates[it->second.index];
+    if (it != st.cache.end()) return Selection{dev, it->second.index, false};
   }
   if (dev->hooks.capturing && dev->hooks.capturing()) return eager;  // timing would break a graph capture
-  Choice choice = tune(a, *dev);
+  Choice choice = tune(st, a, *dev);
   const size_t index = choice.index;
   std::lock_guard<std::mutex> lock(st.mutex);
   st.cache.emplace(key, std::move(choice));
-  return dev->candidates[index];
+  return Selection{dev, index, false};
+}
+
+// Runs the selected engine. A forced engine that throws is remembered for the key and eager runs
+// instead (the auto path already dropped throwing candidates while timing).
+at::Tensor run_engine(const ConvArgs& a) {
+  const Selection s = select_engine(a);
+  if (!s.forced || s.index == 0) return s.dev->run(s.index, a);
+  try {
+    return s.dev->run(s.index, a);
+  } catch (const c10::Error& e) {
+    note_failure(engine_state(), *s.dev, s.index, a, e.what_without_backtrace());
+    return s.dev->run(0, a);
+  }
 }
 
 // ---- introspection ops (fastpipe/nn/_engines.py) ------------------------------------------------
@@ -458,6 +576,37 @@ void engine_clear() {
   EngineState& st = engine_state();
   std::lock_guard<std::mutex> lock(st.mutex);
   st.cache.clear();
+  st.failed.clear();
+  st.any_failed = false;
+  st.warned.clear();
+}
+
+const std::pair<at::ScalarType, const char*> kOneDnnDtypeNames[] = {
+    {at::kFloat, "float32"}, {at::kHalf, "float16"}, {at::kBFloat16, "bfloat16"}, {at::kDouble, "float64"}};
+
+std::vector<std::string> onednn_dtype_names() {
+  std::vector<std::string> names;
+  for (const auto& [t, name] : kOneDnnDtypeNames) {
+    if (onednn_dtypes() & dtype_bit(t)) names.emplace_back(name);
+  }
+  return names;
+}
+
+// Test hook: declare the oneDNN engine able to run exactly `dtypes` (None: what this CPU can run).
+// Forgets every choice, failure and warning, which depended on the old answer.
+void onednn_dtypes_override_op(const std::optional<std::vector<std::string>>& dtypes) {
+  int64_t mask = kNoOverride;
+  if (dtypes) {
+    mask = 0;
+    for (const auto& d : *dtypes) {
+      const auto* e = std::find_if(std::begin(kOneDnnDtypeNames), std::end(kOneDnnDtypeNames),
+                                   [&](const auto& p) { return d == p.second; });
+      TORCH_CHECK(e != std::end(kOneDnnDtypeNames), "dtypes: unknown dtype '", d, "'");
+      mask |= static_cast<int64_t>(dtype_bit(e->first));
+    }
+  }
+  onednn_dtypes_override = mask;
+  engine_clear();
 }
 
 int64_t pick_engine_op(at::ArrayRef<double> times) {
@@ -649,7 +798,7 @@ std::tuple<at::Tensor, at::Tensor> conv2d_act_train_autograd(const at::Tensor& i
 }
 
 [[maybe_unused]] const bool cpu_engines =
-    register_engines(c10::DeviceType::CPU, DeviceHooks{}, {{"onednn", onednn_supports, onednn_run}});
+    register_engines(c10::DeviceType::CPU, DeviceHooks{}, {{"onednn", onednn_why_not, onednn_run}});
 
 #ifndef FASTPIPE_WITH_CUDA
 void no_cuda_kernels(const c10::OperatorHandle& op, torch::jit::Stack*) {
@@ -662,6 +811,10 @@ void no_cuda_kernels(const c10::OperatorHandle& op, torch::jit::Stack*) {
 }  // namespace
 
 // ---- op bodies (conv.h) -----------------------------------------------------------------------------
+void set_warning_sink(void (*sink)(const std::string&)) {
+  warning_sink = sink;
+}
+
 bool register_engines(c10::DeviceType type, DeviceHooks hooks, std::vector<Candidate> candidates) {
   EngineState& st = engine_state();
   std::lock_guard<std::mutex> lock(st.mutex);
@@ -669,6 +822,9 @@ bool register_engines(c10::DeviceType type, DeviceHooks hooks, std::vector<Candi
   dev.hooks = hooks;
   dev.candidates = {Candidate{"eager", always, run_eager}};
   dev.candidates.insert(dev.candidates.end(), candidates.begin(), candidates.end());
+  TORCH_INTERNAL_ASSERT(dev.candidates.size() <= 64, "EngineState::failed keeps one bit per candidate");
+  dev.labels.clear();
+  for (const auto& c : dev.candidates) dev.labels.push_back(std::string("fastpipe::conv_engine.") + c.name);
   return true;
 }
 
@@ -680,7 +836,7 @@ at::Tensor conv2d_act(const at::Tensor& input, const at::Tensor& weight, const s
       make_args(input, weight, bias, stride, padding, dilation, groups, activation, act_args, residual);
   const c10::OptionalDeviceGuard guard(input.device());
   if (out_numel(a) == 0) return empty_output(a);
-  return select_engine(a).run(a).contiguous(a.format);
+  return run_engine(a).contiguous(a.format);
 }
 
 std::tuple<at::Tensor, at::Tensor> conv2d_act_train(const at::Tensor& input, const at::Tensor& weight,
@@ -696,7 +852,7 @@ std::tuple<at::Tensor, at::Tensor> conv2d_act_train(const at::Tensor& input, con
   // follows out of place so that both tensors survive.
   const ActSpec act = a.act;
   a.act = ActSpec{};
-  at::Tensor preact = select_engine(a).run(a).contiguous(a.format);
+  at::Tensor preact = run_engine(a).contiguous(a.format);
   return {apply_activation(preact, act, /*inplace=*/false), preact};
 }
 
@@ -762,6 +918,9 @@ TORCH_LIBRARY(fastpipe, m) {
   m.def("_conv_engine_cache() -> str[]", &fastpipe::conv::engine_cache);
   m.def("_conv_engine_clear() -> ()", &fastpipe::conv::engine_clear);
   m.def("_conv_pick_engine(float[] times) -> int", &fastpipe::conv::pick_engine_op);
+  // The dtypes the CPU oneDNN engine declares on this CPU, and the test hook that overrides them.
+  m.def("_conv_onednn_dtypes() -> str[]", &fastpipe::conv::onednn_dtype_names);
+  m.def("_conv_onednn_dtypes_override(str[]? dtypes) -> ()", &fastpipe::conv::onednn_dtypes_override_op);
 }
 
 TORCH_LIBRARY_IMPL(fastpipe, CPU, m) {

@@ -7,6 +7,7 @@
 
 #include <array>
 #include <optional>
+#include <string>
 #include <tuple>
 #include <vector>
 
@@ -29,10 +30,12 @@ struct ConvArgs {
 };
 
 // One way to compute a ConvArgs. `run` returns the result, preferably already in args.format.
-// The engine times every candidate whose `supports` accepts a call's key and keeps the fastest.
+// `why_not` says whether the candidate can run a call on this machine: nullptr when it can, else the
+// reason (a static string, shown in the warning when a forced engine falls back to eager).
+// The engine times every candidate that can run a call's key and keeps the fastest.
 struct Candidate {
   const char* name;
-  bool (*supports)(const ConvArgs&);
+  const char* (*why_not)(const ConvArgs&);
   at::Tensor (*run)(const ConvArgs&);
 };
 
@@ -44,6 +47,11 @@ struct DeviceHooks {
 // Adds a device type's candidates after "eager" (the plain ATen path every device has). Call it from a
 // static initialiser; returns true so that it can initialise a static.
 bool register_engines(c10::DeviceType type, DeviceHooks hooks, std::vector<Candidate> candidates);
+
+// Where the engine choice's warnings go (each is given once): the Python module installs a sink that
+// raises them as Python warnings (torch.ops calls do not route TORCH_WARN to Python); without one they
+// go to TORCH_WARN.
+void set_warning_sink(void (*sink)(const std::string& message));
 
 // Op bodies for any device; the CUDA registration wraps them in a device guard.
 at::Tensor conv2d_act(const at::Tensor& input, const at::Tensor& weight, const std::optional<at::Tensor>& bias,

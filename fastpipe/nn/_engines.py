@@ -4,8 +4,12 @@ Every new key (device, dtype, shapes, layouts, stride/padding/dilation/groups, a
 residual present, threads, TF32) is timed once on every engine that supports it, eager PyTorch
 included (the fastest of 3 to 25 interleaved calls each), and the choice is cached; an engine replaces
 eager only when at least 3% faster. The environment variable FASTPIPE_CONV_ENGINE=auto|eager|<name>
-overrides the choice (read on every call); an engine that cannot run a call, or belongs to another
-device type, falls back to eager.
+overrides the choice (read on every call); an engine that cannot run a call (e.g. oneDNN on float16 or
+bfloat16 where this CPU lacks the instructions torch's oneDNN needs for them) falls back to eager with
+one UserWarning naming the engine, the dtype and why; one of another device type falls back silently.
+An engine that throws on a key (forced or while being timed) is not tried on that key again: eager
+runs, with one warning that carries the error. The profiler shows the engine each call ran as
+``fastpipe::conv_engine.<name>``.
 """
 
 import contextlib
@@ -31,7 +35,7 @@ def conv_engine_cache():
 
 
 def clear_conv_engine_cache():
-    """Forget every choice; the next call of each key is timed again."""
+    """Forget every choice, failure and warning given; the next call of each key is timed again."""
     torch.ops.fastpipe._conv_engine_clear()
 
 

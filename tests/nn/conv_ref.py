@@ -7,6 +7,9 @@ import pathlib
 import pytest
 import torch
 import torch.nn.functional as F
+from torch.autograd import profiler
+
+import fastpipe.nn as fnn
 
 CUDA = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 DEVICES = ["cpu", pytest.param("cuda", marks=[pytest.mark.gpu, CUDA])]
@@ -114,3 +117,39 @@ def load_benchmark():
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
+
+
+# ---- which engine runs -------------------------------------------------------------------------------
+ENGINE_EVENT = "fastpipe::conv_engine."  # the profiler label each engine run records
+
+
+def engines(device):
+    """The engines of a device type; a device with none fails the test instead of looping zero times."""
+    names = fnn.conv_engines(device)
+    assert names, f"fastpipe has no conv engines for {device} (built without its kernels?)"
+    return names
+
+
+def run_engines(fn):
+    """(fn's result, the list of conv engines it ran, in order)."""
+    with profiler.profile() as prof:
+        out = fn()
+    ran = [e.name[len(ENGINE_EVENT):] for e in prof.function_events if e.name.startswith(ENGINE_EVENT)]
+    return out, ran
+
+
+def engine_can_run(engine, dtype):
+    """Whether a forced engine runs a dtype on this machine, from torch's own capability queries (not
+    from fastpipe's declaration, which this checks)."""
+    if engine == "onednn":
+        return dtype == torch.float32 or (
+            dtype == torch.float16 and torch.ops.mkldnn._is_mkldnn_fp16_supported()
+        ) or (dtype == torch.bfloat16 and torch.ops.mkldnn._is_mkldnn_bf16_supported())
+    if engine == "epilogue":
+        return dtype in (torch.float32, torch.float16, torch.bfloat16)
+    assert engine == "eager", f"no expectation for engine {engine!r}: add one"
+    return True
+
+
+def expected_engine(engine, dtype):
+    return engine if engine_can_run(engine, dtype) else "eager"

@@ -6,7 +6,7 @@ import torch
 import torch.nn.functional as F
 
 import fastpipe.nn as fnn
-from conv_ref import CUDA
+from conv_ref import CUDA, engines
 from fastpipe.nn.functional import conv2d_act
 
 pytestmark = [pytest.mark.gpu, CUDA]
@@ -16,7 +16,7 @@ def test_misaligned_and_strided_operands():
     w = torch.randn(12, 10, 3, 3, device="cuda")
     b = torch.randn(25, device="cuda")[1::2]  # a strided bias
     r = torch.randn(2 * 12 * 9 * 9 + 1, device="cuda")[1:].view(2, 12, 9, 9)  # 4-byte, not 16-byte, aligned
-    for engine in fnn.conv_engines("cuda"):
+    for engine in engines("cuda"):
         with fnn.use_conv_engine(engine):
             out = conv2d_act(x, w, b, padding=1, activation="silu", residual=r)
         torch.testing.assert_close(out, F.silu(F.conv2d(x, w, b, padding=1) + r))

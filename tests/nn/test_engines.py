@@ -1,11 +1,14 @@
 """The per-key engine choice: candidates, the 3% rule, the cache and FASTPIPE_CONV_ENGINE."""
 
+import warnings
+
 import pytest
 import torch
 from torch.autograd import profiler
 
 import fastpipe
 import fastpipe.nn as fnn
+from conv_ref import engine_can_run, run_engines
 from fastpipe.nn.functional import conv2d_act
 
 HAS_ONEDNN = torch.backends.mkldnn.is_available()
@@ -80,3 +83,100 @@ def test_unknown_engine_is_an_error():
 def test_an_engine_of_another_device_falls_back_to_eager():
     with fnn.use_conv_engine("epilogue"):
         assert "aten::convolution" in ran(small_call())
+
+
+# ---- what the CPU can run: the oneDNN engine declares only what torch's oneDNN runs on this CPU ----------
+REDUCED = [torch.float16, torch.bfloat16]
+DTYPE_NAMES = {torch.float32: "float32", torch.float16: "float16", torch.bfloat16: "bfloat16",
+               torch.float64: "float64"}
+C10_NAMES = {torch.float16: "Half", torch.bfloat16: "BFloat16"}
+
+
+@pytest.fixture
+def onednn_dtypes():
+    """set(names): declare the oneDNN engine able to run exactly these dtypes (as on another CPU);
+    the CPU's own answer comes back after the test."""
+    yield lambda names: torch.ops.fastpipe._conv_onednn_dtypes_override(list(names))
+    torch.ops.fastpipe._conv_onednn_dtypes_override(None)
+
+
+def call_with(dtype, c=6, act="silu", residual=True):
+    g = torch.Generator().manual_seed(0)
+    x, w, b = torch.randn(2, c, 7, 7, generator=g), torch.randn(c, c, 3, 3, generator=g), torch.randn(c, generator=g)
+    r = torch.randn(2, c, 7, 7, generator=g) if residual else None
+    x, w, b, r = (None if t is None else t.to(dtype) for t in (x, w, b, r))
+    return lambda: conv2d_act(x, w, b, padding=1, activation=act, residual=r)
+
+
+def engine_warnings(fn):
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        out, ran = run_engines(fn)
+    return out, ran, [str(w.message) for w in caught if "fastpipe" in str(w.message)]
+
+
+@pytest.mark.skipif(not HAS_ONEDNN, reason="torch without oneDNN")
+def test_onednn_declares_what_torch_can_run_here():
+    declared = set(torch.ops.fastpipe._conv_onednn_dtypes())
+    expected = {DTYPE_NAMES[d] for d in DTYPE_NAMES if engine_can_run("onednn", d)}
+    assert declared == expected, f"oneDNN engine declares {declared}; torch's oneDNN runs {expected} on this CPU"
+    print("this CPU:", sorted(declared))
+
+
+@pytest.mark.skipif(not HAS_ONEDNN, reason="torch without oneDNN")
+@pytest.mark.parametrize("dtype", REDUCED, ids=str)
+def test_forced_engine_on_a_cpu_without_the_dtype_falls_back_and_says_so_once(onednn_dtypes, dtype):
+    """As on an AVX2-only CPU, whatever this CPU is: oneDNN declines the dtype, eager runs, one warning."""
+    onednn_dtypes({"float32"})
+    with fnn.use_conv_engine("onednn"):
+        out, ran, warned = engine_warnings(call_with(dtype))
+        assert ran == ["eager"]
+        assert len(warned) == 1, warned
+        assert f"FASTPIPE_CONV_ENGINE=onednn cannot run {C10_NAMES[dtype]} on cpu" in warned[0], warned[0]
+        assert "no " + DTYPE_NAMES[dtype] + " path" in warned[0], warned[0]
+        _, ran, warned = engine_warnings(call_with(dtype, c=9))
+        assert ran == ["eager"] and warned == [], "the fallback warns once, not on every call"
+        _, ran, _ = engine_warnings(call_with(torch.float32))
+        assert ran == ["onednn"], "float32 stays on oneDNN"
+    torch.testing.assert_close(out, call_with(dtype)())
+
+
+@pytest.mark.skipif(not HAS_ONEDNN, reason="torch without oneDNN")
+@pytest.mark.parametrize("dtype", REDUCED, ids=str)
+def test_auto_choice_on_a_cpu_without_the_dtype_never_tries_onednn(onednn_dtypes, dtype):
+    onednn_dtypes({"float32"})
+    _, ran, warned = engine_warnings(call_with(dtype))
+    assert ran == ["eager"] and warned == [], "a declined candidate is neither timed nor warned about"
+    (line,) = fnn.conv_engine_cache()
+    assert line.endswith("-> eager"), line
+
+
+@pytest.mark.skipif(not HAS_ONEDNN, reason="torch without oneDNN")
+@pytest.mark.parametrize("forced", [False, True], ids=["auto", "forced"])
+def test_a_declared_engine_that_throws_is_remembered_for_its_key(onednn_dtypes, forced):
+    """A candidate that declares a dtype it cannot run (float64 here, which oneDNN refuses) throws once:
+    the call still succeeds on eager, one warning names the engine and the error, and the key never
+    tries it again. This is also what the dtype tests rely on to notice a wrong declaration."""
+    onednn_dtypes({"float32", "float64"})
+    call = call_with(torch.float64, residual=False)
+    with fnn.use_conv_engine("onednn" if forced else "auto"):
+        out, ran, warned = engine_warnings(call)
+        assert "onednn" in ran and ran[-1] == "eager", ran
+        assert len(warned) == 1 and "conv engine 'onednn' failed on cpu Double" in warned[0], warned
+        for _ in range(2):
+            again, ran, warned = engine_warnings(call)
+            assert ran == ["eager"] and warned == [], "a failed candidate was tried again on the same key"
+        if forced:
+            _, ran, _ = engine_warnings(call_with(torch.float32, residual=False))
+            assert ran == ["onednn"], "another key is not affected"
+    torch.testing.assert_close(out, again)
+    if not forced:
+        (line,) = fnn.conv_engine_cache()
+        assert "-> eager" in line and "onednn=failed" in line, line
+
+
+def test_the_dtype_override_rejects_unknown_names():
+    with pytest.raises(RuntimeError, match="unknown dtype 'float8'"):
+        torch.ops.fastpipe._conv_onednn_dtypes_override(["float8"])
+    assert torch.ops.fastpipe._conv_onednn_dtypes() == [
+        DTYPE_NAMES[d] for d in DTYPE_NAMES if HAS_ONEDNN and engine_can_run("onednn", d)]

@@ -1,11 +1,14 @@
 """fastpipe.nn.functional.conv2d_act against a float64 reference, on every engine of each device."""
 
+import warnings
+
 import pytest
 import torch
 import torch.nn as nn
 
 import fastpipe.nn as fnn
-from conv_ref import ACT_IDS, ACTIVATIONS, DEVICES, check_error, eager_conv_act, load_benchmark, make_inputs, to64
+from conv_ref import (ACT_IDS, ACTIVATIONS, DEVICES, check_error, eager_conv_act, engines, expected_engine,
+                      load_benchmark, make_inputs, run_engines, to64)
 from fastpipe.nn.functional import conv2d_act
 
 # (N, C_in, H, W, C_out, kernel, stride, padding, dilation, groups): the awkward cases.
@@ -24,14 +27,12 @@ AWKWARD = {
 LAYOUTS = ["nchw", "channels_last", "strided"]
 
 
-def engines(device):
-    return fnn.conv_engines(device)
-
-
 def run_check(device, engine, shape, dtype, layout, act, act_kwargs, bias, residual, what):
     x, w, b, r, conv = make_inputs(shape, dtype, device, layout, bias=bias, residual=residual)
-    with fnn.use_conv_engine(engine):
-        ours = conv2d_act(x, w, b, activation=act, residual=r, **conv, **act_kwargs)
+    with fnn.use_conv_engine(engine), warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # a forced engine that cannot run the dtype says so once
+        ours, ran = run_engines(lambda: conv2d_act(x, w, b, activation=act, residual=r, **conv, **act_kwargs))
+    assert ran == [expected_engine(engine, dtype)], f"{what}: forced {engine} on {dtype}, ran {ran}"
     torch_own = eager_conv_act(x, w, b, **conv, act=act, act_kwargs=act_kwargs, residual=r)
     ref = eager_conv_act(to64(x), to64(w), to64(b), **conv, act=act, act_kwargs=act_kwargs, residual=to64(r))
     assert ours.shape == torch_own.shape and ours.dtype == dtype

@@ -13,8 +13,11 @@ from conv_ref import (
     check_error,
     eager_activation,
     eager_conv_act,
+    engines,
+    expected_engine,
     grad_from_output,
     make_inputs,
+    run_engines,
     to64,
 )
 from fastpipe.nn import _activations
@@ -75,7 +78,7 @@ def test_gradcheck_float64(act, act_kwargs):
 def test_gradients_match_reference(device, act, act_kwargs, layout):
     """Gradients of input, weight, bias and residual at float32 on every engine, error vs error."""
     shape = (2, 10, 9, 9, 12, 3, 1, 1, 1, 2)
-    for engine in fnn.conv_engines(device):
+    for engine in engines(device):
         x, w, b, r, conv = make_inputs(shape, torch.float32, device, layout, residual=True)
         grad_out = torch.randn(x.shape[0], 12, 9, 9, device=device)
 
@@ -86,7 +89,9 @@ def test_gradients_match_reference(device, act, act_kwargs, layout):
             return out, [t.grad for t in leaves]
 
         with fnn.use_conv_engine(engine):
-            out, ours = grads(x, w, b, r, lambda x, w, b, r: conv2d_act(x, w, b, **conv, activation=act, residual=r, **act_kwargs))
+            (out, ours), ran = run_engines(lambda: grads(
+                x, w, b, r, lambda x, w, b, r: conv2d_act(x, w, b, **conv, activation=act, residual=r, **act_kwargs)))
+        assert ran == [expected_engine(engine, torch.float32)], f"forced {engine}, ran {ran}"
         eager = lambda x, w, b, r: eager_conv_act(x, w, b, **conv, act=act, act_kwargs=act_kwargs, residual=r)  # noqa: E731
         _, torch_own = grads(x, w, b, r, eager)
         _, ref = grads(to64(x), to64(w), to64(b), to64(r), eager)
@@ -204,11 +209,11 @@ def test_tf32_setting_is_honoured():
         errors = {}
         for allow in (False, True):
             torch.backends.cudnn.allow_tf32 = allow
-            for engine in fnn.conv_engines("cuda"):
+            for engine in engines("cuda"):
                 with fnn.use_conv_engine(engine):
                     errors[allow, engine] = (conv2d_act(x, w, b, **conv).double() - ref).abs().max().item()
         print(errors)
-        for engine in fnn.conv_engines("cuda"):
+        for engine in engines("cuda"):
             assert errors[False, engine] < 1e-4, "float32 without TF32 must be float32-accurate"
     finally:
         torch.backends.cudnn.allow_tf32 = old

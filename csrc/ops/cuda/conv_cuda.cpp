@@ -42,9 +42,12 @@ int num_sms() {
   return at::cuda::getCurrentDeviceProperties()->multiProcessorCount;
 }
 
-bool epilogue_supports(const ConvArgs& a) {
+const char* epilogue_why_not(const ConvArgs& a) {
   const int64_t numel = a.out_sizes[0] * a.out_sizes[1] * a.out_sizes[2] * a.out_sizes[3];
-  return a.input.is_cuda() && kernel_dtype_ok(a.input.scalar_type()) && numel <= cuda::kMaxElements;
+  if (!a.input.is_cuda()) return "not a CUDA tensor";
+  if (!kernel_dtype_ok(a.input.scalar_type())) return "its kernels take float32, float16 and bfloat16 only";
+  if (numel > cuda::kMaxElements) return "the output has more elements than its kernels index";
+  return nullptr;
 }
 
 at::Tensor epilogue_run(const ConvArgs& a) {
@@ -116,7 +119,7 @@ bool capturing() {
 }
 
 [[maybe_unused]] const bool cuda_engines = register_engines(c10::DeviceType::CUDA, DeviceHooks{synchronize, capturing},
-                                                            {{"epilogue", epilogue_supports, epilogue_run}});
+                                                            {{"epilogue", epilogue_why_not, epilogue_run}});
 
 }  // namespace
 }  // namespace fastpipe::conv
