@@ -119,8 +119,10 @@ struct Column {
 // the Engine is gone.
 struct EngineState {
   EngineOptions opt;
-  std::vector<Column> columns;
+  std::vector<Column> columns;  // the files read: every column whose records have bytes
+  std::vector<int> column_of_spec;  // per ColumnSpec given: its index in columns, -1 when not read
   std::vector<OutputLayout> outputs;
+  int64_t num_records = 0;
   std::vector<std::string> warnings;
   bool warm_page_cache = false;  // the data fits in memory: readers first queue it all for reading
   int64_t slot_bytes = 0;
@@ -326,7 +328,7 @@ void read_records(const Column& c, const int64_t* idx, int64_t count, const Sink
 
 void read_chunk(EngineState& st, const WorkItem& w, ThreadBuffers& tb) {
   const int64_t* idx = w.indices->data() + w.batch * st.opt.batch_size + w.first;
-  const int64_t n = st.columns[0].spec.num_records;
+  const int64_t n = st.num_records;
   for (int64_t k = 0; k < w.count; ++k) {
     if (idx[k] < 0 || idx[k] >= n)
       throw Error(ErrorKind::kValue, "record index " + std::to_string(idx[k]) + " is out of range for a dataset of " +
@@ -494,11 +496,18 @@ Engine::Engine(std::vector<ColumnSpec> columns, EngineOptions opt) : owner_pid_(
   int64_t total_data = 0;
   for (const ColumnSpec& s : columns) total_data += s.num_records * s.record_bytes;
   const int64_t n = columns[0].num_records;
+  st->num_records = n;
   int64_t offset = 0;
   for (ColumnSpec& s : columns) {
     FP_CHECK_VALUE(s.num_records == n, "'" + s.path + "' has " + std::to_string(s.num_records) +
                                            " records but '" + columns[0].path + "' has " + std::to_string(n));
-    FP_CHECK_VALUE(s.record_bytes > 0, "'" + s.path + "': records must not be empty");
+    FP_CHECK_VALUE(s.record_bytes >= 0, "'" + s.path + "': negative record size");
+    if (s.record_bytes == 0 && !s.token_bytes) {  // records of no bytes (shape (n, 0)): nothing to read
+      st->outputs.push_back({offset, 0});
+      st->column_of_spec.push_back(-1);
+      continue;
+    }
+    st->column_of_spec.push_back(static_cast<int>(st->columns.size()));
     Column c;
     c.first_output = static_cast<int>(st->outputs.size());
     if (s.token_bytes) {
@@ -538,8 +547,9 @@ Engine::Engine(std::vector<ColumnSpec> columns, EngineOptions opt) : owner_pid_(
   }
   {
     const int64_t per_thread = (opt.batch_size + opt.num_threads - 1) / opt.num_threads;
-    const int64_t at_least = std::max<int64_t>(1, kMinChunkBytes / st->record_bytes_total);
-    const int64_t at_most = std::max<int64_t>(1, kChunkBytes / st->record_bytes_total);
+    const int64_t record_bytes = std::max<int64_t>(1, st->record_bytes_total);
+    const int64_t at_least = std::max<int64_t>(1, kMinChunkBytes / record_bytes);
+    const int64_t at_most = std::max<int64_t>(1, kChunkBytes / record_bytes);
     st->chunk_records = std::min(at_most, std::max(at_least, per_thread));
   }
   for (const Column& c : st->columns)
@@ -717,7 +727,10 @@ const std::vector<OutputLayout>& Engine::outputs() const { return state_->output
 
 std::vector<std::string> Engine::io_modes() const {
   std::vector<std::string> out;
-  for (const Column& c : state_->columns) out.push_back(c.file ? mode_name(c.file->mode()) : "closed");
+  for (int k : state_->column_of_spec) {
+    const Column* c = k < 0 ? nullptr : &state_->columns[k];
+    out.push_back(!c ? "none" : c->file ? mode_name(c->file->mode()) : "closed");
+  }
   return out;
 }
 

@@ -70,6 +70,24 @@ def test_many_columns_mixed(dataset_factory, fp):
     assert sorted(idx.tolist()) == list(range(517))
 
 
+@pytest.mark.parametrize("io", ["mmap", "pread", "direct"])
+def test_records_of_no_bytes(dataset_factory, fp, io):
+    """A column of shape (n, 0), which numpy writes and reads, gives (b, 0) batches beside the others."""
+    ds, arrays, _ = dataset_factory(61, {"empty": ("float32", (0,)), "x": ("int16", (3,))})
+    ld = fp.quiet_loader(ds, 8, shuffle=True, seed=3, io=io)
+    assert ld.io_modes[1] == "none", ld.io_modes
+    batches = fp.epoch(ld)
+    assert [b["empty"].shape for b in batches] == [(len(b["idx"]), 0) for b in batches]
+    assert sorted(fp.verify(batches, arrays).tolist()) == list(range(61))
+
+
+def test_dataset_of_records_with_no_bytes(tmp_path, fp):
+    np.save(tmp_path / "e.npy", np.zeros((10, 3, 0), np.uint8))
+    ld = fp.loader(fastpipe.NpyDataset(str(tmp_path / "e.npy")), 4)
+    assert [tuple(b.shape) for b in ld] == [(4, 3, 0), (4, 3, 0), (2, 3, 0)]
+    assert ld.stats()["batches"] == 3 and ld.stats()["bytes_read"] == 0
+
+
 def test_shuffle_false_is_in_order(dataset_factory, fp):
     n = 1_003
     ds, arrays, _ = dataset_factory(n, {"x": ("int32", (3,))})
