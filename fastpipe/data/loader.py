@@ -208,9 +208,20 @@ class Loader:
         return shard(order, rank=self.rank, world_size=self.world_size, remainder=self.shard_remainder)
 
     def set_epoch(self, epoch):
-        """Sets the epoch of the next iteration (its shuffle); later iterations count on from it."""
+        """Sets the epoch of the next iteration (its shuffle); later iterations count on from it.
+
+        Like a new ``iter()`` or :meth:`load_state_dict`, this ends the pass in progress: its iterator
+        raises if used again, and :meth:`state_dict` reports ``(epoch, 0)``.
+        """
         self.epoch = int(epoch)
         self._resume = None
+        self._supersede("set_epoch()")
+
+    def _supersede(self, by):
+        """Ends the current pass's iterator (it raises when used again): ``by`` set a new position."""
+        if self._active is not None:
+            self._active._superseded_by = by
+            self._active = None
 
     # -- iteration ---------------------------------------------------------------------------------
 
@@ -222,9 +233,10 @@ class Loader:
         skip = 0
         if self._resume is not None and self._resume[0] == epoch:
             skip = self._resume[1]
+        indices = self._indices(epoch)
         self._resume = None
         self.epoch = epoch + 1
-        indices = self._indices(epoch)
+        self._supersede("a newer iter() of the same Loader")
         self._engine.start(indices[skip * self.batch_size:], self.drop_last)
         self._active = _EpochIterator(self, epoch, skip)
         return self._active
@@ -232,7 +244,12 @@ class Loader:
     # -- resume ------------------------------------------------------------------------------------
 
     def state_dict(self):
-        """The loader's position as a JSON-serialisable dict (see :meth:`load_state_dict`)."""
+        """The loader's position as a JSON-serialisable dict (see :meth:`load_state_dict`).
+
+        The position is that of the next batch: of the live iterator while one is in progress (also
+        after a ``break`` out of it: continuing it yields that batch), else the first batch of the next
+        ``iter()``. After an epoch's last batch it is the next epoch's first batch.
+        """
         if self._resume is not None:
             epoch, batch = self._resume
         elif self._active is not None and not self._active._done:
@@ -257,11 +274,15 @@ class Loader:
             if state.get(key) != mine[key]:
                 raise ValueError(f"state_dict was saved with {key}={state.get(key)!r} but this loader has "
                                  f"{key}={mine[key]!r}; resuming would yield different batches")
-        epoch, batch = int(state["epoch"]), int(state["batch"])
-        if not 0 <= batch <= len(self):
+        epoch, batch = state.get("epoch"), state.get("batch")
+        for key, value in (("epoch", epoch), ("batch", batch)):
+            if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+                raise ValueError(f"state_dict {key} must be a non-negative int, got {value!r}")
+        if batch > len(self):
             raise ValueError(f"state_dict batch {batch} is out of range for {len(self)} batches per epoch")
         self.epoch = epoch
         self._resume = (epoch, batch)
+        self._supersede("load_state_dict()")
 
     # -- statistics and lifetime -------------------------------------------------------------------
 
@@ -299,9 +320,9 @@ class Loader:
 
 
 class _EpochIterator:
-    """One pass over the loader; a new iter(loader) supersedes it."""
+    """One pass over the loader; a new iter(), set_epoch() or load_state_dict() supersedes it."""
 
-    __slots__ = ("_loader", "_engine", "_pack", "_timeout", "epoch", "position", "_done")
+    __slots__ = ("_loader", "_engine", "_pack", "_timeout", "epoch", "position", "_done", "_superseded_by")
 
     def __init__(self, loader, epoch, skip):
         self._loader = loader
@@ -311,6 +332,7 @@ class _EpochIterator:
         self.epoch = epoch
         self.position = skip
         self._done = False
+        self._superseded_by = None
 
     def __iter__(self):
         return self
@@ -318,8 +340,8 @@ class _EpochIterator:
     def __next__(self):
         if self._done:
             raise StopIteration
-        if self._loader._active is not self:
-            raise RuntimeError("this iterator was superseded by a newer iter() of the same Loader")
+        if self._superseded_by is not None:
+            raise RuntimeError(f"this iterator was superseded by {self._superseded_by}: iterate the Loader anew")
         tensors = self._engine.next(self._timeout)
         if tensors is None:
             self._done = True

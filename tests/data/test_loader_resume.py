@@ -223,3 +223,198 @@ def test_incompatible_state_is_rejected(fp, setup, dataset_factory, change):
         words = {"batch_size": "batch", "seed": "seed", "shuffle": "shuffle", "world_size": "world",
                  "drop_last": "drop"}
         assert words[key] in str(ei.value).lower(), f"message does not name {key}: {ei.value}"
+
+
+# ---------------------------------------------------------------- every way the position can change
+# Each test checks state_dict() against the batches a fresh loader yields from it, and against the
+# uninterrupted reference run.
+
+
+def position(ld):
+    sd = ld.state_dict()
+    return sd["epoch"], sd["batch"]
+
+
+def resumes_to(fp, ds, sd, want):
+    """A fresh loader resumed from sd yields exactly `want` (a list of numpy batches)."""
+    b = fp.loader(ds, B, shuffle=True, seed=31)
+    b.load_state_dict(roundtrip(sd))
+    got = fp.epoch(b)
+    assert fp.same_batches(got, want), describe(got, want, fp)
+
+
+def test_break_then_set_epoch(fp, setup):
+    ds, _ = setup
+    ref = reference(fp, ds, epochs=6)
+    a = fp.loader(ds, B, shuffle=True, seed=31)
+    for i, _ in enumerate(a):
+        if i == 2:
+            break
+    assert position(a) == (0, 3), "after a break the live iterator's next batch is the position"
+    a.set_epoch(5)
+    assert position(a) == (5, 0)
+    resumes_to(fp, ds, a.state_dict(), ref[5])
+    assert fp.same_batches(fp.epoch(a), ref[5])
+
+
+def test_break_then_a_new_iter(fp, setup):
+    ds, _ = setup
+    ref = reference(fp, ds, epochs=2)
+    a = fp.loader(ds, B, shuffle=True, seed=31)
+    for i, _ in enumerate(a):
+        if i == 4:
+            break
+    it = iter(a)  # a new pass: the next epoch
+    assert position(a) == (1, 0)
+    assert fp.same_batches(fp.take(it, 2), ref[1][:2])
+    assert position(a) == (1, 2)
+    resumes_to(fp, ds, a.state_dict(), ref[1][2:])
+
+
+def test_two_iterators_at_once(fp, setup):
+    ds, _ = setup
+    ref = reference(fp, ds, epochs=2)
+    a = fp.loader(ds, B, shuffle=True, seed=31)
+    first = iter(a)
+    assert fp.same_batches(fp.take(first, 3), ref[0][:3])
+    second = iter(a)
+    with pytest.raises(RuntimeError, match="superseded by a newer iter"):
+        next(first)
+    assert position(a) == (1, 0), "the newest iterator owns the position"
+    assert fp.same_batches(fp.take(second, 1), ref[1][:1])
+    with pytest.raises(RuntimeError, match="superseded"):
+        next(first)  # still superseded, and it did not disturb the new pass
+    assert fp.same_batches(fp.epoch(second), ref[1][1:])
+
+
+@pytest.mark.parametrize("then", ["set_epoch", "load_state_dict"])
+def test_an_iterator_is_superseded_by_a_new_position(fp, setup, then):
+    ds, _ = setup
+    ref = reference(fp, ds, epochs=3)
+    a = fp.loader(ds, B, shuffle=True, seed=31)
+    it = iter(a)
+    fp.take(it, 2)
+    sd = a.state_dict()
+    fp.take(it, 3)
+    if then == "set_epoch":
+        a.set_epoch(2)
+        want, pos = ref[2], (2, 0)
+    else:
+        a.load_state_dict(sd)
+        want, pos = ref[0][2:], (0, 2)
+    with pytest.raises(RuntimeError, match=f"superseded by {then}"):
+        next(it)
+    assert position(a) == pos
+    assert fp.same_batches(fp.epoch(a), want)
+
+
+def test_resume_then_set_epoch(fp, setup):
+    """load_state_dict() then set_epoch(): the explicit epoch wins and starts at its first batch."""
+    ds, _ = setup
+    ref = reference(fp, ds, epochs=3)
+    a = fp.loader(ds, B, shuffle=True, seed=31)
+    it = iter(a)
+    fp.take(it, 6)
+    b = fp.loader(ds, B, shuffle=True, seed=31)
+    b.load_state_dict(roundtrip(a.state_dict()))
+    assert position(b) == (0, 6)
+    b.set_epoch(2)
+    assert position(b) == (2, 0)
+    resumes_to(fp, ds, b.state_dict(), ref[2])
+    assert fp.same_batches(fp.epoch(b), ref[2])
+
+
+def test_resumed_then_partly_iterated_then_set_epoch(fp, setup):
+    ds, _ = setup
+    ref = reference(fp, ds, epochs=2)
+    b = fp.loader(ds, B, shuffle=True, seed=31)
+    b.load_state_dict({**b.state_dict(), "epoch": 0, "batch": 30})
+    it = iter(b)
+    assert fp.same_batches(fp.take(it, 1), ref[0][30:31])
+    assert position(b) == (0, 31)
+    b.set_epoch(1)
+    assert position(b) == (1, 0)
+    assert fp.same_batches(fp.epoch(b), ref[1])
+
+
+def test_state_after_the_last_batch(fp, setup):
+    ds, _ = setup
+    ref = reference(fp, ds, epochs=2)
+    a = fp.loader(ds, B, shuffle=True, seed=31)
+    it = iter(a)
+    fp.take(it, len(a))  # every batch, StopIteration not reached yet
+    assert position(a) == (1, 0)
+    with pytest.raises(StopIteration):
+        next(it)
+    assert position(a) == (1, 0)
+    resumes_to(fp, ds, a.state_dict(), ref[1])
+
+
+class EpochPermutation:
+    """A custom sampler: a seeded permutation of a subset, new each epoch (set_epoch)."""
+
+    def __init__(self, n, seed):
+        self.n, self.seed, self.epoch = n, seed, 0
+
+    def set_epoch(self, epoch):
+        self.epoch = epoch
+
+    def __iter__(self):
+        order = np.random.default_rng([self.seed, self.epoch]).permutation(self.n)
+        return iter(order[: self.n - 50].tolist())
+
+    def __len__(self):
+        return self.n - 50
+
+
+def test_resume_with_a_custom_sampler(fp, setup):
+    ds, arrays = setup
+    sampler = EpochPermutation(N, 4)
+    full = fp.loader(ds, B, sampler=EpochPermutation(N, 4))
+    ref = [fp.epoch(full), fp.epoch(full)]
+    want = [list(EpochPermutation(N, 4).__iter__())]
+    s1 = EpochPermutation(N, 4)
+    s1.set_epoch(1)
+    want.append(list(s1))
+    for e in range(2):  # the reference follows the sampler, and the sampler's epochs differ
+        assert np.concatenate(fp.batch_idx(ref[e])).tolist() == want[e]
+        fp.verify(ref[e], arrays)
+    a = fp.loader(ds, B, sampler=sampler)
+    fp.epoch(a)
+    it = iter(a)
+    fp.take(it, 7)
+    sd = roundtrip(a.state_dict())
+    assert (sd["epoch"], sd["batch"]) == (1, 7)
+    b = fp.loader(ds, B, sampler=EpochPermutation(N, 4))
+    b.load_state_dict(sd)
+    assert fp.same_batches(fp.epoch(b), ref[1][7:])
+
+
+@pytest.mark.parametrize(
+    "bad,message",
+    [
+        (lambda sd: "not a dict", "not a fastpipe Loader state"),
+        (lambda sd: {"epoch": 0, "batch": 0}, "not a fastpipe Loader state"),
+        (lambda sd: {**sd, "format": "fastpipe.Loader/0"}, "not a fastpipe Loader state"),
+        (lambda sd: {**sd, "batch": 33}, "batch 33 is out of range for 32 batches"),
+        (lambda sd: {**sd, "batch": -1}, "batch must be a non-negative int"),
+        (lambda sd: {**sd, "batch": 1.5}, "batch must be a non-negative int"),
+        (lambda sd: {**sd, "epoch": "3"}, "epoch must be a non-negative int"),
+        (lambda sd: {k: v for k, v in sd.items() if k != "epoch"}, "epoch must be a non-negative int"),
+        (lambda sd: {**sd, "rank": 1, "world_size": 2}, "saved with rank=1"),
+        (lambda sd: {**sd, "shard_remainder": "drop"}, "saved with shard_remainder='drop'"),
+    ],
+    ids=["type", "no-format", "old-format", "batch-past-end", "negative-batch", "float-batch", "str-epoch",
+         "no-epoch", "rank", "shard_remainder"],
+)
+def test_malformed_or_foreign_state_is_rejected_and_changes_nothing(fp, setup, bad, message):
+    ds, _ = setup
+    ref = reference(fp, ds, epochs=1)
+    a = fp.loader(ds, B, shuffle=True, seed=31)
+    it = iter(a)
+    fp.take(it, 4)
+    before = a.state_dict()
+    with pytest.raises(ValueError, match=message):
+        a.load_state_dict(bad(before))
+    assert a.state_dict() == before
+    assert fp.same_batches(fp.epoch(it), ref[0][4:]), "a rejected state disturbed the live iterator"
