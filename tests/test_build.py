@@ -49,7 +49,9 @@ def test_build_info_values_consistent():
 def test_build_info_is_json_serialisable():
     import json
 
-    json.dumps(fastpipe.build_info())
+    info = fastpipe.build_info()
+    assert json.loads(json.dumps(info)) == info
+    assert set(info) == {"version", "torch_version", "cuda", "cuda_archs", "cuda_available", "device"}
 
 
 def test_build_info_returns_a_fresh_dict():

@@ -49,31 +49,9 @@ constexpr double kSignalCheckSeconds = 0.05;
 constexpr std::chrono::microseconds kPollInterval(100);
 constexpr std::chrono::milliseconds kPollFor(50);
 
-const char* mode_name(FileMode m) {
-  switch (m) {
-    case FileMode::kMmap: return "mmap";
-    case FileMode::kDirect: return "direct";
-    default: return "pread";
-  }
-}
-
 int64_t mem_available_bytes() {
   const long pages = sysconf(_SC_AVPHYS_PAGES);
   return pages > 0 ? static_cast<int64_t>(pages) * sysconf(_SC_PAGE_SIZE) : 0;
-}
-
-FileMode choose_mode(IoMode io, const ColumnSpec& c, int64_t total_data_bytes) {
-  switch (io) {
-    case IoMode::kMmap: return FileMode::kMmap;
-    case IoMode::kPread: return FileMode::kBuffered;
-    case IoMode::kDirect: return FileMode::kDirect;
-    case IoMode::kAuto: break;
-  }
-  // Large records of data that cannot stay in the page cache are read around it (buffered reads would
-  // evict other pages and then miss anyway). Otherwise a mapping: a gather is one memcpy per record,
-  // without a system call, and measured faster than pread for page-cached records of every size.
-  if (c.record_bytes >= kSmallRecord && total_data_bytes > mem_available_bytes() / 2) return FileMode::kDirect;
-  return FileMode::kMmap;
 }
 
 template <typename T>
@@ -96,6 +74,33 @@ WidenFn widen_for(int bytes, bool is_signed) {
 }
 
 }  // namespace
+
+const char* mode_name(FileMode m) {
+  switch (m) {
+    case FileMode::kMmap: return "mmap";
+    case FileMode::kDirect: return "direct";
+    default: return "pread";
+  }
+}
+
+FileMode choose_mode(IoMode io, int64_t record_bytes, int64_t total_data_bytes, int64_t mem_available) {
+  switch (io) {
+    case IoMode::kMmap: return FileMode::kMmap;
+    case IoMode::kPread: return FileMode::kBuffered;
+    case IoMode::kDirect: return FileMode::kDirect;
+    case IoMode::kAuto: break;
+  }
+  // Large records of data that cannot stay in the page cache are read around it (buffered reads would
+  // evict other pages and then miss anyway). Otherwise a mapping: a gather is one memcpy per record,
+  // without a system call, and measured faster than pread for page-cached records of every size.
+  if (record_bytes >= kSmallRecord && total_data_bytes > mem_available / 2) return FileMode::kDirect;
+  return FileMode::kMmap;
+}
+
+int default_num_threads(long cores, bool any_direct) {
+  const int threads = static_cast<int>(std::clamp<long>(cores, 2, kMaxDefaultThreads));
+  return any_direct ? std::max(threads, kDirectDefaultThreads) : threads;
+}
 
 enum class SlotState { kFree, kFilling, kReady, kLeased };
 
@@ -135,7 +140,11 @@ struct EngineState {
   std::mutex mu;
   std::condition_variable work_cv;   // reader threads: work or stop
   std::condition_variable ready_cv;  // consumer: a batch finished
-  std::condition_variable stop_cv;   // test hook read_delay: stop
+  // Test hooks (Engine::set_poison, Engine::hold_reads).
+  std::atomic<bool> poison{false};
+  std::atomic<bool> hold_reads{false};
+  int held_reads = 0;
+  std::condition_variable gate_cv;   // readers held before a chunk: released or stopped
   bool stop = false;
 
   // Current pass.
@@ -155,6 +164,7 @@ struct EngineState {
   std::atomic<int64_t> bytes_read{0};
   std::atomic<int64_t> read_ns{0};
   int64_t batches_out = 0;
+  int64_t waits = 0;
   double wait_s = 0;
   double active_s = 0;  // time inside passes: from start() to the last batch taken
   bool pass_active = false;
@@ -336,7 +346,7 @@ void read_chunk(EngineState& st, const WorkItem& w, ThreadBuffers& tb) {
   }
   char* base = st.slot_data(w.slot);
   if (st.opt.before_slot_fill) st.opt.before_slot_fill(w.slot);
-  if (st.opt.poison)
+  if (st.poison.load(std::memory_order_relaxed))
     for (const OutputLayout& out : st.outputs)
       std::memset(base + out.offset + w.first * out.record_bytes, 0xA5, static_cast<size_t>(w.count * out.record_bytes));
   for (const Column& c : st.columns) {
@@ -414,16 +424,18 @@ void reader_loop(std::shared_ptr<EngineState> sp, int thread_index) {
       ++st.next_batch;
     }
     const bool more = st.has_work();  // hand the rest to a sleeping reader, whoever is polling
+    if (st.hold_reads.load(std::memory_order_relaxed)) {  // test hook: a stalled read, until released
+      ++st.held_reads;
+      st.gate_cv.wait(lk, [&] { return st.stop || !st.hold_reads; });
+      --st.held_reads;
+      if (st.stop) return;
+    }
     lk.unlock();
     if (more) st.work_cv.notify_one();
 
     std::exception_ptr err;
     const auto t0 = Clock::now();
     try {
-      if (st.opt.read_delay_s > 0) {
-        std::unique_lock<std::mutex> dl(st.mu);
-        st.stop_cv.wait_for(dl, std::chrono::duration<double>(st.opt.read_delay_s), [&] { return st.stop; });
-      }
       read_chunk(st, w, tb);
     } catch (...) {
       err = std::current_exception();
@@ -524,7 +536,8 @@ Engine::Engine(std::vector<ColumnSpec> columns, EngineOptions opt) : owner_pid_(
       offset = align_up(offset + s.record_bytes * opt.batch_size, kDirectAlign);
     }
     st->record_bytes_total += s.record_bytes;
-    c.file = std::make_unique<File>(s.path, choose_mode(opt.io, s, total_data), s.record_bytes < kSmallRecord);
+    c.file = std::make_unique<File>(s.path, choose_mode(opt.io, s.record_bytes, total_data, mem_available_bytes()),
+                                    s.record_bytes < kSmallRecord);
     if (!c.file->fallback_reason().empty())
       st->warnings.push_back("'" + s.path + "': io='direct' unavailable, " + c.file->fallback_reason() +
                              "; using buffered reads");
@@ -540,9 +553,9 @@ Engine::Engine(std::vector<ColumnSpec> columns, EngineOptions opt) : owner_pid_(
   if (opt.num_threads == 0) {
     cpu_set_t set;
     const long cores = sched_getaffinity(0, sizeof(set), &set) == 0 ? CPU_COUNT(&set) : sysconf(_SC_NPROCESSORS_ONLN);
-    opt.num_threads = static_cast<int>(std::clamp<long>(cores, 2, kMaxDefaultThreads));
-    for (const Column& c : st->columns)
-      if (c.file->mode() == FileMode::kDirect) opt.num_threads = std::max(opt.num_threads, kDirectDefaultThreads);
+    bool any_direct = false;
+    for (const Column& c : st->columns) any_direct |= c.file->mode() == FileMode::kDirect;
+    opt.num_threads = default_num_threads(cores, any_direct);
     st->opt.num_threads = opt.num_threads;
   }
   {
@@ -602,7 +615,7 @@ void Engine::close() {
   }
   state_->work_cv.notify_all();
   state_->ready_cv.notify_all();
-  state_->stop_cv.notify_all();
+  state_->gate_cv.notify_all();
   for (auto& t : threads_) t.join();
   threads_.clear();
   std::lock_guard<std::mutex> lk(state_->mu);
@@ -687,6 +700,7 @@ std::shared_ptr<Lease> Engine::next(double timeout_s, const std::function<void()
     st.end_pass_locked();
     return nullptr;
   }
+  if (!ready_locked()) ++st.waits;
   while (!ready_locked()) {
     const double waited = seconds_since(t0);
     if (timeout_s >= 0 && waited >= timeout_s) {
@@ -754,7 +768,23 @@ EngineStats Engine::stats() const {
   s.num_slots = static_cast<int>(st.slots.size());
   s.slots_leased = st.leased_slots;
   s.num_threads = static_cast<int>(threads_.size());
+  s.waits = st.waits;
   return s;
+}
+
+void Engine::set_poison(bool on) { state_->poison = on; }
+
+void Engine::hold_reads(bool on) {
+  {
+    std::lock_guard<std::mutex> lk(state_->mu);
+    state_->hold_reads = on;
+  }
+  state_->gate_cv.notify_all();
+}
+
+int Engine::held_reads() const {
+  std::lock_guard<std::mutex> lk(state_->mu);
+  return state_->held_reads;
 }
 
 }  // namespace fastpipe

@@ -46,8 +46,6 @@ struct EngineOptions {
   int prefetch = 2;   // batches read ahead of the consumer
   int num_slots = 4;  // arena slots, >= prefetch + 1
   IoMode io = IoMode::kAuto;
-  double read_delay_s = 0;  // test hook: each chunk sleeps this long (interruptible) before reading
-  bool poison = false;      // test hook: fill slots with 0xA5 before reading into them
   // Device hooks; the engine itself knows nothing of devices. on_arena_alloc/free: once with the arena
   // after it is allocated and before it is freed (e.g. to page-lock it). on_slot_release: in the thread
   // that drops the last reference to a batch (e.g. to record an event after the copies queued from
@@ -68,6 +66,7 @@ struct EngineStats {
   int num_slots = 0;
   int slots_leased = 0;
   int num_threads = 0;
+  int64_t waits = 0;         // next() calls that found no batch ready and waited
 };
 
 // An output region inside every slot: `record_bytes` per record, records back to back.
@@ -75,6 +74,15 @@ struct OutputLayout {
   int64_t offset;
   int64_t record_bytes;
 };
+
+// The engine's policies as pure functions (applied by the engine, checked by tests on any figures).
+// How a column is read: as `io` says, or for kAuto a mapping, except records of 64 KiB or more whose
+// data exceeds half the available memory, read with O_DIRECT.
+FileMode choose_mode(IoMode io, int64_t record_bytes, int64_t total_data_bytes, int64_t mem_available);
+// Reader threads when none are asked for: the cores, 2 to 8, and at least 16 when a column is read
+// with O_DIRECT (its threads mostly wait on the device).
+int default_num_threads(long cores, bool any_direct);
+const char* mode_name(FileMode m);  // "mmap", "pread" or "direct"
 
 class Engine;
 struct EngineState;
@@ -121,6 +129,14 @@ class Engine {
   std::vector<std::string> warnings() const;  // e.g. O_DIRECT fallbacks
   int64_t num_batches() const;
   EngineStats stats() const;
+
+  // Test hooks, reached through the engine object (never through the Loader's signature).
+  // Poison: readers fill each slot region with 0xA5 before reading into it, so that a batch whose slot
+  // was reused too early shows. Hold reads: reader threads stop before each chunk until released (or
+  // closed); held_reads() is how many wait there, so tests synchronise on it instead of sleeping.
+  void set_poison(bool on);
+  void hold_reads(bool on);
+  int held_reads() const;
 
  private:
   void check_usable() const;

@@ -39,8 +39,10 @@ class DictParser {
   [[noreturn]] void fail(const std::string& what) const {
     throw Error(ErrorKind::kValue, path_ + ": invalid .npy header: " + what + " (header: " + s_ + ")");
   }
+  // Python's whitespace between tokens (inside brackets newlines join lines): not isspace's vertical
+  // tab, which numpy's literal_eval refuses.
   void skip_ws() {
-    while (i_ < s_.size() && std::isspace(static_cast<unsigned char>(s_[i_]))) ++i_;
+    while (i_ < s_.size() && std::strchr(" \t\n\r\f", s_[i_]) != nullptr && s_[i_] != '\0') ++i_;
   }
   bool eat(char c) {
     skip_ws();

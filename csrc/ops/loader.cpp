@@ -119,7 +119,7 @@ class PyEngine {
  public:
   PyEngine(const std::vector<py::dict>& columns, const std::vector<std::pair<std::string, std::vector<int64_t>>>& outputs,
            int64_t batch_size, int num_threads, int prefetch, int num_slots, const std::string& io,
-           double read_delay, bool poison, bool pin_memory) {
+           bool pin_memory) {
     std::vector<ColumnSpec> specs;
     for (const py::dict& d : columns) {
       ColumnSpec s;
@@ -138,8 +138,6 @@ class PyEngine {
     opt.prefetch = prefetch;
     opt.num_slots = num_slots;
     opt.io = parse_io(io);
-    opt.read_delay_s = read_delay;
-    opt.poison = poison;
     if (pin_memory) pin_arena(opt);
     {
       py::gil_scoped_release nogil;  // opening files and touching the arena can take a while
@@ -210,6 +208,7 @@ class PyEngine {
     d["num_slots"] = s.num_slots;
     d["slots_leased"] = s.slots_leased;
     d["num_threads"] = s.num_threads;
+    d["waits"] = s.waits;
     return d;
   }
 
@@ -220,6 +219,9 @@ class PyEngine {
   std::vector<std::string> io_modes() const { return engine_->io_modes(); }
   std::vector<std::string> warnings() const { return engine_->warnings(); }
   int64_t num_batches() const { return engine_->num_batches(); }
+  void set_poison(bool on) { engine_->set_poison(on); }
+  void hold_reads(bool on) { engine_->hold_reads(on); }
+  int held_reads() const { return engine_->held_reads(); }
 
  private:
   std::unique_ptr<Engine> engine_;
@@ -250,18 +252,31 @@ void bind_loader(py::module& m) {
       py::arg("buf"), py::arg("file_size"), py::arg("path") = "<bytes>",
       "Validates a .npy header held in memory (the first bytes of a file of file_size bytes).");
 
+  m.def(
+      "_io_policy",
+      [](const std::string& io, int64_t record_bytes, int64_t total_bytes, int64_t mem_available) {
+        return std::string(mode_name(choose_mode(parse_io(io), record_bytes, total_bytes, mem_available)));
+      },
+      py::arg("io"), py::arg("record_bytes"), py::arg("total_bytes"), py::arg("mem_available"),
+      "The read mode the engine picks for a column (tests check the policy on any figures).");
+  m.def("_default_num_threads", &default_num_threads, py::arg("cores"), py::arg("any_direct"),
+        "The reader threads the engine starts when none are asked for.");
+
   py::class_<PyEngine>(m, "Engine")
       .def(py::init<const std::vector<py::dict>&, const std::vector<std::pair<std::string, std::vector<int64_t>>>&,
-                    int64_t, int, int, int, const std::string&, double, bool, bool>(),
+                    int64_t, int, int, int, const std::string&, bool>(),
            py::arg("columns"), py::arg("outputs"), py::arg("batch_size"), py::arg("num_threads"), py::arg("prefetch"),
-           py::arg("num_slots"), py::arg("io"), py::arg("read_delay") = 0.0, py::arg("poison") = false,
-           py::arg("pin_memory") = false)
+           py::arg("num_slots"), py::arg("io"), py::arg("pin_memory") = false)
       .def("start", &PyEngine::start, py::arg("indices"), py::arg("drop_last"))
       .def("next", &PyEngine::next, py::arg("timeout"))
       .def("stats", &PyEngine::stats)
       .def("close", &PyEngine::close)
       .def("io_modes", &PyEngine::io_modes)
       .def("warnings", &PyEngine::warnings)
+      // Test hooks (core/engine.h): tests/data/conftest.py reaches them through loader._engine.
+      .def("_set_poison", &PyEngine::set_poison, py::arg("on"))
+      .def("_hold_reads", &PyEngine::hold_reads, py::arg("on"))
+      .def("_held_reads", &PyEngine::held_reads)
       .def_property_readonly("num_batches", &PyEngine::num_batches);
 }
 

@@ -1,6 +1,7 @@
 """Loader: a drop-in replacement for torch.utils.data.DataLoader over on-disk tensor datasets."""
 
 import math
+import numbers
 import os
 import warnings
 import weakref
@@ -67,7 +68,7 @@ class Loader:
     device : str
         ``"cpu"``. (``"cuda"`` is not implemented yet.)
     num_threads : int, optional
-        Reader threads; default: the cores, between 2 and 8 (at least 8 when reading with O_DIRECT,
+        Reader threads; default: the cores, between 2 and 8 (at least 16 when reading with O_DIRECT,
         whose threads mostly wait on the device).
     prefetch : int, optional
         Batches read ahead of the training loop (>= 1). The arena holds ``prefetch + 2`` batches.
@@ -82,10 +83,11 @@ class Loader:
     io : {"auto", "mmap", "pread", "direct"}
         How records are read. "mmap" gathers small records from a mapping, "pread" reads with
         pread(2) (sequential runs coalesced), "direct" bypasses the page cache with O_DIRECT (falls back
-        to buffered reads, with a warning, where the filesystem refuses it). "auto" uses mmap for
-        records under 64 KiB, else direct when the data exceeds half the free memory, else pread.
+        to buffered reads, with a warning, where the filesystem refuses it). "auto" uses direct for
+        records of 64 KiB or more when the data exceeds half the available memory, else mmap.
     timeout : float or None
-        Seconds to wait for a batch before raising TimeoutError (None or 0: wait forever).
+        Seconds to wait for a batch before raising TimeoutError (None or 0: wait forever). The
+        ``timeout`` attribute may be changed later; it applies from the next batch on.
     sampler : iterable of int, optional
         A custom epoch order (as DataLoader's ``sampler``); ``set_epoch`` is forwarded to it.
 
@@ -108,8 +110,7 @@ class Loader:
                  num_threads=None, prefetch=None, rank=None, world_size=None, shard_remainder="pad", io="auto",
                  timeout=120.0, sampler=None, generator=None, num_workers=0, pin_memory=False,
                  prefetch_factor=None, persistent_workers=False, collate_fn=None, worker_init_fn=None,
-                 batch_sampler=None, multiprocessing_context=None, pin_memory_device="", in_order=True,
-                 _read_delay=0.0, _poison=False):
+                 batch_sampler=None, multiprocessing_context=None, pin_memory_device="", in_order=True):
         if not isinstance(dataset, ColumnSource):
             raise TypeError(
                 f"fastpipe.Loader reads NpyDataset and TokenDataset, got {type(dataset).__name__}. Convert a "
@@ -165,19 +166,29 @@ class Loader:
         self.sampler = sampler
         self.rank, self.world_size = _distributed_defaults(rank, world_size)
         self.shard_remainder = shard_remainder
-        self.timeout = -1.0 if not timeout else float(timeout)
+        self.timeout = timeout
         self.epoch = 0
         self._resume = None  # (epoch, batches to skip) from load_state_dict
         self._active = None  # the iterator of the current pass
         self._engine_args = dict(
             columns=dataset._engine_columns(), outputs=dataset._engine_outputs(), batch_size=batch_size,
-            num_threads=int(num_threads), prefetch=prefetch, num_slots=prefetch + 2, io=io,
-            read_delay=float(_read_delay), poison=bool(_poison), pin_memory=pin,
+            num_threads=int(num_threads), prefetch=prefetch, num_slots=prefetch + 2, io=io, pin_memory=pin,
         )
         self._open_engine()
         for w in self._engine.warnings():
             warnings.warn(w, stacklevel=2)
         self.io_modes = self._engine.io_modes()
+
+    @property
+    def timeout(self):
+        """Seconds ``next()`` waits for a batch before TimeoutError (None: forever); may be changed."""
+        return None if self._timeout < 0 else self._timeout
+
+    @timeout.setter
+    def timeout(self, value):
+        if value is not None and (not isinstance(value, numbers.Real) or isinstance(value, bool) or not value >= 0):
+            raise ValueError(f"timeout must be None or a non-negative number of seconds, got {value!r}")
+        self._timeout = -1.0 if not value else float(value)
 
     def _open_engine(self):
         self._engine = _C.Engine(**self._engine_args)
@@ -296,7 +307,8 @@ class Loader:
             last batch), read_gbps (bytes_read / wall_seconds), read_seconds (summed over reader
             threads), wait_seconds (the training loop blocked waiting for data), wait_fraction
             (wait_seconds / wall_seconds), arena_bytes (the fixed memory budget), num_slots,
-            slots_leased (batches the program still holds), num_threads.
+            slots_leased (batches the program still holds), num_threads, waits (batches the
+            training loop asked for before they were ready).
         """
         s = self._engine.stats()
         wall = s["wall_seconds"]
@@ -322,13 +334,12 @@ class Loader:
 class _EpochIterator:
     """One pass over the loader; a new iter(), set_epoch() or load_state_dict() supersedes it."""
 
-    __slots__ = ("_loader", "_engine", "_pack", "_timeout", "epoch", "position", "_done", "_superseded_by")
+    __slots__ = ("_loader", "_engine", "_pack", "epoch", "position", "_done", "_superseded_by")
 
     def __init__(self, loader, epoch, skip):
         self._loader = loader
         self._engine = loader._engine
         self._pack = loader.dataset._pack
-        self._timeout = loader.timeout
         self.epoch = epoch
         self.position = skip
         self._done = False
@@ -342,7 +353,7 @@ class _EpochIterator:
             raise StopIteration
         if self._superseded_by is not None:
             raise RuntimeError(f"this iterator was superseded by {self._superseded_by}: iterate the Loader anew")
-        tensors = self._engine.next(self._timeout)
+        tensors = self._engine.next(self._loader._timeout)
         if tensors is None:
             self._done = True
             raise StopIteration

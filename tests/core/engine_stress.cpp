@@ -65,8 +65,8 @@ void run(const std::string& path, IoMode io, int threads) {
   opt.prefetch = 2;
   opt.num_slots = 5;
   opt.io = io;
-  opt.poison = true;  // a slot reused too early shows as wrong bytes
   Engine engine({c}, opt);
+  engine.set_poison(true);  // a slot reused too early shows as wrong bytes
   std::mt19937 rng(1234 + threads);
   std::mutex mu;
   std::deque<std::shared_ptr<Lease>> held;

@@ -16,6 +16,7 @@ import struct
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 import types
 import warnings
@@ -40,6 +41,9 @@ TORCH_DTYPES = {
 # Generous so that a broken loader fails with TimeoutError instead of hanging the run, yet far above
 # anything a working loader needs for a few hundred KB.
 LOADER_TIMEOUT = 30.0
+# Seconds after which something that should happen is called a hang. Only ever an upper bound on a
+# wait: the tests measure no speed and synchronise with the engine's own counters, never with sleeps.
+HANG = 30.0
 
 
 @pytest.fixture
@@ -211,8 +215,8 @@ def count_fds():
     return len(os.listdir("/proc/self/fd"))
 
 
-def wait_until(cond, timeout=5.0, interval=0.02):
-    """Polls cond() until it is true or timeout seconds passed; returns its last value."""
+def wait_until(cond, timeout=HANG, interval=0.005):
+    """Polls cond() until it is true or timeout seconds passed (a hang); returns its last value."""
     deadline = time.monotonic() + timeout
     while True:
         gc.collect()
@@ -220,6 +224,47 @@ def wait_until(cond, timeout=5.0, interval=0.02):
         if v or time.monotonic() > deadline:
             return v
         time.sleep(interval)
+
+
+def finishes(fn, what, timeout=HANG):
+    """fn()'s result, run in a thread; fails the test if it has not returned within ``timeout`` seconds
+    (a hang: e.g. close() waiting for a read that never ends). fn's exception is re-raised here."""
+    result = {}
+
+    def run():
+        try:
+            result["value"] = fn()
+        except BaseException as e:  # noqa: BLE001
+            result["error"] = e
+
+    t = threading.Thread(target=run, daemon=True)
+    t.start()
+    t.join(timeout)
+    if t.is_alive():
+        pytest.fail(f"{what} did not return within {timeout:.0f} s", pytrace=False)
+    if "error" in result:
+        raise result["error"]
+    return result.get("value")
+
+
+def hooks(ld, poison=False, hold_reads=False):
+    """Sets the engine's test hooks (csrc/core/engine.h) on a loader and returns it.
+
+    poison: readers fill each slot region with 0xA5 before reading into it (a slot reused too early
+    shows as wrong bytes). hold_reads: every read stalls before it starts until ``release(ld)``.
+    """
+    ld._engine._set_poison(poison)
+    ld._engine._hold_reads(hold_reads)
+    return ld
+
+
+def held_reads(ld):
+    """How many reader threads wait at the hold_reads gate now."""
+    return ld._engine._held_reads()
+
+
+def release(ld):
+    ld._engine._hold_reads(False)
 
 
 def run_python(code, timeout=60, env=None, args=()):
@@ -285,6 +330,11 @@ _HELPERS = types.SimpleNamespace(
     DTYPES=DTYPES,
     TORCH_DTYPES=TORCH_DTYPES,
     LOADER_TIMEOUT=LOADER_TIMEOUT,
+    HANG=HANG,
+    finishes=finishes,
+    hooks=hooks,
+    held_reads=held_reads,
+    release=release,
     random_array=random_array,
     write_columns=write_columns,
     to_np=to_np,

@@ -422,7 +422,7 @@ def test_rejected_dataloader_keywords(dataset_factory, kw):
 # ---------------------------------------------------------------- truncation after open
 
 TRUNCATE_SCRIPT = r"""
-import json, os, sys, time
+import json, os, sys
 import numpy as np
 import fastpipe
 
@@ -440,7 +440,7 @@ def scenario(mode):
     np.save(x_path, x)
     offset = os.path.getsize(x_path) - x.nbytes
     ds = fastpipe.NpyDataset({"idx": idx_path, "x": x_path})
-    ld = fastpipe.Loader(ds, B, io=io, timeout=15.0, num_threads=2)
+    ld = fastpipe.Loader(ds, B, io=io, timeout=None, num_threads=2)  # a missed error hangs: the parent sees it
     it = None
     result = {"good": 0, "error": None}
     if mode == "mid":
@@ -452,7 +452,6 @@ def scenario(mode):
             del b
     # keep records [0, K): the cut is not page aligned, so a mapping of the tail page reads zeros
     os.truncate(x_path, offset + K * 64)
-    t0 = time.monotonic()
     try:
         if it is None:
             it = iter(ld)
@@ -467,10 +466,7 @@ def scenario(mode):
         result["error"] = type(e).__name__
         result["is_oserror"] = isinstance(e, OSError)
         result["message"] = str(e)
-    result["seconds"] = time.monotonic() - t0
-    t1 = time.monotonic()
     ld.close()
-    result["close_seconds"] = time.monotonic() - t1
     return result
 
 results = {}
@@ -486,8 +482,9 @@ print(json.dumps(results))
 @pytest.mark.parametrize("io", ["mmap", "pread", "direct"])
 def test_truncated_after_open(tmp_path, rng, fp, io):
     """os.truncate after the Loader exists (before iterating, and mid-epoch) -> OSError naming the file
-    from next(); never garbage, never a crash (SIGBUS), never a hang. Runs in a child process so a
-    SIGBUS is reported, not fatal to the test run."""
+    from next(); never garbage, never a crash (SIGBUS), never a hang (the child waits for batches
+    without a timeout, so a missed error shows as a hung child). Runs in a child process so a SIGBUS
+    is reported, not fatal to the test run."""
     proc = fp.run_python(TRUNCATE_SCRIPT, timeout=100, args=(tmp_path, io, int(rng.integers(1 << 31))))
     if proc.returncode != 0:
         where = (tmp_path / "progress.txt").read_text() if (tmp_path / "progress.txt").exists() else "?"
@@ -502,52 +499,37 @@ def test_truncated_after_open(tmp_path, rng, fp, io):
         assert "victim.npy" in result["message"], f"{where}: {result['message']}"
         assert "record" in result["message"].lower(), f"{where}: no record named: {result['message']}"
         assert result["good"] <= 500 // 16, f"{where}: more batches than the remaining records allow"
-        assert result["seconds"] < 14, f"{where}: the error took about as long as the timeout (a hang)"
-        assert result["close_seconds"] < 5, f"{where}: close() was slow"
-
-
-# ---------------------------------------------------------------- timeouts
-
-
-@pytest.mark.timeout(30)
-def test_stalled_read_times_out(dataset_factory, fp):
-    ds, _, _ = dataset_factory(64, {"x": ("float32", (4,))})
-    ld = fastpipe.Loader(ds, 8, _read_delay=5, timeout=0.5)
-    t0 = time.monotonic()
-    with pytest.raises(TimeoutError) as ei:
-        next(iter(ld))
-    waited = time.monotonic() - t0
-    print(f"waited {waited:.2f}s: {ei.value}")
-    assert 0.4 <= waited < 3.0
-    assert str(ei.value)
-    t0 = time.monotonic()
-    ld.close()
-    assert time.monotonic() - t0 < 2.0, "close() waited for the stalled read"
 
 
 @pytest.mark.parametrize(
-    "shape_text,n",
-    [("(05, 2)", 5), ("(5, 2,)", 5), ("(5L, 2L)", 5), ("(7, 2), 'shape': (5, 2)", 5), ("(5, 2)\x0b", 5),
-     ("(\r5, 2)", 5)],
-    ids=["leading-zero", "trailing-comma", "py2-long", "duplicate-key", "vertical-tab", "carriage-return"],
+    "shape_text,accepted",
+    [("(05, 2)", False), ("(5, 2,)", True), ("(5L, 2L)", True), ("(7, 2), 'shape': (5, 2)", False),
+     ("(5, 2)\x0b", False), ("(\r5, 2)", True), ("(5,\x0c2)", True)],
+    ids=["leading-zero", "trailing-comma", "py2-long", "duplicate-key", "vertical-tab", "carriage-return",
+         "form-feed"],
 )
-def test_accepted_header_is_usable_everywhere(tmp_path, fp, shape_text, n):
-    """Unusual headers may be rejected (ValueError); once NpyDataset accepts one, len, ds[i] and the
-    Loader all agree on it."""
+def test_unusual_headers_like_numpy(tmp_path, fp, shape_text, accepted):
+    """Unusual headers are accepted exactly where numpy's np.load accepts them, except a duplicate key,
+    which numpy resolves silently (the last wins) and fastpipe rejects as ambiguous. Once accepted,
+    len, ds[i] and the Loader all agree with numpy."""
     data = np.arange(10, dtype="<i4").reshape(5, 2)
     path = tmp_path / "odd_header.npy"
     path.write_bytes(npy_bytes(f"{{'descr': '<i4', 'fortran_order': False, 'shape': {shape_text}}}", data.tobytes()))
-    try:
-        ds = fastpipe.NpyDataset(str(path))
-    except ValueError as e:
-        assert "odd_header.npy" in str(e)
-        return
-    assert len(ds) == n
     with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        items = [ds[i].numpy().tobytes() for i in range(n)]
-    assert items == [data[i].tobytes() for i in range(n)], "ds[i] disagrees with the accepted header"
-    got = [b.numpy().copy() for b in fastpipe.Loader(ds, 2, timeout=10.0)]
+        warnings.simplefilter("ignore")  # numpy warns about Python 2 headers
+        try:
+            numpy_reads = np.load(path).tobytes() == data.tobytes()
+        except ValueError:
+            numpy_reads = False
+    assert numpy_reads == (accepted or "'shape'" in shape_text), "the reference (numpy) changed its mind"
+    if not accepted:
+        with pytest.raises(ValueError, match="odd_header.npy: invalid .npy header"):
+            fastpipe.NpyDataset(str(path))
+        return
+    ds = fastpipe.NpyDataset(str(path))
+    assert len(ds) == 5
+    assert [ds[i].numpy().tobytes() for i in range(5)] == [data[i].tobytes() for i in range(5)]
+    got = [b.numpy().copy() for b in fp.loader(ds, 2)]
     assert np.concatenate(got).tobytes() == data.tobytes()
 
 

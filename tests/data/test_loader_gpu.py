@@ -24,11 +24,11 @@ def test_device_cuda_not_implemented_yet(tmp_path):
 
 @pytest.mark.gpu
 @needs_gpu
-def test_pin_memory_release_waits_for_queued_copies(tmp_path):
+def test_pin_memory_release_waits_for_queued_copies(tmp_path, fp):
     """Each copy is queued behind a long kernel and its host batch dropped at once: the slot must not be
     refilled before the copy ran (stream-ordered release), or the device sees the next batch's bytes."""
     x, ds = _dataset(tmp_path, n=997)
-    loader = fastpipe.Loader(ds, batch_size=32, shuffle=True, pin_memory=True, _poison=True)
+    loader = fp.hooks(fastpipe.Loader(ds, batch_size=32, shuffle=True, pin_memory=True), poison=True)
     got = []
     for b in loader:
         assert b.is_pinned()
