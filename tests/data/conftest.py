@@ -326,6 +326,29 @@ def fs_type(path):
     return kind
 
 
+def o_direct_works(directory):
+    """Whether the filesystem holding ``directory`` serves an aligned O_DIRECT read: the independent
+    check that a loader's direct-I/O fallback (or its absence) is judged against."""
+    import mmap
+
+    path = os.path.join(str(directory), f".o_direct_probe_{os.getpid()}")
+    with open(path, "wb") as f:
+        f.write(os.urandom(8192))
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_DIRECT)
+    except OSError:
+        os.remove(path)
+        return False
+    try:
+        buf = mmap.mmap(-1, 4096)  # page aligned, as O_DIRECT needs
+        return os.preadv(fd, [buf], 4096) == 4096
+    except OSError:
+        return False
+    finally:
+        os.close(fd)
+        os.remove(path)
+
+
 _HELPERS = types.SimpleNamespace(
     DTYPES=DTYPES,
     TORCH_DTYPES=TORCH_DTYPES,
@@ -354,6 +377,7 @@ _HELPERS = types.SimpleNamespace(
     loader=loader,
     quiet_loader=quiet_loader,
     fs_type=fs_type,
+    o_direct_works=o_direct_works,
 )
 
 

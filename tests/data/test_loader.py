@@ -4,6 +4,9 @@ Every dataset carries an ``idx`` column (np.arange(N)), so each batch reveals wh
 every other column is compared byte for byte with np.load(path)[idx].
 """
 
+import os
+import warnings
+
 import numpy as np
 import pytest
 import torch
@@ -165,9 +168,11 @@ def test_same_batches_whatever_io_mode(dataset_factory, fp, io):
     ref = fp.epoch(fp.loader(ds, 20, shuffle=True, seed=8, io="pread"))
     ld = fp.quiet_loader(ds, 20, shuffle=True, seed=8, io=io, num_threads=2)
     modes = list(ld.io_modes)
-    assert len(modes) == 3 and set(modes) <= {"mmap", "pread", "direct"}, modes
-    if io in ("mmap", "pread"):
-        assert modes == [io] * 3, modes
+    if io == "direct":  # where the filesystem refuses O_DIRECT, the fallback is buffered reads
+        expected = "direct" if fp.o_direct_works(os.path.dirname(ds.paths[0])) else "pread"
+    else:
+        expected = {"auto": "mmap"}.get(io, io)  # auto: records under 64 KiB are mapped
+    assert modes == [expected] * 3, modes
     got = fp.epoch(ld)
     fp.verify(got, arrays)
     assert fp.same_batches(ref, got), f"io={io} ({modes}) changed the batches"
@@ -291,10 +296,80 @@ def test_auto_with_small_and_large_records(dataset_factory, fp):
     ds, arrays, _ = dataset_factory(7, {"small": ("uint8", (5,)), "large": ("uint8", (66 * 1024,))})
     ld = fp.loader(ds, 3, shuffle=True, io="auto", num_threads=2)
     print(ld.io_modes)
-    assert len(ld.io_modes) == 3
+    total = 7 * (8 + 5 + 66 * 1024)
+    mem = os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    expected = ["mmap", "mmap", "mmap" if total <= mem // 2 else "direct"]  # 460 KB: always mapped here
+    assert list(ld.io_modes) == expected
     for _ in range(2):
         idx = fp.verify(fp.epoch(ld), arrays)
         assert sorted(idx.tolist()) == list(range(7))
+
+
+KIB, GIB = 1 << 10, 1 << 30
+
+
+@pytest.mark.parametrize(
+    "io,record,total,mem,mode",
+    [
+        ("auto", 13, 100 * GIB, 8 * GIB, "mmap"),  # small records: mapped, whatever the size of the data
+        ("auto", 64 * KIB - 1, 100 * GIB, 8 * GIB, "mmap"),
+        ("auto", 64 * KIB, 4 * GIB, 8 * GIB, "mmap"),  # fits in half the memory: the page cache keeps it
+        ("auto", 64 * KIB, 4 * GIB + 1, 8 * GIB, "direct"),  # does not: read around the page cache
+        ("auto", 3 << 20, 100 * GIB, 8 * GIB, "direct"),
+        ("auto", 3 << 20, 1 * GIB, 0, "direct"),  # no available memory reported
+        ("mmap", 3 << 20, 100 * GIB, 8 * GIB, "mmap"),  # an explicit mode is always kept
+        ("pread", 13, 1, 8 * GIB, "pread"),
+        ("direct", 13, 1, 8 * GIB, "direct"),
+    ],
+)
+def test_io_auto_policy(io, record, total, mem, mode):
+    """The engine's read-mode policy on figures no test machine has (records of 64 KiB or more whose
+    data exceeds half the available memory are read with O_DIRECT; everything else auto is mapped)."""
+    assert fastpipe._C._io_policy(io, record, total, mem) == mode
+
+
+@pytest.mark.parametrize(
+    "cores,direct,threads",
+    [(1, False, 2), (2, False, 2), (5, False, 5), (8, False, 8), (64, False, 8), (1, True, 16), (64, True, 16)],
+)
+def test_default_thread_policy(cores, direct, threads):
+    assert fastpipe._C._default_num_threads(cores, direct) == threads
+
+
+def test_default_threads_and_prefetch(dataset_factory, fp):
+    """Without num_threads: the usable cores (2 to 8); without prefetch: about 4 MiB of batches read
+    ahead, 2 to 16 batches, so the arena holds prefetch + 2."""
+    cores = len(os.sched_getaffinity(0))
+    # batch bytes 44 (16: the cap), 528 KB (ceil 7.9), 3.1 MB (2: the floor), 341 KB (ceil 12.3)
+    for record, batch, prefetch in [((3,), 4, 16), ((1 << 10,), 512, 8), ((1 << 20,), 3, 2), ((333,), 1000, 13)]:
+        ds, _, _ = dataset_factory(8, {"x": ("uint8", record)})  # records of idx (8 B) + x
+        ld = fp.loader(ds, batch)
+        st = ld.stats()
+        assert st["num_slots"] == prefetch + 2, (record, batch, st["num_slots"])
+        assert st["num_threads"] == min(8, max(2, cores))
+        ld.close()
+
+
+def test_sampler_index_out_of_range(dataset_factory, fp):
+    ds, arrays, _ = dataset_factory(20, {})
+    for bad in (20, -1, 1 << 40):
+        ld = fp.loader(ds, 4, sampler=[0, 5, bad, 3])
+        with pytest.raises(ValueError, match=f"sampler yielded index {bad}, out of range for a dataset of 20"):
+            iter(ld)
+        assert ld.state_dict()["epoch"] == 0, "a failed iter() must not advance the epoch"
+    ok = fp.loader(ds, 4, sampler=[19, 0, 7])
+    assert fp.verify(fp.epoch(ok), arrays).tolist() == [19, 0, 7]
+
+
+def test_pin_memory_device_is_validated(dataset_factory, fp):
+    ds, _, _ = dataset_factory(10, {})
+    for good in ("", "cuda", "cuda:0"):
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # no GPU: "not pinned"
+            fp.loader(ds, 4, pin_memory=True, pin_memory_device=good).close()
+    for bad in ("cpu", "mps", "tpu:0"):
+        with pytest.raises(ValueError, match=f"pin_memory_device must be '' or a CUDA device, got '{bad}'"):
+            fp.loader(ds, 4, pin_memory=True, pin_memory_device=bad)
 
 
 def test_same_file_in_two_columns(tmp_path, rng, fp):
