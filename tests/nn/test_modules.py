@@ -5,7 +5,7 @@ import torch
 import torch.nn as nn
 
 import fastpipe.nn as fnn
-from conv_ref import DEVICES
+from conv_ref import DEVICES, engines, run_engines
 
 
 def pair(activation="relu", **kwargs):
@@ -46,8 +46,12 @@ def test_matches_conv2d_then_activation(device, kwargs):
     fused, conv = pair("gelu", **kwargs)
     fused, conv = fused.to(device), conv.to(device)
     x = torch.randn(2, 6, 11, 9, device=device)
-    torch.testing.assert_close(fused(x), nn.functional.gelu(conv(x)))
-    torch.testing.assert_close(fused(x[0]), nn.functional.gelu(conv(x[0])))  # unbatched
+    for engine in engines(device):
+        with fnn.use_conv_engine(engine):
+            out, ran = run_engines(lambda: fused(x))
+            assert ran == [engine], ran
+            torch.testing.assert_close(out, nn.functional.gelu(conv(x)))
+            torch.testing.assert_close(fused(x[0]), nn.functional.gelu(conv(x[0])))  # unbatched
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -57,9 +61,12 @@ def test_channels_last_module_and_residual(device):
     conv = conv.to(device, memory_format=torch.channels_last)
     x = torch.randn(3, 6, 7, 7, device=device).to(memory_format=torch.channels_last)
     r = torch.randn(3, 10, 7, 7, device=device)
-    out = fused(x, residual=r)
-    assert out.is_contiguous(memory_format=torch.channels_last)
-    torch.testing.assert_close(out, nn.functional.leaky_relu(conv(x) + r, 0.2))
+    for engine in engines(device):
+        with fnn.use_conv_engine(engine):
+            out, ran = run_engines(lambda: fused(x, residual=r))
+        assert ran == [engine], ran
+        assert out.is_contiguous(memory_format=torch.channels_last)
+        torch.testing.assert_close(out, nn.functional.leaky_relu(conv(x) + r, 0.2))
 
 
 def test_dtype_and_gradients():

@@ -1,5 +1,7 @@
 """The ops behind fastpipe.nn (fastpipe/ops.py): opcheck, gradients, torch.compile, autocast."""
 
+import warnings
+
 import pytest
 import torch
 import torch.nn as nn
@@ -152,6 +154,9 @@ def test_pre_activation_is_kept_only_when_backward_needs_it():
 
 @pytest.mark.parametrize("device", DEVICES)
 def test_torch_compile_fullgraph(device):
+    """A compiled model of FusedConv2d against the same model in stock modules (eager torch), on each
+    engine: forward, input gradient, and the inference graph."""
+
     class Block(nn.Module):
         def __init__(self):
             super().__init__()
@@ -164,17 +169,28 @@ def test_torch_compile_fullgraph(device):
 
     torch._dynamo.reset()
     model = Block().to(device)
+    stock_a, stock_b = nn.Conv2d(6, 8, 3, padding=1).to(device), nn.Conv2d(8, 8, 3, padding=1).to(device)
+    stock_a.load_state_dict(model.a.state_dict())
+    stock_b.load_state_dict(model.b.state_dict())
+
+    def stock(x):
+        y = nn.functional.silu(stock_a(x))
+        return nn.functional.relu6(stock_b(y) + y)
+
     x = torch.randn(2, 6, 10, 10, device=device).to(memory_format=torch.channels_last).requires_grad_()
     compiled = torch.compile(model, fullgraph=True, backend="aot_eager")  # fullgraph: a graph break raises
-    out = compiled(x)
-    ref = model(x)
-    torch.testing.assert_close(out, ref)
-    assert out.is_contiguous(memory_format=torch.channels_last)
-    (g,) = torch.autograd.grad(out.sum(), x)
+    ref = stock(x)
     (g_ref,) = torch.autograd.grad(ref.sum(), x)
-    torch.testing.assert_close(g, g_ref)
-    with torch.no_grad():  # the inference graph (conv2d_act rather than the training op)
-        torch.testing.assert_close(compiled(x), ref)
+    for engine in engines(device):
+        with fnn.use_conv_engine(engine):
+            out, ran = run_engines(lambda: compiled(x))
+            assert ran == [expected_engine(engine, torch.float32)] * 2, ran
+            torch.testing.assert_close(out, ref)
+            assert out.is_contiguous(memory_format=torch.channels_last)
+            (g,) = torch.autograd.grad(out.sum(), x)
+            torch.testing.assert_close(g, g_ref)
+            with torch.no_grad():  # the inference graph (conv2d_act rather than the training op)
+                torch.testing.assert_close(compiled(x), ref)
 
 
 @pytest.mark.parametrize(
@@ -182,15 +198,20 @@ def test_torch_compile_fullgraph(device):
     [("cpu", torch.bfloat16), pytest.param("cuda", torch.float16, marks=[pytest.mark.gpu, CUDA]),
      pytest.param("cuda", torch.bfloat16, marks=[pytest.mark.gpu, CUDA])],
 )
-def test_autocast(device, dtype):
+@pytest.mark.parametrize("engine", ["eager", "onednn", "epilogue"])
+def test_autocast(device, dtype, engine):
+    if engine not in engines(device):
+        pytest.skip(f"{engine} is not an engine of {device}")
     conv = fnn.FusedConv2d(10, 12, 3, padding=1, activation="gelu").to(device)
     ref_conv = nn.Conv2d(10, 12, 3, padding=1).to(device)
     ref_conv.load_state_dict(conv.state_dict())
     x = torch.randn(2, 10, 9, 9, device=device)
     r = torch.randn(2, 12, 9, 9, device=device)
-    with torch.autocast(device, dtype=dtype):
-        out = conv(x, residual=r)
+    with torch.autocast(device, dtype=dtype), fnn.use_conv_engine(engine), warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # a forced engine that cannot run the dtype here says so
+        out, ran = run_engines(lambda: conv(x, residual=r))
         torch_own = nn.functional.gelu(ref_conv(x) + r.to(dtype))
+    assert ran == [expected_engine(engine, dtype)], ran
     assert out.dtype == dtype and torch_own.dtype == dtype
     ref = nn.functional.gelu(nn.functional.conv2d(to64(x.to(dtype)), to64(conv.weight.to(dtype)),
                                                   to64(conv.bias.to(dtype)), padding=1) + to64(r.to(dtype)))
