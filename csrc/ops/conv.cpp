@@ -240,8 +240,10 @@ const char* onednn_why_not(const ConvArgs& a) {
 at::Tensor onednn_run(const ConvArgs& a) {
   const OneDnnOps& ops = onednn_ops();
   if (a.residual) {
-    // The binary form fuses only relu after the add; other activations follow in place.
-    const bool fuse_relu = a.act.act == Act::Relu;
+    // The binary form fuses only relu after the add; other activations follow in place. Where oneDNN
+    // cannot fuse the add (NCHW, grouped convolutions, ...) torch falls back to ATen's add_relu, which
+    // has only a float32 kernel: in reduced precision relu follows in place too.
+    const bool fuse_relu = a.act.act == Act::Relu && a.input.scalar_type() == at::kFloat;
     at::Tensor y = ops.binary->call(a.input, *a.residual, a.weight, a.bias, a.padding, a.stride, a.dilation,
                                     a.groups, "add", std::nullopt,
                                     fuse_relu ? std::optional<c10::string_view>("relu") : std::nullopt,

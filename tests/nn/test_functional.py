@@ -70,7 +70,8 @@ LOW_PRECISION = [torch.float16, torch.bfloat16, torch.float64]
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("dtype", LOW_PRECISION, ids=str)
 @pytest.mark.parametrize("layout", ["nchw", "channels_last"])
-@pytest.mark.parametrize("act,act_kwargs", [ACTIVATIONS[i] for i in (2, 6, 8, 11)], ids=[ACT_IDS[i] for i in (2, 6, 8, 11)])
+@pytest.mark.parametrize("act,act_kwargs", [ACTIVATIONS[i] for i in (1, 2, 6, 8, 11)],
+                         ids=[ACT_IDS[i] for i in (1, 2, 6, 8, 11)])
 def test_dtypes(device, dtype, layout, act, act_kwargs):
     for engine in engines(device):
         for shape in (AWKWARD["c59-3x1"], AWKWARD["dw59-5x5"]):
