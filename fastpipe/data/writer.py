@@ -13,25 +13,112 @@ _SUPPORTED = {np.dtype(t) for t in ("bool", "uint8", "int8", "int16", "uint16", 
                                     "float32", "float64")}
 
 
-def _fields(item):
-    """(structure, names, values) of one dataset item."""
+def _fields(item, i):
+    """(structure, names, values) of item ``i``: "dict", "tuple" (a tuple or list) or "single"."""
     if isinstance(item, dict):
-        return "dict", list(item), list(item.values())
+        names = list(item)
+        for k in names:
+            if not isinstance(k, str):
+                raise TypeError(f"item {i}: dict key {k!r} is a {type(k).__name__}; keys name the files "
+                                f"(<key>.npy) and must be strings")
+            if k in ("", ".", "..") or "/" in k or "\0" in k or (os.altsep and os.altsep in k):
+                raise ValueError(f"item {i}: dict key {k!r} cannot name a file in out_dir (<key>.npy): use a "
+                                 f"non-empty key without path separators")
+        if not names:
+            raise ValueError(f"item {i} is an empty dict: there is no field to write")
+        return "dict", names, list(item.values())
     if isinstance(item, (tuple, list)):
-        return "tuple", [str(i) for i in range(len(item))], list(item)
+        if not item:
+            raise ValueError(f"item {i} is an empty {type(item).__name__}: there is no field to write")
+        return "tuple", [str(j) for j in range(len(item))], list(item)
     return "single", ["data"], [item]
+
+
+def _describe(structure, names):
+    if structure == "dict":
+        return f"a dict with keys {names}"
+    if structure == "tuple":
+        return f"a tuple (or list) of {len(names)} fields"
+    return "a single array (not a tuple or dict)"
+
+
+def _match(item, i, structure, names):
+    """The values of item ``i`` in the order of ``names`` (item 0's fields); ValueError naming the item when
+    its fields differ. Dict keys are matched by name, so their order may change between items."""
+    item_structure, item_names, item_values = _fields(item, i)
+    if item_structure != structure or (structure == "tuple" and item_names != names):
+        raise ValueError(f"item {i} is {_describe(item_structure, item_names)} but item 0 is "
+                         f"{_describe(structure, names)}: every item must have the same fields")
+    if structure == "dict":
+        if set(item_names) != set(names):
+            missing = [k for k in names if k not in item]
+            extra = [k for k in item_names if k not in set(names)]
+            raise ValueError(f"item {i} has keys {item_names} but item 0 has {names} (missing {missing}, "
+                             f"extra {extra}): every item must have the same keys")
+        return [item[k] for k in names]
+    return item_values
+
+
+def _is_number(v):
+    return isinstance(v, (bool, int, float, np.number, np.bool_))
+
+
+def _check_nested(value, where):
+    """A list/tuple field must be a (nested) list of numbers, i.e. an array literal; anything else nested
+    (tensors, arrays, dicts, strings) would be stacked or flattened silently, so it is refused."""
+    stack = [value]
+    while stack:
+        v = stack.pop()
+        if isinstance(v, (list, tuple)):
+            stack.extend(v)
+        elif not _is_number(v):
+            kind = "a dict" if isinstance(v, dict) else f"a {type(v).__name__}"
+            raise TypeError(f"{where} is a {type(value).__name__} holding {kind}: nested items are not "
+                            f"supported (a field may be a tensor, an array, a number or a list of numbers); "
+                            f"stack it into one array or make each part a field of its own")
 
 
 def _to_numpy(value, where):
     if isinstance(value, torch.Tensor):
         if value.dtype == torch.bfloat16:
             raise TypeError(f"{where}: bfloat16 has no .npy representation; convert with .float() first")
-        value = value.detach().cpu().numpy()
-    arr = np.asarray(value)
+        value = value.detach().cpu().resolve_conj().resolve_neg().numpy()
+    elif isinstance(value, dict):
+        raise TypeError(f"{where} is a dict: nested items are not supported (a field may be a tensor, an "
+                        f"array, a number or a list of numbers); flatten it into the item's own keys")
+    elif isinstance(value, (list, tuple)):
+        _check_nested(value, where)
+    try:
+        arr = np.asarray(value)
+    except ValueError as e:  # ragged nested lists
+        raise ValueError(f"{where}: {type(value).__name__} does not form an array ({e})") from None
+    if arr.dtype == object:
+        raise TypeError(f"{where}: a {type(value).__name__} is not a tensor, an array or a number (numpy makes "
+                        f"an object array of it, e.g. an int beyond int64 or a None)")
     if arr.dtype not in _SUPPORTED:
         raise TypeError(f"{where}: dtype {arr.dtype} is not supported (supported: "
                         f"{', '.join(sorted(str(d) for d in _SUPPORTED))})")
     return arr
+
+
+def _fsync(path, directory=False):
+    fd = os.open(path, os.O_RDONLY | (os.O_DIRECTORY if directory else 0))
+    try:
+        os.fsync(fd)
+    except OSError:
+        if not directory:  # some filesystems cannot sync a directory; the files themselves are synced
+            raise
+    finally:
+        os.close(fd)
+
+
+def _get(dataset, i):
+    try:
+        return dataset[i]
+    except BaseException as e:
+        if hasattr(e, "add_note"):
+            e.add_note(f"write_npy: raised by dataset[{i}]")
+        raise
 
 
 class _Progress:
@@ -70,11 +157,15 @@ def write_npy(dataset, out_dir, *, progress=True, chunk_size=1024):
     ----------
     dataset : map-style dataset
         ``len(dataset)`` and ``dataset[i]``; items are tensors, numpy arrays or numbers, or tuples or
-        dicts of them, with the same shapes and dtypes for every item.
+        dicts of them, with the same fields, shapes and dtypes for every item (dict keys are matched by
+        name, in any order). A field may also be a list of numbers (or of such lists), written as one
+        array; other nesting (a dict or tuple of tensors inside an item) raises TypeError naming the field.
     out_dir : path
         Created if missing. One file per field: ``data.npy`` for single items, ``0.npy``, ``1.npy``, ...
-        for tuples, ``<key>.npy`` for dicts. Files appear complete or not at all (written under a
-        temporary name, then renamed).
+        for tuples, ``<key>.npy`` for dicts. Files appear complete or not at all: each is written under a
+        temporary name (``<name>.npy.partial``), synced, then renamed over any file of the same name. When
+        anything fails (a bad item, an exception from the dataset, KeyboardInterrupt) the temporary files
+        are removed and existing files are left as they were.
     progress : bool
         Show a progress bar (tqdm when installed).
     chunk_size : int
@@ -84,51 +175,78 @@ def write_npy(dataset, out_dir, *, progress=True, chunk_size=1024):
     -------
     NpyDataset
         With the same structure as the items (tensor, tuple or dict).
+
+    Raises
+    ------
+    ValueError
+        An empty dataset, or an item whose fields, shapes or dtypes differ from item 0's (naming the
+        item and the field).
+    TypeError
+        A field of an unsupported type or dtype, or a nested one (naming the item and the field).
     """
-    n = len(dataset)
-    if n == 0:
-        raise ValueError("write_npy: the dataset is empty")
+    if isinstance(chunk_size, bool) or not isinstance(chunk_size, (int, np.integer)):
+        raise TypeError(f"chunk_size must be an int, got {type(chunk_size).__name__}")
     if chunk_size < 1:
         raise ValueError(f"chunk_size must be at least 1, got {chunk_size}")
-    os.makedirs(out_dir, exist_ok=True)
-    structure, names, values = _fields(dataset[0])
+    n = len(dataset)
+    if n == 0:
+        raise ValueError("write_npy: the dataset is empty (len(dataset) == 0); nothing was written")
+    # Item 0 fixes the fields, shapes and dtypes; nothing is created before it is known to be writable.
+    structure, names, values = _fields(_get(dataset, 0), 0)
     firsts = [_to_numpy(v, f"item 0, field {k!r}") for k, v in zip(names, values)]
+    del values
+    out_dir = os.fspath(out_dir)
     paths = [os.path.join(out_dir, f"{k}.npy") for k in names]
     tmp_paths = [p + ".partial" for p in paths]
-    outs = [np.lib.format.open_memmap(t, mode="w+", dtype=a.dtype, shape=(n, *a.shape))
-            for t, a in zip(tmp_paths, firsts)]
+    for p in paths + tmp_paths:
+        if os.path.isdir(p):
+            raise IsADirectoryError(f"write_npy: {p!r} is a directory; it cannot be replaced by a .npy file")
+    created = not os.path.isdir(out_dir)
+    os.makedirs(out_dir, exist_ok=True)
+    outs = []
     bar = _Progress(n, progress)
     try:
+        for t, a in zip(tmp_paths, firsts):
+            outs.append(np.lib.format.open_memmap(t, mode="w+", dtype=a.dtype, shape=(n, *a.shape)))
         for start in range(0, n, chunk_size):
             stop = min(n, start + chunk_size)
             bufs = [np.empty((stop - start, *a.shape), a.dtype) for a in firsts]
             for i in range(start, stop):
-                item_structure, item_names, item_values = _fields(dataset[i])
-                if item_structure != structure or item_names != names:
-                    raise ValueError(f"item {i} has fields {item_names} ({item_structure}) but item 0 has {names} "
-                                     f"({structure})")
+                item_values = _match(_get(dataset, i), i, structure, names)
                 for buf, first, k, v in zip(bufs, firsts, names, item_values):
                     a = _to_numpy(v, f"item {i}, field {k!r}")
                     if a.shape != first.shape or a.dtype != first.dtype:
                         raise ValueError(f"item {i}, field {k!r}: shape {a.shape} dtype {a.dtype} differs from item "
                                          f"0's shape {first.shape} dtype {first.dtype}")
                     buf[i - start] = a
+                del item_values, a
             for out, buf in zip(outs, bufs):
                 out[start:stop] = buf
+            del bufs, out, buf
             bar.update(stop - start)
         for out in outs:
             out.flush()
-    except BaseException:
-        del outs
+        outs.clear()
         for t in tmp_paths:
-            if os.path.exists(t):
+            _fsync(t)
+        for t, p in zip(tmp_paths, paths):
+            os.replace(t, p)
+        _fsync(out_dir, directory=True)
+    except BaseException:
+        outs.clear()
+        for t in tmp_paths:
+            try:
                 os.remove(t)
+            except OSError:  # already gone (or never made); the original error is the one to report
+                pass
+        if created:
+            try:
+                os.rmdir(out_dir)  # only when empty: never removes anything but what this call made
+            except OSError:
+                pass
         raise
     finally:
         bar.close()
-    del outs
-    for t, p in zip(tmp_paths, paths):
-        os.replace(t, p)
     if structure == "single":
         return NpyDataset(paths[0])
     if structure == "tuple":

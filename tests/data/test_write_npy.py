@@ -265,3 +265,260 @@ def test_from_vision_style_tuples(tmp_path, rng, fp):
     assert list(ds.dtypes) == [torch.uint8, torch.from_numpy(np.asarray(1)).dtype, torch.float32]
     batches = loader_items(ds, 4)
     assert np.concatenate([b[0] for b in batches]).tobytes() == imgs.tobytes()
+
+
+# ---- every item must have item 0's fields; failures leave out_dir as it was ------------------------------
+def snapshot(directory):
+    """{file name: bytes} of a directory, or None when it does not exist (to prove nothing changed)."""
+    if not os.path.isdir(directory):
+        return None
+    return {name: (directory / name).read_bytes() for name in sorted(os.listdir(directory))}
+
+
+class FailingDataset(Dataset):
+    """Items from ``make(i)``; ``make`` may raise. Records which files out_dir held at each call."""
+
+    def __init__(self, n, make, out_dir=None):
+        self.n, self.make, self.out_dir, self.seen = n, make, out_dir, set()
+
+    def __len__(self):
+        return self.n
+
+    def __getitem__(self, i):
+        if self.out_dir is not None and os.path.isdir(self.out_dir):
+            self.seen.update(os.listdir(self.out_dir))
+        return self.make(i)
+
+
+def _dict_item(rng, fp, i):
+    return {"img": fp.random_array(rng, "float32", (3, 5)), "y": int(rng.integers(100))}
+
+
+# (name, item 0 and most items, the odd item): every change of fields must name the odd item's index
+FIELD_CHANGES = {
+    "dict-missing-key": (lambda a, b: {"img": a, "y": b}, lambda a, b: {"img": a}, "'y'"),
+    "dict-extra-key": (lambda a, b: {"img": a, "y": b}, lambda a, b: {"img": a, "y": b, "z": b}, "'z'"),
+    "dict-renamed-key": (lambda a, b: {"img": a, "y": b}, lambda a, b: {"img": a, "label": b}, "'label'"),
+    "tuple-longer": (lambda a, b: (a, b), lambda a, b: (a, b, b), "3 fields"),
+    "tuple-shorter": (lambda a, b: (a, b), lambda a, b: (a,), "1 fields"),
+    "single-after-tuples": (lambda a, b: (a, b), lambda a, b: a, "single"),
+    "tuple-after-singles": (lambda a, b: a, lambda a, b: (a, b), "tuple"),
+    "dict-after-tuples": (lambda a, b: (a, b), lambda a, b: {"0": a, "1": b}, "dict"),
+    "list-after-dicts": (lambda a, b: {"img": a, "y": b}, lambda a, b: [a, b], "tuple"),
+}
+
+
+@pytest.mark.parametrize("change", list(FIELD_CHANGES))
+def test_fields_changing_between_items_names_the_item(tmp_path, rng, fp, change):
+    usual, odd, mentions = FIELD_CHANGES[change]
+    n, chunk = int(rng.integers(20, 60)), int(rng.integers(3, 8))
+    bad = int(rng.integers(chunk, n))  # in a later chunk than the first: files are already being written
+    out = tmp_path / "fields"
+    src = FailingDataset(n, lambda i: (odd if i == bad else usual)(fp.random_array(rng, "float32", (3, 5)),
+                                                                    int(rng.integers(100))), out)
+    with pytest.raises(ValueError) as ei:
+        fastpipe.write_npy(src, str(out), progress=False, chunk_size=chunk)
+    msg = str(ei.value)
+    print(msg)
+    assert f"item {bad} " in msg and mentions in msg, msg
+    assert any(name.endswith(".partial") for name in src.seen), "the test must fail while files are being written"
+    assert snapshot(out) is None, f"a failed write left {snapshot(out)}"
+
+
+def test_dict_keys_may_come_in_any_order(tmp_path, rng, fp):
+    n = 37
+    img = fp.random_array(rng, "uint8", (n, 3, 7))
+    y = rng.integers(-(2**40), 2**40, size=n)
+    w = fp.random_array(rng, "float16", (n, 2))
+    orders = [list(rng.permutation(["img", "y", "w"])) for _ in range(n)]
+    cols = {"img": img, "y": y, "w": w}
+    items = [{k: (cols[k][i] if k != "y" else int(y[i])) for k in orders[i]} for i in range(n)]
+    out = tmp_path / "order"
+    ds = fastpipe.write_npy(ListDataset(items), str(out), progress=False, chunk_size=4)
+    for k, ref in cols.items():
+        got = np.load(out / f"{k}.npy")
+        assert got.dtype == ref.dtype and got.shape == ref.shape, (k, got.dtype, got.shape)
+        assert got.tobytes() == ref.tobytes(), f"column {k} was written in the wrong order"
+    assert list(ds[0]) == orders[0], "the dataset's keys follow item 0"
+
+
+@pytest.mark.parametrize("where", ["raises", "bad-shape", "bad-dtype", "interrupt", "last-item"])
+@pytest.mark.parametrize("existing", [False, True], ids=["new-dir", "existing-files"])
+def test_failure_leaves_out_dir_as_it_was(tmp_path, rng, fp, where, existing):
+    """Complete or not at all: whatever fails, no .partial and no new .npy remain, and files of the same
+    names written before keep their bytes (a failed rewrite must not destroy the previous data)."""
+    n, chunk = int(rng.integers(30, 90)), int(rng.integers(4, 9))
+    bad = n - 1 if where == "last-item" else int(rng.integers(chunk, n - 1))
+    out = tmp_path / "out"
+    if existing:
+        out.mkdir()
+        np.save(out / "img.npy", fp.random_array(rng, "float64", (5, 2)))
+        np.save(out / "y.npy", rng.integers(0, 9, size=5))
+        (out / "notes.txt").write_bytes(rng.bytes(33))
+    before = snapshot(out)
+
+    def make(i):
+        item = {"img": fp.random_array(rng, "float32", (2, 3)), "y": int(rng.integers(9))}
+        if i == bad:
+            if where == "raises":
+                raise RuntimeError("corrupt record")
+            if where == "interrupt":
+                raise KeyboardInterrupt
+            if where == "bad-dtype":
+                item["img"] = item["img"].astype(np.float64)
+            else:
+                item["img"] = item["img"][:, :2]
+        return item
+
+    src = FailingDataset(n, make, out)
+    expected = {"raises": RuntimeError, "interrupt": KeyboardInterrupt}.get(where, ValueError)
+    with pytest.raises(expected) as ei:
+        fastpipe.write_npy(src, out, progress=False, chunk_size=chunk)
+    if where == "raises" and hasattr(ei.value, "__notes__"):
+        assert f"write_npy: raised by dataset[{bad}]" in ei.value.__notes__, ei.value.__notes__
+    elif expected is ValueError:
+        assert f"item {bad}, field 'img'" in str(ei.value), str(ei.value)
+    assert {"img.npy.partial", "y.npy.partial"} <= src.seen, f"out_dir held only {src.seen} while writing"
+    after = snapshot(out)
+    assert after == before, f"out_dir changed: {sorted(before or [])} -> {sorted(after or [])}"
+
+
+def test_success_replaces_existing_files_and_keeps_others(tmp_path, rng, fp):
+    out = tmp_path / "again"
+    out.mkdir()
+    np.save(out / "0.npy", np.zeros((3, 3)))
+    (out / "1.npy.partial").write_bytes(b"left by a killed run: a name write_npy owns")
+    (out / "2.npy").write_bytes(b"not ours")
+    n = 19
+    x = fp.random_array(rng, "int8", (n, 5))
+    y = fp.random_array(rng, "float32", (n,))
+    ds = fastpipe.write_npy(TensorDataset(torch.from_numpy(x), torch.from_numpy(y)), out, progress=False,
+                            chunk_size=6)
+    assert sorted(os.listdir(out)) == ["0.npy", "1.npy", "2.npy"]
+    assert np.load(out / "0.npy").tobytes() == x.tobytes() and np.load(out / "1.npy").tobytes() == y.tobytes()
+    assert (out / "2.npy").read_bytes() == b"not ours"
+    assert len(ds) == n
+
+
+def test_empty_dataset_creates_nothing(tmp_path):
+    out = tmp_path / "empty"
+    with pytest.raises(ValueError, match="empty"):
+        fastpipe.write_npy(ListDataset([]), out, progress=False)
+    assert not out.exists()
+    out.mkdir()
+    (out / "keep.npy").write_bytes(b"x")
+    with pytest.raises(ValueError, match="empty"):
+        fastpipe.write_npy(TensorDataset(torch.zeros(0, 3)), out, progress=False)
+    assert snapshot(out) == {"keep.npy": b"x"}
+
+
+# ---- nested items: a list of numbers is an array; anything else nested is refused, naming the field --------
+@pytest.mark.parametrize(
+    "make,field",
+    [
+        (lambda a: {"img": a, "pair": (a, a)}, "'pair'"),
+        (lambda a: {"img": a, "boxes": [a, a]}, "'boxes'"),
+        (lambda a: {"img": a, "meta": {"w": 1, "h": 2}}, "'meta'"),
+        (lambda a: (a, {"label": 1}), "'1'"),
+        (lambda a: (a, [torch.from_numpy(a), 1.0]), "'1'"),
+        (lambda a: (a, [[1, 2], [3, "x"]]), "'1'"),
+        (lambda a: {"img": a, "y": None}, "'y'"),
+        (lambda a: {"img": a, "big": 2**70}, "'big'"),
+    ],
+    ids=["dict-of-tuple", "dict-of-list-of-arrays", "dict-of-dict", "tuple-of-dict", "tuple-of-list-of-tensor",
+         "list-with-str", "none", "int-beyond-int64"],
+)
+def test_nested_items_are_refused_naming_the_field(tmp_path, rng, fp, make, field):
+    out = tmp_path / "nested"
+    items = [make(fp.random_array(rng, "float32", (2, 3))) for _ in range(5)]
+    with pytest.raises(TypeError) as ei:
+        fastpipe.write_npy(ListDataset(items), out, progress=False)
+    msg = str(ei.value)
+    print(msg)
+    assert f"item 0, field {field}" in msg, msg
+    assert not out.exists()
+
+
+def test_nested_items_refused_in_a_later_item(tmp_path, rng, fp):
+    n = 23
+    items = [{"img": fp.random_array(rng, "float32", (2, 3)), "pts": [[1.0, 2.0], [3.0, 4.0]]} for _ in range(n)]
+    bad = int(rng.integers(1, n))
+    items[bad]["pts"] = [torch.zeros(2), torch.ones(2)]
+    out = tmp_path / "nested_late"
+    with pytest.raises(TypeError, match=rf"item {bad}, field 'pts'.*list holding a Tensor"):
+        fastpipe.write_npy(ListDataset(items), out, progress=False, chunk_size=4)
+    assert not out.exists()
+
+
+def test_lists_of_numbers_are_arrays(tmp_path, rng):
+    """A field that is a (nested) list of numbers is one array, as np.asarray makes it; a top-level list
+    is a tuple of fields (as a TensorDataset's items are)."""
+    n, a, b = 17, 3, 5
+    grid = rng.integers(-1000, 1000, size=(n, a, b))
+    vec = rng.standard_normal((n, 7))
+    flags = rng.integers(0, 2, size=(n, 2)).astype(bool)
+    items = [{"grid": grid[i].tolist(), "vec": tuple(vec[i].tolist()), "flags": flags[i].tolist()} for i in range(n)]
+    out = tmp_path / "lists"
+    ds = fastpipe.write_npy(ListDataset(items), out, progress=False, chunk_size=5)
+    for name, ref in (("grid", grid), ("vec", vec), ("flags", flags)):
+        want = np.stack([np.asarray(it[name]) for it in items])
+        got = np.load(out / f"{name}.npy")
+        assert got.dtype == want.dtype and got.shape == want.shape == ref.shape, (name, got.dtype, got.shape)
+        assert got.tobytes() == want.tobytes()
+    assert ds[3]["grid"].tolist() == grid[3].tolist()
+    rows = [[grid[i, 0].tolist(), vec[i].tolist()] for i in range(n)]  # top level: two fields
+    out2 = tmp_path / "rows"
+    fastpipe.write_npy(ListDataset(rows), out2, progress=False)
+    assert sorted(os.listdir(out2)) == ["0.npy", "1.npy"]
+    assert np.load(out2 / "0.npy").tobytes() == grid[:, 0].tobytes()
+    assert np.load(out2 / "1.npy").tobytes() == vec.tobytes()
+
+
+def test_ragged_list_field_names_the_item(tmp_path):
+    items = [{"pts": [[1, 2], [3, 4]]} for _ in range(9)]
+    items[6] = {"pts": [[1, 2], [3]]}
+    out = tmp_path / "ragged"
+    with pytest.raises(ValueError, match="item 6, field 'pts'"):
+        fastpipe.write_npy(ListDataset(items), out, progress=False, chunk_size=4)
+    assert not out.exists()
+
+
+@pytest.mark.parametrize(
+    "item,error",
+    [({"a/b": 1}, ValueError), ({"..": 1}, ValueError), ({"": 1}, ValueError), ({1: 1}, TypeError), ({}, ValueError),
+     ((), ValueError)],
+    ids=["slash", "dotdot", "empty-key", "int-key", "empty-dict", "empty-tuple"],
+)
+def test_keys_that_cannot_name_a_file(tmp_path, item, error):
+    out = tmp_path / "keys"
+    with pytest.raises(error, match="item 0"):
+        fastpipe.write_npy(ListDataset([item] * 3), out, progress=False)
+    assert not out.exists() and not (tmp_path / "a").exists()
+
+
+@pytest.mark.parametrize("n,chunk", [(1, 1024), (7, 1), (13, 13), (29, 4)])
+def test_awkward_sizes_and_empty_records(tmp_path, rng, fp, n, chunk):
+    x = fp.random_array(rng, "float64", (n, 3, 0))  # records of no bytes
+    y = fp.random_array(rng, "uint16", (n, 1, 3))
+    out = tmp_path / "awkward"
+    ds = fastpipe.write_npy(TensorDataset(torch.from_numpy(x), torch.from_numpy(y)), out, progress=False,
+                            chunk_size=chunk)
+    assert np.load(out / "0.npy").shape == (n, 3, 0)
+    assert np.load(out / "1.npy").tobytes() == y.tobytes()
+    assert len(ds) == n and ds.record_shapes == [(3, 0), (1, 3)]
+
+
+@pytest.mark.parametrize("chunk,error", [(0, ValueError), (-3, ValueError), (2.5, TypeError), (True, TypeError)])
+def test_bad_chunk_size(tmp_path, chunk, error):
+    with pytest.raises(error, match="chunk_size"):
+        fastpipe.write_npy(ListDataset([np.zeros(2)] * 3), tmp_path / "c", progress=False, chunk_size=chunk)
+    assert not (tmp_path / "c").exists()
+
+
+def test_a_directory_in_the_way_is_refused_before_writing(tmp_path, rng, fp):
+    out = tmp_path / "dir_in_way"
+    (out / "1.npy").mkdir(parents=True)
+    x = torch.from_numpy(fp.random_array(rng, "float32", (6, 2)))
+    with pytest.raises(IsADirectoryError, match="1.npy"):
+        fastpipe.write_npy(TensorDataset(x, x), out, progress=False)
+    assert sorted(os.listdir(out)) == ["1.npy"] and os.listdir(out / "1.npy") == []
