@@ -51,6 +51,19 @@ _FUNCTIONS = {
     F.tanh: ("tanh", ()),
     F.hardswish: ("hardswish", ("inplace",)),
 }
+# Eager PyTorch for each op-level name (what resolve returns), called as EAGER[name](t, *act_args).
+EAGER = {
+    "identity": lambda t: t,
+    "relu": torch.relu,
+    "hardtanh": F.hardtanh,
+    "leaky_relu": F.leaky_relu,
+    "silu": F.silu,
+    "gelu": F.gelu,
+    "gelu_tanh": lambda t: F.gelu(t, approximate="tanh"),
+    "sigmoid": torch.sigmoid,
+    "tanh": torch.tanh,
+    "hardswish": F.hardswish,
+}
 _METHODS = {"relu": "relu", "relu_": "relu", "sigmoid": "sigmoid", "sigmoid_": "sigmoid", "tanh": "tanh", "tanh_": "tanh"}
 
 

@@ -2,6 +2,7 @@
 
 import copy
 import dataclasses
+import inspect
 import logging
 import operator
 
@@ -12,7 +13,7 @@ import torch.nn as nn
 from fastpipe.nn import _activations
 from fastpipe.nn.modules import FusedConv2d
 
-__all__ = ["fuse", "FuseReport", "FusedChain"]
+__all__ = ["fuse", "FuseReport", "FusedChain", "FusedConv2dAdd"]
 
 log = logging.getLogger(__name__)
 
@@ -51,9 +52,17 @@ def fuse(model, inplace=False):
 
     A chain is fused only where each intermediate result has a single user. BatchNorm2d must be in eval
     mode with running statistics: it is folded into the convolution's weight and bias (in float64).
-    Training-mode BatchNorm2d is left alone. The activation is any that FusedConv2d supports, as a
-    module, a function (F.relu, torch.sigmoid, ...) or a tensor method; the residual add is ``a + b``,
-    ``torch.add(a, b)`` or ``a += b``, and when it is followed by an activation, that is fused too.
+    Training-mode BatchNorm2d, and one without running statistics (``track_running_stats=False``, which
+    normalises with batch statistics), is left alone. The activation is any that FusedConv2d supports, as
+    a module, a function (F.relu, torch.sigmoid, ...) or a tensor method; others (ELU, Mish, softplus, ...)
+    stay as they are. The residual add is ``a + b``, ``torch.add(a, b)``, ``a.add(b)`` or ``conv_out += b``
+    (not ``b += conv_out``, which writes into ``b``, nor an add with ``alpha``), and when it is followed by
+    an activation, that is fused too; it becomes a :class:`FusedConv2dAdd`, which keeps the add's own
+    broadcasting and type promotion. Left alone, with the reason in the report: a conv called with more
+    than its input, Conv2d subclasses that fx keeps as modules (those defined outside torch.nn are traced
+    through, down to their F.conv2d, which stays as it is), modules with hooks (e.g. ``weight_norm``), and
+    chains whose input or residual an in-place operation may change before the chain ends (the fused op
+    reads them there). ``a += b`` is traced as the in-place add it is (plain fx records ``a = a + b``).
 
     Parameters
     ----------
@@ -78,9 +87,80 @@ def fuse(model, inplace=False):
     return fused
 
 
+class _Proxy(fx.Proxy):
+    """fx's Proxy traces ``a += b`` as ``a = a + b``, losing the write into ``a`` that eager PyTorch makes
+    (visible through every other reference to ``a``, the caller's tensor included); this one records
+    ``operator.iadd`` and its kin, which the generated code runs as ``a += b``."""
+
+
+def _inplace_magic(op):
+    def method(self, other):
+        return self.tracer.create_proxy("call_function", op, (self, other), {})
+
+    method.__name__ = f"__{op.__name__}__"
+    return method
+
+
+for _op in (operator.iadd, operator.isub, operator.imul, operator.itruediv, operator.ifloordiv, operator.imod,
+            operator.ipow, operator.imatmul, operator.iand, operator.ior, operator.ixor, operator.ilshift,
+            operator.irshift):
+    setattr(_Proxy, f"__{_op.__name__}__", _inplace_magic(_op))
+
+
 class _Tracer(fx.Tracer):
     def is_leaf_module(self, m, qualname):
         return isinstance(m, FusedConv2d) or super().is_leaf_module(m, qualname)
+
+    def proxy(self, node):
+        return _Proxy(node, self)
+
+
+class FusedConv2dAdd(FusedConv2d):
+    """What :func:`fuse` makes of a chain with a residual add: ``forward(input, residual)`` computes
+    ``act(conv(input) + residual)`` exactly as the traced add did.
+
+    The fused op runs when ``residual`` is a tensor of the input's dtype and device that broadcasts to
+    the convolution's output shape. Anything else the add accepted (a residual that broadcasting makes
+    the output larger, as in ``x + conv(x.mean((2, 3), keepdim=True))``, another dtype that type
+    promotion wins, a Python number) runs the same steps in eager PyTorch instead, so the result is
+    what the original model computed. ``add_inplace`` marks ``conv_out += residual``: then, as in eager,
+    the output keeps the convolution's dtype and shape (and a residual that would enlarge it raises).
+    """
+
+    def __init__(self, *args, add_inplace=False, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.add_inplace = add_inplace
+
+    def _fits(self, input, residual):
+        if not isinstance(residual, torch.Tensor) or residual.dtype != input.dtype or residual.device != input.device:
+            return False
+        if input.dim() not in (3, 4) or residual.dim() > input.dim():
+            return False
+        h, w = input.shape[-2:]
+        if self._pre_pad is not None:
+            h, w = h + self._pre_pad[2] + self._pre_pad[3], w + self._pre_pad[0] + self._pre_pad[1]
+        out = [*input.shape[:-3], self.out_channels] + [
+            (size + 2 * p - d * (k - 1) - 1) // s + 1
+            for size, p, d, k, s in zip((h, w), self._padding, self.dilation, self.kernel_size, self.stride)
+        ]
+        return all(r in (1, o) for r, o in zip(reversed(residual.shape), reversed(out)))
+
+    def forward(self, input, residual=None):
+        if residual is None or self._fits(input, residual):
+            return super().forward(input, residual)
+        out = nn.Conv2d.forward(self, input)
+        out = out.add_(residual) if self.add_inplace else out + residual
+        return _activations.EAGER[self.activation](out, *self.activation_args)
+
+    def extra_repr(self):
+        return f"{super().extra_repr()}, add_inplace={self.add_inplace}"
+
+
+def _hooks(m):
+    """Which kinds of hooks a module has (fusing it would drop them)."""
+    kinds = {"forward": m._forward_hooks, "forward pre": m._forward_pre_hooks, "backward": m._backward_hooks,
+             "backward pre": m._backward_pre_hooks}
+    return [k for k, v in kinds.items() if v]
 
 
 def _fuse_module(module, prefix, report):
@@ -108,8 +188,9 @@ _METHOD_ADDS = {"add": False, "add_": True}
 
 
 def _residual_of(node, chain):
-    """The other operand when ``node`` adds ``chain`` and another tensor, else None. In-place adds must
-    write into ``chain`` (writing into the other operand would be visible through it)."""
+    """``(other operand, in place)`` when ``node`` adds ``chain`` and another value, else None. In-place
+    adds must write into ``chain`` (writing into the other operand would be visible through it); an add
+    with keyword arguments (``alpha``, ``out``) is not a plain add."""
     if node.kwargs or len(node.args) != 2:
         return None
     if node.op == "call_function" and node.target in _ADDS:
@@ -120,14 +201,84 @@ def _residual_of(node, chain):
         return None
     a, b = node.args
     if a is chain and isinstance(b, fx.Node) and b is not chain:
-        return b
-    if b is chain and isinstance(a, fx.Node) and not inplace:
-        return a
+        return b, inplace
+    if b is chain and isinstance(a, fx.Node) and a is not chain and not inplace:
+        return a, inplace
+    return None  # also chain + chain: the conv's output would be needed twice
+
+
+_INPLACE_FUNCTIONS = {operator.iadd, operator.isub, operator.imul, operator.itruediv, operator.ifloordiv,
+                      operator.imod, operator.ipow, operator.iand, operator.ior, operator.ixor, operator.ilshift,
+                      operator.irshift, operator.imatmul, operator.setitem}
+# Calls whose result may share memory with their first argument.
+_VIEW_METHODS = {"view", "view_as", "reshape", "reshape_as", "flatten", "unflatten", "squeeze", "unsqueeze",
+                 "transpose", "permute", "narrow", "select", "expand", "expand_as", "t", "contiguous", "detach",
+                 "as_strided", "split", "chunk", "unbind", "movedim", "swapaxes", "swapdims", "unfold",
+                 "diagonal", "__getitem__", "to", "type_as", "float", "half", "bfloat16", "double"}
+_VIEW_FUNCTIONS = {operator.getitem, getattr, torch.flatten, torch.reshape, torch.squeeze, torch.unsqueeze,
+                   torch.transpose, torch.permute, torch.narrow, torch.select, torch.split, torch.chunk,
+                   torch.unbind, torch.movedim, torch.t, torch.detach, torch.diagonal}
+
+
+def _inplace_argument(node):
+    """Whether a call_function passes ``inplace=True`` (by keyword or position)."""
+    if node.kwargs.get("inplace") is True:
+        return True
+    try:
+        bound = inspect.signature(node.target).bind(*node.args, **node.kwargs)
+    except (TypeError, ValueError):  # builtins without a signature, or a call this signature does not take
+        return False
+    return bound.arguments.get("inplace") is True
+
+
+def _writes(node, modules):
+    """The nodes a call may write into: its first argument when it works in place, and ``out=``."""
+    first = node.args[0] if node.args and isinstance(node.args[0], fx.Node) else None
+    if node.op == "call_method":
+        inplace = node.target.endswith("_") and not node.target.startswith("_")
+    elif node.op == "call_function":
+        name = getattr(node.target, "__name__", "")
+        inplace = node.target in _INPLACE_FUNCTIONS or (name.endswith("_") and not name.startswith("_")) or (
+            _inplace_argument(node))
+    elif node.op == "call_module":
+        inplace = getattr(modules.get(node.target), "inplace", False) is True
+    else:
+        inplace = False
+    written = [first] if inplace and first is not None else []
+    out = node.kwargs.get("out")
+    written += [o for o in (out if isinstance(out, (tuple, list)) else [out]) if isinstance(o, fx.Node)]
+    return written
+
+
+def _root(node, modules):
+    """The node whose memory ``node`` may share, following views and in-place results to their source."""
+    while isinstance(node, fx.Node) and node.args and isinstance(node.args[0], fx.Node):
+        aliases = (node.op == "call_method" and node.target in _VIEW_METHODS) or (
+            node.op == "call_function" and node.target in _VIEW_FUNCTIONS) or (
+            node.op == "call_module" and type(modules.get(node.target)) in (nn.Identity, nn.Flatten, nn.Unflatten)) or (
+            node.args[0] in _writes(node, modules))
+        if not aliases:
+            break
+        node = node.args[0]
+    return node
+
+
+def _written_before_end(first, last, chain, reads, modules):
+    """A node between ``first`` and ``last`` (outside the chain) that may write into one of ``reads``;
+    the fused op, which runs at ``last``, would read the changed value."""
+    roots = {_root(r, modules) for r in reads if isinstance(r, fx.Node)}
+    node = first.next
+    while node is not last and node.op != "root":
+        if node not in chain and any(_root(w, modules) in roots for w in _writes(node, modules)):
+            return node
+        node = node.next
     return None
 
 
 def _activation_of(node, chain, modules):
     if node.args[:1] != (chain,):
+        return None
+    if node.op == "call_module" and _hooks(modules[node.target]):
         return None
     return _activations.from_call(node.op, node.target, node.args, node.kwargs, modules.get(node.target))
 
@@ -145,9 +296,10 @@ def _fold_batchnorm(conv, bn):
     return weight, (bias * scale + shift).to(w.dtype)
 
 
-def _make_fused(conv, bn, act):
+def _make_fused(conv, bn, act, add_inplace=None):
     name, kwargs = act
-    fused = FusedConv2d(
+    extra = {} if add_inplace is None else {"add_inplace": add_inplace}
+    fused = (FusedConv2d if add_inplace is None else FusedConv2dAdd)(
         conv.in_channels,
         conv.out_channels,
         conv.kernel_size,
@@ -159,6 +311,7 @@ def _make_fused(conv, bn, act):
         padding_mode=conv.padding_mode,
         activation=name,
         device="meta",  # parameters are replaced below; skip initialising them
+        **extra,
         **kwargs,
     )
     if bn is None:
@@ -178,12 +331,19 @@ def _rewrite(gm, prefix, report):
         if node.op == "call_module":
             calls[node.target] = calls.get(node.target, 0) + 1
     for node in list(gm.graph.nodes):
-        if node.op != "call_module" or type(modules.get(node.target)) is not nn.Conv2d:
+        if node.op != "call_module" or not isinstance(modules.get(node.target), nn.Conv2d):
             continue
-        why_not = _fuse_chain(gm, node, modules, calls, qual, report)
+        m = modules[node.target]
+        if isinstance(m, FusedConv2d):
+            continue
+        if type(m) is not nn.Conv2d:
+            why_not = f"a {type(m).__name__}, not an nn.Conv2d: a subclass may compute something else"
+        else:
+            why_not = _fuse_chain(gm, node, modules, calls, qual, report)
         if why_not:
             report.skipped.append((qual(node.target), why_not))
-    gm.graph.eliminate_dead_code()
+    # No eliminate_dead_code(): the chains' nodes are erased above, and fx's dead code elimination would
+    # also drop in-place calls whose result is unused (``y.relu_()``, ``nn.ReLU(inplace=True)(y)``).
     gm.graph.lint()
     gm.delete_all_unused_submodules()
     gm.recompile()
@@ -194,14 +354,21 @@ def _fuse_chain(gm, node, modules, calls, qual, report):
     if len(node.args) != 1 or node.kwargs:
         return "called with more than the input"
     conv = modules[node.target]
-    chain, last, bn, act, residual = [node], node, None, ("identity", {}), None
+    if hooks := _hooks(conv):
+        return f"it has {' and '.join(hooks)} hooks, which the fused module would not run"
+    chain, last, bn, act, residual, add_inplace = [node], node, None, ("identity", {}), None, None
     nxt = _sole_user(last)
     if nxt is not None and nxt.op == "call_module" and type(modules.get(nxt.target)) is nn.BatchNorm2d:
         candidate = modules[nxt.target]
         if candidate.training:
             return f"{qual(nxt.target)} is a BatchNorm2d in training mode"
-        if candidate.running_mean is None or candidate.num_features != conv.out_channels:
-            return f"{qual(nxt.target)} has no running statistics for the conv's channels"
+        if candidate.running_mean is None or candidate.running_var is None:
+            return (f"{qual(nxt.target)} has no running statistics (track_running_stats=False): it normalises "
+                    f"with each batch's statistics, which cannot be folded")
+        if candidate.num_features != conv.out_channels:
+            return f"{qual(nxt.target)} has {candidate.num_features} features for {conv.out_channels} channels"
+        if hooks := _hooks(candidate):
+            return f"{qual(nxt.target)} has {' and '.join(hooks)} hooks, which the fused module would not run"
         bn, last = candidate, nxt
         chain.append(nxt)
         nxt = _sole_user(last)
@@ -209,7 +376,7 @@ def _fuse_chain(gm, node, modules, calls, qual, report):
         act, last = found, nxt
         chain.append(nxt)
     elif nxt is not None and (other := _residual_of(nxt, last)) is not None:
-        residual, last = other, nxt
+        (residual, add_inplace), last = other, nxt
         chain.append(nxt)
         after = _sole_user(last)
         if after is not None and (found := _activation_of(after, last, modules)) is not None:
@@ -218,8 +385,11 @@ def _fuse_chain(gm, node, modules, calls, qual, report):
     if last is node:
         users = len(node.users)
         return "no batch norm, activation or add follows" if users == 1 else f"its output has {users} users"
+    if (writer := _written_before_end(node, last, chain, [node.args[0], residual], modules)) is not None:
+        return (f"{writer.name} may change its input or the residual in place before the chain ends, where the "
+                f"fused op would read them")
     try:
-        fused = _make_fused(conv, bn, act)
+        fused = _make_fused(conv, bn, act, add_inplace)
     except (ValueError, TypeError) as e:  # e.g. hardtanh with min_val >= max_val
         return f"activation not fusable ({e})"
     # Reuse the conv's name (keeps state_dict keys) unless the conv module is also called elsewhere.
