@@ -61,9 +61,9 @@ void ensure_sigbus_handler() {
   FP_SYSCALL(sigaction(SIGBUS, &sa, &g_previous), std::string("installing the SIGBUS handler"));
 }
 
-File::File(const std::string& path, FileMode mode, bool random_access) : path_(path), mode_(mode) {
+File::File(const std::string& path, IoMode mode, bool random_access) : path_(path), mode_(mode) {
   int flags = O_RDONLY | O_CLOEXEC;
-  if (mode == FileMode::kDirect) {
+  if (mode == IoMode::kDirect) {
     fd_ = ::open(path.c_str(), flags | O_DIRECT);
     if (fd_ < 0 && errno == EINVAL) {
       fallback_reason_ = "the filesystem refuses O_DIRECT (open: EINVAL)";
@@ -80,7 +80,7 @@ File::File(const std::string& path, FileMode mode, bool random_access) : path_(p
         fd_ = -1;
       }
     }
-    if (!fallback_reason_.empty()) mode_ = FileMode::kBuffered;
+    if (!fallback_reason_.empty()) mode_ = IoMode::kPread;
   }
   if (fd_ < 0) fd_ = ::open(path.c_str(), flags);
   FP_SYSCALL(fd_, "cannot open '" + path + "'");
@@ -91,7 +91,7 @@ File::File(const std::string& path, FileMode mode, bool random_access) : path_(p
     throw_syscall("cannot stat '" + path + "'", err, __FILE__, __LINE__);
   }
   size_at_open_ = st.st_size;
-  if (mode_ == FileMode::kMmap && size_at_open_ > 0) {
+  if (mode_ == IoMode::kMmap && size_at_open_ > 0) {
     ensure_sigbus_handler();
     map_len_ = static_cast<size_t>(size_at_open_);
     void* p = ::mmap(nullptr, map_len_, PROT_READ, MAP_SHARED, fd_, 0);
@@ -112,7 +112,7 @@ File::~File() {
 
 void File::will_need(int64_t offset, int64_t len) const {
   // Advice only: a kernel that ignores it costs nothing but the first pass's speed.
-  if (mode_ != FileMode::kDirect) ::posix_fadvise(fd_, offset, len, POSIX_FADV_WILLNEED);
+  if (mode_ != IoMode::kDirect) ::posix_fadvise(fd_, offset, len, POSIX_FADV_WILLNEED);
 }
 
 void File::populate(int64_t offset, int64_t len) const {

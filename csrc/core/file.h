@@ -6,25 +6,25 @@
 #include <cstdint>
 #include <string>
 
-namespace fastpipe {
+#include "core/io_mode.h"
 
-enum class FileMode { kBuffered, kDirect, kMmap };
+namespace fastpipe {
 
 // Alignment of O_DIRECT offsets, lengths and buffers; 4096 satisfies every common logical block size.
 constexpr int64_t kDirectAlign = 4096;
 
 class File {
  public:
-  // Opens `path` read-only. kDirect falls back to kBuffered when the filesystem refuses O_DIRECT;
-  // fallback_reason() then says why. kMmap maps the whole file; `random_access` turns off the
-  // mapping's read-ahead (for small records read in random order).
-  File(const std::string& path, FileMode mode, bool random_access = false);
+  // Opens `path` read-only with mode kMmap, kPread or kDirect. kDirect falls back to kPread when the
+  // filesystem refuses O_DIRECT; fallback_reason() then says why. kMmap maps the whole file;
+  // `random_access` turns off the mapping's read-ahead (for small records read in random order).
+  File(const std::string& path, IoMode mode, bool random_access = false);
   ~File();
   File(const File&) = delete;
   File& operator=(const File&) = delete;
 
   const std::string& path() const { return path_; }
-  FileMode mode() const { return mode_; }
+  IoMode mode() const { return mode_; }
   const std::string& fallback_reason() const { return fallback_reason_; }
   int64_t size_at_open() const { return size_at_open_; }
   int64_t current_size() const;
@@ -49,7 +49,7 @@ class File {
 
  private:
   std::string path_;
-  FileMode mode_;
+  IoMode mode_;
   std::string fallback_reason_;
   int fd_ = -1;
   int64_t size_at_open_ = 0;

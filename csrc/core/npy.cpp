@@ -1,13 +1,10 @@
 #include "core/npy.h"
 
-#include <fcntl.h>
-#include <sys/stat.h>
-#include <unistd.h>
-
 #include <cctype>
 #include <cstring>
 #include <limits>
 
+#include "core/dtypes.h"
 #include "core/error.h"
 #include "core/file.h"
 
@@ -18,17 +15,6 @@ constexpr char kMagic[] = "\x93NUMPY";
 constexpr size_t kMagicLen = 6;
 // numpy refuses headers above this size unless told otherwise; a larger length field is corruption.
 constexpr int64_t kMaxHeaderLen = 1 << 20;
-
-struct DtypeInfo {
-  const char* code;  // kind + size, without byte order
-  const char* name;
-  int itemsize;
-};
-constexpr DtypeInfo kDtypes[] = {
-    {"b1", "bool", 1},     {"u1", "uint8", 1},    {"i1", "int8", 1},       {"i2", "int16", 2},
-    {"u2", "uint16", 2},   {"i4", "int32", 4},    {"i8", "int64", 8},      {"f2", "float16", 2},
-    {"f4", "float32", 4},  {"f8", "float64", 8},
-};
 
 // A tiny reader for the Python-literal dict numpy writes:
 // {'descr': '<f4', 'fortran_order': False, 'shape': (3, 4), }
@@ -189,15 +175,15 @@ NpyHeader parse_npy_header(const char* buf, size_t len, int64_t file_size, const
   if (order == '>' && code != "b1" && code != "u1" && code != "i1")
     fail("big-endian dtype '" + d + "' is not supported; convert with arr.astype('<" + code + "')");
   if (order != '<' && order != '|' && order != '=' && order != '>') fail("unsupported dtype '" + d + "'");
+  std::string supported;
   for (const auto& t : kDtypes) {
-    if (code == t.code) {
+    supported += std::string(supported.empty() ? "" : ", ") + t.name;
+    if (code == t.npy_code) {
       h.dtype = t.name;
       h.itemsize = t.itemsize;
     }
   }
-  if (h.itemsize == 0)
-    fail("unsupported dtype '" + d +
-         "' (supported: bool, uint8, int8, int16, uint16, int32, int64, float16, float32, float64)");
+  if (h.itemsize == 0) fail("unsupported dtype '" + d + "' (supported: " + supported + ")");
   if (h.shape.empty()) fail("0-d array: a dataset column needs a first (record) dimension");
 
   int64_t count = 1;
@@ -218,7 +204,7 @@ NpyHeader parse_npy_header(const char* buf, size_t len, int64_t file_size, const
 }
 
 NpyHeader read_npy_header(const std::string& path) {
-  File f(path, FileMode::kBuffered);
+  File f(path, IoMode::kPread);
   const int64_t size = f.current_size();
   // The fixed prefix plus a generous header; a longer header is read in a second step.
   std::string buf(static_cast<size_t>(std::min<int64_t>(size, 4096)), '\0');

@@ -1,5 +1,5 @@
-// Python bindings of the loader engine: engine errors become Python exceptions, leased slots become
-// zero-copy tensors whose deleter returns the slot.
+// Python bindings of the batch reader (csrc/core): its errors become Python exceptions, leased slots
+// become zero-copy tensors whose deleter returns the slot; and the shared tables (dtypes, io modes).
 #ifdef FASTPIPE_WITH_CUDA
 #include <c10/cuda/CUDAStream.h>
 #include <cuda_runtime_api.h>
@@ -7,7 +7,8 @@
 #include <pybind11/numpy.h>
 #include <pybind11/stl.h>
 
-#include "core/engine.h"
+#include "core/batch_reader.h"
+#include "core/dtypes.h"
 #include "core/error.h"
 #include "core/npy.h"
 #include "ops/bindings.h"
@@ -55,23 +56,26 @@ py::dict header_dict(const NpyHeader& h) {
   return d;
 }
 
-c10::ScalarType parse_dtype(const std::string& name) {
-  static const std::pair<const char*, c10::ScalarType> kTypes[] = {
-      {"bool", c10::kBool},       {"uint8", c10::kByte},      {"int8", c10::kChar},     {"int16", c10::kShort},
-      {"uint16", c10::kUInt16},   {"int32", c10::kInt},       {"int64", c10::kLong},    {"float16", c10::kHalf},
-      {"float32", c10::kFloat},   {"float64", c10::kDouble},
-  };
-  for (const auto& t : kTypes)
-    if (name == t.first) return t.second;
-  throw Error(ErrorKind::kValue, "unsupported dtype '" + name + "'");
+c10::ScalarType scalar_type(DtypeId id) {
+  switch (id) {  // every DtypeId: the compiler warns when core/dtypes.h gains one this misses
+    case DtypeId::kBool: return c10::kBool;
+    case DtypeId::kUInt8: return c10::kByte;
+    case DtypeId::kInt8: return c10::kChar;
+    case DtypeId::kInt16: return c10::kShort;
+    case DtypeId::kUInt16: return c10::kUInt16;
+    case DtypeId::kInt32: return c10::kInt;
+    case DtypeId::kInt64: return c10::kLong;
+    case DtypeId::kFloat16: return c10::kHalf;
+    case DtypeId::kFloat32: return c10::kFloat;
+    case DtypeId::kFloat64: return c10::kDouble;
+  }
+  throw Error(ErrorKind::kValue, "unhandled dtype id");
 }
 
-IoMode parse_io(const std::string& io) {
-  if (io == "auto") return IoMode::kAuto;
-  if (io == "mmap") return IoMode::kMmap;
-  if (io == "pread") return IoMode::kPread;
-  if (io == "direct") return IoMode::kDirect;
-  throw Error(ErrorKind::kValue, "io must be 'auto', 'mmap', 'pread' or 'direct', got '" + io + "'");
+c10::ScalarType parse_dtype(const std::string& name) {
+  const Dtype* d = find_dtype(name);
+  if (!d) throw Error(ErrorKind::kValue, "unsupported dtype '" + name + "'");
+  return scalar_type(d->id);
 }
 
 #ifdef FASTPIPE_WITH_CUDA
@@ -95,7 +99,7 @@ struct SlotFences {
 #endif
 
 // Page-locks the arena so that batch.to("cuda", non_blocking=True) is a true asynchronous copy.
-void pin_arena(EngineOptions& opt) {
+void pin_arena(ReaderOptions& opt) {
 #ifdef FASTPIPE_WITH_CUDA
   opt.on_arena_alloc = [](void* p, size_t n) { cuda_check(cudaHostRegister(p, n, cudaHostRegisterDefault), "cudaHostRegister"); };
   opt.on_arena_free = [](void* p, size_t) { cudaHostUnregister(p); };
@@ -114,36 +118,22 @@ void pin_arena(EngineOptions& opt) {
 #endif
 }
 
-// The engine plus what turns its leases into tensors: per output, dtype and record shape.
-class PyEngine {
+// The reader plus what turns its leases into tensors: per output, dtype and record shape.
+class PyReader {
  public:
-  PyEngine(const std::vector<py::dict>& columns, const std::vector<std::pair<std::string, std::vector<int64_t>>>& outputs,
-           int64_t batch_size, int num_threads, int prefetch, int num_slots, const std::string& io,
-           bool pin_memory) {
-    std::vector<ColumnSpec> specs;
-    for (const py::dict& d : columns) {
-      ColumnSpec s;
-      s.path = d["path"].cast<std::string>();
-      s.data_offset = d["data_offset"].cast<int64_t>();
-      s.record_stride = d["record_stride"].cast<int64_t>();
-      s.record_bytes = d["record_bytes"].cast<int64_t>();
-      s.num_records = d["num_records"].cast<int64_t>();
-      s.token_bytes = d.contains("token_bytes") ? d["token_bytes"].cast<int>() : 0;
-      s.token_signed = d.contains("token_signed") ? d["token_signed"].cast<bool>() : false;
-      specs.push_back(std::move(s));
-    }
-    EngineOptions opt;
+  PyReader(std::vector<ColumnSpec> columns, const std::vector<std::pair<std::string, std::vector<int64_t>>>& outputs,
+           int64_t batch_size, int num_threads, int prefetch, const std::string& io, bool pin_memory) {
+    ReaderOptions opt;
     opt.batch_size = batch_size;
     opt.num_threads = num_threads;
     opt.prefetch = prefetch;
-    opt.num_slots = num_slots;
-    opt.io = parse_io(io);
+    opt.io = parse_io_mode(io);
     if (pin_memory) pin_arena(opt);
     {
       py::gil_scoped_release nogil;  // opening files and touching the arena can take a while
-      engine_ = std::make_unique<Engine>(std::move(specs), opt);
+      reader_ = std::make_unique<BatchReader>(std::move(columns), opt);
     }
-    const auto& layouts = engine_->outputs();
+    const auto& layouts = reader_->outputs();
     TORCH_CHECK(outputs.size() == layouts.size(), "expected ", layouts.size(), " output descriptions, got ",
                 outputs.size());
     for (size_t k = 0; k < outputs.size(); ++k) {
@@ -160,18 +150,18 @@ class PyEngine {
   void start(py::array_t<int64_t, py::array::c_style | py::array::forcecast> indices, bool drop_last) {
     std::vector<int64_t> idx(indices.data(), indices.data() + indices.size());
     py::gil_scoped_release nogil;
-    engine_->start(std::move(idx), drop_last);
+    reader_->start(std::move(idx), drop_last);
   }
 
   py::object next(double timeout) {
     // A ready batch is taken without releasing the GIL: the common case in a loop that keeps up.
     bool end = false;
-    std::shared_ptr<Lease> lease = engine_->try_next(&end);
+    std::shared_ptr<Lease> lease = reader_->try_next(&end);
     bool interrupted = false;
     if (!lease && !end) {
       py::gil_scoped_release nogil;
       try {
-        lease = engine_->next(timeout, [&] {
+        lease = reader_->next(timeout, [&] {
           py::gil_scoped_acquire gil;
           if (PyErr_CheckSignals() != 0) {
             interrupted = true;
@@ -197,7 +187,7 @@ class PyEngine {
   }
 
   py::dict stats() const {
-    const EngineStats s = engine_->stats();
+    const ReaderStats s = reader_->stats();
     py::dict d;
     d["batches"] = s.batches;
     d["bytes_read"] = s.bytes_read;
@@ -205,6 +195,7 @@ class PyEngine {
     d["wait_seconds"] = s.wait_seconds;
     d["wall_seconds"] = s.wall_seconds;
     d["arena_bytes"] = s.arena_bytes;
+    d["prefetch"] = s.prefetch;
     d["num_slots"] = s.num_slots;
     d["slots_leased"] = s.slots_leased;
     d["num_threads"] = s.num_threads;
@@ -214,17 +205,16 @@ class PyEngine {
 
   void close() {
     py::gil_scoped_release nogil;
-    engine_->close();
+    reader_->close();
   }
-  std::vector<std::string> io_modes() const { return engine_->io_modes(); }
-  std::vector<std::string> warnings() const { return engine_->warnings(); }
-  int64_t num_batches() const { return engine_->num_batches(); }
-  void set_poison(bool on) { engine_->set_poison(on); }
-  void hold_reads(bool on) { engine_->hold_reads(on); }
-  int held_reads() const { return engine_->held_reads(); }
+  std::vector<std::string> io_modes() const { return reader_->io_modes(); }
+  std::vector<std::string> warnings() const { return reader_->warnings(); }
+  void set_poison(bool on) { reader_->set_poison(on); }
+  void hold_reads(bool on) { reader_->hold_reads(on); }
+  int held_reads() const { return reader_->held_reads(); }
 
  private:
-  std::unique_ptr<Engine> engine_;
+  std::unique_ptr<BatchReader> reader_;
   std::vector<c10::ScalarType> dtypes_;
   std::vector<std::vector<int64_t>> shapes_;
 };
@@ -243,41 +233,52 @@ void bind_loader(py::module& m) {
   m.def(
       "read_npy_header", [](const std::string& path) { return header_dict(read_npy_header(path)); }, py::arg("path"),
       "Reads and validates a .npy header; ValueError names the file and the defect.");
-  m.def(
-      "parse_npy_header",
-      [](py::bytes buf, int64_t file_size, const std::string& path) {
-        std::string s = buf;
-        return header_dict(parse_npy_header(s.data(), s.size(), file_size, path));
-      },
-      py::arg("buf"), py::arg("file_size"), py::arg("path") = "<bytes>",
-      "Validates a .npy header held in memory (the first bytes of a file of file_size bytes).");
 
+  // The shared tables, for the Python side (fastpipe/data: dtypes written and read, io modes).
+  py::list dtypes, io_modes;
+  for (const auto& d : kDtypes) dtypes.append(d.name);
+  for (const auto& e : kIoModes) io_modes.append(e.name);
+  m.attr("DTYPES") = py::tuple(dtypes);
+  m.attr("IO_MODES") = py::tuple(io_modes);
+
+  // The reader's policies (core/gather.h), for tests on figures no test machine has.
   m.def(
       "_io_policy",
       [](const std::string& io, int64_t record_bytes, int64_t total_bytes, int64_t mem_available) {
-        return std::string(mode_name(choose_mode(parse_io(io), record_bytes, total_bytes, mem_available)));
+        return std::string(io_mode_name(choose_mode(parse_io_mode(io), record_bytes, total_bytes, mem_available)));
       },
-      py::arg("io"), py::arg("record_bytes"), py::arg("total_bytes"), py::arg("mem_available"),
-      "The read mode the engine picks for a column (tests check the policy on any figures).");
-  m.def("_default_num_threads", &default_num_threads, py::arg("cores"), py::arg("any_direct"),
-        "The reader threads the engine starts when none are asked for.");
+      py::arg("io"), py::arg("record_bytes"), py::arg("total_bytes"), py::arg("mem_available"));
+  m.def("_default_num_threads", &default_num_threads, py::arg("cores"), py::arg("any_direct"));
+  m.def("_default_prefetch", &default_prefetch, py::arg("batch_bytes"));
 
-  py::class_<PyEngine>(m, "Engine")
-      .def(py::init<const std::vector<py::dict>&, const std::vector<std::pair<std::string, std::vector<int64_t>>>&,
-                    int64_t, int, int, int, const std::string&, bool>(),
+  // A column of records in a file (core/gather.h), built by the datasets with keyword arguments.
+  py::class_<ColumnSpec>(m, "ColumnSpec")
+      .def(py::init([](std::string path, int64_t data_offset, int64_t record_stride, int64_t record_bytes,
+                       int64_t num_records, int token_bytes, bool token_signed) {
+             return ColumnSpec{std::move(path), data_offset, record_stride, record_bytes, num_records, token_bytes,
+                               token_signed};
+           }),
+           py::kw_only(), py::arg("path"), py::arg("data_offset"), py::arg("record_stride"), py::arg("record_bytes"),
+           py::arg("num_records"), py::arg("token_bytes") = 0, py::arg("token_signed") = false)
+      .def_readonly("path", &ColumnSpec::path)
+      .def_readonly("record_bytes", &ColumnSpec::record_bytes)
+      .def_readonly("num_records", &ColumnSpec::num_records);
+
+  py::class_<PyReader>(m, "BatchReader")
+      .def(py::init<std::vector<ColumnSpec>, const std::vector<std::pair<std::string, std::vector<int64_t>>>&,
+                    int64_t, int, int, const std::string&, bool>(),
            py::arg("columns"), py::arg("outputs"), py::arg("batch_size"), py::arg("num_threads"), py::arg("prefetch"),
-           py::arg("num_slots"), py::arg("io"), py::arg("pin_memory") = false)
-      .def("start", &PyEngine::start, py::arg("indices"), py::arg("drop_last"))
-      .def("next", &PyEngine::next, py::arg("timeout"))
-      .def("stats", &PyEngine::stats)
-      .def("close", &PyEngine::close)
-      .def("io_modes", &PyEngine::io_modes)
-      .def("warnings", &PyEngine::warnings)
-      // Test hooks (core/engine.h): tests/data/conftest.py reaches them through loader._engine.
-      .def("_set_poison", &PyEngine::set_poison, py::arg("on"))
-      .def("_hold_reads", &PyEngine::hold_reads, py::arg("on"))
-      .def("_held_reads", &PyEngine::held_reads)
-      .def_property_readonly("num_batches", &PyEngine::num_batches);
+           py::arg("io"), py::arg("pin_memory") = false)
+      .def("start", &PyReader::start, py::arg("indices"), py::arg("drop_last"))
+      .def("next", &PyReader::next, py::arg("timeout"))
+      .def("stats", &PyReader::stats)
+      .def("close", &PyReader::close)
+      .def("io_modes", &PyReader::io_modes)
+      .def("warnings", &PyReader::warnings)
+      // Test hooks (core/batch_reader.h): tests/data/conftest.py reaches them through loader._reader.
+      .def("_set_poison", &PyReader::set_poison, py::arg("on"))
+      .def("_hold_reads", &PyReader::hold_reads, py::arg("on"))
+      .def("_held_reads", &PyReader::held_reads);
 }
 
 }  // namespace fastpipe

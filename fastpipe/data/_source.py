@@ -1,11 +1,11 @@
-"""What a dataset tells the Loader: the file columns the engine reads and how to pack a batch."""
+"""What a dataset tells the Loader: the file columns the batch reader reads and how to pack a batch."""
 
 class ColumnSource:
     """Base of the datasets the Loader reads (NpyDataset, TokenDataset).
 
-    Subclasses provide ``_engine_columns()`` (one dict per file: path, data_offset, record_stride,
-    record_bytes, num_records and, for token windows, token_bytes and token_signed),
-    ``_engine_outputs()`` (per output tensor: dtype name and record shape) and ``_pack(tensors)``
+    Subclasses provide ``_columns()`` (one ``_C.ColumnSpec`` per file: path, data_offset,
+    record_stride, record_bytes, num_records and, for token windows, token_bytes and token_signed),
+    ``_outputs()`` (per output tensor: dtype name and record shape) and ``_pack(tensors)``
     (the batch structure handed to the user).
     """
 
@@ -22,10 +22,10 @@ class ColumnSource:
             raise IndexError(f"index {i} is out of range for a dataset of {self._len} {self._unit}")
         return i % self._len
 
-    def _engine_columns(self):
+    def _columns(self):
         raise NotImplementedError
 
-    def _engine_outputs(self):
+    def _outputs(self):
         raise NotImplementedError
 
     def _pack(self, tensors):

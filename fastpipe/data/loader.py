@@ -1,6 +1,5 @@
 """Loader: a drop-in replacement for torch.utils.data.DataLoader over on-disk tensor datasets."""
 
-import math
 import numbers
 import os
 import warnings
@@ -13,20 +12,11 @@ from fastpipe._ext import _C, build_info
 from fastpipe.data._source import ColumnSource
 from fastpipe.data.order import REMAINDER_POLICIES, epoch_order, shard, shard_size
 
-IO_MODES = ("auto", "mmap", "pread", "direct")
+IO_MODES = _C.IO_MODES
 _STATE_FORMAT = "fastpipe.Loader/1"
 # State keys that must match for a saved position to mean the same batches.
 _STATE_IDENTITY = ("num_samples", "batch_size", "shuffle", "seed", "drop_last", "rank", "world_size",
                    "shard_remainder")
-
-
-_PREFETCH_BYTES = 4 << 20
-
-
-def _default_prefetch(dataset, batch_size):
-    batch_bytes = sum(torch.empty((), dtype=getattr(torch, dtype)).element_size() * math.prod(shape)
-                      for dtype, shape in dataset._engine_outputs()) * batch_size
-    return max(2, min(16, -(-_PREFETCH_BYTES // max(1, batch_bytes))))
 
 
 def _distributed_defaults(rank, world_size):
@@ -43,8 +33,8 @@ def _distributed_defaults(rank, world_size):
     return rank, world_size
 
 
-def _close_engine(engine):
-    engine.close()
+def _close_reader(reader):
+    reader.close()
 
 
 class Loader:
@@ -141,14 +131,14 @@ class Loader:
         if len(dataset) == 0:
             raise ValueError(f"the dataset is empty: {dataset!r}")
         if num_threads is None:
-            num_threads = num_workers if num_workers > 0 else 0  # 0: the engine decides
+            num_threads = num_workers if num_workers > 0 else 0  # 0: the reader decides
         elif not isinstance(num_threads, int) or num_threads < 1:
             raise ValueError(f"num_threads must be a positive int, got {num_threads!r}")
         if prefetch_factor is not None:
             prefetch = prefetch_factor * max(1, num_workers)
-        elif prefetch is None:
-            prefetch = _default_prefetch(dataset, batch_size)
-        if not isinstance(prefetch, int) or prefetch < 1:
+        if prefetch is None:
+            prefetch = 0  # the reader sizes it from the batch bytes
+        elif not isinstance(prefetch, int) or isinstance(prefetch, bool) or prefetch < 1:
             raise ValueError(f"prefetch must be a positive int, got {prefetch!r}")
         if generator is not None:
             seed = generator.initial_seed()
@@ -170,14 +160,14 @@ class Loader:
         self.epoch = 0
         self._resume = None  # (epoch, batches to skip) from load_state_dict
         self._active = None  # the iterator of the current pass
-        self._engine_args = dict(
-            columns=dataset._engine_columns(), outputs=dataset._engine_outputs(), batch_size=batch_size,
-            num_threads=int(num_threads), prefetch=prefetch, num_slots=prefetch + 2, io=io, pin_memory=pin,
+        self._reader_args = dict(
+            columns=dataset._columns(), outputs=dataset._outputs(), batch_size=batch_size,
+            num_threads=int(num_threads), prefetch=prefetch, io=io, pin_memory=pin,
         )
-        self._open_engine()
-        for w in self._engine.warnings():
+        self._open_reader()
+        for w in self._reader.warnings():
             warnings.warn(w, stacklevel=2)
-        self.io_modes = self._engine.io_modes()
+        self.io_modes = self._reader.io_modes()
 
     @property
     def timeout(self):
@@ -190,10 +180,10 @@ class Loader:
             raise ValueError(f"timeout must be None or a non-negative number of seconds, got {value!r}")
         self._timeout = -1.0 if not value else float(value)
 
-    def _open_engine(self):
-        self._engine = _C.Engine(**self._engine_args)
+    def _open_reader(self):
+        self._reader = _C.BatchReader(**self._reader_args)
         self._pid = os.getpid()
-        self._finalizer = weakref.finalize(self, _close_engine, self._engine)
+        self._finalizer = weakref.finalize(self, _close_reader, self._reader)
 
     # -- order -------------------------------------------------------------------------------------
 
@@ -238,8 +228,8 @@ class Loader:
 
     def __iter__(self):
         if self._pid != os.getpid():
-            # A forked child cannot use the parent's reader threads: open a fresh engine here.
-            self._open_engine()
+            # A forked child cannot use the parent's reader threads: open a fresh reader here.
+            self._open_reader()
         epoch = self.epoch
         skip = 0
         if self._resume is not None and self._resume[0] == epoch:
@@ -248,7 +238,7 @@ class Loader:
         self._resume = None
         self.epoch = epoch + 1
         self._supersede("a newer iter() of the same Loader")
-        self._engine.start(indices[skip * self.batch_size:], self.drop_last)
+        self._reader.start(indices[skip * self.batch_size:], self.drop_last)
         self._active = _EpochIterator(self, epoch, skip)
         return self._active
 
@@ -306,11 +296,11 @@ class Loader:
             batches, bytes_read, wall_seconds (time inside iterations: from each ``iter()`` to its
             last batch), read_gbps (bytes_read / wall_seconds), read_seconds (summed over reader
             threads), wait_seconds (the training loop blocked waiting for data), wait_fraction
-            (wait_seconds / wall_seconds), arena_bytes (the fixed memory budget), num_slots,
+            (wait_seconds / wall_seconds), arena_bytes (the fixed memory budget), prefetch, num_slots,
             slots_leased (batches the program still holds), num_threads, waits (batches the
             training loop asked for before they were ready).
         """
-        s = self._engine.stats()
+        s = self._reader.stats()
         wall = s["wall_seconds"]
         s["read_gbps"] = s["bytes_read"] / wall / 1e9 if wall > 0 else 0.0
         s["wait_fraction"] = s["wait_seconds"] / wall if wall > 0 else 0.0
@@ -334,11 +324,11 @@ class Loader:
 class _EpochIterator:
     """One pass over the loader; a new iter(), set_epoch() or load_state_dict() supersedes it."""
 
-    __slots__ = ("_loader", "_engine", "_pack", "epoch", "position", "_done", "_superseded_by")
+    __slots__ = ("_loader", "_reader", "_pack", "epoch", "position", "_done", "_superseded_by")
 
     def __init__(self, loader, epoch, skip):
         self._loader = loader
-        self._engine = loader._engine
+        self._reader = loader._reader
         self._pack = loader.dataset._pack
         self.epoch = epoch
         self.position = skip
@@ -353,7 +343,7 @@ class _EpochIterator:
             raise StopIteration
         if self._superseded_by is not None:
             raise RuntimeError(f"this iterator was superseded by {self._superseded_by}: iterate the Loader anew")
-        tensors = self._engine.next(self._loader._timeout)
+        tensors = self._reader.next(self._loader._timeout)
         if tensors is None:
             self._done = True
             raise StopIteration

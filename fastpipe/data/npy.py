@@ -75,16 +75,16 @@ class NpyDataset(ColumnSource):
                          for p, d, s in zip(self.paths, self.dtypes, self.record_shapes))
         return f"NpyDataset({self._len} records; {cols})"
 
-    def _engine_columns(self):
+    def _columns(self):
         cols = []
         for p, h in zip(self.paths, self._headers):
             n = h["shape"][0]
             record_bytes = h["data_bytes"] // n if n else 0
-            cols.append(dict(path=p, data_offset=h["data_offset"], record_stride=record_bytes,
-                             record_bytes=record_bytes, num_records=n))
+            cols.append(_C.ColumnSpec(path=p, data_offset=h["data_offset"], record_stride=record_bytes,
+                                      record_bytes=record_bytes, num_records=n))
         return cols
 
-    def _engine_outputs(self):
+    def _outputs(self):
         return [(h["dtype"], list(h["shape"][1:])) for h in self._headers]
 
     def _pack(self, tensors):

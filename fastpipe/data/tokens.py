@@ -78,13 +78,13 @@ class TokenDataset(ColumnSource):
     def __repr__(self):
         return f"TokenDataset({self._len} windows of {self.block_size}+1 {self.dtype} tokens from '{self.path}')"
 
-    def _engine_columns(self):
+    def _columns(self):
         itemsize, signed = _TOKEN_DTYPES[self.dtype]
-        return [dict(path=self.path, data_offset=self._offset, record_stride=self.block_size * itemsize,
-                     record_bytes=(self.block_size + 1) * itemsize, num_records=self._len,
-                     token_bytes=itemsize, token_signed=signed)]
+        return [_C.ColumnSpec(path=self.path, data_offset=self._offset, record_stride=self.block_size * itemsize,
+                              record_bytes=(self.block_size + 1) * itemsize, num_records=self._len,
+                              token_bytes=itemsize, token_signed=signed)]
 
-    def _engine_outputs(self):
+    def _outputs(self):
         return [("int64", [self.block_size]), ("int64", [self.block_size])]
 
     def _pack(self, tensors):

@@ -7,10 +7,10 @@ import time
 import numpy as np
 import torch
 
+from fastpipe._ext import _C
 from fastpipe.data.npy import NpyDataset
 
-_SUPPORTED = {np.dtype(t) for t in ("bool", "uint8", "int8", "int16", "uint16", "int32", "int64", "float16",
-                                    "float32", "float64")}
+_SUPPORTED = {np.dtype(t) for t in _C.DTYPES}  # what NpyDataset reads back
 
 
 def _fields(item, i):

@@ -42,7 +42,7 @@ TORCH_DTYPES = {
 # anything a working loader needs for a few hundred KB.
 LOADER_TIMEOUT = 30.0
 # Seconds after which something that should happen is called a hang. Only ever an upper bound on a
-# wait: the tests measure no speed and synchronise with the engine's own counters, never with sleeps.
+# wait: the tests measure no speed and synchronise with the reader's own counters, never with sleeps.
 HANG = 30.0
 
 
@@ -248,23 +248,23 @@ def finishes(fn, what, timeout=HANG):
 
 
 def hooks(ld, poison=False, hold_reads=False):
-    """Sets the engine's test hooks (csrc/core/engine.h) on a loader and returns it.
+    """Sets the batch reader's test hooks (csrc/core/batch_reader.h) on a loader and returns it.
 
     poison: readers fill each slot region with 0xA5 before reading into it (a slot reused too early
     shows as wrong bytes). hold_reads: every read stalls before it starts until ``release(ld)``.
     """
-    ld._engine._set_poison(poison)
-    ld._engine._hold_reads(hold_reads)
+    ld._reader._set_poison(poison)
+    ld._reader._hold_reads(hold_reads)
     return ld
 
 
 def held_reads(ld):
     """How many reader threads wait at the hold_reads gate now."""
-    return ld._engine._held_reads()
+    return ld._reader._held_reads()
 
 
 def release(ld):
-    ld._engine._hold_reads(False)
+    ld._reader._hold_reads(False)
 
 
 def run_python(code, timeout=60, env=None, args=()):

@@ -323,7 +323,7 @@ KIB, GIB = 1 << 10, 1 << 30
     ],
 )
 def test_io_auto_policy(io, record, total, mem, mode):
-    """The engine's read-mode policy on figures no test machine has (records of 64 KiB or more whose
+    """The reader's read-mode policy on figures no test machine has (records of 64 KiB or more whose
     data exceeds half the available memory are read with O_DIRECT; everything else auto is mapped)."""
     assert fastpipe._C._io_policy(io, record, total, mem) == mode
 
@@ -336,6 +336,13 @@ def test_default_thread_policy(cores, direct, threads):
     assert fastpipe._C._default_num_threads(cores, direct) == threads
 
 
+@pytest.mark.parametrize("batch_bytes,prefetch", [(0, 16), (44, 16), (262144, 16), (262145, 16), (279621, 15),
+                                                   (528384, 8), (1 << 22, 2), (3 << 20, 2), (1 << 40, 2)])
+def test_default_prefetch_policy(batch_bytes, prefetch):
+    """About 4 MiB of batches read ahead, 2 to 16 batches."""
+    assert fastpipe._C._default_prefetch(batch_bytes) == prefetch
+
+
 def test_default_threads_and_prefetch(dataset_factory, fp):
     """Without num_threads: the usable cores (2 to 8); without prefetch: about 4 MiB of batches read
     ahead, 2 to 16 batches, so the arena holds prefetch + 2."""
@@ -345,7 +352,7 @@ def test_default_threads_and_prefetch(dataset_factory, fp):
         ds, _, _ = dataset_factory(8, {"x": ("uint8", record)})  # records of idx (8 B) + x
         ld = fp.loader(ds, batch)
         st = ld.stats()
-        assert st["num_slots"] == prefetch + 2, (record, batch, st["num_slots"])
+        assert (st["prefetch"], st["num_slots"]) == (prefetch, prefetch + 2), (record, batch, st)
         assert st["num_threads"] == min(8, max(2, cores))
         ld.close()
 

@@ -317,7 +317,7 @@ def test_delete_while_reads_stall(dataset_factory, fp, torch_warm):
 
 
 def next_while_waiting(fp, ld, it, then):
-    """next(it) in this thread; once it waits for data (the engine counts the wait), another thread
+    """next(it) in this thread; once it waits for data (the reader counts the wait), another thread
     runs then(). Returns next's result."""
     waits = ld.stats()["waits"]
     helper = threading.Thread(target=lambda: fp.wait_until(lambda: ld.stats()["waits"] > waits) and then(),
@@ -524,9 +524,9 @@ if scenario == "held":
     keep = [next(it), next(it)]
 elif scenario == "stalled":
     ld = fastpipe.Loader(ds, 8, num_threads=2, timeout=None)
-    ld._engine._hold_reads(True)  # a read that never ends (tests/data/conftest.py: hooks)
+    ld._reader._hold_reads(True)  # a read that never ends (tests/data/conftest.py: hooks)
     it = iter(ld)
-    while ld._engine._held_reads() < 2:
+    while ld._reader._held_reads() < 2:
         time.sleep(0.005)
 elif scenario == "fork-exit":
     ld = fastpipe.Loader(ds, 8, shuffle=True, num_threads=4)

@@ -1,4 +1,4 @@
-#include "core/engine.h"
+#include "core/batch_reader.h"
 
 #include <pthread.h>
 #include <sched.h>
@@ -28,79 +28,12 @@ std::string fmt_seconds(double s) {
 }
 
 int64_t align_up(int64_t v, int64_t a) { return (v + a - 1) / a * a; }
-
-// Records smaller than this are read with no read-ahead (in random order it fetches other batches'
-// pages); larger ones keep the kernel's read-ahead, which then runs within the record.
-constexpr int64_t kSmallRecord = 64 << 10;
-// A work item (chunk) carries at most about this many bytes (large enough for sequential records to
-// coalesce into big reads), and a batch has at least one chunk per thread where it can, but no chunk
-// is smaller than kMinChunkBytes: below that, handing work between threads costs more than it saves.
-constexpr int64_t kChunkBytes = 1 << 20;
-constexpr int64_t kMinChunkBytes = 256 << 10;
-// Reader threads by default: the usable cores (compute-bound gathers), or more for O_DIRECT, whose
-// threads mostly wait on the device: random record reads reach a disk's sequential bandwidth only with
-// a deep queue (measured: 16 reads in flight on a virtio disk).
-constexpr int kMaxDefaultThreads = 8;
-constexpr int kDirectDefaultThreads = 16;
-// O_DIRECT reads go through a per-thread bounce buffer of at least this size.
-constexpr int64_t kBounceBytes = 4 << 20;
 constexpr double kSignalCheckSeconds = 0.05;
 // A reader with nothing to do checks for work this often, for this long, before it sleeps until woken.
 constexpr std::chrono::microseconds kPollInterval(100);
 constexpr std::chrono::milliseconds kPollFor(50);
 
-int64_t mem_available_bytes() {
-  const long pages = sysconf(_SC_AVPHYS_PAGES);
-  return pages > 0 ? static_cast<int64_t>(pages) * sysconf(_SC_PAGE_SIZE) : 0;
-}
-
-template <typename T>
-void widen_tokens(const char* __restrict__ src, int64_t block, int64_t* __restrict__ x, int64_t* __restrict__ y) {
-  const T* __restrict__ t = reinterpret_cast<const T*>(src);
-  for (int64_t k = 0; k < block; ++k) x[k] = static_cast<int64_t>(t[k]);
-  for (int64_t k = 0; k < block; ++k) y[k] = static_cast<int64_t>(t[k + 1]);
-}
-
-using WidenFn = void (*)(const char*, int64_t, int64_t*, int64_t*);
-
-WidenFn widen_for(int bytes, bool is_signed) {
-  switch (bytes) {
-    case 1: return is_signed ? widen_tokens<int8_t> : widen_tokens<uint8_t>;
-    case 2: return is_signed ? widen_tokens<int16_t> : widen_tokens<uint16_t>;
-    case 4: return is_signed ? widen_tokens<int32_t> : widen_tokens<uint32_t>;
-    case 8: return widen_tokens<int64_t>;
-  }
-  throw Error(ErrorKind::kValue, "token size must be 1, 2, 4 or 8 bytes, got " + std::to_string(bytes));
-}
-
 }  // namespace
-
-const char* mode_name(FileMode m) {
-  switch (m) {
-    case FileMode::kMmap: return "mmap";
-    case FileMode::kDirect: return "direct";
-    default: return "pread";
-  }
-}
-
-FileMode choose_mode(IoMode io, int64_t record_bytes, int64_t total_data_bytes, int64_t mem_available) {
-  switch (io) {
-    case IoMode::kMmap: return FileMode::kMmap;
-    case IoMode::kPread: return FileMode::kBuffered;
-    case IoMode::kDirect: return FileMode::kDirect;
-    case IoMode::kAuto: break;
-  }
-  // Large records of data that cannot stay in the page cache are read around it (buffered reads would
-  // evict other pages and then miss anyway). Otherwise a mapping: a gather is one memcpy per record,
-  // without a system call, and measured faster than pread for page-cached records of every size.
-  if (record_bytes >= kSmallRecord && total_data_bytes > mem_available / 2) return FileMode::kDirect;
-  return FileMode::kMmap;
-}
-
-int default_num_threads(long cores, bool any_direct) {
-  const int threads = static_cast<int>(std::clamp<long>(cores, 2, kMaxDefaultThreads));
-  return any_direct ? std::max(threads, kDirectDefaultThreads) : threads;
-}
 
 enum class SlotState { kFree, kFilling, kReady, kLeased };
 
@@ -113,17 +46,10 @@ struct Slot {
   std::exception_ptr error;
 };
 
-struct Column {
-  ColumnSpec spec;
-  std::unique_ptr<File> file;
-  int first_output = 0;  // index into EngineState::outputs
-  WidenFn widen = nullptr;
-};
-
 // Everything the reader threads and the leases share. Leases keep it (and so the arena) alive after
-// the Engine is gone.
-struct EngineState {
-  EngineOptions opt;
+// the BatchReader is gone.
+struct ReaderState {
+  ReaderOptions opt;
   std::vector<Column> columns;  // the files read: every column whose records have bytes
   std::vector<int> column_of_spec;  // per ColumnSpec given: its index in columns, -1 when not read
   std::vector<OutputLayout> outputs;
@@ -133,14 +59,13 @@ struct EngineState {
   int64_t slot_bytes = 0;
   int64_t record_bytes_total = 0;  // payload bytes read per record, all columns
   int64_t chunk_records = 1;
-  int64_t scratch_bytes = 0;       // per thread: token windows of one chunk
   std::unique_ptr<AlignedBuffer> arena;
   pid_t owner_pid = 0;
 
   std::mutex mu;
   std::condition_variable work_cv;   // reader threads: work or stop
   std::condition_variable ready_cv;  // consumer: a batch finished
-  // Test hooks (Engine::set_poison, Engine::hold_reads).
+  // Test hooks (BatchReader::set_poison, BatchReader::hold_reads).
   std::atomic<bool> poison{false};
   std::atomic<bool> hold_reads{false};
   int held_reads = 0;
@@ -175,7 +100,7 @@ struct EngineState {
     pass_active = false;
   }
 
-  ~EngineState() {
+  ~ReaderState() {
     if (arena && opt.on_arena_free) opt.on_arena_free(arena->data(), arena->size());
   }
 
@@ -235,108 +160,7 @@ struct WorkItem {
 
 namespace {
 
-std::string record_context(const Column& c, int64_t record) {
-  return "'" + c.spec.path + "': record " + std::to_string(record) + " (offset " +
-         std::to_string(c.spec.data_offset + record * c.spec.record_stride) + ", " +
-         std::to_string(c.spec.record_bytes) + " bytes)";
-}
-
-[[noreturn]] void throw_shrunk(const Column& c, int64_t record) {
-  int64_t now = -1;
-  try {
-    now = c.file->current_size();
-  } catch (const Error&) {
-  }
-  throw Error(ErrorKind::kIO, "cannot read " + record_context(c, record) + ": the file is now " +
-                                  std::to_string(now) + " bytes, it was " + std::to_string(c.file->size_at_open()) +
-                                  " when the loader opened it (it was truncated or replaced while being read)");
-}
-
-// Per-thread buffers, allocated once per thread.
-struct ThreadBuffers {
-  std::unique_ptr<AlignedBuffer> bounce;   // O_DIRECT
-  std::unique_ptr<AlignedBuffer> scratch;  // token windows read with pread, before widening
-  std::vector<int64_t> offsets;
-  std::vector<int64_t> order;
-};
-
-// Where record k of a chunk lands in the slot: raw columns copy its bytes to dst + k * stride; token
-// columns widen them into x at dst + k * stride and y at y_delta further.
-struct Sink {
-  const Column* col;
-  char* dst;
-  int64_t stride;
-  int64_t y_delta;
-  void put(int64_t k, const char* src) const {
-    char* out = dst + k * stride;
-    if (col->widen)
-      col->widen(src, stride / 8, reinterpret_cast<int64_t*>(out), reinterpret_cast<int64_t*>(out + y_delta));
-    else
-      std::memcpy(out, src, static_cast<size_t>(stride));
-  }
-};
-
-// Reads records idx[0..count) of column c into `sink`.
-void read_records(const Column& c, const int64_t* idx, int64_t count, const Sink& sink, ThreadBuffers& tb) {
-  const ColumnSpec& s = c.spec;
-  const int64_t len = s.record_bytes;
-  tb.offsets.resize(static_cast<size_t>(count));
-  for (int64_t k = 0; k < count; ++k) tb.offsets[k] = s.data_offset + idx[k] * s.record_stride;
-  const int64_t* off = tb.offsets.data();
-
-  if (c.file->mode() == FileMode::kMmap) {
-    int64_t done = 0;
-    auto visit = [](void* ctx, int64_t k, const char* src) { static_cast<const Sink*>(ctx)->put(k, src); };
-    if (!c.file->visit_mapped(off, count, len, visit, const_cast<Sink*>(&sink), &done)) throw_shrunk(c, idx[done]);
-  } else {
-    // Sorted by file offset: sequential runs become one request, and the disk sees ascending offsets.
-    tb.order.resize(static_cast<size_t>(count));
-    for (int64_t k = 0; k < count; ++k) tb.order[k] = k;
-    std::sort(tb.order.begin(), tb.order.end(), [&](int64_t a, int64_t b) { return off[a] < off[b]; });
-    const int64_t* ord = tb.order.data();
-    const bool direct = c.file->mode() == FileMode::kDirect;
-    int64_t i = 0;
-    while (i < count) {
-      int64_t j = i + 1;
-      if (direct) {
-        // Records whose aligned extents touch share one aligned read through the bounce buffer.
-        const int64_t start = off[ord[i]] / kDirectAlign * kDirectAlign;
-        int64_t end = align_up(off[ord[i]] + len, kDirectAlign);
-        while (j < count) {
-          const int64_t e = align_up(off[ord[j]] + len, kDirectAlign);
-          if (off[ord[j]] / kDirectAlign * kDirectAlign > end || e - start > static_cast<int64_t>(tb.bounce->size()))
-            break;
-          end = std::max(end, e);
-          ++j;
-        }
-        const int64_t got = c.file->read_at_most(tb.bounce->data(), end - start, start);
-        for (int64_t k = i; k < j; ++k) {
-          if (off[ord[k]] + len - start > got) throw_shrunk(c, idx[ord[k]]);
-          sink.put(ord[k], tb.bounce->data() + (off[ord[k]] - start));
-        }
-      } else {
-        // Adjacent in the file and in the batch (sequential order): one pread for the run, straight
-        // into the slot for raw columns.
-        while (j < count && off[ord[j]] == off[ord[i]] + (j - i) * len && ord[j] == ord[i] + (j - i)) ++j;
-        const int64_t want = (j - i) * len;
-        char* buf = c.widen ? tb.scratch->data() : sink.dst + ord[i] * sink.stride;
-        const int64_t got = c.file->read_at_most(buf, want, off[ord[i]]);
-        if (got < want) throw_shrunk(c, idx[ord[i + got / len]]);
-        if (c.widen)
-          for (int64_t k = i; k < j; ++k) sink.put(ord[k], buf + (k - i) * len);
-      }
-      i = j;
-    }
-  }
-  // A mapping of a file that shrank reads zeros in the last page instead of faulting, and a pread
-  // can race with truncation: confirm the file still covers every record read.
-  int64_t max_k = 0;
-  for (int64_t k = 1; k < count; ++k)
-    if (off[k] > off[max_k]) max_k = k;
-  if (count && c.file->current_size() < off[max_k] + len) throw_shrunk(c, idx[max_k]);
-}
-
-void read_chunk(EngineState& st, const WorkItem& w, ThreadBuffers& tb) {
+void read_chunk(ReaderState& st, const WorkItem& w, ThreadBuffers& tb) {
   const int64_t* idx = w.indices->data() + w.batch * st.opt.batch_size + w.first;
   const int64_t n = st.num_records;
   for (int64_t k = 0; k < w.count; ++k) {
@@ -356,41 +180,18 @@ void read_chunk(EngineState& st, const WorkItem& w, ThreadBuffers& tb) {
   }
 }
 
-// Queues a whole file for reading into the page cache, one read-ahead window per call, so that the
-// first pass over data that was not cached reads sequentially instead of one page per random record;
-// then maps every page of a mapped file, so that no record pays a page fault on first touch (small
-// records are mapped without fault-around). Thread t takes the files t, t + threads, ...; it stops
-// early when the engine closes.
-constexpr int64_t kWarmStep = 8 << 20;
-
-void warm_files(EngineState& st, int thread_index) {
+// Reader thread t warms the files t, t + threads, ... (gather.h: warm_file).
+void warm_files(ReaderState& st, int thread_index) {
   auto stopped = [&] {
     std::lock_guard<std::mutex> lk(st.mu);
     return st.stop;
   };
-  for (size_t k = thread_index; k < st.columns.size(); k += st.opt.num_threads) {
-    const File& f = *st.columns[k].file;
-    for (int64_t off = 0; off < f.size_at_open(); off += kWarmStep) {
-      if (stopped()) return;
-      f.will_need(off, kWarmStep);
-    }
-    for (int64_t off = 0; f.mode() == FileMode::kMmap && off < f.size_at_open(); off += kWarmStep) {
-      if (stopped()) return;
-      f.populate(off, kWarmStep);
-    }
-  }
+  for (size_t k = thread_index; k < st.columns.size(); k += st.opt.num_threads) warm_file(*st.columns[k].file, stopped);
 }
 
-void reader_loop(std::shared_ptr<EngineState> sp, int thread_index) {
-  EngineState& st = *sp;
-  ThreadBuffers tb;
-  // The bounce buffer holds at least one whole aligned record of any O_DIRECT column.
-  int64_t bounce = 0;
-  for (const Column& c : st.columns)
-    if (c.file->mode() == FileMode::kDirect)
-      bounce = std::max({bounce, kBounceBytes, align_up(c.spec.record_bytes, kDirectAlign) + 2 * kDirectAlign});
-  if (bounce) tb.bounce = std::make_unique<AlignedBuffer>(static_cast<size_t>(bounce));
-  if (st.scratch_bytes) tb.scratch = std::make_unique<AlignedBuffer>(static_cast<size_t>(st.scratch_bytes));
+void reader_loop(std::shared_ptr<ReaderState> sp, int thread_index) {
+  ReaderState& st = *sp;
+  ThreadBuffers tb = thread_buffers(st.columns, st.chunk_records);
   if (st.warm_page_cache) warm_files(st, thread_index);
 
   std::unique_lock<std::mutex> lk(st.mu);
@@ -477,11 +278,11 @@ class BlockAsyncSignals {
 
 }  // namespace
 
-Lease::Lease(std::shared_ptr<EngineState> state, int slot, int64_t records)
+Lease::Lease(std::shared_ptr<ReaderState> state, int slot, int64_t records)
     : state_(std::move(state)), slot_(slot), records_(records) {}
 
 Lease::~Lease() {
-  EngineState& st = *state_;
+  ReaderState& st = *state_;
   // In a child forked while the parent's readers ran, the lock may be held by a thread that does not
   // exist here; the child never reuses the parent's slots, so leave them alone.
   if (getpid() != st.owner_pid) return;
@@ -494,21 +295,28 @@ Lease::~Lease() {
 
 char* Lease::data(int output) const { return state_->slot_data(slot_) + state_->outputs[output].offset; }
 
-Engine::Engine(std::vector<ColumnSpec> columns, EngineOptions opt) : owner_pid_(getpid()) {
+BatchReader::BatchReader(std::vector<ColumnSpec> columns, ReaderOptions opt) : owner_pid_(getpid()) {
   FP_CHECK_VALUE(!columns.empty(), "a loader needs at least one column");
   FP_CHECK_VALUE(opt.batch_size >= 1, "batch_size must be at least 1, got " + std::to_string(opt.batch_size));
   FP_CHECK_VALUE(opt.num_threads >= 0, "num_threads must be at least 1 (0: automatic), got " +
                                           std::to_string(opt.num_threads));
-  FP_CHECK_VALUE(opt.prefetch >= 1, "prefetch must be at least 1, got " + std::to_string(opt.prefetch));
-  FP_CHECK_VALUE(opt.num_slots > opt.prefetch, "num_slots must exceed prefetch");
-  auto st = std::make_shared<EngineState>();
+  FP_CHECK_VALUE(opt.prefetch >= 0, "prefetch must be at least 1 (0: automatic), got " + std::to_string(opt.prefetch));
+  auto st = std::make_shared<ReaderState>();
   st->opt = opt;
   st->owner_pid = owner_pid_;
 
   int64_t total_data = 0;
-  for (const ColumnSpec& s : columns) total_data += s.num_records * s.record_bytes;
+  int64_t batch_bytes = 0;  // of the outputs
+  for (const ColumnSpec& c : columns) {
+    total_data += c.num_records * c.record_bytes;
+    batch_bytes += opt.batch_size * (c.token_bytes ? 2 * 8 * (c.record_bytes / c.token_bytes - 1) : c.record_bytes);
+  }
+  if (opt.prefetch == 0) opt.prefetch = default_prefetch(batch_bytes);
+  if (opt.num_slots == 0) opt.num_slots = opt.prefetch + 2;
+  FP_CHECK_VALUE(opt.num_slots > opt.prefetch, "num_slots must exceed prefetch");
   const int64_t n = columns[0].num_records;
   st->num_records = n;
+  const int64_t mem = mem_available_bytes();
   int64_t offset = 0;
   for (ColumnSpec& s : columns) {
     FP_CHECK_VALUE(s.num_records == n, "'" + s.path + "' has " + std::to_string(s.num_records) +
@@ -520,54 +328,31 @@ Engine::Engine(std::vector<ColumnSpec> columns, EngineOptions opt) : owner_pid_(
       continue;
     }
     st->column_of_spec.push_back(static_cast<int>(st->columns.size()));
-    Column c;
-    c.first_output = static_cast<int>(st->outputs.size());
-    if (s.token_bytes) {
-      c.widen = widen_for(s.token_bytes, s.token_signed);
-      FP_CHECK_VALUE(s.record_bytes % s.token_bytes == 0 && s.record_bytes / s.token_bytes >= 2,
-                     "'" + s.path + "': a token window needs at least 2 whole tokens");
-      const int64_t block = s.record_bytes / s.token_bytes - 1;
-      for (int k = 0; k < 2; ++k) {
-        st->outputs.push_back({offset, block * 8});
-        offset = align_up(offset + block * 8 * opt.batch_size, kDirectAlign);
-      }
-    } else {
-      st->outputs.push_back({offset, s.record_bytes});
-      offset = align_up(offset + s.record_bytes * opt.batch_size, kDirectAlign);
-    }
     st->record_bytes_total += s.record_bytes;
-    c.file = std::make_unique<File>(s.path, choose_mode(opt.io, s.record_bytes, total_data, mem_available_bytes()),
-                                    s.record_bytes < kSmallRecord);
+    const IoMode mode = choose_mode(opt.io, s.record_bytes, total_data, mem);
+    Column c = open_column(std::move(s), mode);
     if (!c.file->fallback_reason().empty())
-      st->warnings.push_back("'" + s.path + "': io='direct' unavailable, " + c.file->fallback_reason() +
+      st->warnings.push_back("'" + c.spec.path + "': io='direct' unavailable, " + c.file->fallback_reason() +
                              "; using buffered reads");
-    const int64_t need = s.data_offset + (n - 1) * s.record_stride + s.record_bytes;
-    FP_CHECK_VALUE(c.file->size_at_open() >= need, "'" + s.path + "' is " + std::to_string(c.file->size_at_open()) +
-                                                        " bytes but its " + std::to_string(n) + " records need " +
-                                                        std::to_string(need));
-    c.spec = std::move(s);
+    c.first_output = static_cast<int>(st->outputs.size());
+    // Outputs: the records as they are, or a token window's x and y widened to int64.
+    const int outputs = c.widen ? 2 : 1;
+    const int64_t out_bytes = c.widen ? 8 * (c.spec.record_bytes / c.spec.token_bytes - 1) : c.spec.record_bytes;
+    for (int k = 0; k < outputs; ++k) {
+      st->outputs.push_back({offset, out_bytes});
+      offset = align_up(offset + out_bytes * opt.batch_size, kDirectAlign);
+    }
     st->columns.push_back(std::move(c));
   }
   st->slot_bytes = std::max<int64_t>(offset, kDirectAlign);
-  st->warm_page_cache = total_data <= mem_available_bytes() / 2;
+  st->warm_page_cache = total_data <= mem / 2;
   if (opt.num_threads == 0) {
-    cpu_set_t set;
-    const long cores = sched_getaffinity(0, sizeof(set), &set) == 0 ? CPU_COUNT(&set) : sysconf(_SC_NPROCESSORS_ONLN);
     bool any_direct = false;
-    for (const Column& c : st->columns) any_direct |= c.file->mode() == FileMode::kDirect;
-    opt.num_threads = default_num_threads(cores, any_direct);
-    st->opt.num_threads = opt.num_threads;
+    for (const Column& c : st->columns) any_direct |= c.file->mode() == IoMode::kDirect;
+    opt.num_threads = default_num_threads(usable_cores(), any_direct);
   }
-  {
-    const int64_t per_thread = (opt.batch_size + opt.num_threads - 1) / opt.num_threads;
-    const int64_t record_bytes = std::max<int64_t>(1, st->record_bytes_total);
-    const int64_t at_least = std::max<int64_t>(1, kMinChunkBytes / record_bytes);
-    const int64_t at_most = std::max<int64_t>(1, kChunkBytes / record_bytes);
-    st->chunk_records = std::min(at_most, std::max(at_least, per_thread));
-  }
-  for (const Column& c : st->columns)
-    if (c.widen && c.file->mode() == FileMode::kBuffered)  // pread lands token windows here before widening
-      st->scratch_bytes = std::max(st->scratch_bytes, st->chunk_records * c.spec.record_bytes);
+  st->opt = opt;
+  st->chunk_records = chunk_records(opt.batch_size, opt.num_threads, st->record_bytes_total);
 
   // One allocation for every slot; touched now so that the first batches do not pay page faults.
   st->arena = std::make_unique<AlignedBuffer>(static_cast<size_t>(st->slot_bytes * opt.num_slots));
@@ -590,7 +375,7 @@ Engine::Engine(std::vector<ColumnSpec> columns, EngineOptions opt) : owner_pid_(
   }
 }
 
-Engine::~Engine() {
+BatchReader::~BatchReader() {
   if (getpid() != owner_pid_) {
     // Forked child: the reader threads exist only in the parent; joining would block forever and
     // std::thread's destructor would abort. Their handles are abandoned on purpose.
@@ -600,14 +385,14 @@ Engine::~Engine() {
   close();
 }
 
-void Engine::check_usable() const {
+void BatchReader::check_usable() const {
   if (getpid() != owner_pid_)
     throw Error(ErrorKind::kState,
                 "this Loader was created in another process (before a fork); create a new Loader in this process");
   if (!state_ || threads_.empty()) throw Error(ErrorKind::kState, "the Loader is closed");
 }
 
-void Engine::close() {
+void BatchReader::close() {
   if (getpid() != owner_pid_ || threads_.empty()) return;
   {
     std::lock_guard<std::mutex> lk(state_->mu);
@@ -622,14 +407,14 @@ void Engine::close() {
   for (Column& c : state_->columns) c.file.reset();
 }
 
-void Engine::start(std::vector<int64_t> indices, bool drop_last) {
+void BatchReader::start(std::vector<int64_t> indices, bool drop_last) {
   check_usable();
-  EngineState& st = *state_;
+  ReaderState& st = *state_;
   auto idx = std::make_shared<const std::vector<int64_t>>(std::move(indices));
   const int64_t bs = st.opt.batch_size;
   const int64_t n = static_cast<int64_t>(idx->size());
   for (const Column& c : st.columns)
-    if (c.file->mode() == FileMode::kMmap) {
+    if (c.file->mode() == IoMode::kMmap) {
       ensure_sigbus_handler();
       break;
     }
@@ -651,8 +436,8 @@ void Engine::start(std::vector<int64_t> indices, bool drop_last) {
 }
 
 // With the lock held and batch `b` ready (or the engine stopped): leases it to the consumer.
-std::shared_ptr<Lease> Engine::take_locked(std::unique_lock<std::mutex>& lk) {
-  EngineState& st = *state_;
+std::shared_ptr<Lease> BatchReader::take_locked(std::unique_lock<std::mutex>& lk) {
+  ReaderState& st = *state_;
   if (st.stop) throw Error(ErrorKind::kState, "the Loader is closed");
   const int s = st.ring[st.consumed % st.opt.prefetch];
   Slot& slot = st.slots[s];
@@ -672,16 +457,16 @@ std::shared_ptr<Lease> Engine::take_locked(std::unique_lock<std::mutex>& lk) {
   return lease;
 }
 
-bool Engine::ready_locked() const {
-  const EngineState& st = *state_;
+bool BatchReader::ready_locked() const {
+  const ReaderState& st = *state_;
   const int s = st.ring[st.consumed % st.opt.prefetch];
   return st.stop || (s >= 0 && st.slots[s].gen == st.gen && st.slots[s].batch == st.consumed &&
                      st.slots[s].state == SlotState::kReady);
 }
 
-std::shared_ptr<Lease> Engine::try_next(bool* end) {
+std::shared_ptr<Lease> BatchReader::try_next(bool* end) {
   check_usable();
-  EngineState& st = *state_;
+  ReaderState& st = *state_;
   std::unique_lock<std::mutex> lk(st.mu);
   if (st.failure) std::rethrow_exception(st.failure);
   *end = !st.indices || st.consumed >= st.num_batches;
@@ -690,9 +475,9 @@ std::shared_ptr<Lease> Engine::try_next(bool* end) {
   return take_locked(lk);
 }
 
-std::shared_ptr<Lease> Engine::next(double timeout_s, const std::function<void()>& poll) {
+std::shared_ptr<Lease> BatchReader::next(double timeout_s, const std::function<void()>& poll) {
   check_usable();
-  EngineState& st = *state_;
+  ReaderState& st = *state_;
   const auto t0 = Clock::now();
   std::unique_lock<std::mutex> lk(st.mu);
   if (st.failure) std::rethrow_exception(st.failure);
@@ -737,27 +522,22 @@ std::shared_ptr<Lease> Engine::next(double timeout_s, const std::function<void()
   return take_locked(lk);
 }
 
-const std::vector<OutputLayout>& Engine::outputs() const { return state_->outputs; }
+const std::vector<OutputLayout>& BatchReader::outputs() const { return state_->outputs; }
 
-std::vector<std::string> Engine::io_modes() const {
+std::vector<std::string> BatchReader::io_modes() const {
   std::vector<std::string> out;
   for (int k : state_->column_of_spec) {
     const Column* c = k < 0 ? nullptr : &state_->columns[k];
-    out.push_back(!c ? "none" : c->file ? mode_name(c->file->mode()) : "closed");
+    out.push_back(!c ? "none" : c->file ? io_mode_name(c->file->mode()) : "closed");
   }
   return out;
 }
 
-std::vector<std::string> Engine::warnings() const { return state_->warnings; }
+std::vector<std::string> BatchReader::warnings() const { return state_->warnings; }
 
-int64_t Engine::num_batches() const {
-  std::lock_guard<std::mutex> lk(state_->mu);
-  return state_->num_batches;
-}
-
-EngineStats Engine::stats() const {
-  const EngineState& st = *state_;
-  EngineStats s;
+ReaderStats BatchReader::stats() const {
+  const ReaderState& st = *state_;
+  ReaderStats s;
   std::lock_guard<std::mutex> lk(state_->mu);
   s.batches = st.batches_out;
   s.bytes_read = st.bytes_read.load();
@@ -765,6 +545,7 @@ EngineStats Engine::stats() const {
   s.wait_seconds = st.wait_s;
   s.wall_seconds = st.active_s + (st.pass_active ? seconds_since(st.pass_t0) : 0.0);
   s.arena_bytes = static_cast<int64_t>(st.arena->size());
+  s.prefetch = st.opt.prefetch;
   s.num_slots = static_cast<int>(st.slots.size());
   s.slots_leased = st.leased_slots;
   s.num_threads = static_cast<int>(threads_.size());
@@ -772,9 +553,9 @@ EngineStats Engine::stats() const {
   return s;
 }
 
-void Engine::set_poison(bool on) { state_->poison = on; }
+void BatchReader::set_poison(bool on) { state_->poison = on; }
 
-void Engine::hold_reads(bool on) {
+void BatchReader::hold_reads(bool on) {
   {
     std::lock_guard<std::mutex> lk(state_->mu);
     state_->hold_reads = on;
@@ -782,7 +563,7 @@ void Engine::hold_reads(bool on) {
   state_->gate_cv.notify_all();
 }
 
-int Engine::held_reads() const {
+int BatchReader::held_reads() const {
   std::lock_guard<std::mutex> lk(state_->mu);
   return state_->held_reads;
 }

@@ -1,4 +1,4 @@
-// Standalone stress test of the loader engine (csrc/core) for ThreadSanitizer and AddressSanitizer:
+// Standalone stress test of the batch reader (csrc/core) for ThreadSanitizer and AddressSanitizer:
 // reader threads, a consumer that holds and releases leases out of order from two threads, passes
 // abandoned midway, and close() with leases outstanding. Exits non-zero on any wrong byte.
 #include <fcntl.h>
@@ -14,7 +14,7 @@
 #include <thread>
 #include <vector>
 
-#include "core/engine.h"
+#include "core/batch_reader.h"
 #include "core/error.h"
 
 using namespace fastpipe;
@@ -59,14 +59,14 @@ void run(const std::string& path, IoMode io, int threads) {
   c.record_stride = kRecordBytes;
   c.record_bytes = kRecordBytes;
   c.num_records = kRecords;
-  EngineOptions opt;
+  ReaderOptions opt;
   opt.batch_size = 10;
   opt.num_threads = threads;
   opt.prefetch = 2;
   opt.num_slots = 5;
   opt.io = io;
-  Engine engine({c}, opt);
-  engine.set_poison(true);  // a slot reused too early shows as wrong bytes
+  BatchReader reader({c}, opt);
+  reader.set_poison(true);  // a slot reused too early shows as wrong bytes
   std::mt19937 rng(1234 + threads);
   std::mutex mu;
   std::deque<std::shared_ptr<Lease>> held;
@@ -74,7 +74,7 @@ void run(const std::string& path, IoMode io, int threads) {
     std::vector<int64_t> idx(kRecords);
     for (int64_t i = 0; i < kRecords; ++i) idx[i] = i;
     std::shuffle(idx.begin(), idx.end(), rng);
-    engine.start(idx, pass % 2 == 1);
+    reader.start(idx, pass % 2 == 1);
     // A second thread drops held batches at random, as a training loop's other threads might.
     bool done = false;
     std::thread dropper([&] {
@@ -91,7 +91,7 @@ void run(const std::string& path, IoMode io, int threads) {
     const int64_t stop_at = pass % 3 == 2 ? 37 : -1;  // some passes are abandoned midway
     for (int64_t b = 0;; ++b) {
       if (b == stop_at) break;
-      auto lease = engine.next(30.0, nullptr);
+      auto lease = reader.next(30.0, nullptr);
       if (!lease) break;
       check(*lease, idx, b * opt.batch_size);
       std::lock_guard<std::mutex> lk(mu);
@@ -104,12 +104,12 @@ void run(const std::string& path, IoMode io, int threads) {
     }
     dropper.join();
   }
-  // A lease outliving close() and the engine stays readable.
+  // A lease outliving close() and the reader stays readable.
   std::vector<int64_t> idx(kRecords);
   for (int64_t i = 0; i < kRecords; ++i) idx[i] = kRecords - 1 - i;
-  engine.start(idx, false);
-  auto keep = engine.next(30.0, nullptr);
-  engine.close();
+  reader.start(idx, false);
+  auto keep = reader.next(30.0, nullptr);
+  reader.close();
   check(*keep, idx, 0);
 }
 
@@ -128,7 +128,7 @@ int main() {
     c.num_records = kRecords + 5;
     bool threw = false;
     try {
-      Engine e({c}, EngineOptions{});
+      BatchReader e({c}, ReaderOptions{});
     } catch (const Error& e) {
       threw = std::strstr(e.what(), "records need") != nullptr;
     }

@@ -1,6 +1,6 @@
-"""The C++ engine on its own, under ThreadSanitizer and AddressSanitizer/UBSan.
+"""The C++ batch reader on its own, under ThreadSanitizer and AddressSanitizer/UBSan.
 
-ThreadSanitizer cannot run inside CPython, so csrc/core is compiled with tests/core/engine_stress.cpp
+ThreadSanitizer cannot run inside CPython, so csrc/core is compiled with tests/core/reader_stress.cpp
 into a standalone binary. A deliberately broken canary proves each sanitizer is really active.
 """
 
@@ -13,7 +13,7 @@ import pytest
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 CORE = sorted(os.path.join(ROOT, "csrc", "core", f) for f in os.listdir(os.path.join(ROOT, "csrc", "core"))
               if f.endswith(".cpp"))
-STRESS = os.path.join(ROOT, "tests", "core", "engine_stress.cpp")
+STRESS = os.path.join(ROOT, "tests", "core", "reader_stress.cpp")
 CXX = os.environ.get("CXX", "g++")
 
 pytestmark = pytest.mark.skipif(shutil.which(CXX) is None, reason=f"no C++ compiler ({CXX})")
@@ -44,7 +44,7 @@ def _run(exe):
 
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize("sanitizer", sorted(SANITIZERS))
-def test_engine_stress_under_sanitizer(tmp_path, sanitizer):
+def test_reader_stress_under_sanitizer(tmp_path, sanitizer):
     flags, canary_report, canary_src = SANITIZERS[sanitizer]
     canary = tmp_path / "canary.cpp"
     canary.write_text(canary_src)

@@ -1,5 +1,6 @@
-// The loader engine: one arena of batch slots, a pool of reader threads that fill slots ahead of the
-// consumer, and leases that return a slot to the pool when the consumer lets go of its batch.
+// The loader's batch reader: one arena of batch slots, a pool of reader threads that fill slots ahead
+// of the consumer (each reading chunks of records with gather.h), and leases that return a slot to the
+// pool when the consumer lets go of its batch.
 //
 // Slot life cycle: free -> filling -> ready -> leased -> free. Batches are handed out strictly in the
 // order of the index list given to start(); reader threads may fill them (and the records inside them)
@@ -19,34 +20,17 @@
 #include <thread>
 #include <vector>
 
-#include "core/file.h"
+#include "core/gather.h"
 
 namespace fastpipe {
 
-enum class IoMode { kAuto, kMmap, kPread, kDirect };
-
-// One column of records in a file. Record i occupies bytes
-// [data_offset + i * record_stride, + record_bytes) of the file.
-struct ColumnSpec {
-  std::string path;
-  int64_t data_offset = 0;
-  int64_t record_stride = 0;
-  int64_t record_bytes = 0;
-  int64_t num_records = 0;
-  // Token windows: 0 copies records as they are (one output). Otherwise a record holds
-  // record_bytes / token_bytes tokens that are widened to int64 into two outputs, x = tokens[:-1]
-  // and y = tokens[1:].
-  int token_bytes = 0;
-  bool token_signed = false;
-};
-
-struct EngineOptions {
+struct ReaderOptions {
   int64_t batch_size = 1;
-  int num_threads = 0;  // 0: automatic (cores, more for O_DIRECT)
-  int prefetch = 2;   // batches read ahead of the consumer
-  int num_slots = 4;  // arena slots, >= prefetch + 1
+  int num_threads = 0;  // 0: default_num_threads
+  int prefetch = 0;   // batches read ahead of the consumer (0: default_prefetch of the batch bytes)
+  int num_slots = 0;  // arena slots, > prefetch (0: prefetch + 2)
   IoMode io = IoMode::kAuto;
-  // Device hooks; the engine itself knows nothing of devices. on_arena_alloc/free: once with the arena
+  // Device hooks; the reader itself knows nothing of devices. on_arena_alloc/free: once with the arena
   // after it is allocated and before it is freed (e.g. to page-lock it). on_slot_release: in the thread
   // that drops the last reference to a batch (e.g. to record an event after the copies queued from
   // it). before_slot_fill: in a reader thread before it writes into a slot (e.g. to wait for that event).
@@ -56,13 +40,14 @@ struct EngineOptions {
   std::function<void(int)> before_slot_fill;
 };
 
-struct EngineStats {
+struct ReaderStats {
   int64_t batches = 0;
   int64_t bytes_read = 0;
   double read_seconds = 0;   // summed over reader threads
   double wait_seconds = 0;   // consumer blocked in next()
   double wall_seconds = 0;   // inside passes: from each start() to its last batch
   int64_t arena_bytes = 0;
+  int prefetch = 0;
   int num_slots = 0;
   int slots_leased = 0;
   int num_threads = 0;
@@ -75,22 +60,13 @@ struct OutputLayout {
   int64_t record_bytes;
 };
 
-// The engine's policies as pure functions (applied by the engine, checked by tests on any figures).
-// How a column is read: as `io` says, or for kAuto a mapping, except records of 64 KiB or more whose
-// data exceeds half the available memory, read with O_DIRECT.
-FileMode choose_mode(IoMode io, int64_t record_bytes, int64_t total_data_bytes, int64_t mem_available);
-// Reader threads when none are asked for: the cores, 2 to 8, and at least 16 when a column is read
-// with O_DIRECT (its threads mostly wait on the device).
-int default_num_threads(long cores, bool any_direct);
-const char* mode_name(FileMode m);  // "mmap", "pread" or "direct"
-
-class Engine;
-struct EngineState;
+class BatchReader;
+struct ReaderState;
 
 // A batch handed to the consumer. Destroying the last reference frees the slot.
 class Lease {
  public:
-  Lease(std::shared_ptr<EngineState> state, int slot, int64_t records);
+  Lease(std::shared_ptr<ReaderState> state, int slot, int64_t records);
   ~Lease();
   Lease(const Lease&) = delete;
   Lease& operator=(const Lease&) = delete;
@@ -98,17 +74,17 @@ class Lease {
   int64_t records() const { return records_; }
 
  private:
-  std::shared_ptr<EngineState> state_;
+  std::shared_ptr<ReaderState> state_;
   int slot_;
   int64_t records_;
 };
 
-class Engine {
+class BatchReader {
  public:
-  Engine(std::vector<ColumnSpec> columns, EngineOptions options);
-  ~Engine();
-  Engine(const Engine&) = delete;
-  Engine& operator=(const Engine&) = delete;
+  BatchReader(std::vector<ColumnSpec> columns, ReaderOptions options);
+  ~BatchReader();
+  BatchReader(const BatchReader&) = delete;
+  BatchReader& operator=(const BatchReader&) = delete;
 
   // Starts a new pass over `indices` (record numbers, batched in order). A pass in progress is
   // abandoned; its batches already leased stay valid.
@@ -127,10 +103,9 @@ class Engine {
   const std::vector<OutputLayout>& outputs() const;
   std::vector<std::string> io_modes() const;  // per column, the mode actually used
   std::vector<std::string> warnings() const;  // e.g. O_DIRECT fallbacks
-  int64_t num_batches() const;
-  EngineStats stats() const;
+  ReaderStats stats() const;
 
-  // Test hooks, reached through the engine object (never through the Loader's signature).
+  // Test hooks, reached through the reader object (never through the Loader's signature).
   // Poison: readers fill each slot region with 0xA5 before reading into it, so that a batch whose slot
   // was reused too early shows. Hold reads: reader threads stop before each chunk until released (or
   // closed); held_reads() is how many wait there, so tests synchronise on it instead of sleeping.
@@ -142,7 +117,7 @@ class Engine {
   void check_usable() const;
   bool ready_locked() const;
   std::shared_ptr<Lease> take_locked(std::unique_lock<std::mutex>& lk);
-  std::shared_ptr<EngineState> state_;
+  std::shared_ptr<ReaderState> state_;
   std::vector<std::thread> threads_;
   pid_t owner_pid_;
 };

@@ -1,0 +1,221 @@
+#include "core/gather.h"
+
+#include <sched.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstring>
+
+#include "core/error.h"
+
+namespace fastpipe {
+namespace {
+
+int64_t align_up(int64_t v, int64_t a) { return (v + a - 1) / a * a; }
+
+// Records smaller than this are read with no read-ahead (in random order it fetches other batches'
+// pages); larger ones keep the kernel's read-ahead, which then runs within the record.
+constexpr int64_t kSmallRecord = 64 << 10;
+// A work item (chunk) carries at most about this many bytes (large enough for sequential records to
+// coalesce into big reads), and a batch has at least one chunk per thread where it can, but no chunk
+// is smaller than kMinChunkBytes: below that, handing work between threads costs more than it saves.
+constexpr int64_t kChunkBytes = 1 << 20;
+constexpr int64_t kMinChunkBytes = 256 << 10;
+// Reader threads by default: the usable cores (compute-bound gathers), or more for O_DIRECT, whose
+// threads mostly wait on the device: random record reads reach a disk's sequential bandwidth only with
+// a deep queue (measured: 16 reads in flight on a virtio disk).
+constexpr int kMaxDefaultThreads = 8;
+constexpr int kDirectDefaultThreads = 16;
+// O_DIRECT reads go through a per-thread bounce buffer of at least this size.
+constexpr int64_t kBounceBytes = 4 << 20;
+// Default read-ahead: about this many bytes of batches, between kMinPrefetch and kMaxPrefetch batches.
+constexpr int64_t kPrefetchBytes = 4 << 20;
+constexpr int64_t kMinPrefetch = 2;
+constexpr int64_t kMaxPrefetch = 16;
+// Page-cache warm-up step: about one read-ahead window per posix_fadvise call.
+constexpr int64_t kWarmStep = 8 << 20;
+
+template <typename T>
+void widen_tokens(const char* __restrict__ src, int64_t block, int64_t* __restrict__ x, int64_t* __restrict__ y) {
+  const T* __restrict__ t = reinterpret_cast<const T*>(src);
+  for (int64_t k = 0; k < block; ++k) x[k] = static_cast<int64_t>(t[k]);
+  for (int64_t k = 0; k < block; ++k) y[k] = static_cast<int64_t>(t[k + 1]);
+}
+
+WidenFn widen_for(int bytes, bool is_signed) {
+  switch (bytes) {
+    case 1: return is_signed ? widen_tokens<int8_t> : widen_tokens<uint8_t>;
+    case 2: return is_signed ? widen_tokens<int16_t> : widen_tokens<uint16_t>;
+    case 4: return is_signed ? widen_tokens<int32_t> : widen_tokens<uint32_t>;
+    case 8: return widen_tokens<int64_t>;
+  }
+  throw Error(ErrorKind::kValue, "token size must be 1, 2, 4 or 8 bytes, got " + std::to_string(bytes));
+}
+
+std::string record_context(const Column& c, int64_t record) {
+  return "'" + c.spec.path + "': record " + std::to_string(record) + " (offset " +
+         std::to_string(c.spec.data_offset + record * c.spec.record_stride) + ", " +
+         std::to_string(c.spec.record_bytes) + " bytes)";
+}
+
+[[noreturn]] void throw_shrunk(const Column& c, int64_t record) {
+  int64_t now = -1;
+  try {
+    now = c.file->current_size();
+  } catch (const Error&) {
+  }
+  throw Error(ErrorKind::kIO, "cannot read " + record_context(c, record) + ": the file is now " +
+                                  std::to_string(now) + " bytes, it was " + std::to_string(c.file->size_at_open()) +
+                                  " when the loader opened it (it was truncated or replaced while being read)");
+}
+
+}  // namespace
+
+IoMode choose_mode(IoMode io, int64_t record_bytes, int64_t total_data_bytes, int64_t mem_available) {
+  if (io != IoMode::kAuto) return io;
+  // Large records of data that cannot stay in the page cache are read around it (buffered reads would
+  // evict other pages and then miss anyway). Otherwise a mapping: a gather is one memcpy per record,
+  // without a system call, and measured faster than pread for page-cached records of every size.
+  if (record_bytes >= kSmallRecord && total_data_bytes > mem_available / 2) return IoMode::kDirect;
+  return IoMode::kMmap;
+}
+
+int default_num_threads(long cores, bool any_direct) {
+  const int threads = static_cast<int>(std::clamp<long>(cores, 2, kMaxDefaultThreads));
+  return any_direct ? std::max(threads, kDirectDefaultThreads) : threads;
+}
+
+int default_prefetch(int64_t batch_bytes) {
+  const int64_t bytes = std::max<int64_t>(1, batch_bytes);
+  return static_cast<int>(std::clamp<int64_t>((kPrefetchBytes + bytes - 1) / bytes, kMinPrefetch, kMaxPrefetch));
+}
+
+int64_t chunk_records(int64_t batch_size, int num_threads, int64_t record_bytes) {
+  const int64_t per_thread = (batch_size + num_threads - 1) / num_threads;
+  const int64_t bytes = std::max<int64_t>(1, record_bytes);
+  const int64_t at_least = std::max<int64_t>(1, kMinChunkBytes / bytes);
+  const int64_t at_most = std::max<int64_t>(1, kChunkBytes / bytes);
+  return std::min(at_most, std::max(at_least, per_thread));
+}
+
+int64_t mem_available_bytes() {
+  const long pages = sysconf(_SC_AVPHYS_PAGES);
+  return pages > 0 ? static_cast<int64_t>(pages) * sysconf(_SC_PAGE_SIZE) : 0;
+}
+
+long usable_cores() {
+  cpu_set_t set;
+  return sched_getaffinity(0, sizeof(set), &set) == 0 ? CPU_COUNT(&set) : sysconf(_SC_NPROCESSORS_ONLN);
+}
+
+Column open_column(ColumnSpec spec, IoMode mode) {
+  const ColumnSpec& s = spec;
+  Column c;
+  if (s.token_bytes) {
+    c.widen = widen_for(s.token_bytes, s.token_signed);
+    FP_CHECK_VALUE(s.record_bytes % s.token_bytes == 0 && s.record_bytes / s.token_bytes >= 2,
+                   "'" + s.path + "': a token window needs at least 2 whole tokens");
+  }
+  c.file = std::make_unique<File>(s.path, mode, s.record_bytes < kSmallRecord);
+  const int64_t need = s.data_offset + (s.num_records - 1) * s.record_stride + s.record_bytes;
+  FP_CHECK_VALUE(c.file->size_at_open() >= need, "'" + s.path + "' is " + std::to_string(c.file->size_at_open()) +
+                                                      " bytes but its " + std::to_string(s.num_records) +
+                                                      " records need " + std::to_string(need));
+  c.spec = std::move(spec);
+  return c;
+}
+
+ThreadBuffers thread_buffers(const std::vector<Column>& columns, int64_t chunk) {
+  ThreadBuffers tb;
+  // The bounce buffer holds at least one whole aligned record of any O_DIRECT column; pread lands token
+  // windows in the scratch buffer before widening.
+  int64_t bounce = 0, scratch = 0;
+  for (const Column& c : columns) {
+    if (c.file->mode() == IoMode::kDirect)
+      bounce = std::max({bounce, kBounceBytes, align_up(c.spec.record_bytes, kDirectAlign) + 2 * kDirectAlign});
+    if (c.widen && c.file->mode() == IoMode::kPread) scratch = std::max(scratch, chunk * c.spec.record_bytes);
+  }
+  if (bounce) tb.bounce = std::make_unique<AlignedBuffer>(static_cast<size_t>(bounce));
+  if (scratch) tb.scratch = std::make_unique<AlignedBuffer>(static_cast<size_t>(scratch));
+  return tb;
+}
+
+void Sink::put(int64_t k, const char* src) const {
+  char* out = dst + k * stride;
+  if (col->widen)
+    col->widen(src, stride / 8, reinterpret_cast<int64_t*>(out), reinterpret_cast<int64_t*>(out + y_delta));
+  else
+    std::memcpy(out, src, static_cast<size_t>(stride));
+}
+
+void read_records(const Column& c, const int64_t* idx, int64_t count, const Sink& sink, ThreadBuffers& tb) {
+  const ColumnSpec& s = c.spec;
+  const int64_t len = s.record_bytes;
+  tb.offsets.resize(static_cast<size_t>(count));
+  for (int64_t k = 0; k < count; ++k) tb.offsets[k] = s.data_offset + idx[k] * s.record_stride;
+  const int64_t* off = tb.offsets.data();
+
+  if (c.file->mode() == IoMode::kMmap) {
+    int64_t done = 0;
+    auto visit = [](void* ctx, int64_t k, const char* src) { static_cast<const Sink*>(ctx)->put(k, src); };
+    if (!c.file->visit_mapped(off, count, len, visit, const_cast<Sink*>(&sink), &done)) throw_shrunk(c, idx[done]);
+  } else {
+    // Sorted by file offset: sequential runs become one request, and the disk sees ascending offsets.
+    tb.order.resize(static_cast<size_t>(count));
+    for (int64_t k = 0; k < count; ++k) tb.order[k] = k;
+    std::sort(tb.order.begin(), tb.order.end(), [&](int64_t a, int64_t b) { return off[a] < off[b]; });
+    const int64_t* ord = tb.order.data();
+    const bool direct = c.file->mode() == IoMode::kDirect;
+    int64_t i = 0;
+    while (i < count) {
+      int64_t j = i + 1;
+      if (direct) {
+        // Records whose aligned extents touch share one aligned read through the bounce buffer.
+        const int64_t start = off[ord[i]] / kDirectAlign * kDirectAlign;
+        int64_t end = align_up(off[ord[i]] + len, kDirectAlign);
+        while (j < count) {
+          const int64_t e = align_up(off[ord[j]] + len, kDirectAlign);
+          if (off[ord[j]] / kDirectAlign * kDirectAlign > end || e - start > static_cast<int64_t>(tb.bounce->size()))
+            break;
+          end = std::max(end, e);
+          ++j;
+        }
+        const int64_t got = c.file->read_at_most(tb.bounce->data(), end - start, start);
+        for (int64_t k = i; k < j; ++k) {
+          if (off[ord[k]] + len - start > got) throw_shrunk(c, idx[ord[k]]);
+          sink.put(ord[k], tb.bounce->data() + (off[ord[k]] - start));
+        }
+      } else {
+        // Adjacent in the file and in the batch (sequential order): one pread for the run, straight
+        // into the slot for raw columns.
+        while (j < count && off[ord[j]] == off[ord[i]] + (j - i) * len && ord[j] == ord[i] + (j - i)) ++j;
+        const int64_t want = (j - i) * len;
+        char* buf = c.widen ? tb.scratch->data() : sink.dst + ord[i] * sink.stride;
+        const int64_t got = c.file->read_at_most(buf, want, off[ord[i]]);
+        if (got < want) throw_shrunk(c, idx[ord[i + got / len]]);
+        if (c.widen)
+          for (int64_t k = i; k < j; ++k) sink.put(ord[k], buf + (k - i) * len);
+      }
+      i = j;
+    }
+  }
+  // A mapping of a file that shrank reads zeros in the last page instead of faulting, and a pread
+  // can race with truncation: confirm the file still covers every record read.
+  int64_t max_k = 0;
+  for (int64_t k = 1; k < count; ++k)
+    if (off[k] > off[max_k]) max_k = k;
+  if (count && c.file->current_size() < off[max_k] + len) throw_shrunk(c, idx[max_k]);
+}
+
+void warm_file(const File& f, const std::function<bool()>& stopped) {
+  for (int64_t off = 0; off < f.size_at_open(); off += kWarmStep) {
+    if (stopped()) return;
+    f.will_need(off, kWarmStep);
+  }
+  for (int64_t off = 0; f.mode() == IoMode::kMmap && off < f.size_at_open(); off += kWarmStep) {
+    if (stopped()) return;
+    f.populate(off, kWarmStep);
+  }
+}
+
+}  // namespace fastpipe

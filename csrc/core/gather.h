@@ -1,0 +1,93 @@
+// Reading records from files into batch slots: the read-mode and sizing policies, a column's open
+// file, and the gather of one chunk of records (coalesced pread, O_DIRECT through a bounce buffer, or
+// memcpy from a mapping; token windows widened on the way). batch_reader.h schedules these reads.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "core/file.h"
+#include "core/io_mode.h"
+
+namespace fastpipe {
+
+// One column of records in a file. Record i occupies bytes
+// [data_offset + i * record_stride, + record_bytes) of the file.
+struct ColumnSpec {
+  std::string path;
+  int64_t data_offset = 0;
+  int64_t record_stride = 0;
+  int64_t record_bytes = 0;
+  int64_t num_records = 0;
+  // Token windows: 0 copies records as they are (one output). Otherwise a record holds
+  // record_bytes / token_bytes tokens that are widened to int64 into two outputs, x = tokens[:-1]
+  // and y = tokens[1:].
+  int token_bytes = 0;
+  bool token_signed = false;
+};
+
+// ---- policies, as pure functions (the reader applies them; tests check them on any figures) ----------
+// How a column is read: as `io` says, or for kAuto a mapping, except records of 64 KiB or more whose
+// data exceeds half the available memory, read with O_DIRECT.
+IoMode choose_mode(IoMode io, int64_t record_bytes, int64_t total_data_bytes, int64_t mem_available);
+// Reader threads when none are asked for: the cores, 2 to 8, and at least 16 when a column is read
+// with O_DIRECT (its threads mostly wait on the device).
+int default_num_threads(long cores, bool any_direct);
+// Batches read ahead when none are asked for: about 4 MiB of batches, 2 to 16 (small batches need a
+// deeper queue to keep the readers busy between the training loop's requests).
+int default_prefetch(int64_t batch_bytes);
+// Records per work item (chunk) of a batch.
+int64_t chunk_records(int64_t batch_size, int num_threads, int64_t record_bytes);
+
+int64_t mem_available_bytes();
+long usable_cores();
+
+// ---- a column being read ---------------------------------------------------------------------------
+using WidenFn = void (*)(const char* src, int64_t block, int64_t* x, int64_t* y);
+
+struct Column {
+  ColumnSpec spec;
+  std::unique_ptr<File> file;
+  int first_output = 0;  // index into the reader's outputs
+  WidenFn widen = nullptr;
+};
+
+// Opens a column for reading with `mode` (kMmap, kPread or kDirect) and checks that the file covers
+// its records. Throws Error(kValue) naming the file.
+Column open_column(ColumnSpec spec, IoMode mode);
+
+// Per-thread buffers, allocated once per thread.
+struct ThreadBuffers {
+  std::unique_ptr<AlignedBuffer> bounce;   // O_DIRECT
+  std::unique_ptr<AlignedBuffer> scratch;  // token windows read with pread, before widening
+  std::vector<int64_t> offsets;
+  std::vector<int64_t> order;
+};
+
+// The buffers a reader thread needs for `columns` when a chunk holds `chunk` records.
+ThreadBuffers thread_buffers(const std::vector<Column>& columns, int64_t chunk);
+
+// Where record k of a chunk lands in the slot: raw columns copy its bytes to dst + k * stride; token
+// columns widen them into x at dst + k * stride and y at y_delta further.
+struct Sink {
+  const Column* col;
+  char* dst;
+  int64_t stride;
+  int64_t y_delta;
+  void put(int64_t k, const char* src) const;
+};
+
+// Reads records idx[0..count) of column c into `sink`. Throws Error(kIO) naming the file, the record
+// and its offset when the file no longer covers it (it shrank while being read).
+void read_records(const Column& c, const int64_t* idx, int64_t count, const Sink& sink, ThreadBuffers& tb);
+
+// Queues a whole file for reading into the page cache, one read-ahead window per call, so that the
+// first pass over data that was not cached reads sequentially instead of one page per random record;
+// then maps every page of a mapped file, so that no record pays a page fault on first touch. Returns
+// early when stopped() says so.
+void warm_file(const File& f, const std::function<bool()>& stopped);
+
+}  // namespace fastpipe
