@@ -109,9 +109,11 @@ def sources(pattern):
     return sorted(os.path.relpath(p, ROOT) for p in glob.glob(os.path.join(ROOT, pattern)))
 
 
-srcs = sources("csrc/core/*.cpp") + sources("csrc/ops/*.cpp")
+srcs = sources("csrc/core/*.cpp") + sources("csrc/ops/*.cpp") + sources("csrc/ops/*/*.cpp")
 if WITH_CUDA:
-    srcs += sources("csrc/cuda/*.cu") + sources("csrc/ops/cuda/*.cpp")
+    srcs += sources("csrc/cuda/*.cu")
+else:
+    srcs = [s for s in srcs if not s.startswith(os.path.join("csrc", "ops", "cuda", ""))]
 
 defines = [
     ("FASTPIPE_VERSION", f'"{VERSION}"'),

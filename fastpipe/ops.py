@@ -1,6 +1,6 @@
 """fastpipe's torch ops: the entry point used by fastpipe.nn and the fake kernels for torch.compile.
 
-The ops are defined in C++ (csrc/ops/conv.cpp) and registered when fastpipe._C loads:
+The ops are defined in C++ (csrc/ops/conv_act.cpp) and registered when fastpipe._C loads:
 
 ``fastpipe::conv2d_act(input, weight, bias, stride, padding, dilation, groups, activation, act_args, residual)``
     ``act(conv2d(input, weight) + bias + residual)``. ``activation`` is one of identity, relu, hardtanh
@@ -11,11 +11,12 @@ The ops are defined in C++ (csrc/ops/conv.cpp) and registered when fastpipe._C l
     pre-activation.
 ``fastpipe::_conv2d_act_backward(grad_out, saved, activation, act_args, bias_grad)``
     (gradient w.r.t. the pre-activation, bias gradient or an empty tensor) in one pass. ``saved`` is the
-    output for identity, relu, hardtanh, sigmoid, tanh and leaky_relu with a slope >= 0, the
-    pre-activation otherwise.
+    output or the pre-activation, as ``fastpipe._C.CONV_ACTIVATIONS`` says per activation (the table in
+    csrc/cuda/activation.h).
 
-Autograd is registered in C++ (conv.cpp): backward runs ``_conv2d_act_backward`` then
-``aten.convolution_backward`` for the input and weight gradients. This module adds the fake kernels.
+Autograd is registered in C++ (csrc/ops/autograd): backward runs ``_conv2d_act_backward`` then
+``aten.convolution_backward`` for the input and weight gradients. This module adds the fake kernels and
+the output size (the Python twin of conv_act.h's conv_output_size).
 """
 
 import torch
@@ -28,9 +29,22 @@ import fastpipe._ext  # noqa: F401  (loads fastpipe._C, which registers the ops)
 conv2d_act = torch.ops.fastpipe.conv2d_act.default
 
 
+def conv_output_size(size, kernel, stride, padding, dilation):
+    """One spatial dimension of a convolution's output."""
+    return (size + 2 * padding - dilation * (kernel - 1) - 1) // stride + 1
+
+
+def conv_output_shape(input_shape, weight_shape, stride, padding, dilation):
+    """[N, C_out, H_out, W_out] of a batched convolution; stride, padding and dilation are pairs (or one
+    value for both dimensions, as the schema allows)."""
+    pair = lambda v, d: v[d] if len(v) == 2 else v[0]  # noqa: E731
+    return [input_shape[0], weight_shape[0]] + [
+        conv_output_size(input_shape[2 + d], weight_shape[2 + d], pair(stride, d), pair(padding, d), pair(dilation, d))
+        for d in range(2)
+    ]
+
+
 # ---- fake kernels -------------------------------------------------------------------------------------
-def _pair(v, d):
-    return v[d] if len(v) == 2 else v[0]
 
 
 def _fake_output(input, weight, stride, padding, dilation, groups):
@@ -40,10 +54,7 @@ def _fake_output(input, weight, stride, padding, dilation, groups):
         input.shape[1] == weight.shape[1] * groups,
         lambda: f"input has {input.shape[1]} channels but weight expects {weight.shape[1] * groups}",
     )
-    size = [input.shape[0], weight.shape[0]]
-    for d in range(2):
-        extent = _pair(dilation, d) * (weight.shape[2 + d] - 1) + 1
-        size.append((input.shape[2 + d] + 2 * _pair(padding, d) - extent) // _pair(stride, d) + 1)
+    size = conv_output_shape(input.shape, weight.shape, stride, padding, dilation)
     channels_last = torch.channels_last in (suggest_memory_format(input), suggest_memory_format(weight))
     fmt = torch.channels_last if channels_last else torch.contiguous_format
     return torch.empty(size, dtype=input.dtype, device=input.device, memory_format=fmt)

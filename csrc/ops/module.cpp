@@ -1,9 +1,10 @@
-// The Python module fastpipe._C: build facts and the loader engine. The fused ops register themselves
-// with the dispatcher (TORCH_LIBRARY in conv.cpp) when this library is loaded.
+// The Python module fastpipe._C: build facts, the shared tables and the loader's batch reader. The fused
+// ops register themselves with the dispatcher (TORCH_LIBRARY in conv_act.cpp) when this library loads.
 #include <torch/extension.h>
 
+#include "cuda/activation.h"
 #include "ops/bindings.h"
-#include "ops/conv.h"
+#include "ops/conv_tuner.h"
 
 namespace py = pybind11;
 
@@ -29,6 +30,12 @@ PYBIND11_MODULE(_C, m) {
 #endif
   info["cuda_archs"] = FASTPIPE_CUDA_ARCHS;
   m.attr("BUILD_INFO") = info;
+  // The fused convolution's activations (cuda/activation.h): (name, number of act_args, whether
+  // backward keeps the output rather than the pre-activation, for act_args that keep the sign).
+  py::list acts;
+  for (const auto& a : fastpipe::kActivations)
+    acts.append(py::make_tuple(a.name, a.nargs, fastpipe::grad_from_output(fastpipe::ActSpec{a.act, 0.0, 1.0})));
+  m.attr("CONV_ACTIVATIONS") = py::tuple(acts);
   fastpipe::bind_loader(m);
   fastpipe::conv::set_warning_sink(python_warning);
 }

@@ -46,10 +46,7 @@ def fused_conv(input, weight, bias, stride, padding, dilation, groups, activatio
         if residual is not None:
             residual = residual.unsqueeze(0)
     if residual is not None:
-        out_shape = [input.shape[0], weight.shape[0]] + [
-            (input.shape[2 + d] + 2 * padding[d] - dilation[d] * (weight.shape[2 + d] - 1) - 1) // stride[d] + 1
-            for d in range(2)
-        ]
+        out_shape = ops.conv_output_shape(input.shape, weight.shape, stride, padding, dilation)
         if list(residual.shape) != out_shape:
             try:
                 residual = residual.expand(out_shape)

@@ -10,6 +10,7 @@ import torch
 import torch.fx as fx
 import torch.nn as nn
 
+from fastpipe import ops
 from fastpipe.nn import _activations
 from fastpipe.nn.modules import FusedConv2d
 
@@ -140,7 +141,7 @@ class FusedConv2dAdd(FusedConv2d):
         if self._pre_pad is not None:
             h, w = h + self._pre_pad[2] + self._pre_pad[3], w + self._pre_pad[0] + self._pre_pad[1]
         out = [*input.shape[:-3], self.out_channels] + [
-            (size + 2 * p - d * (k - 1) - 1) // s + 1
+            ops.conv_output_size(size, k, s, p, d)
             for size, p, d, k, s in zip((h, w), self._padding, self.dilation, self.kernel_size, self.stride)
         ]
         return all(r in (1, o) for r, o in zip(reversed(residual.shape), reversed(out)))

@@ -8,7 +8,9 @@
 #include <torch/library.h>
 
 #include "cuda/epilogue.h"
-#include "ops/conv.h"
+#include "ops/activations.h"
+#include "ops/conv_act.h"
+#include "ops/conv_tuner.h"
 
 namespace fastpipe::conv {
 namespace {

@@ -1,4 +1,4 @@
-"""Facts both languages need are kept once (in C++) and exported: each Python view agrees with it."""
+"""The loader's tables kept once in C++ (dtypes, io modes) and exported: each Python view agrees."""
 
 import numpy as np
 import torch
@@ -39,3 +39,4 @@ def test_io_modes_are_one_table(tmp_path):
         assert "io must be one of" in str(e) and all(m in str(e) for m in loader.IO_MODES)
     else:
         raise AssertionError("io='fast' was accepted")
+

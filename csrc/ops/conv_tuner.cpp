@@ -1,0 +1,357 @@
+#include "ops/conv_tuner.h"
+
+#include <ATen/Context.h>
+#include <ATen/Parallel.h>
+#include <ATen/ops/convolution.h>
+#include <ATen/record_function.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cstdlib>
+#include <cstring>
+#include <limits>
+#include <mutex>
+#include <sstream>
+#include <unordered_map>
+#include <unordered_set>
+
+#include "ops/activations.h"
+
+namespace fastpipe::conv {
+namespace {
+
+const char* always(const ConvArgs&) { return nullptr; }
+
+// ATen's convolution (bias included), the residual added and the activation applied in place.
+at::Tensor run_eager(const ConvArgs& a) {
+  at::Tensor y =
+      at::convolution(a.input, a.weight, a.bias, a.stride, a.padding, a.dilation, false, {0, 0}, a.groups);
+  if (a.residual) y.add_(*a.residual);
+  return apply_activation(y, a.act, /*inplace=*/true);
+}
+
+constexpr double kSwitchMargin = 1.03;  // a candidate replaces eager only when at least 3% faster
+
+struct DeviceCandidates {
+  DeviceHooks hooks{};
+  std::vector<Candidate> candidates;  // [0] is eager
+  std::vector<std::string> labels;    // per candidate: "fastpipe::conv_engine.<name>", the profiler's name
+
+  // Runs candidate i under a profiler label, so that a trace (and the tests) show which engine ran.
+  at::Tensor run(size_t i, const ConvArgs& a) const {
+    RECORD_FUNCTION(labels[i].c_str(), std::vector<c10::IValue>());
+    return candidates[i].run(a);
+  }
+};
+
+using Key = std::array<int64_t, 28>;
+struct KeyHash {
+  size_t operator()(const Key& k) const {
+    size_t h = 0;
+    for (int64_t v : k) h = h * 1000003u ^ std::hash<int64_t>{}(v);
+    return h;
+  }
+};
+
+struct Choice {
+  size_t index;
+  std::string report;
+};
+
+struct TunerState {
+  std::mutex mutex;
+  std::unordered_map<int, DeviceCandidates> devices;  // by c10::DeviceType
+  std::unordered_map<Key, Choice, KeyHash> cache;
+  // Candidates that threw on a key (bit i: candidate i), never tried on it again; `any_failed` lets
+  // the forced path skip building the key while nothing ever failed.
+  std::unordered_map<Key, uint64_t, KeyHash> failed;
+  std::atomic<bool> any_failed{false};
+  std::unordered_set<std::string> warned;  // warnings already given (each is given once)
+};
+
+TunerState& tuner_state() {
+  static TunerState state;
+  return state;
+}
+
+int64_t bits_of(double v) {
+  int64_t b;
+  std::memcpy(&b, &v, sizeof b);
+  return b;
+}
+
+bool is_channels_last(const at::Tensor& t) {
+  return t.suggest_memory_format() == at::MemoryFormat::ChannelsLast;
+}
+
+// Everything the relative speed of the candidates may depend on.
+Key make_key(const ConvArgs& a) {
+  Key k{};
+  size_t i = 0;
+  auto put = [&](int64_t v) { k[i++] = v; };
+  put(static_cast<int64_t>(a.input.device().type()));
+  put(a.input.device().index());
+  put(static_cast<int64_t>(a.input.scalar_type()));
+  for (int64_t s : a.input.sizes()) put(s);
+  put(is_channels_last(a.input));
+  put(a.input.is_contiguous(a.input.suggest_memory_format()));
+  for (int64_t s : a.weight.sizes()) put(s);
+  put(is_channels_last(a.weight));
+  for (auto* arr : {&a.stride, &a.padding, &a.dilation}) {
+    put((*arr)[0]);
+    put((*arr)[1]);
+  }
+  put(a.groups);
+  put(static_cast<int64_t>(a.act.act));
+  put(bits_of(a.act.alpha));
+  put(bits_of(a.act.beta));
+  put(a.bias.has_value());
+  put(a.residual ? 1 + is_channels_last(*a.residual) : 0);
+  put(at::get_num_threads());
+  put(a.input.is_cuda() && at::globalContext().allowTF32CuDNN());  // TF32 changes the fp32 conv's speed
+  TORCH_INTERNAL_ASSERT(i == k.size(), "engine key has ", i, " fields, expected ", k.size());
+  return k;
+}
+
+std::string describe(const ConvArgs& a) {
+  std::ostringstream s;
+  s << a.input.device().type() << " " << a.input.scalar_type() << " input" << a.input.sizes()
+    << (a.format == at::MemoryFormat::ChannelsLast ? " channels_last" : "") << " weight" << a.weight.sizes()
+    << " stride" << at::IntArrayRef(a.stride) << " padding" << at::IntArrayRef(a.padding) << " dilation"
+    << at::IntArrayRef(a.dilation) << " groups=" << a.groups << " " << act_info(a.act.act).name
+    << (a.bias ? " +bias" : "") << (a.residual ? " +residual" : "");
+  return s.str();
+}
+
+size_t pick_engine(at::ArrayRef<double> times) {
+  size_t best = 0;
+  for (size_t i = 1; i < times.size(); ++i) {
+    if (times[i] < times[best]) best = i;
+  }
+  return times[best] * kSwitchMargin <= times[0] ? best : 0;
+}
+
+double now_ms() {
+  return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
+std::atomic<void (*)(const std::string&)> warning_sink{nullptr};
+
+void warn_once(TunerState& st, const std::string& message) {
+  {
+    std::lock_guard<std::mutex> lock(st.mutex);
+    if (!st.warned.insert(message).second) return;
+  }
+  if (auto sink = warning_sink.load()) {
+    sink(message);
+  } else {
+    TORCH_WARN(message);
+  }
+}
+
+// Remembers that candidate `index` threw on `a`'s key, and says so once.
+void note_failure(TunerState& st, const DeviceCandidates& dev, size_t index, const ConvArgs& a, const char* error) {
+  const Key key = make_key(a);
+  {
+    std::lock_guard<std::mutex> lock(st.mutex);
+    st.failed[key] |= uint64_t{1} << index;
+    st.any_failed = true;
+  }
+  std::string first_line(error);
+  first_line = first_line.substr(0, first_line.find('\n'));
+  warn_once(st, c10::str("fastpipe: conv engine '", dev.candidates[index].name, "' failed on ", describe(a),
+                         " and is not used for it (eager runs instead): ", first_line));
+}
+
+bool failed_before(TunerState& st, size_t index, const ConvArgs& a) {
+  if (!st.any_failed) return false;
+  const Key key = make_key(a);
+  std::lock_guard<std::mutex> lock(st.mutex);
+  auto it = st.failed.find(key);
+  return it != st.failed.end() && (it->second >> index & 1);
+}
+
+// Times every candidate that can run `a` on `a` itself (like cudnn.benchmark) and picks one.
+Choice tune(TunerState& st, const ConvArgs& a, const DeviceCandidates& dev) {
+  const auto& cands = dev.candidates;
+  const c10::DeviceIndex index = a.input.device().index();
+  auto sync = [&] {
+    if (dev.hooks.synchronize) dev.hooks.synchronize(index);
+  };
+  auto timed_run = [&](size_t i) {
+    sync();
+    const double t0 = now_ms();
+    dev.run(i, a);
+    sync();
+    return now_ms() - t0;
+  };
+  // Warm-up: a first call builds plans and primitives. A candidate that throws for this call is left
+  // out (and remembered); eager throwing is the caller's error and surfaces.
+  std::vector<size_t> eligible{0};
+  for (size_t i = 1; i < cands.size(); ++i) {
+    if (cands[i].why_not(a) == nullptr && !failed_before(st, i, a)) eligible.push_back(i);
+  }
+  std::vector<size_t> live;
+  std::string failures;
+  double slowest = 0;
+  for (size_t i : eligible.size() > 1 ? eligible : std::vector<size_t>{}) {  // eager alone: nothing to time
+    try {
+      slowest = std::max(slowest, timed_run(i));
+      live.push_back(i);
+    } catch (const c10::Error& e) {
+      if (i == 0) throw;
+      note_failure(st, dev, i, a, e.what_without_backtrace());
+      failures += std::string(" ") + cands[i].name + "=failed";
+    }
+  }
+  std::vector<double> times(cands.size(), std::numeric_limits<double>::infinity());
+  if (live.size() > 1) {
+    // Interleaved rounds; each candidate keeps its fastest. Load from elsewhere only ever adds time
+    // (on a busy CPU, in bursts), so the minimum is the least disturbed estimate of a candidate's cost.
+    // About 100 ms of rounds, 3 to 25: fast calls are the noisiest and cheapest to repeat.
+    const int rounds = static_cast<int>(std::clamp(100.0 / std::max(slowest, 1e-3), 3.0, 25.0));
+    for (int r = 0; r < rounds; ++r) {
+      for (size_t i : live) times[i] = std::min(times[i], timed_run(i));
+    }
+  } else {
+    times[0] = 0;  // eager alone
+  }
+  Choice choice{pick_engine(times), describe(a) + " -> "};
+  choice.report += cands[choice.index].name;
+  if (live.size() > 1 || !failures.empty()) {
+    std::ostringstream s;
+    s.precision(4);
+    s << " (ms:";
+    for (size_t i : live) s << " " << cands[i].name << "=" << times[i];
+    s << failures << ")";
+    choice.report += s.str();
+  }
+  return choice;
+}
+
+// The engine for a call: the forced one (FASTPIPE_CONV_ENGINE) where it can run the call, else the
+// cached or newly timed choice of the call's key.
+struct Selection {
+  const DeviceCandidates* dev;
+  size_t index;
+  bool forced;
+};
+
+Selection select_engine(const ConvArgs& a) {
+  TunerState& st = tuner_state();
+  const DeviceCandidates* dev = nullptr;
+  {
+    std::lock_guard<std::mutex> lock(st.mutex);
+    auto it = st.devices.find(static_cast<int>(a.input.device().type()));
+    TORCH_CHECK(it != st.devices.end(), "fastpipe has no convolution engines for device type ",
+                a.input.device().type());
+    dev = &it->second;  // map nodes are stable; devices are only added during static initialisation
+  }
+  const Selection eager{dev, 0, false};
+  const char* forced = std::getenv("FASTPIPE_CONV_ENGINE");
+  if (forced != nullptr && *forced != '\0' && std::strcmp(forced, "auto") != 0) {
+    for (size_t i = 0; i < dev->candidates.size(); ++i) {
+      const Candidate& c = dev->candidates[i];
+      if (std::strcmp(c.name, forced) != 0) continue;
+      if (const char* why = c.why_not(a)) {
+        warn_once(st, c10::str("fastpipe: FASTPIPE_CONV_ENGINE=", forced, " cannot run ", a.input.scalar_type(),
+                               " on ", a.input.device().type(), " (", why, "): eager runs instead"));
+        return eager;
+      }
+      return i > 0 && failed_before(st, i, a) ? eager : Selection{dev, i, true};
+    }
+    std::string known;
+    {
+      std::lock_guard<std::mutex> lock(st.mutex);
+      for (const auto& [type, d] : st.devices) {
+        for (const auto& c : d.candidates) {
+          if (std::strcmp(c.name, forced) == 0) return eager;  // an engine of another device type
+          if (known.find(c.name) == std::string::npos) known += std::string(", ") + c.name;
+        }
+      }
+    }
+    TORCH_CHECK(false, "FASTPIPE_CONV_ENGINE=", forced, " names no engine; use auto", known);
+  }
+  const Key key = make_key(a);
+  {
+    std::lock_guard<std::mutex> lock(st.mutex);
+    auto it = st.cache.find(key);
+    if (it != st.cache.end()) return Selection{dev, it->second.index, false};
+  }
+  if (dev->hooks.capturing && dev->hooks.capturing()) return eager;  // timing would break a graph capture
+  Choice choice = tune(st, a, *dev);
+  const size_t index = choice.index;
+  std::lock_guard<std::mutex> lock(st.mutex);
+  st.cache.emplace(key, std::move(choice));
+  return Selection{dev, index, false};
+}
+
+}  // namespace
+
+// Runs the selected engine. A forced engine that throws is remembered for the key and eager runs
+// instead (the auto path already dropped throwing candidates while timing).
+at::Tensor run_engine(const ConvArgs& a) {
+  const Selection s = select_engine(a);
+  if (!s.forced || s.index == 0) return s.dev->run(s.index, a);
+  try {
+    return s.dev->run(s.index, a);
+  } catch (const c10::Error& e) {
+    note_failure(tuner_state(), *s.dev, s.index, a, e.what_without_backtrace());
+    return s.dev->run(0, a);
+  }
+}
+
+std::vector<std::string> engine_names(c10::string_view device) {
+  const c10::Device d{std::string(device)};
+  TunerState& st = tuner_state();
+  std::lock_guard<std::mutex> lock(st.mutex);
+  std::vector<std::string> names;
+  auto it = st.devices.find(static_cast<int>(d.type()));
+  if (it != st.devices.end()) {
+    for (const auto& c : it->second.candidates) names.emplace_back(c.name);
+  }
+  return names;
+}
+
+std::vector<std::string> engine_cache() {
+  TunerState& st = tuner_state();
+  std::lock_guard<std::mutex> lock(st.mutex);
+  std::vector<std::string> lines;
+  for (const auto& [key, choice] : st.cache) lines.push_back(choice.report);
+  std::sort(lines.begin(), lines.end());
+  return lines;
+}
+
+void engine_clear() {
+  TunerState& st = tuner_state();
+  std::lock_guard<std::mutex> lock(st.mutex);
+  st.cache.clear();
+  st.failed.clear();
+  st.any_failed = false;
+  st.warned.clear();
+}
+
+int64_t pick_engine_op(at::ArrayRef<double> times) {
+  TORCH_CHECK(!times.empty(), "times must hold eager's time first, got an empty list");
+  return static_cast<int64_t>(pick_engine(times));
+}
+
+bool register_engines(c10::DeviceType type, DeviceHooks hooks, std::vector<Candidate> candidates) {
+  TunerState& st = tuner_state();
+  std::lock_guard<std::mutex> lock(st.mutex);
+  DeviceCandidates& dev = st.devices[static_cast<int>(type)];
+  dev.hooks = hooks;
+  dev.candidates = {Candidate{"eager", always, run_eager}};
+  dev.candidates.insert(dev.candidates.end(), candidates.begin(), candidates.end());
+  TORCH_INTERNAL_ASSERT(dev.candidates.size() <= 64, "TunerState::failed keeps one bit per candidate");
+  dev.labels.clear();
+  for (const auto& c : dev.candidates) dev.labels.push_back(std::string("fastpipe::conv_engine.") + c.name);
+  return true;
+}
+
+void set_warning_sink(void (*sink)(const std::string&)) {
+  warning_sink = sink;
+}
+
+}  // namespace fastpipe::conv

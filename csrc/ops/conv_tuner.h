@@ -1,0 +1,50 @@
+// The engines of the fused convolution and the choice among them. Each device type has "eager" (ATen's
+// convolution, then the activation in place) and the candidates its backend registers (cpu/: oneDNN;
+// cuda/: cuDNN + fastpipe's epilogue kernel). Every new call key is timed once on each candidate that
+// can run it and the fastest is cached; FASTPIPE_CONV_ENGINE forces one (fastpipe/nn/_engines.py
+// documents the rules).
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+#include <string>
+#include <vector>
+
+#include "ops/conv_act.h"
+
+namespace fastpipe::conv {
+
+// One way to compute a ConvArgs. `run` returns the result, preferably already in args.format.
+// `why_not` says whether the candidate can run a call on this machine: nullptr when it can, else the
+// reason (a static string, shown in the warning when a forced engine falls back to eager).
+struct Candidate {
+  const char* name;
+  const char* (*why_not)(const ConvArgs&);
+  at::Tensor (*run)(const ConvArgs&);
+};
+
+struct DeviceHooks {
+  void (*synchronize)(c10::DeviceIndex);  // wait for queued work (timing); null where calls are synchronous
+  bool (*capturing)();                   // a graph capture is in progress (no timing then); may be null
+};
+
+// Adds a device type's candidates after "eager" (the plain ATen path every device has). Call it from a
+// static initialiser; returns true so that it can initialise a static.
+bool register_engines(c10::DeviceType type, DeviceHooks hooks, std::vector<Candidate> candidates);
+
+// Computes `a` with the engine of its key: forced, cached, or timed now.
+at::Tensor run_engine(const ConvArgs& a);
+
+// Where the choice's warnings go (each is given once): the Python module installs a sink that raises
+// them as Python warnings (torch.ops calls do not route TORCH_WARN to Python); without one they go to
+// TORCH_WARN.
+void set_warning_sink(void (*sink)(const std::string& message));
+
+// The introspection ops (schemas in conv_act.cpp): engine names per device type, the cached choices,
+// forgetting them (with failures and warnings), and the choice rule on given times.
+std::vector<std::string> engine_names(c10::string_view device);
+std::vector<std::string> engine_cache();
+void engine_clear();
+int64_t pick_engine_op(at::ArrayRef<double> times);
+
+}  // namespace fastpipe::conv
