@@ -75,6 +75,7 @@ struct ReaderState {
   // Current pass.
   uint64_t gen = 0;
   std::shared_ptr<const std::vector<int64_t>> indices;
+  uint64_t epoch = 0;  // of the pass: the transforms' random choices depend on it
   int64_t num_batches = 0;
   int64_t consumed = 0;       // batches handed to the consumer
   int64_t next_batch = 0;     // next batch to dispatch
@@ -156,6 +157,7 @@ struct WorkItem {
   int64_t first;  // first record of the chunk within the batch
   int64_t count;
   std::shared_ptr<const std::vector<int64_t>> indices;
+  uint64_t epoch;
 };
 
 namespace {
@@ -175,8 +177,9 @@ void read_chunk(ReaderState& st, const WorkItem& w, ThreadBuffers& tb) {
       std::memset(base + out.offset + w.first * out.record_bytes, 0xA5, static_cast<size_t>(w.count * out.record_bytes));
   for (const Column& c : st.columns) {
     const OutputLayout& out = st.outputs[c.first_output];
-    const int64_t y_delta = c.widen ? st.outputs[c.first_output + 1].offset - out.offset : 0;
-    read_records(c, idx, w.count, Sink{&c, base + out.offset + w.first * out.record_bytes, out.record_bytes, y_delta}, tb);
+    const int64_t y_delta = c.num_outputs() == 2 ? st.outputs[c.first_output + 1].offset - out.offset : 0;
+    read_records(c, idx, w.count,
+                 Sink{&c, base + out.offset + w.first * out.record_bytes, out.record_bytes, y_delta, idx, w.epoch}, tb);
   }
 }
 
@@ -202,6 +205,7 @@ void reader_loop(std::shared_ptr<ReaderState> sp, int thread_index) {
     w.gen = st.gen;
     w.batch = st.next_batch;
     w.indices = st.indices;
+    w.epoch = st.epoch;
     const int64_t nchunks = st.batch_chunks(w.batch);
     int& ring_slot = st.ring[w.batch % st.opt.prefetch];
     if (st.next_chunk == 0) {
@@ -306,14 +310,7 @@ BatchReader::BatchReader(std::vector<ColumnSpec> columns, ReaderOptions opt) : o
   st->owner_pid = owner_pid_;
 
   int64_t total_data = 0;
-  int64_t batch_bytes = 0;  // of the outputs
-  for (const ColumnSpec& c : columns) {
-    total_data += c.num_records * c.record_bytes;
-    batch_bytes += opt.batch_size * (c.token_bytes ? 2 * 8 * (c.record_bytes / c.token_bytes - 1) : c.record_bytes);
-  }
-  if (opt.prefetch == 0) opt.prefetch = default_prefetch(batch_bytes);
-  if (opt.num_slots == 0) opt.num_slots = opt.prefetch + 2;
-  FP_CHECK_VALUE(opt.num_slots > opt.prefetch, "num_slots must exceed prefetch");
+  for (const ColumnSpec& c : columns) total_data += c.num_records * c.record_bytes;
   const int64_t n = columns[0].num_records;
   st->num_records = n;
   const int64_t mem = mem_available_bytes();
@@ -330,20 +327,22 @@ BatchReader::BatchReader(std::vector<ColumnSpec> columns, ReaderOptions opt) : o
     st->column_of_spec.push_back(static_cast<int>(st->columns.size()));
     st->record_bytes_total += s.record_bytes;
     const IoMode mode = choose_mode(opt.io, s.record_bytes, total_data, mem);
-    Column c = open_column(std::move(s), mode);
+    Column c = open_column(std::move(s), mode, opt.raw_outputs);
     if (!c.file->fallback_reason().empty())
       st->warnings.push_back("'" + c.spec.path + "': io='direct' unavailable, " + c.file->fallback_reason() +
                              "; using buffered reads");
     c.first_output = static_cast<int>(st->outputs.size());
-    // Outputs: the records as they are, or a token window's x and y widened to int64.
-    const int outputs = c.widen ? 2 : 1;
-    const int64_t out_bytes = c.widen ? 8 * (c.spec.record_bytes / c.spec.token_bytes - 1) : c.spec.record_bytes;
-    for (int k = 0; k < outputs; ++k) {
-      st->outputs.push_back({offset, out_bytes});
-      offset = align_up(offset + out_bytes * opt.batch_size, kDirectAlign);
+    for (int k = 0; k < c.num_outputs(); ++k) {
+      st->outputs.push_back({offset, c.output_record_bytes()});
+      offset = align_up(offset + c.output_record_bytes() * opt.batch_size, kDirectAlign);
     }
     st->columns.push_back(std::move(c));
   }
+  int64_t batch_bytes = 0;
+  for (const OutputLayout& o : st->outputs) batch_bytes += o.record_bytes * opt.batch_size;
+  if (opt.prefetch == 0) opt.prefetch = default_prefetch(batch_bytes);
+  if (opt.num_slots == 0) opt.num_slots = opt.prefetch + 2;
+  FP_CHECK_VALUE(opt.num_slots > opt.prefetch, "num_slots must exceed prefetch");
   st->slot_bytes = std::max<int64_t>(offset, kDirectAlign);
   st->warm_page_cache = total_data <= mem / 2;
   if (opt.num_threads == 0) {
@@ -407,7 +406,7 @@ void BatchReader::close() {
   for (Column& c : state_->columns) c.file.reset();
 }
 
-void BatchReader::start(std::vector<int64_t> indices, bool drop_last) {
+void BatchReader::start(std::vector<int64_t> indices, bool drop_last, uint64_t epoch) {
   check_usable();
   ReaderState& st = *state_;
   auto idx = std::make_shared<const std::vector<int64_t>>(std::move(indices));
@@ -425,6 +424,7 @@ void BatchReader::start(std::vector<int64_t> indices, bool drop_last) {
   for (int s = 0; s < static_cast<int>(st.slots.size()); ++s)
     if (st.slots[s].state == SlotState::kReady) st.release_slot_locked(s);
   st.indices = idx;
+  st.epoch = epoch;
   st.num_batches = drop_last ? n / bs : (n + bs - 1) / bs;
   st.consumed = st.next_batch = st.next_chunk = 0;
   std::fill(st.ring.begin(), st.ring.end(), -1);

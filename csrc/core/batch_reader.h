@@ -30,6 +30,9 @@ struct ReaderOptions {
   int prefetch = 0;   // batches read ahead of the consumer (0: default_prefetch of the batch bytes)
   int num_slots = 0;  // arena slots, > prefetch (0: prefetch + 2)
   IoMode io = IoMode::kAuto;
+  // Every column delivered as its records (one output each, no widening or transform): a device
+  // pipeline converts them after the copy.
+  bool raw_outputs = false;
   // Device hooks; the reader itself knows nothing of devices. on_arena_alloc/free: once with the arena
   // after it is allocated and before it is freed (e.g. to page-lock it). on_slot_release: in the thread
   // that drops the last reference to a batch (e.g. to record an event after the copies queued from
@@ -86,9 +89,9 @@ class BatchReader {
   BatchReader(const BatchReader&) = delete;
   BatchReader& operator=(const BatchReader&) = delete;
 
-  // Starts a new pass over `indices` (record numbers, batched in order). A pass in progress is
-  // abandoned; its batches already leased stay valid.
-  void start(std::vector<int64_t> indices, bool drop_last);
+  // Starts a new pass over `indices` (record numbers, batched in order) of `epoch` (the transforms'
+  // random choices depend on it). A pass in progress is abandoned; its batches already leased stay valid.
+  void start(std::vector<int64_t> indices, bool drop_last, uint64_t epoch = 0);
 
   // The next batch of the pass, or nullptr at its end. Waits at most `timeout_s` (< 0: forever);
   // `poll` is called about every 50 ms while waiting (it may throw, e.g. on KeyboardInterrupt).

@@ -108,13 +108,20 @@ long usable_cores() {
   return sched_getaffinity(0, sizeof(set), &set) == 0 ? CPU_COUNT(&set) : sysconf(_SC_NPROCESSORS_ONLN);
 }
 
-Column open_column(ColumnSpec spec, IoMode mode) {
+Column open_column(ColumnSpec spec, IoMode mode, bool raw) {
   const ColumnSpec& s = spec;
   Column c;
+  c.raw = raw;
   if (s.token_bytes) {
     c.widen = widen_for(s.token_bytes, s.token_signed);
     FP_CHECK_VALUE(s.record_bytes % s.token_bytes == 0 && s.record_bytes / s.token_bytes >= 2,
                    "'" + s.path + "': a token window needs at least 2 whole tokens");
+  }
+  if (s.cmn) {
+    FP_CHECK_VALUE(!s.token_bytes && s.record_bytes == transforms::in_image_bytes(*s.cmn),
+                   "'" + s.path + "': records of " + std::to_string(s.record_bytes) +
+                       " bytes are not the transform's uint8 images of " +
+                       std::to_string(transforms::in_image_bytes(*s.cmn)) + " bytes");
   }
   c.file = std::make_unique<File>(s.path, mode, s.record_bytes < kSmallRecord);
   const int64_t need = s.data_offset + (s.num_records - 1) * s.record_stride + s.record_bytes;
@@ -127,25 +134,35 @@ Column open_column(ColumnSpec spec, IoMode mode) {
 
 ThreadBuffers thread_buffers(const std::vector<Column>& columns, int64_t chunk) {
   ThreadBuffers tb;
-  // The bounce buffer holds at least one whole aligned record of any O_DIRECT column; pread lands token
-  // windows in the scratch buffer before widening.
+  // The bounce buffer holds at least one whole aligned record of any O_DIRECT column; pread lands
+  // records that are converted in the scratch buffer first.
   int64_t bounce = 0, scratch = 0;
   for (const Column& c : columns) {
     if (c.file->mode() == IoMode::kDirect)
       bounce = std::max({bounce, kBounceBytes, align_up(c.spec.record_bytes, kDirectAlign) + 2 * kDirectAlign});
-    if (c.widen && c.file->mode() == IoMode::kPread) scratch = std::max(scratch, chunk * c.spec.record_bytes);
+    if (c.converts() && c.file->mode() == IoMode::kPread) scratch = std::max(scratch, chunk * c.spec.record_bytes);
   }
   if (bounce) tb.bounce = std::make_unique<AlignedBuffer>(static_cast<size_t>(bounce));
   if (scratch) tb.scratch = std::make_unique<AlignedBuffer>(static_cast<size_t>(scratch));
   return tb;
 }
 
+int64_t Column::output_record_bytes() const {
+  if (!converts()) return spec.record_bytes;
+  if (widen) return 8 * (spec.record_bytes / spec.token_bytes - 1);
+  return transforms::out_image_elements(*spec.cmn) * transforms::out_dtype_bytes(spec.cmn->out_dtype);
+}
+
 void Sink::put(int64_t k, const char* src) const {
   char* out = dst + k * stride;
-  if (col->widen)
-    col->widen(src, stride / 8, reinterpret_cast<int64_t*>(out), reinterpret_cast<int64_t*>(out + y_delta));
-  else
+  if (!col->converts()) {
     std::memcpy(out, src, static_cast<size_t>(stride));
+  } else if (col->widen) {
+    col->widen(src, stride / 8, reinterpret_cast<int64_t*>(out), reinterpret_cast<int64_t*>(out + y_delta));
+  } else {
+    transforms::crop_mirror_normalize_host(*col->spec.cmn, reinterpret_cast<const uint8_t*>(src), out, 1, idx + k,
+                                           epoch);
+  }
 }
 
 void read_records(const Column& c, const int64_t* idx, int64_t count, const Sink& sink, ThreadBuffers& tb) {
@@ -190,10 +207,10 @@ void read_records(const Column& c, const int64_t* idx, int64_t count, const Sink
         // into the slot for raw columns.
         while (j < count && off[ord[j]] == off[ord[i]] + (j - i) * len && ord[j] == ord[i] + (j - i)) ++j;
         const int64_t want = (j - i) * len;
-        char* buf = c.widen ? tb.scratch->data() : sink.dst + ord[i] * sink.stride;
+        char* buf = c.converts() ? tb.scratch->data() : sink.dst + ord[i] * sink.stride;
         const int64_t got = c.file->read_at_most(buf, want, off[ord[i]]);
         if (got < want) throw_shrunk(c, idx[ord[i + got / len]]);
-        if (c.widen)
+        if (c.converts())
           for (int64_t k = i; k < j; ++k) sink.put(ord[k], buf + (k - i) * len);
       }
       i = j;

@@ -1,6 +1,7 @@
 // Reading records from files into batch slots: the read-mode and sizing policies, a column's open
 // file, and the gather of one chunk of records (coalesced pread, O_DIRECT through a bounce buffer, or
-// memcpy from a mapping; token windows widened on the way). batch_reader.h schedules these reads.
+// memcpy from a mapping; token windows widened and images transformed on the way). batch_reader.h
+// schedules these reads.
 #pragma once
 
 #include <cstdint>
@@ -11,6 +12,7 @@
 
 #include "core/file.h"
 #include "core/io_mode.h"
+#include "cuda/transforms.h"
 
 namespace fastpipe {
 
@@ -27,6 +29,9 @@ struct ColumnSpec {
   // and y = tokens[1:].
   int token_bytes = 0;
   bool token_signed = false;
+  // Images transformed on the way (fastpipe.transforms.CropMirrorNormalize on the CPU): records are
+  // uint8 images and the output holds the transformed ones. Null: records are copied as they are.
+  std::shared_ptr<const transforms::CropMirrorNormalizeParams> cmn;
 };
 
 // ---- policies, as pure functions (the reader applies them; tests check them on any figures) ----------
@@ -53,16 +58,24 @@ struct Column {
   std::unique_ptr<File> file;
   int first_output = 0;  // index into the reader's outputs
   WidenFn widen = nullptr;
+  bool raw = false;  // delivered as its records, without widening or transforming (a device does that)
+
+  // Records are converted on the way into the slot (pread lands them in a scratch buffer first).
+  bool converts() const { return !raw && (widen || spec.cmn); }
+  // Outputs in the slot (x and y for token windows) and the bytes of each per record.
+  int num_outputs() const { return converts() && widen ? 2 : 1; }
+  int64_t output_record_bytes() const;
 };
 
 // Opens a column for reading with `mode` (kMmap, kPread or kDirect) and checks that the file covers
-// its records. Throws Error(kValue) naming the file.
-Column open_column(ColumnSpec spec, IoMode mode);
+// its records (and, for a transform, that records are images of its input shape). `raw`: deliver the
+// records as they are. Throws Error(kValue) naming the file.
+Column open_column(ColumnSpec spec, IoMode mode, bool raw);
 
 // Per-thread buffers, allocated once per thread.
 struct ThreadBuffers {
   std::unique_ptr<AlignedBuffer> bounce;   // O_DIRECT
-  std::unique_ptr<AlignedBuffer> scratch;  // token windows read with pread, before widening
+  std::unique_ptr<AlignedBuffer> scratch;  // records read with pread before they are converted
   std::vector<int64_t> offsets;
   std::vector<int64_t> order;
 };
@@ -70,13 +83,16 @@ struct ThreadBuffers {
 // The buffers a reader thread needs for `columns` when a chunk holds `chunk` records.
 ThreadBuffers thread_buffers(const std::vector<Column>& columns, int64_t chunk);
 
-// Where record k of a chunk lands in the slot: raw columns copy its bytes to dst + k * stride; token
-// columns widen them into x at dst + k * stride and y at y_delta further.
+// Where record k of a chunk lands in the slot: copied to dst + k * stride; or for token windows widened
+// into x there and y at y_delta further; or for images transformed there (record k is sample idx[k] of
+// `epoch`, whose random crop and flip it is).
 struct Sink {
   const Column* col;
   char* dst;
   int64_t stride;
   int64_t y_delta;
+  const int64_t* idx;
+  uint64_t epoch;
   void put(int64_t k, const char* src) const;
 };
 

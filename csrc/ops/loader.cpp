@@ -72,7 +72,9 @@ c10::ScalarType scalar_type(DtypeId id) {
   throw Error(ErrorKind::kValue, "unhandled dtype id");
 }
 
+// An output's dtype: a file dtype (core/dtypes.h), or bfloat16, which only transforms produce.
 c10::ScalarType parse_dtype(const std::string& name) {
+  if (name == "bfloat16") return c10::kBFloat16;
   const Dtype* d = find_dtype(name);
   if (!d) throw Error(ErrorKind::kValue, "unsupported dtype '" + name + "'");
   return scalar_type(d->id);
@@ -147,10 +149,11 @@ class PyReader {
     }
   }
 
-  void start(py::array_t<int64_t, py::array::c_style | py::array::forcecast> indices, bool drop_last) {
+  void start(py::array_t<int64_t, py::array::c_style | py::array::forcecast> indices, bool drop_last,
+             uint64_t epoch) {
     std::vector<int64_t> idx(indices.data(), indices.data() + indices.size());
     py::gil_scoped_release nogil;
-    reader_->start(std::move(idx), drop_last);
+    reader_->start(std::move(idx), drop_last, epoch);
   }
 
   py::object next(double timeout) {
@@ -252,15 +255,60 @@ void bind_loader(py::module& m) {
   m.def("_default_prefetch", &default_prefetch, py::arg("batch_bytes"));
 
   // A column of records in a file (core/gather.h), built by the datasets with keyword arguments.
+  // CropMirrorNormalize's parameters (cuda/transforms.h), filled by fastpipe/transforms.py.
+  using transforms::CropMirrorNormalizeParams;
+  py::class_<CropMirrorNormalizeParams, std::shared_ptr<CropMirrorNormalizeParams>>(m, "CropMirrorNormalizeParams")
+      .def(py::init([](int in_height, int in_width, int channels, bool in_hwc, int out_height, int out_width,
+                       bool out_nhwc, const std::string& out_dtype, bool random_crop, float mirror,
+                       const std::vector<float>& scale, const std::vector<float>& shift, uint64_t seed) {
+             auto p = std::make_shared<CropMirrorNormalizeParams>();
+             TORCH_CHECK(channels >= 1 && channels <= transforms::kMaxChannels, "channels must be 1 to ",
+                         transforms::kMaxChannels, ", got ", channels);
+             TORCH_CHECK(out_height >= 1 && out_height <= in_height && out_width >= 1 && out_width <= in_width,
+                         "the crop ", out_height, "x", out_width, " must fit in the image ", in_height, "x", in_width);
+             TORCH_CHECK(scale.size() == static_cast<size_t>(channels) && shift.size() == scale.size(),
+                         "scale and shift need one value per channel");
+             static const std::pair<const char*, transforms::OutDtype> kOut[] = {
+                 {"float32", transforms::OutDtype::Float32},
+                 {"float16", transforms::OutDtype::Float16},
+                 {"bfloat16", transforms::OutDtype::BFloat16}};
+             const auto* d = std::find_if(std::begin(kOut), std::end(kOut),
+                                          [&](const auto& e) { return out_dtype == e.first; });
+             TORCH_CHECK(d != std::end(kOut), "out_dtype must be float32, float16 or bfloat16, got ", out_dtype);
+             *p = CropMirrorNormalizeParams{in_height, in_width, channels, in_hwc, out_height, out_width, out_nhwc,
+                                            d->second, random_crop, mirror, {}, {}, seed};
+             std::copy(scale.begin(), scale.end(), p->scale);
+             std::copy(shift.begin(), shift.end(), p->shift);
+             return p;
+           }),
+           py::kw_only(), py::arg("in_height"), py::arg("in_width"), py::arg("channels"), py::arg("in_hwc"),
+           py::arg("out_height"), py::arg("out_width"), py::arg("out_nhwc"), py::arg("out_dtype"),
+           py::arg("random_crop"), py::arg("mirror"), py::arg("scale"), py::arg("shift"), py::arg("seed"))
+      .def(
+          "windows",
+          [](const CropMirrorNormalizeParams& p, const std::vector<int64_t>& index, uint64_t epoch) {
+            std::vector<std::tuple<int, int, bool>> out;
+            for (int64_t i : index) {
+              const auto w = transforms::sample_window(p, epoch, static_cast<uint64_t>(i));
+              out.emplace_back(w.y0, w.x0, w.flip);
+            }
+            return out;
+          },
+          py::arg("index"), py::arg("epoch"), "(y0, x0, flip) of each sample of `epoch`: the crop and flip it gets.");
+
   py::class_<ColumnSpec>(m, "ColumnSpec")
       .def(py::init([](std::string path, int64_t data_offset, int64_t record_stride, int64_t record_bytes,
-                       int64_t num_records, int token_bytes, bool token_signed) {
+                       int64_t num_records, int token_bytes, bool token_signed,
+                       std::shared_ptr<const CropMirrorNormalizeParams> transform) {
              return ColumnSpec{std::move(path), data_offset, record_stride, record_bytes, num_records, token_bytes,
-                               token_signed};
+                               token_signed, std::move(transform)};
            }),
            py::kw_only(), py::arg("path"), py::arg("data_offset"), py::arg("record_stride"), py::arg("record_bytes"),
-           py::arg("num_records"), py::arg("token_bytes") = 0, py::arg("token_signed") = false)
+           py::arg("num_records"), py::arg("token_bytes") = 0, py::arg("token_signed") = false,
+           py::arg("transform") = nullptr)
       .def_readonly("path", &ColumnSpec::path)
+      .def_readonly("data_offset", &ColumnSpec::data_offset)
+      .def_readonly("record_stride", &ColumnSpec::record_stride)
       .def_readonly("record_bytes", &ColumnSpec::record_bytes)
       .def_readonly("num_records", &ColumnSpec::num_records);
 
@@ -269,13 +317,13 @@ void bind_loader(py::module& m) {
                     int64_t, int, int, const std::string&, bool>(),
            py::arg("columns"), py::arg("outputs"), py::arg("batch_size"), py::arg("num_threads"), py::arg("prefetch"),
            py::arg("io"), py::arg("pin_memory") = false)
-      .def("start", &PyReader::start, py::arg("indices"), py::arg("drop_last"))
+      .def("start", &PyReader::start, py::arg("indices"), py::arg("drop_last"), py::arg("epoch"))
       .def("next", &PyReader::next, py::arg("timeout"))
       .def("stats", &PyReader::stats)
       .def("close", &PyReader::close)
       .def("io_modes", &PyReader::io_modes)
       .def("warnings", &PyReader::warnings)
-      // Test hooks (core/batch_reader.h): tests/data/conftest.py reaches them through loader._reader.
+      // Test hooks (core/batch_reader.h): tests/conftest.py reaches them through loader._reader.
       .def("_set_poison", &PyReader::set_poison, py::arg("on"))
       .def("_hold_reads", &PyReader::hold_reads, py::arg("on"))
       .def("_held_reads", &PyReader::held_reads);

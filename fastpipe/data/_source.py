@@ -30,3 +30,9 @@ class ColumnSource:
 
     def _pack(self, tensors):
         raise NotImplementedError
+
+    def _with_transforms(self, transforms, seed):
+        """``(columns, outputs)`` with the given transforms applied ({field: transform}); the fields are
+        what the batch structure indexes: names of a dict dataset, positions of a tuple one, 0 for one
+        tensor."""
+        raise ValueError(f"{type(self).__name__} takes no transforms")

@@ -80,6 +80,10 @@ class Loader:
         ``timeout`` attribute may be changed later; it applies from the next batch on.
     sampler : iterable of int, optional
         A custom epoch order (as DataLoader's ``sampler``); ``set_epoch`` is forwarded to it.
+    transforms : dict, optional
+        ``{field: transform}`` (:mod:`fastpipe.transforms`, e.g. ``CropMirrorNormalize``) applied to a
+        field of every batch as it is read: a dict dataset's name, or a tuple dataset's position (0 for a
+        single-tensor dataset). Random choices depend on ``seed``, the epoch and the sample only.
 
     DataLoader's other keywords are mapped: ``num_workers`` sets ``num_threads``; ``prefetch_factor``
     sets ``prefetch`` to ``prefetch_factor * max(1, num_workers)`` (DataLoader's batches in flight);
@@ -100,7 +104,8 @@ class Loader:
                  num_threads=None, prefetch=None, rank=None, world_size=None, shard_remainder="pad", io="auto",
                  timeout=120.0, sampler=None, generator=None, num_workers=0, pin_memory=False,
                  prefetch_factor=None, persistent_workers=False, collate_fn=None, worker_init_fn=None,
-                 batch_sampler=None, multiprocessing_context=None, pin_memory_device="", in_order=True):
+                 batch_sampler=None, multiprocessing_context=None, pin_memory_device="", in_order=True,
+                 transforms=None):
         if not isinstance(dataset, ColumnSource):
             raise TypeError(
                 f"fastpipe.Loader reads NpyDataset and TokenDataset, got {type(dataset).__name__}. Convert a "
@@ -160,8 +165,16 @@ class Loader:
         self.epoch = 0
         self._resume = None  # (epoch, batches to skip) from load_state_dict
         self._active = None  # the iterator of the current pass
+        if transforms:
+            if not isinstance(transforms, dict):
+                raise TypeError("transforms must be a dict {field: transform} (field: a dict dataset's name, or a "
+                                f"tuple dataset's position), got {type(transforms).__name__}")
+            columns, outputs = dataset._with_transforms(transforms, self.seed)
+        else:
+            columns, outputs = dataset._columns(), dataset._outputs()
+        self.transforms = dict(transforms or {})
         self._reader_args = dict(
-            columns=dataset._columns(), outputs=dataset._outputs(), batch_size=batch_size,
+            columns=columns, outputs=outputs, batch_size=batch_size,
             num_threads=int(num_threads), prefetch=prefetch, io=io, pin_memory=pin,
         )
         self._open_reader()
@@ -238,7 +251,7 @@ class Loader:
         self._resume = None
         self.epoch = epoch + 1
         self._supersede("a newer iter() of the same Loader")
-        self._reader.start(indices[skip * self.batch_size:], self.drop_last)
+        self._reader.start(indices[skip * self.batch_size:], self.drop_last, epoch % (1 << 64))
         self._active = _EpochIterator(self, epoch, skip)
         return self._active
 

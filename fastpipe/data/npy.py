@@ -84,6 +84,20 @@ class NpyDataset(ColumnSource):
                                       record_bytes=record_bytes, num_records=n))
         return cols
 
+    def _with_transforms(self, transforms, seed):
+        columns, outputs = self._columns(), self._outputs()
+        fields = self._names if self._structure == "dict" else list(range(len(self.paths)))
+        for field, transform in transforms.items():
+            if field not in fields:
+                raise KeyError(f"transforms: {field!r} is not a field of the batches (fields: {fields})")
+            k = fields.index(field)
+            params, outputs[k] = transform._params(self.dtypes[k], self.record_shapes[k], seed,
+                                                   f"transforms[{field!r}] ({self.paths[k]})")
+            c = columns[k]
+            columns[k] = _C.ColumnSpec(path=c.path, data_offset=c.data_offset, record_stride=c.record_stride,
+                                       record_bytes=c.record_bytes, num_records=c.num_records, transform=params)
+        return columns, outputs
+
     def _outputs(self):
         return [(h["dtype"], list(h["shape"][1:])) for h in self._headers]
 

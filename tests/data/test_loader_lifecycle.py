@@ -524,7 +524,7 @@ if scenario == "held":
     keep = [next(it), next(it)]
 elif scenario == "stalled":
     ld = fastpipe.Loader(ds, 8, num_threads=2, timeout=None)
-    ld._reader._hold_reads(True)  # a read that never ends (tests/data/conftest.py: hooks)
+    ld._reader._hold_reads(True)  # a read that never ends (tests/conftest.py: hooks)
     it = iter(ld)
     while ld._reader._held_reads() < 2:
         time.sleep(0.005)

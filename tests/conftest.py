@@ -1,4 +1,4 @@
-"""Shared fixtures and helpers for the loader tests.
+"""Shared fixtures and helpers for the tests of the loader, its transforms and its reader.
 
 The tests never trust the loader's own bookkeeping: every dataset gets an ``idx`` column holding
 ``np.arange(N)``, so each batch tells which records it holds, and every other column is compared byte
