@@ -57,6 +57,7 @@ struct ReaderState {
   std::vector<std::string> warnings;
   bool warm_page_cache = false;  // the data fits in memory: readers first queue it all for reading
   int64_t slot_bytes = 0;
+  int64_t index_offset = 0;  // of the sample indices in a slot (ReaderOptions::index_output)
   int64_t record_bytes_total = 0;  // payload bytes read per record, all columns
   int64_t chunk_records = 1;
   std::unique_ptr<AlignedBuffer> arena;
@@ -91,6 +92,7 @@ struct ReaderState {
   std::atomic<int64_t> read_ns{0};
   int64_t batches_out = 0;
   int64_t waits = 0;
+  int64_t overflow_batches = 0;
   double wait_s = 0;
   double active_s = 0;  // time inside passes: from start() to the last batch taken
   bool pass_active = false;
@@ -175,6 +177,8 @@ void read_chunk(ReaderState& st, const WorkItem& w, ThreadBuffers& tb) {
   if (st.poison.load(std::memory_order_relaxed))
     for (const OutputLayout& out : st.outputs)
       std::memset(base + out.offset + w.first * out.record_bytes, 0xA5, static_cast<size_t>(w.count * out.record_bytes));
+  if (st.opt.index_output)
+    std::memcpy(base + st.index_offset + w.first * 8, idx, static_cast<size_t>(w.count * 8));
   for (const Column& c : st.columns) {
     const OutputLayout& out = st.outputs[c.first_output];
     const int64_t y_delta = c.num_outputs() == 2 ? st.outputs[c.first_output + 1].offset - out.offset : 0;
@@ -282,10 +286,15 @@ class BlockAsyncSignals {
 
 }  // namespace
 
-Lease::Lease(std::shared_ptr<ReaderState> state, int slot, int64_t records)
-    : state_(std::move(state)), slot_(slot), records_(records) {}
+Lease::Lease(std::shared_ptr<ReaderState> state, int slot, int64_t records, uint64_t epoch)
+    : state_(std::move(state)), slot_(slot), records_(records), epoch_(epoch) {}
+
+Lease::Lease(std::shared_ptr<ReaderState> state, char* base, std::shared_ptr<void> keep, int64_t records,
+             uint64_t epoch)
+    : state_(std::move(state)), slot_(-1), records_(records), epoch_(epoch), external_(base), keep_(std::move(keep)) {}
 
 Lease::~Lease() {
+  if (external_) return;  // its memory goes with keep_
   ReaderState& st = *state_;
   // In a child forked while the parent's readers ran, the lock may be held by a thread that does not
   // exist here; the child never reuses the parent's slots, so leave them alone.
@@ -297,7 +306,14 @@ Lease::~Lease() {
   st.wake_reader(lk);
 }
 
-char* Lease::data(int output) const { return state_->slot_data(slot_) + state_->outputs[output].offset; }
+char* Lease::data(int output) const {
+  return (external_ ? external_ : state_->slot_data(slot_)) + state_->outputs[output].offset;
+}
+
+const int64_t* Lease::indices() const {
+  if (!state_->opt.index_output) return nullptr;
+  return reinterpret_cast<const int64_t*>((external_ ? external_ : state_->slot_data(slot_)) + state_->index_offset);
+}
 
 BatchReader::BatchReader(std::vector<ColumnSpec> columns, ReaderOptions opt) : owner_pid_(getpid()) {
   FP_CHECK_VALUE(!columns.empty(), "a loader needs at least one column");
@@ -340,6 +356,10 @@ BatchReader::BatchReader(std::vector<ColumnSpec> columns, ReaderOptions opt) : o
   }
   int64_t batch_bytes = 0;
   for (const OutputLayout& o : st->outputs) batch_bytes += o.record_bytes * opt.batch_size;
+  if (opt.index_output) {
+    st->index_offset = offset;
+    offset = align_up(offset + 8 * opt.batch_size, kDirectAlign);
+  }
   if (opt.prefetch == 0) opt.prefetch = default_prefetch(batch_bytes);
   if (opt.num_slots == 0) opt.num_slots = opt.prefetch + 2;
   FP_CHECK_VALUE(opt.num_slots > opt.prefetch, "num_slots must exceed prefetch");
@@ -452,7 +472,7 @@ std::shared_ptr<Lease> BatchReader::take_locked(std::unique_lock<std::mutex>& lk
   ++st.consumed;
   ++st.batches_out;
   if (st.consumed == st.num_batches) st.end_pass_locked();
-  auto lease = std::make_shared<Lease>(state_, s, slot.records);
+  auto lease = std::make_shared<Lease>(state_, s, slot.records, st.epoch);
   st.wake_reader(lk);  // the read-ahead window moved by one batch
   return lease;
 }
@@ -462,6 +482,43 @@ bool BatchReader::ready_locked() const {
   const int s = st.ring[st.consumed % st.opt.prefetch];
   return st.stop || (s >= 0 && st.slots[s].gen == st.gen && st.slots[s].batch == st.consumed &&
                      st.slots[s].state == SlotState::kReady);
+}
+
+std::shared_ptr<Lease> BatchReader::read_overflow_locked(std::unique_lock<std::mutex>& lk) {
+  ReaderState& st = *state_;
+  // No reader has started this batch: dispatching one needs a free slot, and none is.
+  const int64_t b = st.consumed;
+  const int64_t records = st.batch_records(b);
+  const int64_t* idx = st.indices->data() + b * st.opt.batch_size;
+  const auto indices = st.indices;  // keeps idx alive whatever start() does meanwhile
+  const uint64_t epoch = st.epoch;
+  ++st.consumed;
+  ++st.batches_out;
+  ++st.overflow_batches;
+  st.next_batch = std::max(st.next_batch, st.consumed);
+  if (st.consumed == st.num_batches) st.end_pass_locked();
+  lk.unlock();
+  auto [base, keep] = st.opt.overflow(st.slot_bytes);
+  ThreadBuffers tb = thread_buffers(st.columns, records);
+  const auto t0 = Clock::now();
+  try {
+    for (int64_t k = 0; k < records; ++k)
+      if (idx[k] < 0 || idx[k] >= st.num_records)
+        throw Error(ErrorKind::kValue, "record index " + std::to_string(idx[k]) + " is out of range for a dataset of " +
+                                           std::to_string(st.num_records) + " records");
+    for (const Column& c : st.columns) {
+      const OutputLayout& out = st.outputs[c.first_output];
+      const int64_t y_delta = c.num_outputs() == 2 ? st.outputs[c.first_output + 1].offset - out.offset : 0;
+      read_records(c, idx, records, Sink{&c, base + out.offset, out.record_bytes, y_delta, idx, epoch}, tb);
+    }
+  } catch (...) {
+    std::lock_guard<std::mutex> relock(st.mu);
+    st.failure = std::current_exception();
+    throw;
+  }
+  st.read_ns += std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now() - t0).count();
+  st.bytes_read += records * st.record_bytes_total;
+  return std::make_shared<Lease>(state_, base, std::move(keep), records, epoch);
 }
 
 std::shared_ptr<Lease> BatchReader::try_next(bool* end) {
@@ -485,18 +542,22 @@ std::shared_ptr<Lease> BatchReader::next(double timeout_s, const std::function<v
     st.end_pass_locked();
     return nullptr;
   }
+  if (!ready_locked() && st.leased_slots == static_cast<int>(st.slots.size())) {
+    // Every slot is held by the consumer and none is being filled: nothing can progress until the
+    // consumer frees one, so waiting is pointless.
+    if (st.opt.overflow) return read_overflow_locked(lk);
+    throw Error(ErrorKind::kTimeout,
+                "all " + std::to_string(st.slots.size()) +
+                    " arena slots are held by batches you still reference, so the next batch has nowhere to go "
+                    "(when_full='error'). A slot is reused only after every tensor, view or numpy array of its "
+                    "batch is freed: drop references to earlier batches, copy the ones you keep (batch.clone()), "
+                    "create the Loader with a larger prefetch (slots = prefetch + 2), or use when_full='allocate'.");
+  }
   if (!ready_locked()) ++st.waits;
   while (!ready_locked()) {
     const double waited = seconds_since(t0);
     if (timeout_s >= 0 && waited >= timeout_s) {
       st.wait_s += waited;
-      if (st.leased_slots == static_cast<int>(st.slots.size()))
-        throw Error(ErrorKind::kTimeout,
-                    "no batch for " + fmt_seconds(timeout_s) + ": all " + std::to_string(st.slots.size()) +
-                        " arena slots are held by batches you still reference (" + std::to_string(st.leased_slots) +
-                        " held). A slot is reused only after every tensor, view or numpy array of its batch is "
-                        "freed: drop references to earlier batches, copy the ones you keep (batch.clone()), or "
-                        "create the Loader with a larger prefetch (slots = prefetch + 2).");
       throw Error(ErrorKind::kTimeout, "no batch for " + fmt_seconds(timeout_s) + ": batch " +
                                            std::to_string(st.consumed) + " of this epoch is still being read (" +
                                            std::to_string(st.leased_slots) + " of " +
@@ -550,6 +611,7 @@ ReaderStats BatchReader::stats() const {
   s.slots_leased = st.leased_slots;
   s.num_threads = static_cast<int>(threads_.size());
   s.waits = st.waits;
+  s.overflow_batches = st.overflow_batches;
   return s;
 }
 

@@ -33,6 +33,13 @@ struct ReaderOptions {
   // Every column delivered as its records (one output each, no widening or transform): a device
   // pipeline converts them after the copy.
   bool raw_outputs = false;
+  // Each slot also holds its batch's sample indices (int64, after the outputs; Lease::indices), for the
+  // device pipeline to copy along for the transforms.
+  bool index_output = false;
+  // When every slot is held by the consumer, next() reads the next batch itself into memory this
+  // returns (at least `bytes`, kept alive by the shared_ptr), outside the arena. Null: next() raises at
+  // once in that case, since no slot can be filled until the consumer frees one.
+  std::function<std::pair<char*, std::shared_ptr<void>>(int64_t bytes)> overflow;
   // Device hooks; the reader itself knows nothing of devices. on_arena_alloc/free: once with the arena
   // after it is allocated and before it is freed (e.g. to page-lock it). on_slot_release: in the thread
   // that drops the last reference to a batch (e.g. to record an event after the copies queued from
@@ -55,6 +62,7 @@ struct ReaderStats {
   int slots_leased = 0;
   int num_threads = 0;
   int64_t waits = 0;         // next() calls that found no batch ready and waited
+  int64_t overflow_batches = 0;  // read outside the arena because every slot was held
 };
 
 // An output region inside every slot: `record_bytes` per record, records back to back.
@@ -69,17 +77,25 @@ struct ReaderState;
 // A batch handed to the consumer. Destroying the last reference frees the slot.
 class Lease {
  public:
-  Lease(std::shared_ptr<ReaderState> state, int slot, int64_t records);
+  Lease(std::shared_ptr<ReaderState> state, int slot, int64_t records, uint64_t epoch);
+  // A batch outside the arena (ReaderOptions::overflow): slot() is -1.
+  Lease(std::shared_ptr<ReaderState> state, char* base, std::shared_ptr<void> keep, int64_t records, uint64_t epoch);
   ~Lease();
   Lease(const Lease&) = delete;
   Lease& operator=(const Lease&) = delete;
   char* data(int output) const;
   int64_t records() const { return records_; }
+  int slot() const { return slot_; }
+  uint64_t epoch() const { return epoch_; }
+  const int64_t* indices() const;  // with ReaderOptions::index_output: the batch's sample indices
 
  private:
   std::shared_ptr<ReaderState> state_;
   int slot_;
   int64_t records_;
+  uint64_t epoch_;
+  char* external_ = nullptr;
+  std::shared_ptr<void> keep_;
 };
 
 class BatchReader {
@@ -120,6 +136,7 @@ class BatchReader {
   void check_usable() const;
   bool ready_locked() const;
   std::shared_ptr<Lease> take_locked(std::unique_lock<std::mutex>& lk);
+  std::shared_ptr<Lease> read_overflow_locked(std::unique_lock<std::mutex>& lk);
   std::shared_ptr<ReaderState> state_;
   std::vector<std::thread> threads_;
   pid_t owner_pid_;

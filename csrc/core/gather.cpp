@@ -42,16 +42,6 @@ void widen_tokens(const char* __restrict__ src, int64_t block, int64_t* __restri
   for (int64_t k = 0; k < block; ++k) y[k] = static_cast<int64_t>(t[k + 1]);
 }
 
-WidenFn widen_for(int bytes, bool is_signed) {
-  switch (bytes) {
-    case 1: return is_signed ? widen_tokens<int8_t> : widen_tokens<uint8_t>;
-    case 2: return is_signed ? widen_tokens<int16_t> : widen_tokens<uint16_t>;
-    case 4: return is_signed ? widen_tokens<int32_t> : widen_tokens<uint32_t>;
-    case 8: return widen_tokens<int64_t>;
-  }
-  throw Error(ErrorKind::kValue, "token size must be 1, 2, 4 or 8 bytes, got " + std::to_string(bytes));
-}
-
 std::string record_context(const Column& c, int64_t record) {
   return "'" + c.spec.path + "': record " + std::to_string(record) + " (offset " +
          std::to_string(c.spec.data_offset + record * c.spec.record_stride) + ", " +
@@ -70,6 +60,16 @@ std::string record_context(const Column& c, int64_t record) {
 }
 
 }  // namespace
+
+WidenFn widen_for(int bytes, bool is_signed) {
+  switch (bytes) {
+    case 1: return is_signed ? widen_tokens<int8_t> : widen_tokens<uint8_t>;
+    case 2: return is_signed ? widen_tokens<int16_t> : widen_tokens<uint16_t>;
+    case 4: return is_signed ? widen_tokens<int32_t> : widen_tokens<uint32_t>;
+    case 8: return widen_tokens<int64_t>;
+  }
+  throw Error(ErrorKind::kValue, "token size must be 1, 2, 4 or 8 bytes, got " + std::to_string(bytes));
+}
 
 IoMode choose_mode(IoMode io, int64_t record_bytes, int64_t total_data_bytes, int64_t mem_available) {
   if (io != IoMode::kAuto) return io;

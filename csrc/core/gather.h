@@ -52,6 +52,8 @@ long usable_cores();
 
 // ---- a column being read ---------------------------------------------------------------------------
 using WidenFn = void (*)(const char* src, int64_t block, int64_t* x, int64_t* y);
+// Widens one window of block + 1 tokens of `bytes` each into x = tokens[:-1] and y = tokens[1:].
+WidenFn widen_for(int bytes, bool is_signed);
 
 struct Column {
   ColumnSpec spec;

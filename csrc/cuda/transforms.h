@@ -96,17 +96,25 @@ FASTPIPE_HD inline float cmn_value(const CropMirrorNormalizeParams& p, const Sam
 #endif
 }
 
-// float -> float16 / bfloat16 bits, round to nearest even (as CUDA's __float2half_rn / __float2bfloat16_rn).
-FASTPIPE_HD inline uint16_t float_to_bfloat16_bits(float f) {
+FASTPIPE_HD inline uint32_t float_bits(float f) {
+#if defined(__CUDA_ARCH__)
+  return __float_as_uint(f);
+#else
   uint32_t u;
   std::memcpy(&u, &f, 4);
+  return u;
+#endif
+}
+
+// float -> float16 / bfloat16 bits, round to nearest even (as CUDA's __float2half_rn / __float2bfloat16_rn).
+FASTPIPE_HD inline uint16_t float_to_bfloat16_bits(float f) {
+  const uint32_t u = float_bits(f);
   if ((u & 0x7fffffffu) > 0x7f800000u) return static_cast<uint16_t>((u >> 16) | 0x40);  // NaN stays NaN
   return static_cast<uint16_t>((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
 }
 
 FASTPIPE_HD inline uint16_t float_to_half_bits(float f) {
-  uint32_t u;
-  std::memcpy(&u, &f, 4);
+  const uint32_t u = float_bits(f);
   const uint32_t sign = (u >> 16) & 0x8000u;
   const uint32_t abs = u & 0x7fffffffu;
   if (abs > 0x7f800000u) return static_cast<uint16_t>(sign | 0x7e00u);  // NaN

@@ -1,17 +1,26 @@
-// Python bindings of the batch reader (csrc/core): its errors become Python exceptions, leased slots
-// become zero-copy tensors whose deleter returns the slot; and the shared tables (dtypes, io modes).
-#ifdef FASTPIPE_WITH_CUDA
-#include <c10/cuda/CUDAStream.h>
-#include <cuda_runtime_api.h>
-#endif
+// Python bindings of the batch reader and the device pipeline (csrc/core): their errors become Python
+// exceptions, batches become zero-copy tensors whose last reference returns the slot; and the shared
+// tables (dtypes, io modes).
 #include <pybind11/numpy.h>
 #include <pybind11/stl.h>
 
+#include <chrono>
+#include <thread>
+
 #include "core/batch_reader.h"
+#include "core/device_pipeline.h"
 #include "core/dtypes.h"
 #include "core/error.h"
 #include "core/npy.h"
+#include "core/sim_device.h"
 #include "ops/bindings.h"
+#ifdef FASTPIPE_WITH_CUDA
+#include <c10/cuda/CUDACachingAllocator.h>
+#include <c10/cuda/CUDAStream.h>
+#include <cuda_runtime_api.h>
+
+#include "ops/cuda/cuda_device.h"
+#endif
 
 namespace py = pybind11;
 
@@ -120,22 +129,102 @@ void pin_arena(ReaderOptions& opt) {
 #endif
 }
 
-// The reader plus what turns its leases into tensors: per output, dtype and record shape.
+// A device batch's tensors share one storage over its memory, whose context holds the batch: freeing
+// the last tensor releases the batch (stream-ordered), and record_stream finds the batch from a tensor.
+struct BatchRef {
+  std::shared_ptr<DeviceBatch> batch;
+};
+
+void delete_batch_ref(void* ctx) { delete static_cast<BatchRef*>(ctx); }
+
+DeviceBatch* batch_of(const at::Tensor& t) {
+  const c10::DataPtr& p = t.storage().data_ptr();
+  return p.get_deleter() == &delete_batch_ref ? static_cast<BatchRef*>(p.get_context())->batch.get() : nullptr;
+}
+
+// Where batches live: the CPU (BatchReader alone), a CUDA device, or the CPU simulation of one (tests).
+struct DeviceChoice {
+  std::shared_ptr<Device> device;       // null: CPU batches
+  std::shared_ptr<SimDevice> sim;       // the simulation, when that is the device
+  at::Device tensors{at::kCPU};         // the device of the batch tensors
+};
+
+DeviceChoice choose_device(const py::object& device) {
+  DeviceChoice c;
+  if (device.is_none()) return c;
+  if (py::isinstance<SimDevice>(device)) {
+    c.sim = device.cast<std::shared_ptr<SimDevice>>();
+    c.device = c.sim;
+    return c;
+  }
+  const int index = device.cast<int>();
+#ifdef FASTPIPE_WITH_CUDA
+  c.device = make_cuda_device(index);
+  c.tensors = at::Device(at::kCUDA, static_cast<c10::DeviceIndex>(index));
+  return c;
+#else
+  throw Error(ErrorKind::kState, "device='cuda:" + std::to_string(index) +
+                                     "' needs fastpipe built with CUDA kernels (FASTPIPE_CUDA=0, a CPU-only torch or "
+                                     "no CUDA toolkit at build time)");
+#endif
+}
+
+// Overflow memory for a batch when every device slot is held (when_full="allocate"): torch's caching
+// allocator on a GPU (freed by torch, stream-ordered: the copy stream is recorded on it); on the
+// simulation, memory freed on the consumer stream, as the caching allocator would.
+OverflowFn overflow_allocator(const DeviceChoice& c) {
+  if (c.sim) {
+    std::shared_ptr<SimDevice> sim = c.sim;
+    return [sim](int64_t bytes, Stream*) {
+      char* p = static_cast<char*>(sim->alloc(static_cast<size_t>(bytes)));
+      std::shared_ptr<void> keep(p, [sim](void* q) { sim->enqueue(sim->consumer_stream(), [sim, q] { sim->free(q); }); });
+      return OverflowBuffer{p, keep};
+    };
+  }
+#ifdef FASTPIPE_WITH_CUDA
+  const at::Device dev = c.tensors;
+  return [dev](int64_t bytes, Stream* copy) {
+    at::Tensor t = at::empty({bytes}, at::TensorOptions().dtype(at::kByte).device(dev));
+    c10::cuda::CUDACachingAllocator::recordStream(
+        t.storage().data_ptr(), c10::cuda::getStreamFromExternal(reinterpret_cast<cudaStream_t>(copy), dev.index()));
+    return OverflowBuffer{static_cast<char*>(t.data_ptr()), std::make_shared<c10::Storage>(t.storage())};
+  };
+#else
+  return nullptr;
+#endif
+}
+
+// The reader (CPU batches) or the device pipeline (device batches), plus what turns their batches into
+// tensors: per output, dtype and record shape.
 class PyReader {
  public:
   PyReader(std::vector<ColumnSpec> columns, const std::vector<std::pair<std::string, std::vector<int64_t>>>& outputs,
-           int64_t batch_size, int num_threads, int prefetch, const std::string& io, bool pin_memory) {
+           int64_t batch_size, int num_threads, int prefetch, const std::string& io, bool pin_memory,
+           const py::object& device, const std::string& when_full)
+      : choice_(choose_device(device)) {
+    TORCH_CHECK(when_full == "allocate" || when_full == "error", "when_full must be 'allocate' or 'error', got '",
+                when_full, "'");
     ReaderOptions opt;
     opt.batch_size = batch_size;
     opt.num_threads = num_threads;
     opt.prefetch = prefetch;
     opt.io = parse_io_mode(io);
-    if (pin_memory) pin_arena(opt);
-    {
-      py::gil_scoped_release nogil;  // opening files and touching the arena can take a while
+    if (choice_.device) {
+      OverflowFn overflow = when_full == "allocate" ? overflow_allocator(choice_) : nullptr;
+      py::gil_scoped_release nogil;  // opening files and touching the arenas can take a while
+      pipeline_ = std::make_unique<DevicePipeline>(choice_.device, std::move(columns), opt, std::move(overflow));
+    } else {
+      if (pin_memory) pin_arena(opt);
+      if (when_full == "allocate") {
+        opt.overflow = [](int64_t bytes) {
+          auto t = std::make_shared<at::Tensor>(at::empty({bytes}, at::kByte));
+          return std::make_pair(static_cast<char*>(t->data_ptr()), std::shared_ptr<void>(t));
+        };
+      }
+      py::gil_scoped_release nogil;
       reader_ = std::make_unique<BatchReader>(std::move(columns), opt);
     }
-    const auto& layouts = reader_->outputs();
+    const auto& layouts = pipeline_ ? pipeline_->outputs() : reader_->outputs();
     TORCH_CHECK(outputs.size() == layouts.size(), "expected ", layouts.size(), " output descriptions, got ",
                 outputs.size());
     for (size_t k = 0; k < outputs.size(); ++k) {
@@ -149,48 +238,25 @@ class PyReader {
     }
   }
 
+  BatchReader& reader() const { return pipeline_ ? pipeline_->reader() : *reader_; }
+
   void start(py::array_t<int64_t, py::array::c_style | py::array::forcecast> indices, bool drop_last,
              uint64_t epoch) {
     std::vector<int64_t> idx(indices.data(), indices.data() + indices.size());
     py::gil_scoped_release nogil;
-    reader_->start(std::move(idx), drop_last, epoch);
+    if (pipeline_) {
+      pipeline_->start(std::move(idx), drop_last, epoch);
+    } else {
+      reader_->start(std::move(idx), drop_last, epoch);
+    }
   }
 
   py::object next(double timeout) {
-    // A ready batch is taken without releasing the GIL: the common case in a loop that keeps up.
-    bool end = false;
-    std::shared_ptr<Lease> lease = reader_->try_next(&end);
-    bool interrupted = false;
-    if (!lease && !end) {
-      py::gil_scoped_release nogil;
-      try {
-        lease = reader_->next(timeout, [&] {
-          py::gil_scoped_acquire gil;
-          if (PyErr_CheckSignals() != 0) {
-            interrupted = true;
-            throw std::runtime_error("interrupted");
-          }
-        });
-      } catch (const std::runtime_error&) {
-        if (!interrupted) throw;
-      }
-    }
-    if (interrupted) throw py::error_already_set();  // the KeyboardInterrupt set by PyErr_CheckSignals
-    if (!lease) return py::none();
-    py::list out;
-    for (size_t k = 0; k < dtypes_.size(); ++k) {
-      std::vector<int64_t> sizes{lease->records()};
-      sizes.insert(sizes.end(), shapes_[k].begin(), shapes_[k].end());
-      // Every tensor of the batch holds the lease; the slot is freed when the last one dies.
-      auto t = torch::from_blob(
-          lease->data(static_cast<int>(k)), sizes, [lease](void*) {}, torch::TensorOptions().dtype(dtypes_[k]));
-      out.append(py::cast(t));
-    }
-    return std::move(out);
+    return pipeline_ ? next_on_device(timeout) : next_on_host(timeout);
   }
 
   py::dict stats() const {
-    const ReaderStats s = reader_->stats();
+    const ReaderStats s = reader().stats();
     py::dict d;
     d["batches"] = s.batches;
     d["bytes_read"] = s.bytes_read;
@@ -203,24 +269,136 @@ class PyReader {
     d["slots_leased"] = s.slots_leased;
     d["num_threads"] = s.num_threads;
     d["waits"] = s.waits;
+    d["overflow_batches"] = s.overflow_batches;
+    if (pipeline_) {
+      const DeviceStats ds = pipeline_->stats();
+      d["device_arena_bytes"] = ds.arena_bytes;
+      d["device_slots"] = ds.num_slots;
+      d["device_slots_leased"] = ds.slots_leased;
+      d["overflow_batches"] = ds.overflow_batches;
+    }
     return d;
   }
 
   void close() {
     py::gil_scoped_release nogil;
-    reader_->close();
+    if (pipeline_) {
+      pipeline_->close();
+    } else {
+      reader_->close();
+    }
   }
-  std::vector<std::string> io_modes() const { return reader_->io_modes(); }
-  std::vector<std::string> warnings() const { return reader_->warnings(); }
-  void set_poison(bool on) { reader_->set_poison(on); }
-  void hold_reads(bool on) { reader_->hold_reads(on); }
-  int held_reads() const { return reader_->held_reads(); }
+  std::vector<std::string> io_modes() const { return reader().io_modes(); }
+  std::vector<std::string> warnings() const { return reader().warnings(); }
+  void set_poison(bool on) { reader().set_poison(on); }
+  void hold_reads(bool on) { reader().hold_reads(on); }
+  int held_reads() const { return reader().held_reads(); }
+  void set_skip_release_fence(bool on) {
+    TORCH_CHECK(pipeline_, "only a device loader has release fences");
+    pipeline_->set_skip_release_fence(on);
+  }
 
  private:
+  // Runs fn without the GIL, polling for Python signals (KeyboardInterrupt) while it waits.
+  template <typename Fn>
+  auto interruptible(Fn fn) {
+    bool interrupted = false;
+    decltype(fn(std::function<void()>())) result;
+    {
+      py::gil_scoped_release nogil;
+      try {
+        result = fn([&] {
+          py::gil_scoped_acquire gil;
+          if (PyErr_CheckSignals() != 0) {
+            interrupted = true;
+            throw std::runtime_error("interrupted");
+          }
+        });
+      } catch (const std::runtime_error&) {
+        if (!interrupted) throw;
+      }
+    }
+    if (interrupted) throw py::error_already_set();  // the KeyboardInterrupt set by PyErr_CheckSignals
+    return result;
+  }
+
+  py::object next_on_host(double timeout) {
+    // A ready batch is taken without releasing the GIL: the common case in a loop that keeps up.
+    bool end = false;
+    std::shared_ptr<Lease> lease = reader_->try_next(&end);
+    if (!lease && !end)
+      lease = interruptible([&](const std::function<void()>& poll) { return reader_->next(timeout, poll); });
+    if (!lease) return py::none();
+    if (lease->slot() < 0) warn_overflow();
+    py::list out;
+    for (size_t k = 0; k < dtypes_.size(); ++k) {
+      std::vector<int64_t> sizes{lease->records()};
+      sizes.insert(sizes.end(), shapes_[k].begin(), shapes_[k].end());
+      // Every tensor of the batch holds the lease; the slot is freed when the last one dies.
+      auto t = torch::from_blob(
+          lease->data(static_cast<int>(k)), sizes, [lease](void*) {}, torch::TensorOptions().dtype(dtypes_[k]));
+      out.append(py::cast(t));
+    }
+    return std::move(out);
+  }
+
+  py::object next_on_device(double timeout) {
+    std::shared_ptr<DeviceBatch> batch =
+        interruptible([&](const std::function<void()>& poll) { return pipeline_->next(timeout, poll); });
+    if (!batch) return py::none();
+    if (batch->overflow()) warn_overflow();
+    char* base = batch->base();
+    const int64_t bytes = pipeline_->slot_bytes();
+    c10::DataPtr data(base, new BatchRef{batch}, &delete_batch_ref, choice_.tensors);
+    c10::Storage storage(c10::Storage::use_byte_size_t(), bytes, std::move(data), nullptr, false);
+    py::list out;
+    for (size_t k = 0; k < dtypes_.size(); ++k) {
+      std::vector<int64_t> sizes{batch->records()};
+      sizes.insert(sizes.end(), shapes_[k].begin(), shapes_[k].end());
+      const int64_t item = static_cast<int64_t>(c10::elementSize(dtypes_[k]));
+      const int64_t offset = batch->data(static_cast<int>(k)) - base;
+      at::Tensor t = at::empty({0}, at::TensorOptions().dtype(dtypes_[k]).device(choice_.tensors));
+      t.set_(storage, offset / item, sizes, c10::contiguous_strides(sizes));
+      out.append(py::cast(t));
+    }
+    return std::move(out);
+  }
+
+  // Once per loader: the program holds every slot, so batches now cost an allocation each.
+  void warn_overflow() {
+    if (warned_overflow_) return;
+    warned_overflow_ = true;
+    const int slots = reader().stats().num_slots;
+    const std::string msg =
+        "fastpipe.Loader: the program holds every one of the " + std::to_string(pipeline_ ? pipeline_->stats().num_slots : slots) +
+        " arena slots (e.g. list(loader), or batches kept in a list), so this batch and the next ones while that "
+        "lasts are read into freshly allocated memory (stats()['overflow_batches']). Drop or .clone() the batches "
+        "you keep, or raise prefetch, to stay in the fixed arena; when_full='error' raises instead.";
+    if (PyErr_WarnEx(PyExc_UserWarning, msg.c_str(), 1) < 0) throw py::error_already_set();
+  }
+
+  DeviceChoice choice_;
+  bool warned_overflow_ = false;
   std::unique_ptr<BatchReader> reader_;
+  std::unique_ptr<DevicePipeline> pipeline_;
   std::vector<c10::ScalarType> dtypes_;
   std::vector<std::vector<int64_t>> shapes_;
 };
+
+// fastpipe.record_stream: a device batch's release also waits for the work queued on `stream`.
+void record_stream(const at::Tensor& t, uintptr_t stream) {
+  DeviceBatch* b = batch_of(t);
+  TORCH_CHECK(b, "record_stream: the tensor is not a batch of a fastpipe device Loader (use torch's "
+                 "Tensor.record_stream for memory torch allocated)");
+  b->used_on(reinterpret_cast<Stream*>(stream));
+#ifdef FASTPIPE_WITH_CUDA
+  if (b->overflow() && t.is_cuda()) {  // an overflow batch lives in torch's caching allocator
+    const auto& storage = *std::static_pointer_cast<c10::Storage>(b->overflow_buffer());
+    c10::cuda::CUDACachingAllocator::recordStream(
+        storage.data_ptr(), c10::cuda::getStreamFromExternal(reinterpret_cast<cudaStream_t>(stream), t.get_device()));
+  }
+#endif
+}
 
 }  // namespace
 
@@ -312,11 +490,55 @@ void bind_loader(py::module& m) {
       .def_readonly("record_bytes", &ColumnSpec::record_bytes)
       .def_readonly("num_records", &ColumnSpec::num_records);
 
+  // The CPU simulation of a device (core/sim_device.h), for tests: Loader(device="cuda") under
+  // fastpipe.data._device.simulated(). Streams are handles (ints) as torch's cuda_stream values are.
+  py::class_<SimDevice, std::shared_ptr<SimDevice>>(m, "SimDevice")
+      .def(py::init([](int max_delay_us, uint64_t seed) { return std::make_shared<SimDevice>(max_delay_us, seed); }),
+           py::arg("max_delay_us") = 0, py::arg("seed") = 0)
+      .def("consumer_stream", [](SimDevice& d) { return reinterpret_cast<uintptr_t>(d.consumer_stream()); })
+      .def("new_stream", [](SimDevice& d) { return reinterpret_cast<uintptr_t>(d.new_stream()); })
+      .def(
+          "copy",
+          [](SimDevice& d, uintptr_t stream, at::Tensor dst, const at::Tensor& src) {
+            // Reads src's memory when the stream gets there, as a kernel would: src itself may be freed
+            // by then (that is the point), dst is the test's and stays.
+            TORCH_CHECK(dst.is_contiguous() && src.is_contiguous() && dst.nbytes() == src.nbytes(),
+                        "copy: contiguous tensors of equal size");
+            const void* from = src.data_ptr();
+            const size_t n = src.nbytes();
+            d.enqueue(reinterpret_cast<Stream*>(stream), [dst, from, n] { std::memcpy(dst.data_ptr(), from, n); });
+          },
+          py::arg("stream"), py::arg("dst"), py::arg("src"))
+      .def(
+          "sleep",
+          [](SimDevice& d, uintptr_t stream, int us) {
+            d.enqueue(reinterpret_cast<Stream*>(stream), [us] { std::this_thread::sleep_for(std::chrono::microseconds(us)); });
+          },
+          py::arg("stream"), py::arg("us"))
+      .def(
+          "synchronize",
+          [](SimDevice& d, uintptr_t stream) {
+            // The host waits for the stream's work so far (torch.cuda.Stream.synchronize).
+            Event* e = d.new_event();
+            d.record(e, reinterpret_cast<Stream*>(stream));
+            {
+              py::gil_scoped_release nogil;
+              d.synchronize(e);
+            }
+            d.delete_event(e);
+          },
+          py::arg("stream"))
+      .def("drain", &SimDevice::drain, py::call_guard<py::gil_scoped_release>())
+      .def("set_max_delay_us", &SimDevice::set_max_delay_us, py::arg("us"));
+
+  m.def("record_stream", &record_stream, py::arg("tensor"), py::arg("stream"));
+
   py::class_<PyReader>(m, "BatchReader")
       .def(py::init<std::vector<ColumnSpec>, const std::vector<std::pair<std::string, std::vector<int64_t>>>&,
-                    int64_t, int, int, const std::string&, bool>(),
+                    int64_t, int, int, const std::string&, bool, const py::object&, const std::string&>(),
            py::arg("columns"), py::arg("outputs"), py::arg("batch_size"), py::arg("num_threads"), py::arg("prefetch"),
-           py::arg("io"), py::arg("pin_memory") = false)
+           py::arg("io"), py::arg("pin_memory") = false, py::arg("device") = py::none(),
+           py::arg("when_full") = "allocate")
       .def("start", &PyReader::start, py::arg("indices"), py::arg("drop_last"), py::arg("epoch"))
       .def("next", &PyReader::next, py::arg("timeout"))
       .def("stats", &PyReader::stats)
@@ -326,7 +548,8 @@ void bind_loader(py::module& m) {
       // Test hooks (core/batch_reader.h): tests/conftest.py reaches them through loader._reader.
       .def("_set_poison", &PyReader::set_poison, py::arg("on"))
       .def("_hold_reads", &PyReader::hold_reads, py::arg("on"))
-      .def("_held_reads", &PyReader::held_reads);
+      .def("_held_reads", &PyReader::held_reads)
+      .def("_skip_release_fence", &PyReader::set_skip_release_fence, py::arg("on"));
 }
 
 }  // namespace fastpipe

@@ -9,6 +9,7 @@ import numpy as np
 import torch
 
 from fastpipe._ext import _C, build_info
+from fastpipe.data import _device
 from fastpipe.data._source import ColumnSource
 from fastpipe.data.order import REMAINDER_POLICIES, epoch_order, shard, shard_size
 
@@ -55,8 +56,12 @@ class Loader:
         Seed of the shuffle. The same seed gives the same batches whatever ``num_threads``.
     drop_last : bool
         Drop the last incomplete batch.
-    device : str
-        ``"cpu"``. (``"cuda"`` is not implemented yet.)
+    device : str or torch.device
+        ``"cpu"``, or ``"cuda"`` (the current CUDA device at construction) / ``"cuda:k"``: batches are
+        copied from page-locked host slots into a fixed device arena on a copy stream of the Loader's,
+        converted there (token windows widened, ``transforms`` applied), and handed out as CUDA tensors
+        that the current stream waits for (the host never does). Use :func:`fastpipe.record_stream`
+        when a batch is also used on another stream.
     num_threads : int, optional
         Reader threads; default: the cores, between 2 and 8 (at least 16 when reading with O_DIRECT,
         whose threads mostly wait on the device).
@@ -80,6 +85,10 @@ class Loader:
         ``timeout`` attribute may be changed later; it applies from the next batch on.
     sampler : iterable of int, optional
         A custom epoch order (as DataLoader's ``sampler``); ``set_epoch`` is forwarded to it.
+    when_full : {"allocate", "error"}
+        When the program holds every slot of the arena (e.g. ``list(loader)``) the next batch cannot go
+        there: "allocate" reads it into memory outside the arena that torch frees like any tensor
+        (counted in ``stats()["overflow_batches"]``, with one warning), "error" raises at once.
     transforms : dict, optional
         ``{field: transform}`` (:mod:`fastpipe.transforms`, e.g. ``CropMirrorNormalize``) applied to a
         field of every batch as it is read: a dict dataset's name, or a tuple dataset's position (0 for a
@@ -105,7 +114,7 @@ class Loader:
                  timeout=120.0, sampler=None, generator=None, num_workers=0, pin_memory=False,
                  prefetch_factor=None, persistent_workers=False, collate_fn=None, worker_init_fn=None,
                  batch_sampler=None, multiprocessing_context=None, pin_memory_device="", in_order=True,
-                 transforms=None):
+                 transforms=None, when_full="allocate"):
         if not isinstance(dataset, ColumnSource):
             raise TypeError(
                 f"fastpipe.Loader reads NpyDataset and TokenDataset, got {type(dataset).__name__}. Convert a "
@@ -120,11 +129,9 @@ class Loader:
         ):
             if value is not None:
                 raise ValueError(f"fastpipe.Loader does not take {name}: {why}")
-        if device != "cpu":
-            if str(device).startswith("cuda"):
-                raise NotImplementedError("device='cuda' is not implemented yet; use device='cpu' and move "
-                                          "batches with .to('cuda', non_blocking=True)")
-            raise ValueError(f"device must be 'cpu', got {device!r}")
+        self.device, reader_device = _device.resolve(device)
+        if when_full not in ("allocate", "error"):
+            raise ValueError(f"when_full must be 'allocate' or 'error', got {when_full!r}")
         if not isinstance(batch_size, int) or isinstance(batch_size, bool) or batch_size < 1:
             raise ValueError(f"batch_size must be a positive int, got {batch_size!r}")
         if io not in IO_MODES:
@@ -149,8 +156,8 @@ class Loader:
             seed = generator.initial_seed()
         if pin_memory_device and not str(pin_memory_device).startswith("cuda"):
             raise ValueError(f"pin_memory_device must be '' or a CUDA device, got {pin_memory_device!r}")
-        pin = bool(pin_memory) and build_info()["cuda_available"]
-        if pin_memory and not pin:
+        pin = bool(pin_memory) and reader_device is None and build_info()["cuda_available"]
+        if pin_memory and reader_device is None and not pin:
             warnings.warn("pin_memory=True but no usable CUDA device (or fastpipe was built without CUDA): "
                           "batches are not pinned", stacklevel=2)
         self.dataset = dataset
@@ -175,7 +182,8 @@ class Loader:
         self.transforms = dict(transforms or {})
         self._reader_args = dict(
             columns=columns, outputs=outputs, batch_size=batch_size,
-            num_threads=int(num_threads), prefetch=prefetch, io=io, pin_memory=pin,
+            num_threads=int(num_threads), prefetch=prefetch, io=io, pin_memory=pin and reader_device is None,
+            device=reader_device, when_full=when_full,
         )
         self._open_reader()
         for w in self._reader.warnings():

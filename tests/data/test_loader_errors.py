@@ -303,10 +303,18 @@ def test_not_a_fastpipe_dataset(dataset_factory):
             fastpipe.Loader(obj, 2)
 
 
-def test_cuda_device_not_implemented(dataset_factory):
+@pytest.mark.skipif(fastpipe.build_info()["cuda_available"], reason="a GPU is usable here")
+def test_cuda_device_without_a_gpu_says_why(dataset_factory):
     ds, _, _ = dataset_factory(10, {})
-    with pytest.raises(NotImplementedError):
-        fastpipe.Loader(ds, 2, device="cuda")
+    why = "needs fastpipe built with CUDA" if not fastpipe.build_info()["cuda"] else "no CUDA device is usable"
+    for device in ("cuda", "cuda:1", torch.device("cuda", 0)):
+        with pytest.raises(RuntimeError, match=why):
+            fastpipe.Loader(ds, 2, device=device)
+    for device in ("mps", "gpu", "xpu"):
+        with pytest.raises(ValueError, match="device must be 'cpu', 'cuda' or 'cuda:<index>'"):
+            fastpipe.Loader(ds, 2, device=device)
+    with pytest.raises(ValueError, match="when_full must be 'allocate' or 'error'"):
+        fastpipe.Loader(ds, 2, when_full="wait")
 
 
 def test_bad_io_mode_and_unknown_keyword(dataset_factory):

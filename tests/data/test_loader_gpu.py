@@ -16,12 +16,6 @@ def _dataset(tmp_path, n=301):
     return x, fastpipe.NpyDataset(str(tmp_path / "x.npy"))
 
 
-def test_device_cuda_not_implemented_yet(tmp_path):
-    _, ds = _dataset(tmp_path)
-    with pytest.raises(NotImplementedError, match="device='cuda'"):
-        fastpipe.Loader(ds, batch_size=8, device="cuda")
-
-
 @pytest.mark.gpu
 @needs_gpu
 def test_pin_memory_release_waits_for_queued_copies(tmp_path, fp):

@@ -38,22 +38,23 @@ def check_live(batch, arrays):
 
 
 @pytest.mark.parametrize("poison", [False, True])
-def test_holding_more_batches_than_slots(dataset_factory, fp, poison):
+def test_holding_every_slot_with_when_full_error_raises_at_once(dataset_factory, fp, poison):
+    """Nothing can be read until a slot is freed, so the loader says so at once: were it waiting, the
+    error would come after the 30 s timeout and say the storage is stalled."""
     n, b = 400, 10
     ds, arrays, _ = dataset_factory(n, {"x": ("float32", (13,))})
-    ld = fp.hooks(fp.loader(ds, b, prefetch=1), poison=poison)
+    ld = fp.hooks(fp.loader(ds, b, prefetch=1, when_full="error"), poison=poison)
     assert ld.stats()["num_slots"] == 3
     it = iter(ld)
     held = [next(it) for _ in range(3)]  # every slot
     sums = [digest(h) for h in held]
-    ld.timeout = 0.3  # only the wait that must fail is short
     with pytest.raises(TimeoutError) as t_err:
         next(it)
-    ld.timeout = fp.LOADER_TIMEOUT
+    assert ld.stats()["waits"] == 0 or "still being read" not in str(t_err.value)
     msg = str(t_err.value)
     print(msg)
     assert "all 3 arena slots are held" in msg, f"the message should say how many batches are held: {msg}"
-    assert "prefetch" in msg and "clone" in msg, f"the message should suggest prefetch / .clone(): {msg}"
+    assert "prefetch" in msg and "clone" in msg and "when_full='allocate'" in msg, f"the remedies: {msg}"
     assert ld.stats()["slots_leased"] == 3
     for h, s in zip(held, sums):
         assert digest(h) == s, "a held batch changed while the loader waited"
@@ -79,15 +80,40 @@ def test_timeout_error_repeats_then_recovers(dataset_factory, fp):
     ds, arrays, _ = dataset_factory(100, {"x": ("uint8", (5,))})
     ld = fp.loader(ds, 10, prefetch=1)
     it = iter(ld)
-    held = [next(it) for _ in range(3)]
+    first = fp.take(it, 3)
+    fp.hooks(ld, hold_reads=True)  # the next reads stall
+    assert fp.wait_until(lambda: fp.held_reads(ld) >= 1)
     ld.timeout = 0.3
     for _ in range(2):
-        with pytest.raises(TimeoutError):
+        with pytest.raises(TimeoutError, match="still being read"):
             next(it)
     ld.timeout = fp.LOADER_TIMEOUT
-    held.clear()
+    fp.release(ld)
     rest = fp.epoch(it)
-    assert fp.verify(rest, arrays).tolist() == list(range(30, 100))
+    assert fp.verify(first + rest, arrays).tolist() == list(range(100))
+
+
+@pytest.mark.parametrize("io", ["mmap", "pread"])
+def test_holding_every_batch_allocates_outside_the_arena(dataset_factory, fp, io):
+    """DataLoader idioms that keep every batch: list(loader), torch.cat over an epoch. The arena stays
+    fixed; the batches beyond it are read into memory torch frees, with one warning."""
+    n, b = 203, 10
+    ds, arrays, _ = dataset_factory(n, {"x": ("float32", (13,)), "label": ("int64", ())})
+    ld = fp.hooks(fp.loader(ds, b, shuffle=True, prefetch=1, io=io), poison=True)
+    arena = ld.stats()["arena_bytes"]
+    with pytest.warns(UserWarning, match="holds every one of the 3 arena slots") as caught:
+        batches = list(ld)
+    assert len(caught) == 1, [str(w.message) for w in caught]
+    assert len(batches) == 21 and ld.stats()["overflow_batches"] == 18
+    assert ld.stats()["arena_bytes"] == arena, "the arena grew"
+    held = [fp.to_np(x) for x in batches]
+    assert sorted(fp.verify(held, arrays).tolist()) == list(range(n))
+    labels = torch.cat([x["label"] for x in ld])  # a second epoch the same way
+    assert sorted(labels.tolist()) == list(range(n)) or sorted(labels.tolist()) == sorted(arrays["label"].tolist())
+    assert fp.same_batches(held, [fp.to_np(x) for x in batches]), "a held batch changed"
+    del batches
+    gc.collect()
+    assert ld.stats()["slots_leased"] == 0
 
 
 @pytest.mark.parametrize(

@@ -1,0 +1,81 @@
+// Streams, events, asynchronous copies, device memory and the batch kernels behind one narrow interface.
+// The device pipeline (device_pipeline.h) is written against it; CUDA implements it
+// (csrc/ops/cuda/cuda_device.cpp) and a CPU simulation (sim_device.h) lets the pipeline's ordering logic
+// run, and be tested, on a machine without a GPU.
+//
+// Semantics are CUDA's: work queued on one stream runs in order; record(e, s) marks the point of s where
+// e completes; wait(s, e) makes s wait for the last record of e made before the call, without the host
+// waiting; synchronize(e) makes the host wait for it.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include "cuda/transforms.h"
+
+namespace fastpipe {
+
+struct Stream;  // opaque: owned by the Device that made it
+struct Event;
+
+// token windows widened to int64 on the device: records of `src` (src_stride bytes apart) hold
+// block + 1 tokens of token_bytes; x = tokens[:-1], y = tokens[1:], `block` int64 each per record.
+struct WidenTokensKernel {
+  const void* src = nullptr;
+  int64_t src_stride = 0;
+  int token_bytes = 0;
+  bool is_signed = false;
+  int64_t records = 0;
+  int64_t block = 0;
+  int64_t* x = nullptr;
+  int64_t* y = nullptr;
+};
+
+// CropMirrorNormalize over a batch of `count` images; index[k] (device memory) is image k's sample index.
+struct CropMirrorNormalizeKernel {
+  transforms::CropMirrorNormalizeParams params;
+  const uint8_t* images = nullptr;
+  void* out = nullptr;
+  int64_t count = 0;
+  const int64_t* index = nullptr;
+  uint64_t epoch = 0;
+};
+
+struct DeviceKernel {
+  enum class Kind { kWidenTokens, kCropMirrorNormalize } kind;
+  WidenTokensKernel widen;
+  CropMirrorNormalizeKernel cmn;
+};
+
+// Every call throws Error(kState) naming the call when the device reports a failure.
+class Device {
+ public:
+  virtual ~Device() = default;
+
+  virtual void bind_thread() = 0;  // makes this device current in the calling thread
+
+  virtual void* alloc(size_t bytes) = 0;  // device memory
+  virtual void free(void* p) = 0;
+  virtual void pin(void* host, size_t bytes) = 0;  // page-locks host memory for asynchronous copies
+  virtual void unpin(void* host) = 0;
+
+  virtual Stream* new_stream() = 0;
+  virtual void delete_stream(Stream* s) = 0;
+  // The stream the calling thread's work is queued on now (the training loop's: torch's current stream).
+  virtual Stream* consumer_stream() = 0;
+
+  virtual Event* new_event() = 0;  // waited on by blocking the host thread, not by spinning
+  virtual void delete_event(Event* e) = 0;
+
+  virtual void copy_to_device(void* dst, const void* src, size_t bytes, Stream* s) = 0;
+  virtual void launch(const DeviceKernel& k, Stream* s) = 0;
+  virtual void record(Event* e, Stream* s) = 0;
+  virtual void wait(Stream* s, Event* e) = 0;
+  virtual void synchronize(Event* e) = 0;
+  virtual bool query(Event* e) = 0;  // the event's last record completed (or it was never recorded)
+};
+
+// The host version of each kernel, for devices whose memory the host can address (the simulation).
+void run_kernel_on_host(const DeviceKernel& k);
+
+}  // namespace fastpipe

@@ -1,0 +1,417 @@
+#include "core/device_pipeline.h"
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <deque>
+#include <mutex>
+
+#include "core/error.h"
+
+namespace fastpipe {
+namespace {
+
+constexpr int64_t kDeviceAlign = 256;
+// Batches issued to the device ahead of the one handed out: the copy of the next one overlaps the
+// consumer's work on this one.
+constexpr size_t kIssueAhead = 2;
+
+int64_t align_up(int64_t v, int64_t a) { return (v + a - 1) / a * a; }
+
+// The copy out of host slot s records events[s]; a reader thread blocks on it before refilling s.
+struct HostFences {
+  std::shared_ptr<Device> device;
+  pid_t owner_pid;
+  std::mutex mu;
+  std::vector<Event*> events;
+  std::vector<bool> recorded;
+
+  HostFences(std::shared_ptr<Device> d) : device(std::move(d)), owner_pid(getpid()) {}
+  ~HostFences() {
+    if (getpid() != owner_pid) return;  // a forked child must not touch the device
+    for (Event* e : events)
+      if (e) device->delete_event(e);
+  }
+
+  void record(int slot, Stream* s) {
+    std::lock_guard<std::mutex> lk(mu);
+    if (static_cast<size_t>(slot) >= events.size()) {
+      events.resize(slot + 1, nullptr);
+      recorded.resize(slot + 1, false);
+    }
+    if (!events[slot]) events[slot] = device->new_event();
+    device->record(events[slot], s);
+    recorded[slot] = true;
+  }
+
+  void wait(int slot) {
+    Event* e = nullptr;
+    {
+      std::lock_guard<std::mutex> lk(mu);
+      if (static_cast<size_t>(slot) < events.size() && recorded[slot]) e = events[slot];
+    }
+    if (e) {
+      device->bind_thread();
+      device->synchronize(e);
+    }
+  }
+
+  void wait_all() {
+    std::lock_guard<std::mutex> lk(mu);
+    for (size_t s = 0; s < events.size(); ++s)
+      if (recorded[s]) device->synchronize(events[s]);
+  }
+};
+
+enum class Conversion { kCopy, kWidenTokens, kCropMirrorNormalize };
+
+// How column k's host records become device outputs.
+struct Plan {
+  Conversion kind = Conversion::kCopy;
+  int host_output = 0;
+  int64_t host_record_bytes = 0;
+  int64_t staging = 0;  // device offset of the raw records, when they are converted
+  int first_output = 0;
+  int token_bytes = 0;
+  bool token_signed = false;
+  std::shared_ptr<const transforms::CropMirrorNormalizeParams> cmn;
+};
+
+struct Issued {
+  int slot;  // -1: overflow
+  char* base;
+  int64_t records;
+  Event* ready;
+  std::shared_ptr<void> overflow;
+};
+
+}  // namespace
+
+struct DeviceSlot {
+  enum class State { kFree, kIssued, kLeased } state = State::kFree;
+  Event* ready = nullptr;
+  std::vector<Event*> release;  // per stream the last batch in it was used on
+  size_t released = 0;          // entries of `release` its last batch recorded
+};
+
+struct PipelineState {
+  std::shared_ptr<Device> device;
+  std::shared_ptr<HostFences> fences;
+  pid_t owner_pid = 0;
+  Stream* copy = nullptr;
+  char* arena = nullptr;
+  int64_t slot_bytes = 0;
+  int64_t batch_size = 0;
+  std::vector<OutputLayout> outputs;
+  std::vector<Plan> plans;
+  int64_t index_offset = -1;  // of the device copy of the sample indices, when a transform needs them
+  Event* overflow_ready = nullptr;
+  OverflowFn overflow;
+  std::atomic<bool> skip_release_fence{false};
+
+  std::mutex mu;  // slots, issued, stats: batches are released from any thread
+  std::vector<DeviceSlot> slots;
+  std::deque<Issued> issued;
+  int leased = 0;
+  int64_t overflow_batches = 0;
+
+  ~PipelineState() {
+    if (getpid() != owner_pid || !device) return;  // a forked child must not touch the device
+    device->bind_thread();
+    for (DeviceSlot& s : slots) {  // every copy and every use of the arena finished before it goes
+      if (s.ready) device->synchronize(s.ready);
+      for (size_t k = 0; k < s.released; ++k) device->synchronize(s.release[k]);
+    }
+    for (DeviceSlot& s : slots) {
+      if (s.ready) device->delete_event(s.ready);
+      for (Event* e : s.release) device->delete_event(e);
+    }
+    if (overflow_ready) {
+      device->synchronize(overflow_ready);
+      device->delete_event(overflow_ready);
+    }
+    if (arena) device->free(arena);
+    if (copy) device->delete_stream(copy);
+  }
+
+  // Queues batch `lease`'s copy and conversions into `base` on the copy stream, then `ready`.
+  void enqueue(const Lease& lease, char* base, Event* ready) {
+    const int64_t n = lease.records();
+    for (const Plan& p : plans) {
+      const char* src = lease.data(p.host_output);
+      const size_t bytes = static_cast<size_t>(n * p.host_record_bytes);
+      if (p.kind == Conversion::kCopy) {
+        if (bytes) device->copy_to_device(base + outputs[p.first_output].offset, src, bytes, copy);
+        continue;
+      }
+      device->copy_to_device(base + p.staging, src, bytes, copy);
+    }
+    if (index_offset >= 0)
+      device->copy_to_device(base + index_offset, lease.indices(), static_cast<size_t>(n * 8), copy);
+    for (const Plan& p : plans) {
+      DeviceKernel k{};
+      if (p.kind == Conversion::kWidenTokens) {
+        k.kind = DeviceKernel::Kind::kWidenTokens;
+        k.widen = WidenTokensKernel{base + p.staging, p.host_record_bytes, p.token_bytes, p.token_signed, n,
+                                    outputs[p.first_output].record_bytes / 8,
+                                    reinterpret_cast<int64_t*>(base + outputs[p.first_output].offset),
+                                    reinterpret_cast<int64_t*>(base + outputs[p.first_output + 1].offset)};
+      } else if (p.kind == Conversion::kCropMirrorNormalize) {
+        k.kind = DeviceKernel::Kind::kCropMirrorNormalize;
+        k.cmn = CropMirrorNormalizeKernel{*p.cmn, reinterpret_cast<const uint8_t*>(base + p.staging),
+                                          base + outputs[p.first_output].offset, n,
+                                          reinterpret_cast<const int64_t*>(base + index_offset), lease.epoch()};
+      } else {
+        continue;
+      }
+      device->launch(k, copy);
+    }
+    device->record(ready, copy);
+    fences->record(lease.slot(), copy);  // the host slot may be refilled once the copy out of it is done
+  }
+};
+
+DeviceBatch::DeviceBatch(std::shared_ptr<PipelineState> state, int slot, char* base, int64_t records,
+                         Stream* consumer, std::shared_ptr<void> overflow)
+    : state_(std::move(state)), slot_(slot), base_(base), records_(records), streams_{consumer},
+      overflow_(std::move(overflow)) {}
+
+DeviceBatch::~DeviceBatch() {
+  PipelineState& st = *state_;
+  if (getpid() != st.owner_pid) return;  // a forked child never reuses the parent's slots
+  if (slot_ < 0) return;                 // overflow: its allocator frees it, stream-ordered
+  st.device->bind_thread();
+  std::lock_guard<std::mutex> lk(st.mu);
+  DeviceSlot& s = st.slots[slot_];
+  s.released = 0;
+  if (!st.skip_release_fence) {
+    for (Stream* stream : streams_) {
+      if (s.released == s.release.size()) s.release.push_back(st.device->new_event());
+      st.device->record(s.release[s.released++], stream);
+    }
+  }
+  s.state = DeviceSlot::State::kFree;
+  --st.leased;
+}
+
+char* DeviceBatch::data(int output) const { return base_ + state_->outputs[output].offset; }
+
+void DeviceBatch::used_on(Stream* s) {
+  if (std::find(streams_.begin(), streams_.end(), s) == streams_.end()) streams_.push_back(s);
+}
+
+DevicePipeline::DevicePipeline(std::shared_ptr<Device> device, std::vector<ColumnSpec> columns,
+                               ReaderOptions options, OverflowFn overflow)
+    : device_(std::move(device)), state_(std::make_shared<PipelineState>()) {
+  PipelineState& st = *state_;
+  st.device = device_;
+  st.owner_pid = getpid();
+  st.overflow = std::move(overflow);
+  st.batch_size = options.batch_size;
+  device_->bind_thread();
+  st.fences = std::make_shared<HostFences>(device_);
+
+  // One plan per column, from its spec: token windows widened, images transformed, the rest copied.
+  std::vector<Plan> plans(columns.size());
+  bool needs_index = false;
+  for (size_t k = 0; k < columns.size(); ++k) {
+    Plan& p = plans[k];
+    p.host_output = static_cast<int>(k);
+    p.token_bytes = columns[k].token_bytes;
+    p.token_signed = columns[k].token_signed;
+    p.cmn = columns[k].cmn;
+    p.kind = p.cmn ? Conversion::kCropMirrorNormalize : p.token_bytes ? Conversion::kWidenTokens : Conversion::kCopy;
+    needs_index |= p.kind == Conversion::kCropMirrorNormalize;
+  }
+
+  auto fences = st.fences;
+  auto dev = device_;
+  const pid_t owner = st.owner_pid;
+  options.raw_outputs = true;
+  options.index_output = needs_index;
+  options.on_arena_alloc = [dev](void* p, size_t n) {
+    dev->bind_thread();
+    dev->pin(p, n);
+  };
+  options.on_arena_free = [dev, fences, owner](void* p, size_t) {
+    if (getpid() != owner) return;
+    dev->bind_thread();
+    fences->wait_all();  // no copy out of the arena may still be in flight when it is unpinned and freed
+    dev->unpin(p);
+  };
+  options.before_slot_fill = [fences](int slot) { fences->wait(slot); };
+  reader_ = std::make_unique<BatchReader>(std::move(columns), std::move(options));
+
+  // The device slot: per column its outputs (and the raw records it converts), then the sample indices.
+  const std::vector<OutputLayout>& host = reader_->outputs();
+  int64_t offset = 0;
+  for (Plan& p : plans) {
+    p.host_record_bytes = host[p.host_output].record_bytes;
+    p.first_output = static_cast<int>(st.outputs.size());
+    auto add_output = [&](int64_t record_bytes) {
+      st.outputs.push_back({offset, record_bytes});
+      offset = align_up(offset + record_bytes * st.batch_size, kDeviceAlign);
+    };
+    switch (p.kind) {
+      case Conversion::kCopy: add_output(p.host_record_bytes); break;
+      case Conversion::kWidenTokens: {
+        const int64_t block = p.host_record_bytes / p.token_bytes - 1;
+        add_output(block * 8);
+        add_output(block * 8);
+        break;
+      }
+      case Conversion::kCropMirrorNormalize:
+        add_output(transforms::out_image_elements(*p.cmn) * transforms::out_dtype_bytes(p.cmn->out_dtype));
+        break;
+    }
+    if (p.kind != Conversion::kCopy) {
+      p.staging = offset;
+      offset = align_up(offset + p.host_record_bytes * st.batch_size, kDeviceAlign);
+    }
+  }
+  if (needs_index) {
+    st.index_offset = offset;
+    offset = align_up(offset + 8 * st.batch_size, kDeviceAlign);
+  }
+  st.plans = std::move(plans);
+  st.slot_bytes = std::max<int64_t>(offset, kDeviceAlign);
+  const int num_slots = reader_->stats().prefetch + 2;
+  st.arena = static_cast<char*>(device_->alloc(static_cast<size_t>(st.slot_bytes * num_slots)));
+  st.slots.resize(static_cast<size_t>(num_slots));
+  for (DeviceSlot& s : st.slots) s.ready = device_->new_event();
+  st.overflow_ready = device_->new_event();
+  st.copy = device_->new_stream();
+}
+
+DevicePipeline::~DevicePipeline() { close(); }
+
+void DevicePipeline::start(std::vector<int64_t> indices, bool drop_last, uint64_t epoch) {
+  {
+    // Batches issued for the abandoned pass are dropped: their slots are free again once the copy
+    // stream passes them (the next copy into a slot is queued behind them anyway).
+    std::lock_guard<std::mutex> lk(state_->mu);
+    for (const Issued& i : state_->issued)
+      if (i.slot >= 0) state_->slots[i.slot].state = DeviceSlot::State::kFree;
+    state_->issued.clear();
+  }
+  reader_->start(std::move(indices), drop_last, epoch);
+}
+
+bool DevicePipeline::issue(bool block, double timeout_s, const std::function<void()>& poll) {
+  PipelineState& st = *state_;
+  int slot = -1;
+  {
+    std::lock_guard<std::mutex> lk(st.mu);
+    for (size_t s = 0; s < st.slots.size() && slot < 0; ++s)
+      if (st.slots[s].state == DeviceSlot::State::kFree) slot = static_cast<int>(s);
+  }
+  if (slot < 0 && !block) return false;  // look-ahead waits for a slot the consumer gives back
+  std::shared_ptr<Lease> lease;
+  if (block) {
+    lease = reader_->next(timeout_s, poll);
+  } else {
+    bool end = false;
+    lease = reader_->try_next(&end);
+  }
+  if (!lease) return false;
+  Issued item{slot, nullptr, lease->records(), nullptr, nullptr};
+  std::unique_lock<std::mutex> lk(st.mu);
+  if (slot >= 0 && st.slots[slot].state != DeviceSlot::State::kFree) slot = -1;  // taken meanwhile: none is
+  if (slot < 0) {
+    for (size_t s = 0; s < st.slots.size() && slot < 0; ++s)
+      if (st.slots[s].state == DeviceSlot::State::kFree) slot = static_cast<int>(s);
+  }
+  if (slot >= 0) {
+    DeviceSlot& s = st.slots[slot];
+    s.state = DeviceSlot::State::kIssued;
+    for (size_t k = 0; k < s.released; ++k) device_->wait(st.copy, s.release[k]);  // the consumer's last use
+    s.released = 0;
+    item.slot = slot;
+    item.base = st.arena + static_cast<int64_t>(slot) * st.slot_bytes;
+    item.ready = s.ready;
+  } else {
+    if (!st.overflow)
+      throw Error(ErrorKind::kTimeout,
+                  "all " + std::to_string(st.slots.size()) +
+                      " device slots are held by batches you still reference, so the next batch has nowhere to "
+                      "go (when_full='error'). A slot is reused only after every tensor of its batch is freed: "
+                      "drop references to earlier batches, copy the ones you keep (batch.clone()), create the "
+                      "Loader with a larger prefetch (slots = prefetch + 2), or use when_full='allocate'.");
+    lk.unlock();
+    OverflowBuffer buf = st.overflow(st.slot_bytes, st.copy);
+    lk.lock();
+    item.base = buf.data;
+    item.overflow = std::move(buf.keep);
+    item.ready = st.overflow_ready;
+    ++st.overflow_batches;
+  }
+  st.enqueue(*lease, item.base, item.ready);
+  st.issued.push_back(std::move(item));
+  return true;
+}
+
+std::shared_ptr<DeviceBatch> DevicePipeline::next(double timeout_s, const std::function<void()>& poll) {
+  PipelineState& st = *state_;
+  device_->bind_thread();
+  bool have;
+  {
+    std::lock_guard<std::mutex> lk(st.mu);
+    have = !st.issued.empty();
+  }
+  if (!have && !issue(true, timeout_s, poll)) return nullptr;  // the pass is over
+  Issued item;
+  {
+    std::lock_guard<std::mutex> lk(st.mu);
+    item = std::move(st.issued.front());
+    st.issued.pop_front();
+    if (item.slot >= 0) {
+      st.slots[item.slot].state = DeviceSlot::State::kLeased;
+      ++st.leased;
+    }
+  }
+  Stream* consumer = device_->consumer_stream();
+  device_->wait(consumer, item.ready);
+  auto batch =
+      std::make_shared<DeviceBatch>(state_, item.slot, item.base, item.records, consumer, std::move(item.overflow));
+  // Issue the next batches now, so that their copies overlap the consumer's work on this one. A read
+  // error is sticky in the reader: it surfaces at its own batch, from the blocking issue above.
+  try {
+    for (;;) {
+      {
+        std::lock_guard<std::mutex> lk(st.mu);
+        if (st.issued.size() >= kIssueAhead) break;
+      }
+      if (!issue(false, timeout_s, poll)) break;
+    }
+  } catch (const Error&) {
+  }
+  return batch;
+}
+
+void DevicePipeline::close() {
+  if (!reader_) return;
+  reader_->close();
+  if (getpid() == state_->owner_pid) {
+    device_->bind_thread();
+    state_->fences->wait_all();
+  }
+}
+
+const std::vector<OutputLayout>& DevicePipeline::outputs() const { return state_->outputs; }
+
+int64_t DevicePipeline::slot_bytes() const { return state_->slot_bytes; }
+
+DeviceStats DevicePipeline::stats() const {
+  std::lock_guard<std::mutex> lk(state_->mu);
+  DeviceStats s;
+  s.arena_bytes = state_->slot_bytes * static_cast<int64_t>(state_->slots.size());
+  s.num_slots = static_cast<int>(state_->slots.size());
+  s.slots_leased = state_->leased;
+  s.overflow_batches = state_->overflow_batches;
+  return s;
+}
+
+void DevicePipeline::set_skip_release_fence(bool on) { state_->skip_release_fence = on; }
+
+}  // namespace fastpipe

@@ -1,0 +1,99 @@
+// The device data path. A BatchReader fills page-locked host slots with records as they are; each batch
+// is copied into a fixed device arena (prefetch + 2 slots, allocated once) on one copy stream, converted
+// there (token windows widened to int64, images through CropMirrorNormalize) and marked by an event; the
+// consumer's stream waits on that event, the host never does. Batches are issued ahead of the one handed
+// out, so that the copy of batch k+1 overlaps the model's work on batch k while the readers fill k+2.
+//
+// Reuse is stream-ordered: dropping a batch's last tensor records a release event on every stream it was
+// used on (the consumer's at next(), and those added by used_on: fastpipe.record_stream), and the copy
+// stream waits on them before writing the slot again; a host slot is refilled only after the copy out of
+// it completed (its reader thread blocks on the copy's event).
+#pragma once
+
+#include <functional>
+#include <memory>
+#include <vector>
+
+#include "core/batch_reader.h"
+#include "core/device.h"
+
+namespace fastpipe {
+
+// Memory outside the arena for a batch when every device slot is held by the consumer: `data` stays
+// valid while `keep` lives (the caller's allocator frees it after the consumer is done with it).
+struct OverflowBuffer {
+  char* data = nullptr;
+  std::shared_ptr<void> keep;
+};
+using OverflowFn = std::function<OverflowBuffer(int64_t bytes, Stream* copy_stream)>;
+
+struct DeviceStats {
+  int64_t arena_bytes = 0;
+  int num_slots = 0;
+  int slots_leased = 0;
+  int64_t overflow_batches = 0;
+};
+
+struct PipelineState;
+
+// A batch on the device. Destroying the last reference releases its slot (stream-ordered).
+class DeviceBatch {
+ public:
+  DeviceBatch(std::shared_ptr<PipelineState> state, int slot, char* base, int64_t records, Stream* consumer,
+              std::shared_ptr<void> overflow);
+  ~DeviceBatch();
+  DeviceBatch(const DeviceBatch&) = delete;
+  DeviceBatch& operator=(const DeviceBatch&) = delete;
+  char* data(int output) const;
+  char* base() const { return base_; }  // the batch's memory: a slot, or the overflow buffer
+  int64_t records() const { return records_; }
+  bool overflow() const { return slot_ < 0; }
+  const std::shared_ptr<void>& overflow_buffer() const { return overflow_; }
+  // The batch is also used on `s`: its release waits for the work queued there too.
+  void used_on(Stream* s);
+
+ private:
+  std::shared_ptr<PipelineState> state_;
+  int slot_;  // -1: an overflow batch
+  char* base_;
+  int64_t records_;
+  std::vector<Stream*> streams_;
+  std::shared_ptr<void> overflow_;
+};
+
+class DevicePipeline {
+ public:
+  // Reads `columns` with a BatchReader configured by `options` (to which this adds raw outputs, the
+  // index output, page-locking and the fill fences) and converts each on the device as its spec says:
+  // token windows widened, images transformed, other records copied. `overflow` may be null: then a
+  // next() that finds every device slot held by the consumer raises at once.
+  DevicePipeline(std::shared_ptr<Device> device, std::vector<ColumnSpec> columns, ReaderOptions options,
+                 OverflowFn overflow);
+  ~DevicePipeline();
+  DevicePipeline(const DevicePipeline&) = delete;
+  DevicePipeline& operator=(const DevicePipeline&) = delete;
+
+  BatchReader& reader() { return *reader_; }
+  void start(std::vector<int64_t> indices, bool drop_last, uint64_t epoch);
+  // The next batch, ready on the consumer's stream when it returns (nullptr at the pass's end).
+  std::shared_ptr<DeviceBatch> next(double timeout_s, const std::function<void()>& poll);
+  // Waits for the copies in flight and stops the reader. Batches handed out stay valid.
+  void close();
+
+  // Device outputs: per column one (copies and transforms) or two (token windows: x, y).
+  const std::vector<OutputLayout>& outputs() const;
+  int64_t slot_bytes() const;
+  DeviceStats stats() const;
+  Device& device() { return *device_; }
+
+  // Test hook: release without a fence (the canary that proves the race test can fail).
+  void set_skip_release_fence(bool on);
+
+ private:
+  bool issue(bool block, double timeout_s, const std::function<void()>& poll);
+  std::shared_ptr<Device> device_;
+  std::shared_ptr<PipelineState> state_;
+  std::unique_ptr<BatchReader> reader_;
+};
+
+}  // namespace fastpipe

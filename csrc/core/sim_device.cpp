@@ -1,0 +1,206 @@
+#include "core/sim_device.h"
+
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <cstdlib>
+#include <cstring>
+#include <deque>
+#include <mutex>
+#include <random>
+#include <thread>
+#include <vector>
+
+#include "core/error.h"
+#include "core/gather.h"
+
+namespace fastpipe {
+
+struct Event {
+  std::mutex mu;
+  std::condition_variable cv;
+  uint64_t recorded = 0;   // records made
+  uint64_t completed = 0;  // records a stream reached
+};
+
+struct Stream {
+  std::mutex mu;
+  std::condition_variable cv;
+  std::deque<std::function<void()>> queue;
+  bool busy = false;
+  bool stop = false;
+  std::atomic<int> max_delay_us{0};
+  std::mt19937_64 rng;
+  std::thread worker;
+
+  void run() {
+    std::unique_lock<std::mutex> lk(mu);
+    for (;;) {
+      cv.wait(lk, [&] { return stop || !queue.empty(); });
+      if (queue.empty()) return;  // stopped and drained
+      std::function<void()> op = std::move(queue.front());
+      queue.pop_front();
+      busy = true;
+      const int max_us = max_delay_us.load();
+      const int delay = max_us > 0 ? static_cast<int>(rng() % static_cast<uint64_t>(max_us + 1)) : 0;
+      lk.unlock();
+      if (delay) std::this_thread::sleep_for(std::chrono::microseconds(delay));
+      op();
+      op = nullptr;  // its captures may need other locks to go (a tensor's Python object, the GIL): not ours
+      lk.lock();
+      busy = false;
+      cv.notify_all();
+    }
+  }
+
+  void push(std::function<void()> op) {
+    {
+      std::lock_guard<std::mutex> lk(mu);
+      queue.push_back(std::move(op));
+    }
+    cv.notify_all();
+  }
+
+  void drain() {
+    std::unique_lock<std::mutex> lk(mu);
+    cv.wait(lk, [&] { return queue.empty() && !busy; });
+  }
+};
+
+struct SimDevice::Impl {
+  std::mutex mu;
+  std::vector<std::unique_ptr<Stream>> streams;
+  Stream* consumer = nullptr;
+  int max_delay_us = 0;
+  uint64_t seed = 0;
+
+  Stream* make_stream() {
+    auto s = std::make_unique<Stream>();
+    s->max_delay_us = max_delay_us;
+    s->rng.seed(seed + streams.size());
+    Stream* raw = s.get();
+    raw->worker = std::thread([raw] { raw->run(); });
+    streams.push_back(std::move(s));
+    return raw;
+  }
+};
+
+SimDevice::SimDevice(int max_delay_us, uint64_t seed) : impl_(std::make_unique<Impl>()) {
+  impl_->max_delay_us = max_delay_us;
+  impl_->seed = seed;
+  impl_->consumer = impl_->make_stream();
+}
+
+SimDevice::~SimDevice() {
+  for (auto& s : impl_->streams) {
+    {
+      std::lock_guard<std::mutex> lk(s->mu);
+      s->stop = true;
+    }
+    s->cv.notify_all();
+  }
+  for (auto& s : impl_->streams) s->worker.join();
+}
+
+void* SimDevice::alloc(size_t bytes) {
+  void* p = std::aligned_alloc(256, (std::max<size_t>(bytes, 1) + 255) / 256 * 256);
+  if (!p) throw Error(ErrorKind::kState, "simulated device: out of memory for " + std::to_string(bytes) + " bytes");
+  return p;
+}
+
+void SimDevice::free(void* p) { std::free(p); }
+
+Stream* SimDevice::new_stream() {
+  std::lock_guard<std::mutex> lk(impl_->mu);
+  return impl_->make_stream();
+}
+
+void SimDevice::delete_stream(Stream* s) { s->drain(); }  // joined with the device (streams are few)
+
+Stream* SimDevice::consumer_stream() { return impl_->consumer; }
+
+Event* SimDevice::new_event() { return new Event; }
+
+void SimDevice::delete_event(Event* e) { delete e; }
+
+void SimDevice::copy_to_device(void* dst, const void* src, size_t bytes, Stream* s) {
+  s->push([=] { std::memcpy(dst, src, bytes); });
+}
+
+void SimDevice::launch(const DeviceKernel& k, Stream* s) {
+  s->push([k] { run_kernel_on_host(k); });
+}
+
+void SimDevice::record(Event* e, Stream* s) {
+  uint64_t gen;
+  {
+    std::lock_guard<std::mutex> lk(e->mu);
+    gen = ++e->recorded;
+  }
+  s->push([e, gen] {
+    {
+      std::lock_guard<std::mutex> lk(e->mu);
+      e->completed = std::max(e->completed, gen);
+    }
+    e->cv.notify_all();
+  });
+}
+
+void SimDevice::wait(Stream* s, Event* e) {
+  uint64_t target;
+  {
+    std::lock_guard<std::mutex> lk(e->mu);
+    target = e->recorded;
+  }
+  s->push([e, target] {
+    std::unique_lock<std::mutex> lk(e->mu);
+    e->cv.wait(lk, [&] { return e->completed >= target; });
+  });
+}
+
+void SimDevice::synchronize(Event* e) {
+  std::unique_lock<std::mutex> lk(e->mu);
+  const uint64_t target = e->recorded;
+  e->cv.wait(lk, [&] { return e->completed >= target; });
+}
+
+bool SimDevice::query(Event* e) {
+  std::lock_guard<std::mutex> lk(e->mu);
+  return e->completed >= e->recorded;
+}
+
+void SimDevice::enqueue(Stream* s, std::function<void()> fn) { s->push(std::move(fn)); }
+
+void SimDevice::drain() {
+  std::vector<Stream*> all;
+  {
+    std::lock_guard<std::mutex> lk(impl_->mu);
+    for (auto& s : impl_->streams) all.push_back(s.get());
+  }
+  for (Stream* s : all) s->drain();
+}
+
+void SimDevice::set_max_delay_us(int us) {
+  std::lock_guard<std::mutex> lk(impl_->mu);
+  impl_->max_delay_us = us;
+  for (auto& s : impl_->streams) s->max_delay_us = us;
+}
+
+void run_kernel_on_host(const DeviceKernel& k) {
+  switch (k.kind) {
+    case DeviceKernel::Kind::kWidenTokens: {
+      const WidenTokensKernel& w = k.widen;
+      const WidenFn widen = widen_for(w.token_bytes, w.is_signed);
+      for (int64_t r = 0; r < w.records; ++r)
+        widen(static_cast<const char*>(w.src) + r * w.src_stride, w.block, w.x + r * w.block, w.y + r * w.block);
+      return;
+    }
+    case DeviceKernel::Kind::kCropMirrorNormalize: {
+      const CropMirrorNormalizeKernel& c = k.cmn;
+      transforms::crop_mirror_normalize_host(c.params, c.images, c.out, c.count, c.index, c.epoch);
+      return;
+    }
+  }
+}
+
+}  // namespace fastpipe

@@ -1,0 +1,48 @@
+// A CPU simulation of a device (device.h), for tests: each stream is a worker thread that runs its queue
+// in order, sleeping a random delay (up to max_delay_us) before every operation, so that work queued on
+// different streams interleaves differently from run to run; an event completes when its stream reaches
+// it. Memory is host memory. The consumer stream stands for the training loop's: tests queue work on it
+// (enqueue) to play a slow model that reads a batch long after the Python code dropped it.
+#pragma once
+
+#include <functional>
+#include <memory>
+
+#include "core/device.h"
+
+namespace fastpipe {
+
+class SimDevice : public Device {
+ public:
+  SimDevice(int max_delay_us, uint64_t seed);
+  ~SimDevice() override;  // drains every stream
+
+  void bind_thread() override {}
+  void* alloc(size_t bytes) override;
+  void free(void* p) override;
+  void pin(void*, size_t) override {}
+  void unpin(void*) override {}
+  Stream* new_stream() override;
+  void delete_stream(Stream* s) override;
+  Stream* consumer_stream() override;
+  Event* new_event() override;
+  void delete_event(Event* e) override;
+  void copy_to_device(void* dst, const void* src, size_t bytes, Stream* s) override;
+  void launch(const DeviceKernel& k, Stream* s) override;
+  void record(Event* e, Stream* s) override;
+  void wait(Stream* s, Event* e) override;
+  void synchronize(Event* e) override;
+  bool query(Event* e) override;
+
+  // Queues fn on s (runs in the stream's worker, after the stream's earlier work and a random delay).
+  void enqueue(Stream* s, std::function<void()> fn);
+  // Waits until every stream has run everything queued before the call.
+  void drain();
+  void set_max_delay_us(int us);
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace fastpipe

@@ -1,0 +1,16 @@
+// The loader's device kernels: token windows widened to int64 and CropMirrorNormalize, one launch per
+// batch, on the pipeline's copy stream. Parameter structs in core/device.h; the per-element code of
+// CropMirrorNormalize is transforms.h's, shared with the CPU path.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include "core/device.h"
+
+namespace fastpipe::cuda {
+
+// Each returns cudaErrorInvalidValue for bad arguments, else the launch's cudaGetLastError().
+cudaError_t launch_widen_tokens(const WidenTokensKernel& k, cudaStream_t stream);
+cudaError_t launch_crop_mirror_normalize(const CropMirrorNormalizeKernel& k, cudaStream_t stream);
+
+}  // namespace fastpipe::cuda

@@ -1,0 +1,100 @@
+#include "ops/cuda/cuda_device.h"
+
+#include <c10/cuda/CUDAStream.h>
+#include <cuda_runtime_api.h>
+
+#include <string>
+
+#include "core/error.h"
+#include "cuda/loader_kernels.h"
+
+namespace fastpipe {
+namespace {
+
+void check(cudaError_t err, const char* what) {
+  if (err != cudaSuccess) {
+    cudaGetLastError();  // clear it: the error is reported here, not by the next unrelated call
+    throw Error(ErrorKind::kState, std::string("CUDA ") + what + " failed: " + cudaGetErrorString(err));
+  }
+}
+
+cudaStream_t raw(Stream* s) { return reinterpret_cast<cudaStream_t>(s); }
+cudaEvent_t raw(Event* e) { return reinterpret_cast<cudaEvent_t>(e); }
+
+class CudaDevice : public Device {
+ public:
+  explicit CudaDevice(int index) : index_(index) {}
+
+  void bind_thread() override { check(cudaSetDevice(index_), "cudaSetDevice"); }
+
+  void* alloc(size_t bytes) override {
+    void* p = nullptr;
+    check(cudaMalloc(&p, bytes), "cudaMalloc (the loader's device arena)");
+    return p;
+  }
+  void free(void* p) override { check(cudaFree(p), "cudaFree"); }
+  void pin(void* host, size_t bytes) override {
+    check(cudaHostRegister(host, bytes, cudaHostRegisterDefault), "cudaHostRegister");
+  }
+  void unpin(void* host) override { check(cudaHostUnregister(host), "cudaHostUnregister"); }
+
+  Stream* new_stream() override {
+    cudaStream_t s;
+    check(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), "cudaStreamCreate");
+    return reinterpret_cast<Stream*>(s);
+  }
+  void delete_stream(Stream* s) override { check(cudaStreamDestroy(raw(s)), "cudaStreamDestroy"); }
+  Stream* consumer_stream() override {
+    return reinterpret_cast<Stream*>(c10::cuda::getCurrentCUDAStream(static_cast<c10::DeviceIndex>(index_)).stream());
+  }
+
+  Event* new_event() override {
+    cudaEvent_t e;
+    // Blocking sync: a host thread waiting on it sleeps instead of spinning a core.
+    check(cudaEventCreateWithFlags(&e, cudaEventBlockingSync | cudaEventDisableTiming), "cudaEventCreate");
+    return reinterpret_cast<Event*>(e);
+  }
+  void delete_event(Event* e) override { check(cudaEventDestroy(raw(e)), "cudaEventDestroy"); }
+
+  void copy_to_device(void* dst, const void* src, size_t bytes, Stream* s) override {
+    check(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, raw(s)), "cudaMemcpyAsync");
+  }
+  void launch(const DeviceKernel& k, Stream* s) override {
+    switch (k.kind) {
+      case DeviceKernel::Kind::kWidenTokens:
+        check(cuda::launch_widen_tokens(k.widen, raw(s)), "token widening kernel");
+        return;
+      case DeviceKernel::Kind::kCropMirrorNormalize:
+        check(cuda::launch_crop_mirror_normalize(k.cmn, raw(s)), "CropMirrorNormalize kernel");
+        return;
+    }
+  }
+  void record(Event* e, Stream* s) override { check(cudaEventRecord(raw(e), raw(s)), "cudaEventRecord"); }
+  void wait(Stream* s, Event* e) override { check(cudaStreamWaitEvent(raw(s), raw(e), 0), "cudaStreamWaitEvent"); }
+  void synchronize(Event* e) override { check(cudaEventSynchronize(raw(e)), "cudaEventSynchronize"); }
+  bool query(Event* e) override {
+    const cudaError_t err = cudaEventQuery(raw(e));
+    if (err == cudaErrorNotReady) {
+      cudaGetLastError();  // not an error: do not leave it pending
+      return false;
+    }
+    check(err, "cudaEventQuery");
+    return true;
+  }
+
+ private:
+  int index_;
+};
+
+}  // namespace
+
+std::shared_ptr<Device> make_cuda_device(int index) {
+  int count = 0;
+  check(cudaGetDeviceCount(&count), "cudaGetDeviceCount");
+  if (index < 0 || index >= count)
+    throw Error(ErrorKind::kValue, "device cuda:" + std::to_string(index) + " does not exist (this machine has " +
+                                       std::to_string(count) + " CUDA device(s))");
+  return std::make_shared<CudaDevice>(index);
+}
+
+}  // namespace fastpipe

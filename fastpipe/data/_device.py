@@ -1,0 +1,60 @@
+"""Where a Loader's batches live: the CPU, a CUDA device, or (tests only) a CPU simulation of one.
+
+``simulated(...)`` makes ``Loader(device="cuda")`` run the whole device pipeline on a simulated device
+(core/sim_device.h): streams are worker threads with random delays, memory is host memory, and the
+batches are CPU tensors. Tests use it to exercise the pipeline's ordering on machines without a GPU.
+"""
+
+import contextlib
+
+import torch
+
+from fastpipe._ext import _C, build_info
+
+_simulation = None
+
+
+@contextlib.contextmanager
+def simulated(max_delay_us=0, seed=0):
+    """Loaders made inside the block put their batches on a simulated device; yields the SimDevice."""
+    global _simulation
+    old, _simulation = _simulation, _C.SimDevice(max_delay_us=max_delay_us, seed=seed)
+    try:
+        yield _simulation
+    finally:
+        _simulation = old
+
+
+def resolve(device):
+    """``(torch.device of the batches, the reader's device argument)`` for a Loader's ``device``."""
+    try:
+        dev = torch.device(device)
+    except (RuntimeError, TypeError):
+        raise ValueError(f"device must be 'cpu', 'cuda' or 'cuda:<index>', got {device!r}") from None
+    if dev.type == "cpu":
+        return dev, None
+    if dev.type != "cuda":
+        raise ValueError(f"device must be 'cpu', 'cuda' or 'cuda:<index>', got {device!r}")
+    if _simulation is not None:
+        return torch.device("cpu"), _simulation
+    if not build_info()["cuda"]:
+        raise RuntimeError(f"device={device!r} needs fastpipe built with CUDA kernels (FASTPIPE_CUDA=0, a CPU-only "
+                           "torch or no CUDA toolkit at build time); rebuild it, or use device='cpu'")
+    if not torch.cuda.is_available():
+        raise RuntimeError(f"device={device!r} but no CUDA device is usable here (torch.cuda.is_available() is "
+                           "False); use device='cpu'")
+    index = dev.index if dev.index is not None else torch.cuda.current_device()  # "cuda": the current one
+    return torch.device("cuda", index), index
+
+
+def record_stream(tensor, stream):
+    """Marks a batch tensor of a device Loader as used on ``stream`` too.
+
+    A batch's memory is reused once its last tensor is freed and the work queued before then on the
+    stream that was current at ``next()`` is done. Work on another stream (a side stream that reads the
+    batch) must be declared with this, as ``Tensor.record_stream`` does for memory torch allocated (which
+    does not cover the Loader's arena). ``stream`` is a ``torch.cuda.Stream`` (or, under simulation, a
+    stream handle of the simulated device).
+    """
+    handle = stream.cuda_stream if hasattr(stream, "cuda_stream") else int(stream)
+    _C.record_stream(tensor, handle)

@@ -1,0 +1,222 @@
+"""The device data path (Loader(device="cuda")) on the simulated device: the whole pipeline's ordering
+(copy stream, ready events the consumer waits on, stream-ordered release of slots, host slots refilled
+only after their copy) with random delays on every stream, checked byte for byte against numpy.
+
+Batches on the simulation are CPU tensors whose contents the simulated consumer stream owns: the host
+reads them after `sim.synchronize(consumer)`, as a program reads a CUDA tensor after its stream's work.
+"""
+
+import gc
+import warnings
+
+import numpy as np
+import pytest
+import torch
+
+import fastpipe
+from fastpipe.data import _device
+from fastpipe.transforms import CropMirrorNormalize
+
+pytestmark = pytest.mark.timeout(120, method="thread")
+
+
+@pytest.fixture(params=[0, 300], ids=["no-delay", "delays"])
+def sim(request):
+    with _device.simulated(max_delay_us=request.param, seed=request.param) as s:
+        yield s
+        s.drain()
+
+
+def host(sim, batch):
+    """The batch as numpy copies, read once the consumer stream's work so far is done."""
+    sim.synchronize(sim.consumer_stream())
+    return fp_to_np(batch)
+
+
+def fp_to_np(batch):
+    from conftest import to_np
+
+    return to_np(batch)
+
+
+def epoch(sim, loader):
+    out = []
+    for b in loader:
+        out.append(host(sim, b))
+        del b
+    return out
+
+
+@pytest.mark.parametrize("dtype,rec", [("uint8", (3, 5, 7)), ("float16", (13,)), ("int64", ()), ("bool", (2, 3))])
+def test_batches_are_byte_exact(sim, dataset_factory, fp, dtype, rec):
+    ds, arrays, _ = dataset_factory(203, {"x": (dtype, rec), "y": ("float32", (3,))})
+    ld = fp.loader(ds, 16, shuffle=True, seed=1, device="cuda", num_threads=3)
+    assert ld.device == torch.device("cpu")  # the simulation's batches are CPU tensors
+    for _ in range(2):
+        batches = epoch(sim, ld)
+        assert [len(b["idx"]) for b in batches] == [16] * 12 + [11]
+        assert sorted(fp.verify(batches, arrays).tolist()) == list(range(203))
+    st = ld.stats()
+    assert st["device_slots"] == st["prefetch"] + 2 and st["device_arena_bytes"] > 0
+
+
+def test_same_batches_as_the_cpu_loader(sim, dataset_factory, fp):
+    ds, arrays, _ = dataset_factory(157, {"x": ("int16", (5,))})
+    for kw in (dict(shuffle=True, seed=4), dict(drop_last=True), dict(rank=1, world_size=3, shuffle=True)):
+        cpu = fp.epoch(fp.loader(ds, 10, **kw))
+        dev = epoch(sim, fp.loader(ds, 10, device="cuda", **kw))
+        assert fp.same_batches(cpu, dev), kw
+
+
+def test_token_windows_are_widened_on_the_device(sim, tmp_path, rng, fp):
+    tokens = rng.integers(0, 65536, size=20_011, dtype=np.uint16)
+    tokens.tofile(tmp_path / "t.bin")
+    ds = fastpipe.TokenDataset(str(tmp_path / "t.bin"), 64)
+    cpu = fp.epoch(fp.loader(ds, 7, shuffle=True, seed=3))
+    dev = epoch(sim, fp.loader(ds, 7, shuffle=True, seed=3, device="cuda"))
+    assert fp.same_batches(cpu, dev)
+    x, y = dev[0]
+    assert x.dtype == np.int64 and x.shape == (7, 64) and (y[:, :-1] == x[:, 1:]).all()
+
+
+def test_transforms_on_the_device_are_bit_identical_to_the_cpu(sim, tmp_path, rng, fp):
+    x = rng.integers(0, 256, size=(45, 12, 10, 3), dtype=np.uint8)
+    np.save(tmp_path / "x.npy", x)
+    ds = fastpipe.NpyDataset([str(tmp_path / "x.npy")])
+    for kw in (dict(crop=(8, 6), random_crop=True, mirror=0.5), dict(out_dtype=torch.bfloat16, layout="NHWC"),
+               dict(crop=(5, 5), mirror=1.0, out_dtype=torch.float16)):
+        t = CropMirrorNormalize((0.4, 0.5, 0.6), (0.2, 0.25, 0.3), **kw)
+        cpu = fp.epoch(fp.loader(ds, 8, shuffle=True, seed=9, transforms={0: t}))
+        dev = epoch(sim, fp.loader(ds, 8, shuffle=True, seed=9, transforms={0: t}, device="cuda"))
+        assert fp.same_batches(cpu, dev), kw
+
+
+def race(sim, ld, consumer_us, stream=None, record=False):
+    """Each batch is read by the (slow) consumer stream after the Python code has dropped it, as a model
+    queued behind other kernels would; returns what the stream read."""
+    consumer = sim.consumer_stream()
+    stream = stream or consumer
+    seen = []
+    for b in ld:
+        dst = {k: torch.empty_like(v) for k, v in b.items()}
+        if stream != consumer:
+            sim.synchronize(consumer)  # the side stream starts after the batch is ready (a wait_stream)
+        if record:
+            for v in b.values():
+                fastpipe.record_stream(v, stream)
+        sim.sleep(stream, consumer_us)
+        for k in b:
+            sim.copy(stream, dst[k], b[k])
+        seen.append(dst)
+        del b
+    sim.drain()
+    return [{k: v.numpy() for k, v in d.items()} for d in seen]
+
+
+def test_release_waits_for_the_consumer_stream(dataset_factory, fp):
+    """The batch is dropped at once while the consumer stream is busy: the slot must not be refilled
+    before the stream read it. Without the release fence (the canary) the same run reads other batches
+    (a whole slot is overwritten, so each batch stays self-consistent: compare with the epoch's order)."""
+    ds, arrays, _ = dataset_factory(240, {"x": ("uint8", (64,))})
+    ref = fp.epoch(fp.loader(ds, 8, shuffle=True, seed=2))
+    with _device.simulated(max_delay_us=50, seed=1) as sim:
+        ld = fp.loader(ds, 8, shuffle=True, seed=2, prefetch=1, device="cuda")
+        got = race(sim, ld, 3000)
+        fp.verify(got, arrays)
+        assert fp.same_batches(ref, got)
+        canary = fp.loader(ds, 8, shuffle=True, seed=2, prefetch=1, device="cuda")
+        canary._reader._skip_release_fence(True)
+        assert not fp.same_batches(ref, race(sim, canary, 3000)), "the canary raced nothing: the test proves nothing"
+
+
+def test_record_stream_covers_a_side_stream(dataset_factory, fp):
+    ds, arrays, _ = dataset_factory(160, {"x": ("int32", (16,))})
+    ref = fp.epoch(fp.loader(ds, 8, shuffle=True))
+    with _device.simulated(max_delay_us=50, seed=2) as sim:
+        side = sim.new_stream()
+        ld = fp.loader(ds, 8, shuffle=True, prefetch=1, device="cuda")
+        assert fp.same_batches(ref, race(sim, ld, 3000, stream=side, record=True))
+        unrecorded = fp.loader(ds, 8, shuffle=True, prefetch=1, device="cuda")
+        # the control: use on a side stream alone is not fenced
+        assert not fp.same_batches(ref, race(sim, unrecorded, 3000, stream=side))
+    with pytest.raises(RuntimeError, match="not a batch of a fastpipe device Loader"):
+        fastpipe.record_stream(torch.ones(3), 0)
+
+
+def test_host_slots_are_refilled_only_after_their_copy(dataset_factory, fp):
+    """A slow copy stream and poisoned host slots: a reader refilling a slot before the copy out of it
+    ran would put 0xA5 (or the next batch) on the device."""
+    ds, arrays, _ = dataset_factory(300, {"x": ("uint8", (100,))})
+    with _device.simulated(max_delay_us=2000, seed=3) as sim:
+        ld = fp.hooks(fp.loader(ds, 10, shuffle=True, prefetch=1, num_threads=3, device="cuda"), poison=True)
+        assert sorted(fp.verify(epoch(sim, ld), arrays).tolist()) == list(range(300))
+
+
+def test_held_batches_never_change_and_overflow_when_every_slot_is_held(sim, dataset_factory, fp):
+    ds, arrays, _ = dataset_factory(120, {"x": ("float32", (5,))})
+    ld = fp.loader(ds, 10, shuffle=True, prefetch=1, device="cuda")
+    with pytest.warns(UserWarning, match="holds every one of the 3 arena slots"):
+        held = list(ld)
+    got = [host(sim, b) for b in held]
+    assert sorted(fp.verify(got, arrays).tolist()) == list(range(120))
+    assert ld.stats()["overflow_batches"] >= 12 - 3 - 2  # slots, and the batches issued ahead
+    fp.epoch(fp.loader(ds, 10))  # other work meanwhile
+    assert fp.same_batches(got, [host(sim, b) for b in held]), "a held batch changed"
+    del held
+    gc.collect()
+    assert ld.stats()["device_slots_leased"] == 0
+    strict = fp.loader(ds, 10, prefetch=1, device="cuda", when_full="error")
+    it = iter(strict)
+    keep = [next(it) for _ in range(3)]
+    with pytest.raises(TimeoutError, match="all 3 device slots are held"):
+        next(it)
+    del keep
+
+
+def test_resume_and_state_on_the_device(sim, dataset_factory, fp):
+    ds, arrays, _ = dataset_factory(101, {"x": ("uint8", (9,))})
+    ref = epoch(sim, fp.loader(ds, 8, shuffle=True, seed=5, device="cuda"))
+    a = fp.loader(ds, 8, shuffle=True, seed=5, device="cuda")
+    it = iter(a)
+    for _ in range(4):
+        next(it)
+    b = fp.loader(ds, 8, shuffle=True, seed=5, device="cuda")
+    b.load_state_dict(a.state_dict())
+    assert fp.same_batches(epoch(sim, b), ref[4:])
+
+
+def test_abandoned_passes_and_close_with_work_in_flight(dataset_factory, fp):
+    ds, arrays, _ = dataset_factory(400, {"x": ("uint8", (32,))})
+    with _device.simulated(max_delay_us=1000, seed=4) as sim:
+        ld = fp.loader(ds, 16, shuffle=True, device="cuda")
+        for _ in range(10):  # break right away while copies are queued
+            it = iter(ld)
+            first = host(sim, next(it))
+            fp.verify([first], arrays)
+            del it
+        keep = next(iter(ld))
+        sim.sleep(sim.consumer_stream(), 20_000)
+        ld.close()  # copies and the consumer's work still queued
+        assert sorted(fp.verify([host(sim, keep)], arrays).tolist()) == sorted(keep["idx"].tolist())
+        del keep, ld
+        gc.collect()
+        sim.drain()
+
+
+def test_errors_reach_the_loop_at_their_batch(sim, tmp_path, rng, fp):
+    x = rng.integers(0, 256, size=(500, 64), dtype=np.uint8)
+    np.save(tmp_path / "x.npy", x)
+    ld = fp.loader(fastpipe.NpyDataset(str(tmp_path / "x.npy")), 10, io="pread", device="cuda")
+    it = iter(ld)
+    good = [host(sim, (next(it),))[0] for _ in range(2)]
+    import os
+
+    os.truncate(tmp_path / "x.npy", os.path.getsize(tmp_path / "x.npy") - 400 * 64)
+    later = []
+    with pytest.raises(OSError, match="x.npy"):
+        for b in it:
+            later.append(host(sim, (b,))[0])
+            del b
+    # batches read before the cut (prefetched) or within what is left are right; the error comes first
+    got = np.concatenate(good + later) if later else np.concatenate(good)
+    assert got.tobytes() == x[: len(got)].tobytes() and len(got) < 500
