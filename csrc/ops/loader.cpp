@@ -89,45 +89,96 @@ c10::ScalarType parse_dtype(const std::string& name) {
   return scalar_type(d->id);
 }
 
-#ifdef FASTPIPE_WITH_CUDA
-void cuda_check(cudaError_t err, const char* what) {
-  if (err != cudaSuccess) throw Error(ErrorKind::kState, std::string("pin_memory: ") + what + ": " + cudaGetErrorString(err));
-}
-
-// Per-slot events: a pinned batch may still be the source of an asynchronous copy when the program drops
-// it. torch's record_stream cannot track memory it did not allocate, so the release records an event
-// on the current stream (after every copy queued from the batch) and the reader waits for it before
-// writing into the slot again.
-struct SlotFences {
-  explicit SlotFences(int n) : events(static_cast<size_t>(n), nullptr), recorded(static_cast<size_t>(n)) {}
-  ~SlotFences() {
-    for (cudaEvent_t e : events)
-      if (e) cudaEventDestroy(e);
+// pin_memory=True: the arena page-locked, so that batch.to("cuda", non_blocking=True) is a true
+// asynchronous copy. A pinned batch may still be the source of such a copy when the program drops it:
+// its release records an event on the pin device's current stream and on every stream record_stream
+// named for it, and the reader waits for those before writing into the slot again; the arena is
+// unpinned only after all of them completed. A forked child never touches the device.
+class PinnedArena {
+ public:
+  explicit PinnedArena(std::shared_ptr<Device> device) : device_(std::move(device)), owner_(getpid()) {}
+  ~PinnedArena() {
+    if (getpid() != owner_) return;
+    for (auto& slot : events_)
+      for (Event* e : slot) device_->delete_event(e);
   }
-  std::vector<cudaEvent_t> events;
-  std::vector<std::atomic<bool>> recorded;
-};
-#endif
 
-// Page-locks the arena so that batch.to("cuda", non_blocking=True) is a true asynchronous copy.
-void pin_arena(ReaderOptions& opt) {
-#ifdef FASTPIPE_WITH_CUDA
-  opt.on_arena_alloc = [](void* p, size_t n) { cuda_check(cudaHostRegister(p, n, cudaHostRegisterDefault), "cudaHostRegister"); };
-  opt.on_arena_free = [](void* p, size_t) { cudaHostUnregister(p); };
-  auto fences = std::make_shared<SlotFences>(opt.num_slots);
-  for (cudaEvent_t& e : fences->events) cuda_check(cudaEventCreateWithFlags(&e, cudaEventDisableTiming), "cudaEventCreate");
-  opt.on_slot_release = [fences](int slot) {
-    const cudaStream_t stream = c10::cuda::getCurrentCUDAStream().stream();
-    if (cudaEventRecord(fences->events[slot], stream) == cudaSuccess) fences->recorded[slot] = true;
-  };
-  opt.before_slot_fill = [fences](int slot) {
-    if (fences->recorded[slot]) cuda_check(cudaEventSynchronize(fences->events[slot]), "cudaEventSynchronize");
-  };
-#else
-  (void)opt;
-  throw Error(ErrorKind::kState, "pin_memory=True needs fastpipe built with CUDA");
-#endif
-}
+  void install(ReaderOptions& opt, const std::shared_ptr<PinnedArena>& self) {
+    opt.on_arena_alloc = [self](void* p, size_t n) {
+      self->device_->bind_thread();
+      self->device_->pin(p, n);
+    };
+    opt.on_arena_free = [self](void* p, size_t) {
+      if (getpid() != self->owner_) return;
+      self->device_->bind_thread();
+      self->wait_all();
+      self->device_->unpin(p);
+    };
+    opt.on_slot_release = [self](int slot) { self->released(slot); };
+    opt.before_slot_fill = [self](int slot) { self->before_fill(slot); };
+  }
+
+  void used_on(int slot, Stream* s) {
+    std::lock_guard<std::mutex> lk(mu_);
+    grow(slot);
+    extra_[slot].push_back(s);
+  }
+
+ private:
+  void grow(int slot) {
+    if (static_cast<size_t>(slot) < events_.size()) return;
+    events_.resize(slot + 1);
+    extra_.resize(slot + 1);
+    recorded_.resize(slot + 1, 0);
+  }
+
+  void released(int slot) {
+    if (getpid() != owner_) return;
+    device_->bind_thread();
+    std::lock_guard<std::mutex> lk(mu_);
+    grow(slot);
+    std::vector<Stream*> streams{device_->consumer_stream()};
+    streams.insert(streams.end(), extra_[slot].begin(), extra_[slot].end());
+    extra_[slot].clear();
+    auto& events = events_[slot];
+    while (events.size() < streams.size()) events.push_back(device_->new_event());
+    for (size_t k = 0; k < streams.size(); ++k) device_->record(events[k], streams[k]);
+    recorded_[slot] = streams.size();
+  }
+
+  void before_fill(int slot) {
+    std::vector<Event*> wait;
+    {
+      std::lock_guard<std::mutex> lk(mu_);
+      grow(slot);
+      wait.assign(events_[slot].begin(), events_[slot].begin() + static_cast<long>(recorded_[slot]));
+    }
+    if (wait.empty()) return;
+    device_->bind_thread();
+    for (Event* e : wait) device_->synchronize(e);
+  }
+
+  void wait_all() {
+    std::lock_guard<std::mutex> lk(mu_);
+    for (size_t s = 0; s < events_.size(); ++s)
+      for (size_t k = 0; k < recorded_[s]; ++k) device_->synchronize(events_[s][k]);
+  }
+
+  std::shared_ptr<Device> device_;
+  pid_t owner_;
+  std::mutex mu_;
+  std::vector<std::vector<Event*>> events_;   // per slot: one per stream of its last release
+  std::vector<std::vector<Stream*>> extra_;   // per slot: streams record_stream named for its batch
+  std::vector<size_t> recorded_;              // per slot: events its last release recorded
+};
+
+// A CPU batch's tensors hold its lease through their storage's context (record_stream finds it there).
+struct LeaseRef {
+  std::shared_ptr<Lease> lease;
+  std::shared_ptr<PinnedArena> pinned;  // null without pin_memory
+};
+
+void delete_lease_ref(void* ctx) { delete static_cast<LeaseRef*>(ctx); }
 
 // A device batch's tensors share one storage over its memory, whose context holds the batch: freeing
 // the last tensor releases the batch (stream-ordered), and record_stream finds the batch from a tensor.
@@ -199,7 +250,7 @@ OverflowFn overflow_allocator(const DeviceChoice& c) {
 class PyReader {
  public:
   PyReader(std::vector<ColumnSpec> columns, const std::vector<std::pair<std::string, std::vector<int64_t>>>& outputs,
-           int64_t batch_size, int num_threads, int prefetch, const std::string& io, bool pin_memory,
+           int64_t batch_size, int num_threads, int prefetch, const std::string& io, const py::object& pin,
            const py::object& device, const std::string& when_full)
       : choice_(choose_device(device)) {
     TORCH_CHECK(when_full == "allocate" || when_full == "error", "when_full must be 'allocate' or 'error', got '",
@@ -214,7 +265,10 @@ class PyReader {
       py::gil_scoped_release nogil;  // opening files and touching the arenas can take a while
       pipeline_ = std::make_unique<DevicePipeline>(choice_.device, std::move(columns), opt, std::move(overflow));
     } else {
-      if (pin_memory) pin_arena(opt);
+      if (!pin.is_none()) {
+        pinned_ = std::make_shared<PinnedArena>(choose_device(pin).device);
+        pinned_->install(opt, pinned_);
+      }
       if (when_full == "allocate") {
         opt.overflow = [](int64_t bytes) {
           auto t = std::make_shared<at::Tensor>(at::empty({bytes}, at::kByte));
@@ -330,13 +384,26 @@ class PyReader {
       lease = interruptible([&](const std::function<void()>& poll) { return reader_->next(timeout, poll); });
     if (!lease) return py::none();
     if (lease->slot() < 0) warn_overflow();
+    // Every tensor of the batch holds the lease; the slot is freed when the last one dies.
+    char* base = lease->data(0) - reader_->outputs()[0].offset;
+    const int64_t bytes = reader_->outputs().back().offset +
+                          reader_->outputs().back().record_bytes * lease->records();
+    c10::DataPtr data(base, new LeaseRef{lease, pinned_}, &delete_lease_ref, at::kCPU);
+    return tensors(c10::Storage(c10::Storage::use_byte_size_t(), bytes, std::move(data), nullptr, false), base,
+                   lease->records(), [&](int k) { return lease->data(k); }, at::kCPU);
+  }
+
+  // The batch's tensors: output k at data(k) in `storage` (which starts at base).
+  template <typename DataFn>
+  py::object tensors(const c10::Storage& storage, const char* base, int64_t records, DataFn data, at::Device device) {
     py::list out;
     for (size_t k = 0; k < dtypes_.size(); ++k) {
-      std::vector<int64_t> sizes{lease->records()};
+      std::vector<int64_t> sizes{records};
       sizes.insert(sizes.end(), shapes_[k].begin(), shapes_[k].end());
-      // Every tensor of the batch holds the lease; the slot is freed when the last one dies.
-      auto t = torch::from_blob(
-          lease->data(static_cast<int>(k)), sizes, [lease](void*) {}, torch::TensorOptions().dtype(dtypes_[k]));
+      const int64_t item = static_cast<int64_t>(c10::elementSize(dtypes_[k]));
+      const int64_t offset = data(static_cast<int>(k)) - base;
+      at::Tensor t = at::empty({0}, at::TensorOptions().dtype(dtypes_[k]).device(device));
+      t.set_(storage, offset / item, sizes, c10::contiguous_strides(sizes));
       out.append(py::cast(t));
     }
     return std::move(out);
@@ -348,20 +415,10 @@ class PyReader {
     if (!batch) return py::none();
     if (batch->overflow()) warn_overflow();
     char* base = batch->base();
-    const int64_t bytes = pipeline_->slot_bytes();
     c10::DataPtr data(base, new BatchRef{batch}, &delete_batch_ref, choice_.tensors);
-    c10::Storage storage(c10::Storage::use_byte_size_t(), bytes, std::move(data), nullptr, false);
-    py::list out;
-    for (size_t k = 0; k < dtypes_.size(); ++k) {
-      std::vector<int64_t> sizes{batch->records()};
-      sizes.insert(sizes.end(), shapes_[k].begin(), shapes_[k].end());
-      const int64_t item = static_cast<int64_t>(c10::elementSize(dtypes_[k]));
-      const int64_t offset = batch->data(static_cast<int>(k)) - base;
-      at::Tensor t = at::empty({0}, at::TensorOptions().dtype(dtypes_[k]).device(choice_.tensors));
-      t.set_(storage, offset / item, sizes, c10::contiguous_strides(sizes));
-      out.append(py::cast(t));
-    }
-    return std::move(out);
+    return tensors(c10::Storage(c10::Storage::use_byte_size_t(), pipeline_->slot_bytes(), std::move(data), nullptr,
+                                false),
+                   base, batch->records(), [&](int k) { return batch->data(k); }, choice_.tensors);
   }
 
   // Once per loader: the program holds every slot, so batches now cost an allocation each.
@@ -378,6 +435,7 @@ class PyReader {
   }
 
   DeviceChoice choice_;
+  std::shared_ptr<PinnedArena> pinned_;
   bool warned_overflow_ = false;
   std::unique_ptr<BatchReader> reader_;
   std::unique_ptr<DevicePipeline> pipeline_;
@@ -385,10 +443,19 @@ class PyReader {
   std::vector<std::vector<int64_t>> shapes_;
 };
 
-// fastpipe.record_stream: a device batch's release also waits for the work queued on `stream`.
+// fastpipe.record_stream: a batch's release also waits for the work queued on `stream` (a device
+// batch's, or a pinned CPU batch's that a copy on that stream reads).
 void record_stream(const at::Tensor& t, uintptr_t stream) {
+  const c10::DataPtr& p = t.storage().data_ptr();
+  if (p.get_deleter() == &delete_lease_ref) {
+    const LeaseRef& ref = *static_cast<LeaseRef*>(p.get_context());
+    TORCH_CHECK(ref.pinned, "record_stream: this batch's Loader does not pin its memory (pin_memory=False): no "
+                            "asynchronous copy reads it, and nothing needs recording");
+    if (ref.lease->slot() >= 0) ref.pinned->used_on(ref.lease->slot(), reinterpret_cast<Stream*>(stream));
+    return;
+  }
   DeviceBatch* b = batch_of(t);
-  TORCH_CHECK(b, "record_stream: the tensor is not a batch of a fastpipe device Loader (use torch's "
+  TORCH_CHECK(b, "record_stream: the tensor is not a batch of a fastpipe Loader (use torch's "
                  "Tensor.record_stream for memory torch allocated)");
   b->used_on(reinterpret_cast<Stream*>(stream));
 #ifdef FASTPIPE_WITH_CUDA
@@ -535,9 +602,9 @@ void bind_loader(py::module& m) {
 
   py::class_<PyReader>(m, "BatchReader")
       .def(py::init<std::vector<ColumnSpec>, const std::vector<std::pair<std::string, std::vector<int64_t>>>&,
-                    int64_t, int, int, const std::string&, bool, const py::object&, const std::string&>(),
+                    int64_t, int, int, const std::string&, const py::object&, const py::object&, const std::string&>(),
            py::arg("columns"), py::arg("outputs"), py::arg("batch_size"), py::arg("num_threads"), py::arg("prefetch"),
-           py::arg("io"), py::arg("pin_memory") = false, py::arg("device") = py::none(),
+           py::arg("io"), py::arg("pin") = py::none(), py::arg("device") = py::none(),
            py::arg("when_full") = "allocate")
       .def("start", &PyReader::start, py::arg("indices"), py::arg("drop_last"), py::arg("epoch"))
       .def("next", &PyReader::next, py::arg("timeout"))

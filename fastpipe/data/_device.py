@@ -47,14 +47,25 @@ def resolve(device):
     return torch.device("cuda", index), index
 
 
+def pin_device(pin_memory_device=""):
+    """The device whose streams fence a pinned arena (None: pinning is impossible here)."""
+    if _simulation is not None:
+        return _simulation
+    if not build_info()["cuda_available"]:
+        return None
+    dev = torch.device(pin_memory_device or "cuda")
+    return dev.index if dev.index is not None else torch.cuda.current_device()
+
+
 def record_stream(tensor, stream):
-    """Marks a batch tensor of a device Loader as used on ``stream`` too.
+    """Marks a Loader's batch tensor as used on ``stream`` too.
 
     A batch's memory is reused once its last tensor is freed and the work queued before then on the
-    stream that was current at ``next()`` is done. Work on another stream (a side stream that reads the
-    batch) must be declared with this, as ``Tensor.record_stream`` does for memory torch allocated (which
-    does not cover the Loader's arena). ``stream`` is a ``torch.cuda.Stream`` (or, under simulation, a
-    stream handle of the simulated device).
+    current stream is done (a device batch: the stream current at ``next()``; a pinned CPU batch: the
+    current stream of ``pin_memory_device`` when it is freed). Work on another stream (a side stream that
+    reads a device batch, or copies a pinned one) must be declared with this, as ``Tensor.record_stream``
+    does for memory torch allocated (which does not cover the Loader's arena). ``stream`` is a
+    ``torch.cuda.Stream`` (or, under simulation, a stream handle of the simulated device).
     """
     handle = stream.cuda_stream if hasattr(stream, "cuda_stream") else int(stream)
     _C.record_stream(tensor, handle)

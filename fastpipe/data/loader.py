@@ -98,7 +98,9 @@ class Loader:
     sets ``prefetch`` to ``prefetch_factor * max(1, num_workers)`` (DataLoader's batches in flight);
     ``generator`` sets ``seed`` from its initial seed; ``persistent_workers`` and ``in_order`` are what
     fastpipe always does; ``pin_memory`` page-locks the arena (once, at construction), so that
-    ``batch.to("cuda", non_blocking=True)`` is asynchronous. ``collate_fn``, ``worker_init_fn``, ``batch_sampler`` and
+    ``batch.to("cuda", non_blocking=True)`` is asynchronous; a slot is refilled only after the copies
+    queued from its batch on ``pin_memory_device``'s current stream (default: the current device) are
+    done, and on other streams that :func:`fastpipe.record_stream` names. ``collate_fn``, ``worker_init_fn``, ``batch_sampler`` and
     ``multiprocessing_context`` are rejected with the reason.
 
     Notes
@@ -156,10 +158,12 @@ class Loader:
             seed = generator.initial_seed()
         if pin_memory_device and not str(pin_memory_device).startswith("cuda"):
             raise ValueError(f"pin_memory_device must be '' or a CUDA device, got {pin_memory_device!r}")
-        pin = bool(pin_memory) and reader_device is None and build_info()["cuda_available"]
-        if pin_memory and reader_device is None and not pin:
-            warnings.warn("pin_memory=True but no usable CUDA device (or fastpipe was built without CUDA): "
-                          "batches are not pinned", stacklevel=2)
+        pin = None
+        if pin_memory and reader_device is None:  # a device loader pins its host slots anyway
+            pin = _device.pin_device(pin_memory_device)
+            if pin is None:
+                warnings.warn("pin_memory=True but no usable CUDA device (or fastpipe was built without CUDA): "
+                              "batches are not pinned", stacklevel=2)
         self.dataset = dataset
         self.batch_size = batch_size
         self.shuffle = bool(shuffle)
@@ -182,7 +186,7 @@ class Loader:
         self.transforms = dict(transforms or {})
         self._reader_args = dict(
             columns=columns, outputs=outputs, batch_size=batch_size,
-            num_threads=int(num_threads), prefetch=prefetch, io=io, pin_memory=pin and reader_device is None,
+            num_threads=int(num_threads), prefetch=prefetch, io=io, pin=pin,
             device=reader_device, when_full=when_full,
         )
         self._open_reader()

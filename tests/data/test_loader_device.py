@@ -139,8 +139,40 @@ def test_record_stream_covers_a_side_stream(dataset_factory, fp):
         unrecorded = fp.loader(ds, 8, shuffle=True, prefetch=1, device="cuda")
         # the control: use on a side stream alone is not fenced
         assert not fp.same_batches(ref, race(sim, unrecorded, 3000, stream=side))
-    with pytest.raises(RuntimeError, match="not a batch of a fastpipe device Loader"):
+    with pytest.raises(RuntimeError, match="not a batch of a fastpipe Loader"):
         fastpipe.record_stream(torch.ones(3), 0)
+
+
+@pytest.mark.parametrize("side", [False, True], ids=["current-stream", "side-stream+record_stream"])
+def test_pinned_batches_are_refilled_after_the_copies_from_them(dataset_factory, fp, side):
+    """pin_memory=True on the CPU: `batch.to("cuda", non_blocking=True)` queues a copy that reads the
+    pinned slot later; dropping the batch at once must not let a reader refill it before that copy ran.
+    The control: without pin_memory nothing is fenced, and the same run reads later batches' bytes."""
+    ds, arrays, _ = dataset_factory(200, {"x": ("uint8", (48,))})
+    ref = fp.epoch(fp.loader(ds, 8, shuffle=True, seed=6))
+
+    def run(sim, **kw):
+        ld = fp.hooks(fp.loader(ds, 8, shuffle=True, seed=6, prefetch=1, **kw), poison=True)
+        stream = sim.new_stream() if side else sim.consumer_stream()
+        seen = []
+        for b in ld:
+            dst = {k: torch.empty_like(v) for k, v in b.items()}
+            if side and kw.get("pin_memory"):
+                for v in b.values():
+                    fastpipe.record_stream(v, stream)
+            sim.sleep(stream, 3000)
+            for k in b:
+                sim.copy(stream, dst[k], b[k])  # the asynchronous host-to-device copy
+            seen.append(dst)
+            del b
+        sim.drain()
+        return [{k: v.numpy() for k, v in d.items()} for d in seen]
+
+    with _device.simulated(max_delay_us=50, seed=5) as sim:
+        assert fp.same_batches(ref, run(sim, pin_memory=True))
+        assert not fp.same_batches(ref, run(sim)), "the control raced nothing: the test proves nothing"
+    with pytest.raises(RuntimeError, match="does not pin its memory"):
+        fastpipe.record_stream(next(iter(fp.loader(ds, 8)))["x"], 0)
 
 
 def test_host_slots_are_refilled_only_after_their_copy(dataset_factory, fp):
