@@ -368,6 +368,14 @@ def test_sampler_index_out_of_range(dataset_factory, fp):
     assert fp.verify(fp.epoch(ok), arrays).tolist() == [19, 0, 7]
 
 
+@pytest.mark.skipif(fastpipe.build_info()["cuda_available"], reason="a GPU is present: pinning works")
+def test_pin_memory_without_a_gpu_warns(dataset_factory, fp):
+    ds, arrays, _ = dataset_factory(20, {})
+    with pytest.warns(UserWarning, match="not pinned"):
+        ld = fp.loader(ds, 8, pin_memory=True)
+    assert fp.verify(fp.epoch(ld), arrays).tolist() == list(range(20))
+
+
 def test_pin_memory_device_is_validated(dataset_factory, fp):
     ds, _, _ = dataset_factory(10, {})
     for good in ("", "cuda", "cuda:0"):

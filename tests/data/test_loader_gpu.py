@@ -1,27 +1,141 @@
-"""Loader features that involve a GPU; skipped cleanly on machines without one."""
+"""Loader features on a real GPU (skipped cleanly without one): the device path against numpy and the
+CPU path, the release fence behind a busy stream, held batches, memory that stays flat, DLPack, and
+pin_memory's fence. The same ordering logic runs without a GPU in test_loader_device.py."""
+
+import gc
 
 import numpy as np
 import pytest
 import torch
 
 import fastpipe
+from fastpipe.transforms import CropMirrorNormalize
 
 needs_gpu = pytest.mark.skipif(not fastpipe.build_info()["cuda_available"],
                                reason="needs a CUDA device and fastpipe built with CUDA")
+pytestmark = [pytest.mark.gpu, needs_gpu, pytest.mark.timeout(120, method="thread")]
 
 
-def _dataset(tmp_path, n=301):
-    x = np.random.default_rng().integers(0, 256, size=(n, 3, 17, 5), dtype=np.uint8)
+def host(batch):
+    from conftest import to_np
+
+    return to_np({k: v.cpu() for k, v in batch.items()} if isinstance(batch, dict) else tuple(v.cpu() for v in batch))
+
+
+def test_batches_are_byte_exact_on_the_gpu(dataset_factory, fp):
+    ds, arrays, _ = dataset_factory(1_003, {"x": ("uint8", (3, 17, 5)), "y": ("float16", (7,)), "z": ("int64", ())})
+    for device in ("cuda", "cuda:0", torch.device("cuda", 0)):
+        ld = fp.loader(ds, 32, shuffle=True, seed=1, device=device)
+        batches = []
+        for b in ld:
+            assert all(v.is_cuda and v.device.index == 0 for v in b.values())
+            batches.append(host(b))
+        assert sorted(fp.verify(batches, arrays).tolist()) == list(range(1_003))
+        assert fp.same_batches(batches, fp.epoch(fp.loader(ds, 32, shuffle=True, seed=1)))
+
+
+def test_token_windows_on_the_gpu(tmp_path, rng, fp):
+    tokens = rng.integers(0, 50_257, size=100_001, dtype=np.uint16)
+    tokens.tofile(tmp_path / "t.bin")
+    ds = fastpipe.TokenDataset(str(tmp_path / "t.bin"), 256)
+    cpu = fp.epoch(fp.loader(ds, 16, shuffle=True, seed=2))
+    gpu = [host(b) for b in fp.loader(ds, 16, shuffle=True, seed=2, device="cuda")]
+    assert fp.same_batches(cpu, gpu)
+
+
+@pytest.mark.parametrize("out_dtype", [torch.float32, torch.float16, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("layout", ["NCHW", "NHWC"])
+def test_transforms_on_the_gpu_are_bit_identical_to_the_cpu(tmp_path, rng, fp, out_dtype, layout):
+    x = rng.integers(0, 256, size=(77, 40, 37, 3), dtype=np.uint8)
     np.save(tmp_path / "x.npy", x)
-    return x, fastpipe.NpyDataset(str(tmp_path / "x.npy"))
+    ds = fastpipe.NpyDataset([str(tmp_path / "x.npy")])
+    t = CropMirrorNormalize((0.485, 0.456, 0.406), (0.229, 0.224, 0.225), crop=(32, 29), random_crop=True,
+                            mirror=0.5, out_dtype=out_dtype, layout=layout)
+    cpu = fp.epoch(fp.loader(ds, 16, shuffle=True, seed=3, transforms={0: t}))
+    gpu = [host(b) for b in fp.loader(ds, 16, shuffle=True, seed=3, transforms={0: t}, device="cuda")]
+    assert fp.same_batches(cpu, gpu)
+    # and the CPU path against float64 (tests/test_transforms.py checks it in depth): one batch here
+    first = next(iter(fp.loader(ds, 16, shuffle=True, seed=3, transforms={0: t}, device="cuda")))[0]
+    assert first.dtype == out_dtype and first.is_cuda
 
 
-@pytest.mark.gpu
-@needs_gpu
+def test_release_waits_for_a_busy_stream(dataset_factory, fp):
+    """Each batch is cloned by work queued behind a long kernel, and dropped at once: the slot must not
+    be refilled before the clone ran. The canary (no release fence) must read other batches."""
+    ds, arrays, _ = dataset_factory(2_000, {"x": ("uint8", (4_096,))})
+    ref = fp.epoch(fp.loader(ds, 64, shuffle=True, seed=4))
+
+    def run(canary):
+        ld = fp.hooks(fp.loader(ds, 64, shuffle=True, seed=4, prefetch=1, device="cuda"), poison=True)
+        if canary:
+            ld._reader._skip_release_fence(True)
+        side = torch.cuda.Stream()
+        seen = []
+        for b in ld:
+            side.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(side):
+                for v in b.values():
+                    fastpipe.record_stream(v, side)
+                torch.cuda._sleep(2_000_000)  # ~1 ms: the batch is read long after it was dropped
+                seen.append({k: v.clone() for k, v in b.items()})
+            del b
+        torch.cuda.synchronize()
+        return [host(s) for s in seen]
+
+    got = run(False)
+    fp.verify(got, arrays)
+    assert fp.same_batches(ref, got)
+    assert not fp.same_batches(ref, run(True)), "the canary raced nothing: the test proves nothing"
+
+
+def test_held_batches_never_change_and_memory_stays_flat(dataset_factory, fp):
+    ds, arrays, _ = dataset_factory(500, {"x": ("float32", (64,))})
+    ld = fp.loader(ds, 25, shuffle=True, prefetch=2, device="cuda")
+    with pytest.warns(UserWarning, match="holds every one of the 4 arena slots"):
+        held = list(ld)
+    snap = [host(b) for b in held]
+    assert sorted(fp.verify(snap, arrays).tolist()) == list(range(500))
+    for _ in range(3):
+        fp.epoch(fp.loader(ds, 25, device="cuda"))
+    assert fp.same_batches(snap, [host(b) for b in held])
+    del held
+    gc.collect()
+    torch.cuda.synchronize()
+    arena, allocated = ld.stats()["device_arena_bytes"], torch.cuda.memory_allocated()
+    for _ in range(20):
+        for b in ld:
+            del b
+    torch.cuda.synchronize()
+    assert ld.stats()["device_arena_bytes"] == arena
+    assert torch.cuda.memory_allocated() <= allocated, "torch's memory grew over 20 epochs"
+    assert ld.stats()["device_slots_leased"] == 0
+
+
+def test_when_full_error_raises_at_once_on_the_gpu(dataset_factory, fp):
+    ds, _, _ = dataset_factory(100, {"x": ("uint8", (16,))})
+    it = iter(fp.loader(ds, 10, prefetch=1, device="cuda", when_full="error"))
+    keep = [next(it) for _ in range(3)]
+    with pytest.raises(TimeoutError, match="all 3 device slots are held"):
+        next(it)
+    del keep
+
+
+def test_dlpack_consumers_take_batches_without_a_copy(dataset_factory, fp):
+    cupy = pytest.importorskip("cupy")
+    ds, arrays, _ = dataset_factory(64, {"x": ("int32", (8,))})
+    b = next(iter(fp.loader(ds, 16, device="cuda")))
+    c = cupy.from_dlpack(b["x"])
+    assert c.data.ptr == b["x"].data_ptr()
+    torch.cuda.synchronize()
+    assert (cupy.asnumpy(c) == arrays["x"][b["idx"].cpu().numpy()]).all()
+
+
 def test_pin_memory_release_waits_for_queued_copies(tmp_path, fp):
     """Each copy is queued behind a long kernel and its host batch dropped at once: the slot must not be
     refilled before the copy ran (stream-ordered release), or the device sees the next batch's bytes."""
-    x, ds = _dataset(tmp_path, n=997)
+    x = np.random.default_rng().integers(0, 256, size=(997, 3, 17, 5), dtype=np.uint8)
+    np.save(tmp_path / "x.npy", x)
+    ds = fastpipe.NpyDataset(str(tmp_path / "x.npy"))
     loader = fp.hooks(fastpipe.Loader(ds, batch_size=32, shuffle=True, pin_memory=True), poison=True)
     got = []
     for b in loader:
@@ -34,9 +148,18 @@ def test_pin_memory_release_waits_for_queued_copies(tmp_path, fp):
     assert sorted(map(bytes, rows)) == sorted(map(bytes, x.reshape(len(x), -1)))
 
 
-def test_pin_memory_without_gpu_warns(tmp_path):
-    if fastpipe.build_info()["cuda_available"]:
-        pytest.skip("a GPU is present: pinning works")
-    _, ds = _dataset(tmp_path)
-    with pytest.warns(UserWarning, match="not pinned"):
-        fastpipe.Loader(ds, batch_size=8, pin_memory=True)
+def test_pin_memory_on_a_side_stream_with_record_stream(tmp_path, fp):
+    x = np.random.default_rng().integers(0, 256, size=(640, 256), dtype=np.uint8)
+    np.save(tmp_path / "x.npy", x)
+    loader = fp.hooks(fastpipe.Loader(fastpipe.NpyDataset(str(tmp_path / "x.npy")), 32, pin_memory=True,
+                                      prefetch=1), poison=True)
+    side = torch.cuda.Stream()
+    got = []
+    for b in loader:
+        with torch.cuda.stream(side):
+            fastpipe.record_stream(b, side)
+            torch.cuda._sleep(2_000_000)
+            got.append(b.to("cuda", non_blocking=True))
+        del b
+    torch.cuda.synchronize()
+    assert torch.cat(got).cpu().numpy().tobytes() == x.tobytes()
