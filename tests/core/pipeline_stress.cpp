@@ -18,29 +18,15 @@
 
 #include "core/device_pipeline.h"
 #include "core/sim_device.h"
+#include "stress_file.h"
 
 using namespace fastpipe;
 
 namespace {
 
-constexpr int64_t kRecords = 601;
-constexpr int64_t kRecordBytes = 24;
-constexpr int64_t kHeader = 9;
+using namespace stress;
+
 constexpr int64_t kBatch = 8;
-
-uint8_t expected_byte(int64_t record, int64_t k) { return static_cast<uint8_t>(record * 29 + k * 5 + 3); }
-
-std::string write_file() {
-  char path[] = "/tmp/fastpipe_pipelineXXXXXX";
-  int fd = mkstemp(path);
-  if (fd < 0) std::abort();
-  std::vector<uint8_t> data(kHeader + kRecords * kRecordBytes, 0xEE);
-  for (int64_t r = 0; r < kRecords; ++r)
-    for (int64_t k = 0; k < kRecordBytes; ++k) data[kHeader + r * kRecordBytes + k] = expected_byte(r, k);
-  if (write(fd, data.data(), data.size()) != static_cast<ssize_t>(data.size())) std::abort();
-  close(fd);
-  return path;
-}
 
 int failures = 0;
 int wrong = 0;  // wrong batches seen (failures, except in the canary run)
