@@ -62,7 +62,15 @@ struct Choice {
 struct TunerState {
   std::mutex mutex;
   std::unordered_map<int, DeviceCandidates> devices;  // by c10::DeviceType
+  // The same, indexed without a lock on the hot path: devices register during static initialisation only.
+  std::array<const DeviceCandidates*, static_cast<size_t>(c10::DeviceType::COMPILE_TIME_MAX_DEVICE_TYPES)> by_type{};
   std::unordered_map<Key, Choice, KeyHash> cache;
+  // Bumped whenever a cached choice may become wrong (clear, override): threads' lookup caches check it.
+  std::atomic<uint64_t> generation{1};
+  // The engine FASTPIPE_CONV_ENGINE names (read once at load; _conv_engine_force changes it), guarded
+  // by `mutex`; `forcing` lets calls skip it without the lock when it is "auto".
+  std::string forced;
+  std::atomic<bool> forcing{false};
   // Candidates that threw on a key (bit i: candidate i), never tried on it again; `any_failed` lets
   // the forced path skip building the key while nothing ever failed.
   std::unordered_map<Key, uint64_t, KeyHash> failed;
@@ -71,9 +79,26 @@ struct TunerState {
 };
 
 TunerState& tuner_state() {
-  static TunerState state;
-  return state;
+  static TunerState* state = [] {
+    auto* s = new TunerState;  // never destroyed: engines may run during interpreter shutdown
+    const char* env = std::getenv("FASTPIPE_CONV_ENGINE");
+    s->forced = env ? env : "";
+    s->forcing = !s->forced.empty() && s->forced != "auto";
+    return s;
+  }();
+  return *state;
 }
+
+// A thread's recent choices, so that a call whose key was seen finds its engine without the lock.
+struct RecentChoice {
+  uint64_t generation = 0;
+  Key key{};
+  const DeviceCandidates* dev = nullptr;
+  size_t index = 0;
+};
+constexpr size_t kRecent = 8;
+thread_local std::array<RecentChoice, kRecent> recent;
+thread_local size_t recent_next = 0;
 
 int64_t bits_of(double v) {
   int64_t b;
@@ -240,17 +265,16 @@ struct Selection {
 
 Selection select_engine(const ConvArgs& a) {
   TunerState& st = tuner_state();
-  const DeviceCandidates* dev = nullptr;
-  {
-    std::lock_guard<std::mutex> lock(st.mutex);
-    auto it = st.devices.find(static_cast<int>(a.input.device().type()));
-    TORCH_CHECK(it != st.devices.end(), "fastpipe has no convolution engines for device type ",
-                a.input.device().type());
-    dev = &it->second;  // map nodes are stable; devices are only added during static initialisation
-  }
+  const DeviceCandidates* dev = st.by_type[static_cast<size_t>(a.input.device().type())];
+  TORCH_CHECK(dev, "fastpipe has no convolution engines for device type ", a.input.device().type());
   const Selection eager{dev, 0, false};
-  const char* forced = std::getenv("FASTPIPE_CONV_ENGINE");
-  if (forced != nullptr && *forced != '\0' && std::strcmp(forced, "auto") != 0) {
+  if (st.forcing.load(std::memory_order_relaxed)) {
+    std::string forced_name;
+    {
+      std::lock_guard<std::mutex> lock(st.mutex);
+      forced_name = st.forced;
+    }
+    const char* forced = forced_name.c_str();
     for (size_t i = 0; i < dev->candidates.size(); ++i) {
       const Candidate& c = dev->candidates[i];
       if (std::strcmp(c.name, forced) != 0) continue;
@@ -274,16 +298,25 @@ Selection select_engine(const ConvArgs& a) {
     TORCH_CHECK(false, "FASTPIPE_CONV_ENGINE=", forced, " names no engine; use auto", known);
   }
   const Key key = make_key(a);
+  const uint64_t generation = st.generation.load(std::memory_order_acquire);
+  for (const RecentChoice& r : recent)
+    if (r.generation == generation && r.dev == dev && r.key == key) return Selection{dev, r.index, false};
+  size_t index;
   {
-    std::lock_guard<std::mutex> lock(st.mutex);
+    std::unique_lock<std::mutex> lock(st.mutex);
     auto it = st.cache.find(key);
-    if (it != st.cache.end()) return Selection{dev, it->second.index, false};
+    if (it != st.cache.end()) {
+      index = it->second.index;
+    } else {
+      lock.unlock();
+      if (dev->hooks.capturing && dev->hooks.capturing()) return eager;  // timing would break a graph capture
+      Choice choice = tune(st, a, *dev);
+      index = choice.index;
+      lock.lock();
+      st.cache.emplace(key, std::move(choice));
+    }
   }
-  if (dev->hooks.capturing && dev->hooks.capturing()) return eager;  // timing would break a graph capture
-  Choice choice = tune(st, a, *dev);
-  const size_t index = choice.index;
-  std::lock_guard<std::mutex> lock(st.mutex);
-  st.cache.emplace(key, std::move(choice));
+  recent[recent_next++ % kRecent] = RecentChoice{generation, key, dev, index};
   return Selection{dev, index, false};
 }
 
@@ -330,6 +363,16 @@ void engine_clear() {
   st.failed.clear();
   st.any_failed = false;
   st.warned.clear();
+  ++st.generation;
+}
+
+std::string engine_force(c10::string_view name) {
+  TunerState& st = tuner_state();
+  std::lock_guard<std::mutex> lock(st.mutex);
+  std::string old = st.forced.empty() ? "auto" : st.forced;
+  st.forced = std::string(name);
+  st.forcing = !st.forced.empty() && st.forced != "auto";
+  return old;
 }
 
 int64_t pick_engine_op(at::ArrayRef<double> times) {
@@ -347,6 +390,7 @@ bool register_engines(c10::DeviceType type, DeviceHooks hooks, std::vector<Candi
   TORCH_INTERNAL_ASSERT(dev.candidates.size() <= 64, "TunerState::failed keeps one bit per candidate");
   dev.labels.clear();
   for (const auto& c : dev.candidates) dev.labels.push_back(std::string("fastpipe::conv_engine.") + c.name);
+  st.by_type[static_cast<size_t>(type)] = &dev;  // unordered_map nodes are stable
   return true;
 }
 

@@ -45,6 +45,9 @@ void set_warning_sink(void (*sink)(const std::string& message));
 std::vector<std::string> engine_names(c10::string_view device);
 std::vector<std::string> engine_cache();
 void engine_clear();
+// Forces an engine for every call ("auto" or "": the timed choice); returns the previous setting.
+// FASTPIPE_CONV_ENGINE sets it when fastpipe loads.
+std::string engine_force(c10::string_view name);
 int64_t pick_engine_op(at::ArrayRef<double> times);
 
 }  // namespace fastpipe::conv

@@ -4,7 +4,7 @@ Every new key (device, dtype, shapes, layouts, stride/padding/dilation/groups, a
 residual present, threads, TF32) is timed once on every engine that supports it, eager PyTorch
 included (the fastest of 3 to 25 interleaved calls each), and the choice is cached; an engine replaces
 eager only when at least 3% faster. The environment variable FASTPIPE_CONV_ENGINE=auto|eager|<name>
-overrides the choice (read on every call); an engine that cannot run a call (e.g. oneDNN on float16 or
+overrides the choice (read once, when fastpipe loads; ``use_conv_engine`` changes it at run time); an engine that cannot run a call (e.g. oneDNN on float16 or
 bfloat16 where this CPU lacks the instructions torch's oneDNN needs for them) falls back to eager with
 one UserWarning naming the engine, the dtype and why; one of another device type falls back silently.
 An engine that throws on a key (forced or while being timed) is not tried on that key again: eager
@@ -13,13 +13,11 @@ runs, with one warning that carries the error. The profiler shows the engine eac
 """
 
 import contextlib
-import os
 
 import torch
 
 import fastpipe.ops  # noqa: F401  (registers the ops)
 
-ENV = "FASTPIPE_CONV_ENGINE"
 
 __all__ = ["conv_engines", "conv_engine_cache", "clear_conv_engine_cache", "use_conv_engine"]
 
@@ -41,13 +39,10 @@ def clear_conv_engine_cache():
 
 @contextlib.contextmanager
 def use_conv_engine(name):
-    """Sets FASTPIPE_CONV_ENGINE to ``name`` ("auto", "eager" or an engine) for the block (process-wide)."""
-    old = os.environ.get(ENV)
-    os.environ[ENV] = name
+    """Forces engine ``name`` ("auto", "eager" or an engine's) for the block, process-wide, as
+    FASTPIPE_CONV_ENGINE does for the whole process."""
+    old = torch.ops.fastpipe._conv_engine_force(str(name))
     try:
         yield
     finally:
-        if old is None:
-            del os.environ[ENV]
-        else:
-            os.environ[ENV] = old
+        torch.ops.fastpipe._conv_engine_force(old)

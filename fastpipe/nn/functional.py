@@ -1,8 +1,11 @@
 """Functional form of fastpipe's fused convolution."""
 
+import torch
 import torch.nn.functional as F
+from torch.overrides import has_torch_function_variadic
 
 from fastpipe import ops
+from fastpipe._ext import _C
 from fastpipe.nn import _activations
 
 __all__ = ["conv2d_act"]
@@ -98,6 +101,16 @@ def conv2d_act(
     faster implementation is kept (see ``fastpipe.nn.conv_engines``); set FASTPIPE_CONV_ENGINE to
     ``eager`` or an engine's name to force one.
     """
+    if input.dim() == 4 and not torch.compiler.is_compiling() and not has_torch_function_variadic(
+            input, weight, bias, residual):
+        # A configuration seen before is resolved and checked once: a dict lookup, then an unboxed call.
+        key = (stride, padding, dilation, groups, activation, *activation_kwargs.items())
+        try:
+            call = _CALLS[key]
+        except (KeyError, TypeError):  # new, or unhashable (a list, an activation module)
+            call = _call_for(key, stride, padding, dilation, groups, activation, activation_kwargs)
+        if call is not None:
+            return call(input, weight, bias, residual)
     act, act_args = _activations.resolve(activation, activation_kwargs)
     stride = _pair(stride, "stride")
     dilation = _pair(dilation, "dilation")
@@ -105,4 +118,26 @@ def conv2d_act(
     if pre_pad is not None:
         input = F.pad(input, pre_pad)
     return fused_conv(input, weight, bias, stride, pad, dilation, groups, act, act_args, residual)
+
+
+# conv2d_act's checked configurations, by their arguments (names of activations only: a module is
+# mutable). Bounded: a program has few call sites.
+_CALLS = {}
+_MAX_CALLS = 1024
+
+
+def _call_for(key, stride, padding, dilation, groups, activation, activation_kwargs):
+    """The ConvActCall of a configuration, cached when its arguments are hashable; None for the general
+    path (padding "same", which depends on the kernel)."""
+    if isinstance(padding, str) or not (activation is None or isinstance(activation, str)):
+        return None
+    act, act_args = _activations.resolve(activation, activation_kwargs)
+    stride, dilation, padding = _pair(stride, "stride"), _pair(dilation, "dilation"), _pair(padding, "padding")
+    call = _C.ConvActCall(list(stride), list(padding), list(dilation), groups, act, list(act_args))
+    try:
+        if len(_CALLS) < _MAX_CALLS:
+            _CALLS[key] = call
+    except TypeError:
+        pass
+    return call
 

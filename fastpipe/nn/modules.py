@@ -1,8 +1,11 @@
 """FusedConv2d: nn.Conv2d with its activation (and an optional residual add) fused into one op."""
 
+import torch
 import torch.nn as nn
 import torch.nn.functional as F
+from torch.overrides import has_torch_function_variadic
 
+from fastpipe._ext import _C
 from fastpipe.nn import _activations
 from fastpipe.nn.functional import fused_conv, padding_plan
 
@@ -31,7 +34,9 @@ class FusedConv2d(nn.Conv2d):
     Performance: the first call with a new shape, dtype, layout or activation times the available
     implementations (eager PyTorch included) and keeps the fastest, so expect a slower first call. On
     CPUs with oneDNN the conv and activation run as one primitive; on CUDA, cuDNN's convolution is
-    followed by one fastpipe kernel for bias, residual and activation.
+    followed by one fastpipe kernel for bias, residual and activation. The module's configuration is
+    checked once, at construction: ``stride``, ``padding``, ``dilation``, ``groups`` and the activation
+    are fixed then (as the op's arguments they are not re-read per call).
     """
 
     def __init__(
@@ -70,10 +75,29 @@ class FusedConv2d(nn.Conv2d):
         else:
             self._pre_pad, self._padding = padding_plan(self.padding, self.kernel_size, self.dilation, self.stride)
             self._pad_mode = "constant"
+        self._call = self._make_call()
+
+    def _make_call(self):
+        return _C.ConvActCall(list(self.stride), list(self._padding), list(self.dilation), self.groups,
+                              self.activation, list(self.activation_args))
+
+    def __getstate__(self):
+        state = dict(self.__dict__)
+        del state["_call"]  # a C++ object: made again on load
+        return state
+
+    def __setstate__(self, state):
+        super().__setstate__(state)
+        self._call = self._make_call()
 
     def forward(self, input, residual=None):
         if self._pre_pad is not None:
             input = F.pad(input, self._pre_pad, mode=self._pad_mode)
+        weight, bias = self.weight, self.bias
+        if input.dim() == 4 and not torch.compiler.is_compiling() and not has_torch_function_variadic(
+                input, weight, bias, residual):
+            return self._call(input, weight, bias, residual)  # the configuration checked once, an unboxed call
+        # Unbatched input, torch.compile (which traces the op) and tensor subclasses or modes.
         return fused_conv(
             input,
             self.weight,

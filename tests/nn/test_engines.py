@@ -180,3 +180,30 @@ def test_the_dtype_override_rejects_unknown_names():
         torch.ops.fastpipe._conv_onednn_dtypes_override(["float8"])
     assert torch.ops.fastpipe._conv_onednn_dtypes() == [
         DTYPE_NAMES[d] for d in DTYPE_NAMES if HAS_ONEDNN and engine_can_run("onednn", d)]
+
+
+def test_the_environment_variable_is_read_at_load(fp):
+    """FASTPIPE_CONV_ENGINE is read once, when fastpipe loads (no environment lookup per call); it
+    forces the engine for every call, which use_conv_engine changes at run time."""
+    code = """
+        import os, torch
+        from torch.autograd import profiler
+        import fastpipe.nn as fnn
+        from fastpipe.nn.functional import conv2d_act
+        x, w = torch.randn(2, 8, 9, 9), torch.randn(8, 8, 3, 3)
+        def ran():
+            with profiler.profile() as p:
+                conv2d_act(x, w, padding=1, activation="silu")
+            return sorted(e.name for e in p.function_events if e.name.startswith("fastpipe::conv_engine."))
+        first = ran()
+        os.environ["FASTPIPE_CONV_ENGINE"] = "onednn"  # too late: not read per call
+        second = ran()
+        with fnn.use_conv_engine("onednn"):
+            third = ran()
+        print(first, second, third, fnn.conv_engine_cache())
+    """
+    proc = fp.run_python(code, env={"FASTPIPE_CONV_ENGINE": "eager"})
+    assert proc.returncode == 0, fp.describe_exit(proc)
+    want = "['fastpipe::conv_engine.eager'] ['fastpipe::conv_engine.eager'] "
+    onednn = "['fastpipe::conv_engine.onednn']" if HAS_ONEDNN else "['fastpipe::conv_engine.eager']"
+    assert proc.stdout.startswith(want + onednn + " []"), proc.stdout  # forced calls are never timed

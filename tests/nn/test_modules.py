@@ -83,3 +83,38 @@ def test_bad_activation_names_the_problem():
         fnn.FusedConv2d(2, 2, 1, activation="swish2")
     with pytest.raises(TypeError, match="takes no keyword argument approx"):
         fnn.FusedConv2d(2, 2, 1, activation="gelu", approx="tanh")
+
+
+def test_survives_pickle_and_deepcopy_with_its_checked_call():
+    import copy
+    import io
+
+    fused, conv = pair("silu", stride=2, padding=2, dilation=2)
+    x = torch.randn(2, 6, 13, 11)
+    buf = io.BytesIO()
+    torch.save(fused, buf)
+    buf.seek(0)
+    for clone in (copy.deepcopy(fused), torch.load(buf, weights_only=False)):
+        torch.testing.assert_close(clone(x), nn.functional.silu(conv(x)))
+
+
+def test_tensor_subclasses_and_modes_see_the_op():
+    """The fast path (an unboxed call) is only for plain tensors: a TorchFunctionMode, or a tensor
+    subclass, sees the op as torch.ops.fastpipe.conv2d_act, as torch.compile's tracing does."""
+    from torch.overrides import TorchFunctionMode
+
+    class Record(TorchFunctionMode):
+        def __init__(self):
+            super().__init__()
+            self.seen = []
+
+        def __torch_function__(self, func, types, args=(), kwargs=None):
+            self.seen.append(func)
+            return func(*args, **(kwargs or {}))
+
+    fused, conv = pair("relu")
+    x = torch.randn(1, 6, 5, 5)
+    with Record() as mode:
+        out = fused(x)
+    assert torch.ops.fastpipe.conv2d_act.default in mode.seen, mode.seen
+    torch.testing.assert_close(out, nn.functional.relu(conv(x)))
