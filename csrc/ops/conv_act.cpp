@@ -159,7 +159,7 @@ TORCH_LIBRARY(fastpipe, m) {
   m.def("_conv_engine_cache() -> str[]", &fastpipe::conv::engine_cache);
   m.def("_conv_engine_clear() -> ()", &fastpipe::conv::engine_clear);
   m.def("_conv_engine_force(str name) -> str", &fastpipe::conv::engine_force);
-  m.def("_conv_pick_engine(float[] times) -> int", &fastpipe::conv::pick_engine_op);
+  m.def("_conv_pick_engine(float[] fastest, float[] ratio) -> int", &fastpipe::conv::pick_engine_op);
   // The dtypes the CPU oneDNN engine declares on this CPU, and the test hook that overrides them.
   m.def("_conv_onednn_dtypes() -> str[]", &fastpipe::conv::onednn_dtype_names);
   m.def("_conv_onednn_dtypes_override(str[]? dtypes) -> ()", &fastpipe::conv::onednn_dtypes_override_op);

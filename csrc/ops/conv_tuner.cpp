@@ -149,12 +149,23 @@ std::string describe(const ConvArgs& a) {
   return s.str();
 }
 
-size_t pick_engine(at::ArrayRef<double> times) {
+// The choice from each candidate's fastest round and the median over rounds of its time divided by
+// eager's in the same round ([0] is eager: ratio 1). A candidate replaces eager only when it is at least
+// kSwitchMargin faster by both: a burst of load slows a round, not the median of paired ratios, so the
+// same machine makes the same choice run after run; the fastest among those qualified wins.
+size_t pick_engine(at::ArrayRef<double> fastest, at::ArrayRef<double> ratio) {
   size_t best = 0;
-  for (size_t i = 1; i < times.size(); ++i) {
-    if (times[i] < times[best]) best = i;
+  for (size_t i = 1; i < fastest.size(); ++i) {
+    const bool qualifies = fastest[i] * kSwitchMargin <= fastest[0] && ratio[i] * kSwitchMargin <= 1.0;
+    if (qualifies && (best == 0 || ratio[i] < ratio[best])) best = i;
   }
-  return times[best] * kSwitchMargin <= times[0] ? best : 0;
+  return best;
+}
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  const size_t n = v.size();
+  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
 }
 
 double now_ms() {
@@ -231,24 +242,33 @@ Choice tune(TunerState& st, const ConvArgs& a, const DeviceCandidates& dev) {
     }
   }
   std::vector<double> times(cands.size(), std::numeric_limits<double>::infinity());
+  std::vector<double> ratio(cands.size(), std::numeric_limits<double>::infinity());
   if (live.size() > 1) {
-    // Interleaved rounds; each candidate keeps its fastest. Load from elsewhere only ever adds time
-    // (on a busy CPU, in bursts), so the minimum is the least disturbed estimate of a candidate's cost.
-    // About 100 ms of rounds, 3 to 25: fast calls are the noisiest and cheapest to repeat.
-    const int rounds = static_cast<int>(std::clamp(100.0 / std::max(slowest, 1e-3), 3.0, 25.0));
+    // Interleaved rounds, each candidate keeping its fastest (load only ever adds time) and its time
+    // relative to eager's in the same round. About 150 ms of rounds, 5 to 31: fast calls are the
+    // noisiest and cheapest to repeat.
+    const int rounds = static_cast<int>(std::clamp(150.0 / std::max(slowest, 1e-3), 5.0, 31.0));
+    std::vector<std::vector<double>> ratios(cands.size());
     for (int r = 0; r < rounds; ++r) {
-      for (size_t i : live) times[i] = std::min(times[i], timed_run(i));
+      std::vector<double> t(cands.size());
+      for (size_t i : live) {
+        t[i] = timed_run(i);
+        times[i] = std::min(times[i], t[i]);
+      }
+      for (size_t i : live) ratios[i].push_back(t[i] / std::max(t[0], 1e-9));
     }
+    for (size_t i : live) ratio[i] = median(ratios[i]);
   } else {
     times[0] = 0;  // eager alone
   }
-  Choice choice{pick_engine(times), describe(a) + " -> "};
+  ratio[0] = 1.0;
+  Choice choice{pick_engine(times, ratio), describe(a) + " -> "};
   choice.report += cands[choice.index].name;
   if (live.size() > 1 || !failures.empty()) {
     std::ostringstream s;
     s.precision(4);
     s << " (ms:";
-    for (size_t i : live) s << " " << cands[i].name << "=" << times[i];
+    for (size_t i : live) s << " " << cands[i].name << "=" << times[i] << (i ? " x" + std::to_string(ratio[i]) : "");
     s << failures << ")";
     choice.report += s.str();
   }
@@ -375,9 +395,10 @@ std::string engine_force(c10::string_view name) {
   return old;
 }
 
-int64_t pick_engine_op(at::ArrayRef<double> times) {
-  TORCH_CHECK(!times.empty(), "times must hold eager's time first, got an empty list");
-  return static_cast<int64_t>(pick_engine(times));
+int64_t pick_engine_op(at::ArrayRef<double> fastest, at::ArrayRef<double> ratio) {
+  TORCH_CHECK(!fastest.empty(), "fastest must hold eager's time first, got an empty list");
+  TORCH_CHECK(ratio.size() == fastest.size(), "ratio needs one value per candidate");
+  return static_cast<int64_t>(pick_engine(fastest, ratio));
 }
 
 bool register_engines(c10::DeviceType type, DeviceHooks hooks, std::vector<Candidate> candidates) {

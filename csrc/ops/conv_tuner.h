@@ -41,13 +41,14 @@ at::Tensor run_engine(const ConvArgs& a);
 void set_warning_sink(void (*sink)(const std::string& message));
 
 // The introspection ops (schemas in conv_act.cpp): engine names per device type, the cached choices,
-// forgetting them (with failures and warnings), and the choice rule on given times.
+// forgetting them (with failures and warnings), and the choice rule on given timings (each candidate's
+// fastest round, and the median of its per-round time over eager's; eager first).
 std::vector<std::string> engine_names(c10::string_view device);
 std::vector<std::string> engine_cache();
 void engine_clear();
 // Forces an engine for every call ("auto" or "": the timed choice); returns the previous setting.
 // FASTPIPE_CONV_ENGINE sets it when fastpipe loads.
 std::string engine_force(c10::string_view name);
-int64_t pick_engine_op(at::ArrayRef<double> times);
+int64_t pick_engine_op(at::ArrayRef<double> fastest, at::ArrayRef<double> ratio);
 
 }  // namespace fastpipe::conv

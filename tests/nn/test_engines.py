@@ -33,12 +33,24 @@ def test_engine_names():
     assert fnn.conv_engines("cuda") == (["eager", "epilogue"] if fastpipe.build_info()["cuda"] else [])
 
 
+INF = float("inf")
+
+
 @pytest.mark.parametrize(
-    "times,choice",
-    [([1.0], 0), ([1.0, 0.98], 0), ([1.0, 0.97], 1), ([1.0, 0.5, 0.4], 2), ([1.0, float("inf")], 0), ([0.5, 0.4], 1)],
+    "fastest,ratio,choice",
+    [
+        ([1.0], [1.0], 0),
+        ([1.0, 0.98], [1.0, 0.9], 0),  # fastest round not 3% better
+        ([1.0, 0.97], [1.0, 0.98], 0),  # a lucky round: the median of paired rounds is not 3% better
+        ([1.0, 0.97], [1.0, 0.97], 1),
+        ([1.0, 0.5, 0.4], [1.0, 0.5, 0.45], 2),
+        ([1.0, 0.4, 0.5], [1.0, 0.5, 0.45], 2),  # both qualify: the better median wins
+        ([1.0, INF], [1.0, INF], 0),  # failed or not timed
+        ([0.5, 0.4], [1.0, 0.8], 1),
+    ],
 )
-def test_a_candidate_must_be_3_percent_faster(times, choice):
-    assert torch.ops.fastpipe._conv_pick_engine(times) == choice
+def test_a_candidate_must_be_3_percent_faster_by_its_best_and_its_median(fastest, ratio, choice):
+    assert torch.ops.fastpipe._conv_pick_engine(fastest, ratio) == choice
 
 
 def test_choice_is_cached_per_key_and_used():
