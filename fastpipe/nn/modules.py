@@ -76,6 +76,9 @@ class FusedConv2d(nn.Conv2d):
             self._pre_pad, self._padding = padding_plan(self.padding, self.kernel_size, self.dilation, self.stride)
             self._pad_mode = "constant"
         self._call = self._make_call()
+        # False: computed as the stock modules would (conv, + residual, activation): fuse() keeps a site
+        # so where it measured fusion to lose.
+        self.fused = True
 
     def _make_call(self):
         return _C.ConvActCall(list(self.stride), list(self._padding), list(self.dilation), self.groups,
@@ -88,12 +91,18 @@ class FusedConv2d(nn.Conv2d):
 
     def __setstate__(self, state):
         super().__setstate__(state)
+        self.__dict__.setdefault("fused", True)
         self._call = self._make_call()
 
     def forward(self, input, residual=None):
         if self._pre_pad is not None:
             input = F.pad(input, self._pre_pad, mode=self._pad_mode)
         weight, bias = self.weight, self.bias
+        if not self.fused:
+            out = F.conv2d(input, weight, bias, self.stride, self._padding, self.dilation, self.groups)
+            if residual is not None:
+                out = out + residual
+            return _activations.EAGER[self.activation](out, *self.activation_args)
         if input.dim() == 4 and not torch.compiler.is_compiling() and not has_torch_function_variadic(
                 input, weight, bias, residual):
             return self._call(input, weight, bias, residual)  # the configuration checked once, an unboxed call
@@ -112,4 +121,5 @@ class FusedConv2d(nn.Conv2d):
         )
 
     def extra_repr(self):
-        return f"{super().extra_repr()}, activation={_activations.describe(self.activation, self.activation_args)}"
+        stock = "" if self.fused else ", fused=False"
+        return f"{super().extra_repr()}, activation={_activations.describe(self.activation, self.activation_args)}{stock}"

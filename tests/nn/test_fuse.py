@@ -647,3 +647,36 @@ def test_eager_fallback_knows_every_activation():
     for act, kw in ACTIVATIONS:
         name, args = _activations.resolve(act, kw)
         torch.testing.assert_close(_activations.EAGER[name](t, *args), eager_activation(t, act, kw), rtol=0, atol=0)
+
+
+def test_example_inputs_keep_stock_sites_where_fusion_loses(monkeypatch):
+    """With example inputs every fused site is timed on what it gets against its stock twin; a site
+    where fusion is not faster computes the stock way, with the reason in the report, and the model's
+    outputs do not change either way."""
+    import importlib
+
+    fuse_mod = importlib.import_module("fastpipe.nn.fuse")  # the module, not the function of that name
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.BatchNorm2d(8), nn.ReLU(),
+                          nn.Conv2d(8, 8, 1), nn.SiLU()).eval()
+    x = torch.randn(2, 3, 9, 9)
+    with torch.no_grad():
+        want = model(x)
+    # Make the fused path look slower than the stock one at every site: all of them are kept stock. (The
+    # timed calls are `lambda fused=...: run(fused)`: their default says which path a call takes.)
+    real = fuse_mod._median_round
+    monkeypatch.setattr(fuse_mod, "_median_round", lambda fn, inner, rounds: real(fn, inner, rounds) + (
+        1.0 if getattr(fn, "__defaults__", None) and fn.__defaults__[0] is True else 0.0))
+    fused = fnn.fuse(model, example_inputs=(x,))
+    kept = dict(fused.fuse_report.kept)
+    assert len(fused.fuse_report.fused) == 2 and len(kept) == 2, fused.fuse_report
+    assert all("fused" in why and "vs stock" in why and "[2," in why for why in kept.values()), kept
+    sites = [m for m in fused.modules() if isinstance(m, fnn.FusedConv2d)]
+    assert [m.fused for m in sites] == [False, False] and "fused=False" in repr(sites[0])
+    with torch.no_grad():
+        torch.testing.assert_close(fused(x), want)
+    monkeypatch.undo()
+    plain = fnn.fuse(model)
+    assert plain.fuse_report.kept == [] and all(m.fused for m in plain.modules() if isinstance(m, fnn.FusedConv2d))
+    with torch.no_grad():
+        torch.testing.assert_close(plain(x), want)
