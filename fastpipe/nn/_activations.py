@@ -64,6 +64,17 @@ EAGER = {
     "tanh": torch.tanh,
     "hardswish": F.hardswish,
 }
+# The same, writing into their input where torch can (what the stock modules do with inplace=True).
+EAGER_INPLACE = {
+    **EAGER,
+    "relu": torch.relu_,
+    "hardtanh": lambda t, lo, hi: F.hardtanh(t, lo, hi, inplace=True),
+    "leaky_relu": lambda t, slope: F.leaky_relu(t, slope, inplace=True),
+    "silu": lambda t: F.silu(t, inplace=True),
+    "sigmoid": torch.sigmoid_,
+    "tanh": torch.tanh_,
+    "hardswish": lambda t: F.hardswish(t, inplace=True),
+}
 _METHODS = {"relu": "relu", "relu_": "relu", "sigmoid": "sigmoid", "sigmoid_": "sigmoid", "tanh": "tanh", "tanh_": "tanh"}
 
 

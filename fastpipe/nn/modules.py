@@ -98,11 +98,11 @@ class FusedConv2d(nn.Conv2d):
         if self._pre_pad is not None:
             input = F.pad(input, self._pre_pad, mode=self._pad_mode)
         weight, bias = self.weight, self.bias
-        if not self.fused:
+        if not self.fused:  # as the stock modules compute it: the conv, then the add and activation in place
             out = F.conv2d(input, weight, bias, self.stride, self._padding, self.dilation, self.groups)
             if residual is not None:
-                out = out + residual
-            return _activations.EAGER[self.activation](out, *self.activation_args)
+                out = out.add_(residual)
+            return _activations.EAGER_INPLACE[self.activation](out, *self.activation_args)
         if input.dim() == 4 and not torch.compiler.is_compiling() and not has_torch_function_variadic(
                 input, weight, bias, residual):
             return self._call(input, weight, bias, residual)  # the configuration checked once, an unboxed call

@@ -646,7 +646,12 @@ def test_eager_fallback_knows_every_activation():
     t = torch.randn(4, 5, 6)
     for act, kw in ACTIVATIONS:
         name, args = _activations.resolve(act, kw)
-        torch.testing.assert_close(_activations.EAGER[name](t, *args), eager_activation(t, act, kw), rtol=0, atol=0)
+        want = eager_activation(t, act, kw)
+        torch.testing.assert_close(_activations.EAGER[name](t, *args), want, rtol=0, atol=0)
+        u = t.clone()
+        torch.testing.assert_close(_activations.EAGER_INPLACE[name](u, *args), want, rtol=0, atol=0)
+        if name not in ("identity", "gelu", "gelu_tanh"):  # these have no in-place form
+            torch.testing.assert_close(u, want, rtol=0, atol=0, msg=f"{name} did not write in place")
 
 
 def test_example_inputs_keep_stock_sites_where_fusion_loses(monkeypatch):
