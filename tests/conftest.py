@@ -25,6 +25,9 @@ import numpy as np
 import pytest
 import torch
 
+# The tests (and the subprocesses they start) time every conv key afresh: no choices from earlier runs.
+os.environ["FASTPIPE_CONV_CACHE"] = "off"
+
 DTYPES = ["bool", "uint8", "int8", "int16", "uint16", "int32", "int64", "float16", "float32", "float64"]
 TORCH_DTYPES = {
     "bool": torch.bool,

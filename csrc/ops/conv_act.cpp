@@ -159,6 +159,8 @@ TORCH_LIBRARY(fastpipe, m) {
   m.def("_conv_engine_cache() -> str[]", &fastpipe::conv::engine_cache);
   m.def("_conv_engine_clear() -> ()", &fastpipe::conv::engine_clear);
   m.def("_conv_engine_force(str name) -> str", &fastpipe::conv::engine_force);
+  m.def("_conv_engine_export(str device) -> str[]", &fastpipe::conv::engine_export);
+  m.def("_conv_engine_import(str[] lines) -> int", &fastpipe::conv::engine_import);
   m.def("_conv_pick_engine(float[] fastest, float[] ratio) -> int", &fastpipe::conv::pick_engine_op);
   // The dtypes the CPU oneDNN engine declares on this CPU, and the test hook that overrides them.
   m.def("_conv_onednn_dtypes() -> str[]", &fastpipe::conv::onednn_dtype_names);

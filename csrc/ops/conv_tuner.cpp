@@ -134,7 +134,9 @@ Key make_key(const ConvArgs& a) {
   put(a.bias.has_value());
   put(a.residual ? 1 + is_channels_last(*a.residual) : 0);
   put(at::get_num_threads());
-  put(a.input.is_cuda() && at::globalContext().allowTF32CuDNN());  // TF32 changes the fp32 conv's speed
+  // TF32 changes the fp32 conv's speed. Asked for convolutions: without an operation torch throws when
+  // the conv and RNN settings differ (as after torch.backends.cudnn.conv.fp32_precision = "ieee").
+  put(a.input.is_cuda() && at::globalContext().allowTF32CuDNN(at::Float32Op::CONV));
   TORCH_INTERNAL_ASSERT(i == k.size(), "engine key has ", i, " fields, expected ", k.size());
   return k;
 }
@@ -374,6 +376,60 @@ std::vector<std::string> engine_cache() {
   for (const auto& [key, choice] : st.cache) lines.push_back(choice.report);
   std::sort(lines.begin(), lines.end());
   return lines;
+}
+
+// "<key fields, comma-separated>\t<engine>\t<report>" per cached choice of `device` type's keys.
+std::vector<std::string> engine_export(c10::string_view device) {
+  const auto type = static_cast<int64_t>(c10::Device(std::string(device)).type());
+  TunerState& st = tuner_state();
+  std::lock_guard<std::mutex> lock(st.mutex);
+  std::vector<std::string> lines;
+  for (const auto& [key, choice] : st.cache) {
+    if (key[0] != type) continue;
+    std::ostringstream s;
+    for (size_t i = 0; i < key.size(); ++i) s << (i ? "," : "") << key[i];
+    s << '\t' << st.devices.at(static_cast<int>(type)).candidates[choice.index].name << '\t' << choice.report;
+    lines.push_back(s.str());
+  }
+  std::sort(lines.begin(), lines.end());
+  return lines;
+}
+
+int64_t engine_import(std::vector<std::string> lines) {
+  TunerState& st = tuner_state();
+  std::lock_guard<std::mutex> lock(st.mutex);
+  int64_t added = 0;
+  for (const std::string& line : lines) {
+    const size_t tab1 = line.find('\t');
+    const size_t tab2 = tab1 == std::string::npos ? tab1 : line.find('\t', tab1 + 1);
+    TORCH_CHECK(tab2 != std::string::npos, "engine choice '", line, "' is not '<key>\\t<engine>\\t<report>'");
+    Key key{};
+    std::istringstream fields(line.substr(0, tab1));
+    std::string field;
+    size_t n = 0;
+    while (std::getline(fields, field, ',')) {
+      TORCH_CHECK(n < key.size(), "engine choice '", line, "' has more than ", key.size(), " key fields");
+      size_t used = 0;
+      try {
+        key[n++] = std::stoll(field, &used);
+      } catch (const std::exception&) {
+        used = 0;
+      }
+      TORCH_CHECK(used == field.size() && !field.empty(), "engine choice '", line, "': key field '", field,
+                  "' is not an integer");
+    }
+    TORCH_CHECK(n == key.size(), "engine choice '", line, "' has ", n, " key fields, expected ", key.size());
+    // Engines of a device type this build lacks, or renamed since, are skipped: those keys are timed anew.
+    auto dev = st.devices.find(static_cast<int>(key[0]));
+    if (dev == st.devices.end()) continue;
+    const std::string name = line.substr(tab1 + 1, tab2 - tab1 - 1);
+    const auto& cands = dev->second.candidates;
+    auto it = std::find_if(cands.begin(), cands.end(), [&](const Candidate& c) { return name == c.name; });
+    if (it == cands.end()) continue;
+    added += st.cache.emplace(key, Choice{static_cast<size_t>(it - cands.begin()), line.substr(tab2 + 1) + " [saved]"})
+                 .second;
+  }
+  return added;
 }
 
 void engine_clear() {

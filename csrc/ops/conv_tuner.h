@@ -49,6 +49,11 @@ void engine_clear();
 // Forces an engine for every call ("auto" or "": the timed choice); returns the previous setting.
 // FASTPIPE_CONV_ENGINE sets it when fastpipe loads.
 std::string engine_force(c10::string_view name);
+// The cached choices of a device type's keys as text, and adding such text to the cache (keys already
+// cached keep their choice; returns how many were added): fastpipe/nn/_engines.py keeps them in a file
+// so that the next run makes the same choices without timing.
+std::vector<std::string> engine_export(c10::string_view device);
+int64_t engine_import(std::vector<std::string> lines);
 int64_t pick_engine_op(at::ArrayRef<double> fastest, at::ArrayRef<double> ratio);
 
 }  // namespace fastpipe::conv

@@ -4,11 +4,19 @@
 - :func:`functional.conv2d_act`: the functional form.
 - :func:`fuse`: rewrites Conv2d → BatchNorm2d → activation → add chains of a model into FusedConv2d.
 - :func:`conv_engines`, :func:`conv_engine_cache`, :func:`clear_conv_engine_cache`,
-  :func:`use_conv_engine`: the per-call-key engine choice (env FASTPIPE_CONV_ENGINE).
+  :func:`use_conv_engine`, :func:`save_conv_engine_choices`, :func:`load_conv_engine_choices`: the
+  per-call-key engine choice (env FASTPIPE_CONV_ENGINE; kept from run to run in FASTPIPE_CONV_CACHE).
 """
 
 from fastpipe.nn import functional
-from fastpipe.nn._engines import clear_conv_engine_cache, conv_engine_cache, conv_engines, use_conv_engine
+from fastpipe.nn._engines import (
+    clear_conv_engine_cache,
+    conv_engine_cache,
+    conv_engines,
+    load_conv_engine_choices,
+    save_conv_engine_choices,
+    use_conv_engine,
+)
 from fastpipe.nn.fuse import FusedChain, FuseReport, fuse
 from fastpipe.nn.modules import FusedConv2d
 
@@ -22,4 +30,6 @@ __all__ = [
     "conv_engine_cache",
     "clear_conv_engine_cache",
     "use_conv_engine",
+    "save_conv_engine_choices",
+    "load_conv_engine_choices",
 ]

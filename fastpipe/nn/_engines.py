@@ -10,16 +10,38 @@ one UserWarning naming the engine, the dtype and why; one of another device type
 An engine that throws on a key (forced or while being timed) is not tried on that key again: eager
 runs, with one warning that carries the error. The profiler shows the engine each call ran as
 ``fastpipe::conv_engine.<name>``.
+
+The CPU choices persist: a key chosen by one run is not timed again by the next, which makes the same
+choice (a key whose candidates are within noise of the 3% margin would otherwise flip from run to run
+on a busy machine), and a model's first call skips the ~150 ms of timing per key. They are kept in
+``FASTPIPE_CONV_CACHE`` (default ``$XDG_CACHE_HOME/fastpipe/conv_engines.json``, i.e.
+``~/.cache/fastpipe/``; ``off`` disables it), read when ``fastpipe.nn`` is imported and merged back at
+exit, under the machine's fingerprint (CPU model and flags, torch and fastpipe versions): a file shared
+by different machines or versions keeps each one's choices apart. GPU choices are made per process.
 """
 
+import atexit
 import contextlib
+import fcntl
+import hashlib
+import json
+import logging
+import os
+import platform
+import tempfile
+import warnings
 
 import torch
 
 import fastpipe.ops  # noqa: F401  (registers the ops)
+from fastpipe._ext import build_info
 
 
-__all__ = ["conv_engines", "conv_engine_cache", "clear_conv_engine_cache", "use_conv_engine"]
+__all__ = ["conv_engines", "conv_engine_cache", "clear_conv_engine_cache", "use_conv_engine",
+           "save_conv_engine_choices", "load_conv_engine_choices"]
+
+log = logging.getLogger(__name__)
+_FORMAT = 1
 
 
 def conv_engines(device="cpu"):
@@ -46,3 +68,95 @@ def use_conv_engine(name):
         yield
     finally:
         torch.ops.fastpipe._conv_engine_force(old)
+
+
+def _default_cache_path():
+    setting = os.environ.get("FASTPIPE_CONV_CACHE")
+    if setting is not None:
+        return None if setting.strip().lower() in ("", "0", "off", "false", "no") else setting
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return os.path.join(base, "fastpipe", "conv_engines.json")
+
+
+def _fingerprint():
+    """What a CPU choice depends on besides its key: the CPU, its instruction sets, the libraries."""
+    cpu, flags = platform.processor(), ""
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                name, _, value = line.partition(":")
+                if name.strip() == "model name" and cpu in ("", platform.machine()):
+                    cpu = value.strip()
+                elif name.strip() in ("flags", "Features") and not flags:
+                    flags = " ".join(sorted(value.split()))
+    except OSError:
+        pass
+    parts = [cpu, hashlib.sha1(flags.encode()).hexdigest()[:12], f"torch {torch.__version__}",
+             f"fastpipe {build_info()['version']}", f"onednn {','.join(torch.ops.fastpipe._conv_onednn_dtypes())}"]
+    return " | ".join(parts)
+
+
+def _read(path):
+    try:
+        with open(path) as f:
+            data = json.load(f)
+    except FileNotFoundError:
+        return {}
+    except (OSError, ValueError) as e:
+        warnings.warn(f"fastpipe: ignoring the conv engine cache {path}: {e}", stacklevel=3)
+        return {}
+    if not isinstance(data, dict) or data.get("format") != _FORMAT or not isinstance(data.get("machines"), dict):
+        warnings.warn(f"fastpipe: ignoring the conv engine cache {path}: not a format-{_FORMAT} fastpipe cache",
+                      stacklevel=3)
+        return {}
+    return data["machines"]
+
+
+def load_conv_engine_choices(path=None):
+    """Adds the CPU engine choices saved in ``path`` (default: ``FASTPIPE_CONV_CACHE``'s file) for this
+    machine to the cache; keys already chosen keep their choice. Returns how many were added."""
+    path = path or _default_cache_path()
+    if path is None:
+        return 0
+    lines = _read(path).get(_fingerprint(), [])
+    try:
+        return int(torch.ops.fastpipe._conv_engine_import([str(line) for line in lines]))
+    except RuntimeError as e:
+        warnings.warn(f"fastpipe: ignoring the conv engine cache {path}: {e}", stacklevel=2)
+        return 0
+
+
+def save_conv_engine_choices(path=None):
+    """Merges this process's CPU engine choices into ``path`` (default: ``FASTPIPE_CONV_CACHE``'s file),
+    under this machine's fingerprint; concurrent savers (DDP ranks) are serialised by a lock file.
+    Returns the path written, or None when there was nothing to save or no cache."""
+    path = path or _default_cache_path()
+    lines = list(torch.ops.fastpipe._conv_engine_export("cpu"))
+    if path is None or not lines:
+        return None
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    with open(path + ".lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        machines = _read(path)
+        key = _fingerprint()
+        merged = {line.split("\t", 1)[0]: line for line in machines.get(key, [])}
+        # This run's choices win: a saved one was either loaded (then it is the same) or made elsewhere.
+        merged.update((line.split("\t", 1)[0], line.replace(" [saved]", "")) for line in lines)
+        machines[key] = sorted(merged.values())
+        fd, tmp = tempfile.mkstemp(dir=os.path.dirname(os.path.abspath(path)), prefix=".conv_engines.")
+        with os.fdopen(fd, "w") as f:
+            json.dump({"format": _FORMAT, "machines": machines}, f, indent=0)
+        os.replace(tmp, path)
+    return path
+
+
+def _save_at_exit():
+    try:
+        save_conv_engine_choices()
+    except Exception as e:  # noqa: BLE001  (a read-only home must not turn a finished run into a failure)
+        log.warning("fastpipe: could not save the conv engine choices: %s", e)
+
+
+if _default_cache_path() is not None:
+    load_conv_engine_choices()
+    atexit.register(_save_at_exit)

@@ -1,5 +1,6 @@
 """The per-key engine choice: candidates, the 3% rule, the cache and FASTPIPE_CONV_ENGINE."""
 
+import json
 import warnings
 
 import pytest
@@ -219,3 +220,86 @@ def test_the_environment_variable_is_read_at_load(fp):
     want = "['fastpipe::conv_engine.eager'] ['fastpipe::conv_engine.eager'] "
     onednn = "['fastpipe::conv_engine.onednn']" if HAS_ONEDNN else "['fastpipe::conv_engine.eager']"
     assert proc.stdout.startswith(want + onednn + " []"), proc.stdout  # forced calls are never timed
+
+
+def test_choices_persist_from_run_to_run(fp, tmp_path):
+    """A run saves its CPU choices at exit; the next run on the same machine loads them and makes the
+    same choice for each key without timing it (the cache report says [saved])."""
+    cache = tmp_path / "engines.json"
+    code = """
+        import sys, torch
+        import fastpipe.nn as fnn
+        from fastpipe.nn.functional import conv2d_act
+        torch.manual_seed(0)
+        for c, act in ((8, "silu"), (5, "relu"), (16, "gelu")):
+            x, w = torch.randn(2, c, 11, 9), torch.randn(c, c, 3, 3)
+            conv2d_act(x, w, torch.randn(c), padding=1, activation=act)
+        for line in fnn.conv_engine_cache():
+            print(line)
+    """
+    first = fp.run_python(code, env={"FASTPIPE_CONV_CACHE": str(cache)})
+    assert first.returncode == 0, fp.describe_exit(first)
+    chosen = sorted(line.split(" (ms:")[0] for line in first.stdout.splitlines())
+    assert len(chosen) == 3 and "[saved]" not in first.stdout, first.stdout
+    second = fp.run_python(code, env={"FASTPIPE_CONV_CACHE": str(cache)})
+    assert second.returncode == 0, fp.describe_exit(second)
+    lines = second.stdout.splitlines()
+    assert len(lines) == 3 and all(line.endswith(" [saved]") for line in lines), second.stdout
+    assert sorted(line.split(" (ms:")[0] for line in lines) == chosen
+    off = fp.run_python(code, env={"FASTPIPE_CONV_CACHE": "off"})
+    assert off.returncode == 0 and "[saved]" not in off.stdout, fp.describe_exit(off)
+
+
+def test_saved_choices_are_kept_per_machine(tmp_path):
+    fnn.clear_conv_engine_cache()
+    small_call()()
+    path = str(tmp_path / "engines.json")
+    assert fnn.save_conv_engine_choices(path) == path
+    with open(path) as f:
+        data = json.load(f)
+    (mine,) = data["machines"].values()
+    assert len(mine) == 1
+    # Another machine's (or torch's) choices for the same key are kept apart, and not loaded here.
+    data["machines"]["another cpu | torch 0.0"] = [mine[0].replace("\tonednn\t", "\teager\t")]
+    with open(path, "w") as f:
+        json.dump(data, f)
+    fnn.clear_conv_engine_cache()
+    assert fnn.load_conv_engine_choices(path) == 1
+    (line,) = fnn.conv_engine_cache()
+    assert line.endswith("[saved]") and line.split(" [saved]")[0] == mine[0].split("\t", 2)[2]
+    assert fnn.load_conv_engine_choices(path) == 0  # a key already chosen keeps its choice
+    fnn.save_conv_engine_choices(path)
+    with open(path) as f:
+        assert len(json.load(f)["machines"]) == 2
+    fnn.clear_conv_engine_cache()
+
+
+@pytest.mark.parametrize("content", ["{not json", '{"format": 99, "machines": {}}', "[]"])
+def test_a_broken_cache_file_is_ignored_with_a_warning(tmp_path, content):
+    path = tmp_path / "engines.json"
+    path.write_text(content)
+    with pytest.warns(UserWarning, match="ignoring the conv engine cache"):
+        assert fnn.load_conv_engine_choices(str(path)) == 0
+
+
+@pytest.mark.parametrize(
+    "line,error",
+    [
+        ("1,2\tonednn\tr", "has 2 key fields"),
+        (",".join(["0"] * 27) + ",x\teager\tr", "is not an integer"),
+        ("no tabs", "is not '<key>"),
+    ],
+)
+def test_malformed_saved_choices_are_refused(line, error):
+    with pytest.raises(RuntimeError, match=error):
+        torch.ops.fastpipe._conv_engine_import([line])
+
+
+def test_saved_choices_of_unknown_engines_or_devices_are_skipped():
+    fnn.clear_conv_engine_cache()
+    key = ",".join(["0"] * 28)
+    assert torch.ops.fastpipe._conv_engine_import([f"{key}\tno-such-engine\tr"]) == 0
+    assert torch.ops.fastpipe._conv_engine_import([f"{key.replace('0', '99', 1)}\teager\tr"]) == 0
+    assert torch.ops.fastpipe._conv_engine_import([f"{key}\teager\tr"]) == 1
+    assert fnn.conv_engine_cache() == ["r [saved]"]
+    fnn.clear_conv_engine_cache()

@@ -669,13 +669,13 @@ def test_example_inputs_keep_stock_sites_where_fusion_loses(monkeypatch):
         want = model(x)
     # Make the fused path look slower than the stock one at every site: all of them are kept stock. (The
     # timed calls are `lambda fused=...: run(fused)`: their default says which path a call takes.)
-    real = fuse_mod._median_round
-    monkeypatch.setattr(fuse_mod, "_median_round", lambda fn, inner, rounds: real(fn, inner, rounds) + (
+    real = fuse_mod._seconds_per_call
+    monkeypatch.setattr(fuse_mod, "_seconds_per_call", lambda fn, inner: real(fn, inner) + (
         1.0 if getattr(fn, "__defaults__", None) and fn.__defaults__[0] is True else 0.0))
     fused = fnn.fuse(model, example_inputs=(x,))
     kept = dict(fused.fuse_report.kept)
     assert len(fused.fuse_report.fused) == 2 and len(kept) == 2, fused.fuse_report
-    assert all("fused" in why and "vs stock" in why and "[2," in why for why in kept.values()), kept
+    assert all("fused" in why and "vs stock" in why and " (x" in why and "[2," in why for why in kept.values()), kept
     sites = [m for m in fused.modules() if isinstance(m, fnn.FusedConv2d)]
     assert [m.fused for m in sites] == [False, False] and "fused=False" in repr(sites[0])
     with torch.no_grad():
