@@ -1,5 +1,6 @@
 """Loader: a drop-in replacement for torch.utils.data.DataLoader over on-disk tensor datasets."""
 
+import contextlib
 import numbers
 import os
 import warnings
@@ -18,6 +19,11 @@ _STATE_FORMAT = "fastpipe.Loader/1"
 # State keys that must match for a saved position to mean the same batches.
 _STATE_IDENTITY = ("num_samples", "batch_size", "shuffle", "seed", "drop_last", "rank", "world_size",
                    "shard_remainder")
+# The wait in next() as a named range of torch.profiler traces. Opening a range costs ~15 us, so it is
+# opened only while a profiler records; checking that costs ~0.1 us.
+_NEXT_RANGE = "fastpipe::loader.next"
+_profiler_enabled = torch.autograd._profiler_enabled
+_NO_RANGE = contextlib.nullcontext()
 
 
 def _distributed_defaults(rank, world_size):
@@ -237,10 +243,14 @@ class Loader:
         """Sets the epoch of the next iteration (its shuffle); later iterations count on from it.
 
         Like a new ``iter()`` or :meth:`load_state_dict`, this ends the pass in progress: its iterator
-        raises if used again, and :meth:`state_dict` reports ``(epoch, 0)``.
+        raises if used again, and :meth:`state_dict` reports ``(epoch, 0)``. After
+        :meth:`load_state_dict`, setting the epoch it loaded keeps its position, so that a resumed script
+        looping ``for epoch in range(start, n): loader.set_epoch(epoch)`` continues where it stopped;
+        another epoch starts at its first batch.
         """
         self.epoch = int(epoch)
-        self._resume = None
+        if self._resume is not None and self._resume[0] != self.epoch:
+            self._resume = None
         self._supersede("set_epoch()")
 
     def _supersede(self, by):
@@ -368,7 +378,8 @@ class _EpochIterator:
             raise StopIteration
         if self._superseded_by is not None:
             raise RuntimeError(f"this iterator was superseded by {self._superseded_by}: iterate the Loader anew")
-        tensors = self._reader.next(self._loader._timeout)
+        with torch.profiler.record_function(_NEXT_RANGE) if _profiler_enabled() else _NO_RANGE:
+            tensors = self._reader.next(self._loader._timeout)
         if tensors is None:
             self._done = True
             raise StopIteration

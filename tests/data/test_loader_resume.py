@@ -324,6 +324,19 @@ def test_resume_then_set_epoch(fp, setup):
     assert fp.same_batches(fp.epoch(b), ref[2])
 
 
+def test_resume_then_set_epoch_of_the_loaded_epoch_keeps_the_position(fp, setup):
+    """The resuming script's idiom: ``for epoch in range(start, n): loader.set_epoch(epoch)``."""
+    ds, _ = setup
+    ref = reference(fp, ds, epochs=2)
+    b = fp.loader(ds, B, shuffle=True, seed=31)
+    b.load_state_dict({**b.state_dict(), "epoch": 1, "batch": 4})
+    b.set_epoch(1)
+    assert position(b) == (1, 4)
+    assert fp.same_batches(fp.epoch(b), ref[1][4:])
+    b.set_epoch(1)  # nothing loaded any more: a plain set_epoch restarts the epoch
+    assert position(b) == (1, 0)
+
+
 def test_resumed_then_partly_iterated_then_set_epoch(fp, setup):
     ds, _ = setup
     ref = reference(fp, ds, epochs=2)
