@@ -1,5 +1,5 @@
 # Two commands do everything on a fresh machine (see README.md):
-#   make bench   set up, build, generate sample data and run the loader benchmark
+#   make bench   set up, build, generate sample data, run the loader and training benchmarks
 #   make test    set up, build and run the tests
 # VENV and REQ choose the environment; `make test-cpu` is the CPU-only build (CPU torch, no CUDA).
 PYTHON ?= python3
@@ -20,7 +20,7 @@ test: setup
 	$(PY) -m pytest -q $(PYTEST_ARGS)
 
 bench: setup
-	$(PY) benchmarks/loader_bench.py
+	$(PY) -m fastpipe.bench all --suites loader,train --out-dir benchmarks/results --data-dir benchmarks/data
 
 test-cpu:
 	$(MAKE) test VENV=.venv-cpu REQ=requirements/cpu.txt

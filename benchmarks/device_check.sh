@@ -7,8 +7,8 @@
 #   benchmarks/device_check.sh [RESULTS_DIR]
 #
 # RESULTS_DIR (default: $OUT when set, else benchmarks/results/gpu) receives summary.txt, build.log,
-# gpu_tests.log, bench_progress.log, loader_gpu.json/.txt, next_cost_gpu.json/.txt, conv_gpu.json/.txt
-# (a benchmark cut short by its limit leaves what it measured). Exit status: non-zero when a prerequisite
+# gpu_tests.log, bench_progress.log, loader_gpu.json/.txt, next_cost_gpu.json/.txt, conv_gpu.json/.txt/.md
+# (and conv_gpu_*.png with matplotlib; a benchmark cut short by its limit leaves what it measured). Exit status: non-zero when a prerequisite
 # is missing, the build fails or a test fails (the benchmarks still run after failed tests).
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -98,12 +98,13 @@ if not path.exists():
     print("conv_gpu.json: missing")
 else:
     doc = json.loads(path.read_text())
-    worst = min(doc["rows"], key=lambda r: r["speedup"])
-    done = "" if doc["complete"] else " (cut short)"
-    print(f"\nconv_gpu.json: {len(doc['rows'])} rows in {doc['seconds']} s{done}; slowest row vs eager: "
+    layers = doc["results"]["layers"]
+    worst = min(layers["rows"], key=lambda r: r["speedup"])
+    done = "" if layers["complete"] else " (cut short)"
+    print(f"\nconv_gpu.json: {len(layers['rows'])} rows in {doc['seconds']} s{done}; slowest row vs eager: "
           f"{worst['speedup']:.2f}x ({worst['row']}, {worst['dtype']} b{worst['batch']} {worst['layout']} {worst['mode']})")
     print(f"{'config':36s} {'family':13s} {'fused/eager':>11s}")
-    for s in doc["summary"]:
+    for s in layers["summary"]:
         print(f"{s['config']:36s} {s['family']:13s} {s['speedup']:10.2f}x")
 PYEOF
 say "done; tests exit status $TESTS_RC"

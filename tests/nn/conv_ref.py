@@ -1,9 +1,6 @@
 """Shared pieces of the fused-convolution tests: devices, activations, a float64 reference and the
 error-versus-error check (ours <= 2 x torch's own error at that dtype + a small atol)."""
 
-import importlib.util
-import pathlib
-
 import pytest
 import torch
 import torch.nn.functional as F
@@ -108,15 +105,6 @@ def make_inputs(shape, dtype, device, layout, bias=True, residual=False, seed=0)
         x, weight = x.contiguous(memory_format=fmt), weight.contiguous(memory_format=fmt)
         r = None if r is None else r.contiguous(memory_format=fmt)
     return x, weight, b, r, conv
-
-
-def load_benchmark():
-    """benchmarks/conv_bench.py as a module (its SHAPES are the issue's list)."""
-    path = pathlib.Path(__file__).resolve().parents[2] / "benchmarks" / "conv_bench.py"
-    spec = importlib.util.spec_from_file_location("conv_bench", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 # ---- which engine runs -------------------------------------------------------------------------------

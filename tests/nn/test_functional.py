@@ -8,7 +8,8 @@ import torch.nn as nn
 
 import fastpipe.nn as fnn
 from conv_ref import (ACT_IDS, ACTIVATIONS, DEVICES, check_error, eager_conv_act, engines, expected_engine,
-                      load_benchmark, make_inputs, run_engines, to64)
+                      make_inputs, run_engines, to64)
+from fastpipe.bench.conv import SHAPES as BENCH  # the shapes, as the conv suite measures them
 from fastpipe.nn.functional import conv2d_act
 
 # (N, C_in, H, W, C_out, kernel, stride, padding, dilation, groups): the awkward cases.
@@ -76,9 +77,6 @@ def test_dtypes(device, dtype, layout, act, act_kwargs):
     for engine in engines(device):
         for shape in (AWKWARD["c59-3x1"], AWKWARD["dw59-5x5"]):
             run_check(device, engine, shape, dtype, layout, act, act_kwargs, True, True, f"{engine} {dtype}")
-
-
-BENCH = load_benchmark().SHAPES
 
 
 @pytest.mark.parametrize("row", BENCH, ids=[r.name for r in BENCH])

@@ -1,0 +1,172 @@
+"""python -m fastpipe.bench: each suite's quick mode end to end in a subprocess, and the CLI's own paths."""
+
+import glob
+import importlib.util
+import json
+import os
+import pathlib
+import subprocess
+import sys
+
+import pytest
+
+from fastpipe.bench import cli
+
+REPO = pathlib.Path(__file__).resolve().parents[2]
+HAS_MATPLOTLIB = importlib.util.find_spec("matplotlib") is not None
+HAS_TORCHVISION = importlib.util.find_spec("torchvision") is not None
+IMAGE_ROWS = ["fastpipe", "dl_sample_w0", "dl_sample_w2", "dl_batch_w0", "dl_batch_w2", "mm_index", "mm_sorted",
+              "bound"]
+TOKEN_ROWS = IMAGE_ROWS[:-1] + ["mm_nanogpt", "bound_raw", "bound"]
+MACHINE_FACTS = ("hostname", "date", "cpu_model", "usable_cpus", "mem_total_bytes", "torch", "fastpipe",
+                 "fastpipe_build_info", "gpus", "loadavg_start", "loadavg_end")
+
+
+def bench(*args, cwd, timeout=240, script=None):
+    """Runs the CLI (or a benchmarks/ script) in a fresh interpreter; fails with its output unless it
+    exits 0. The conv engine cache is off so that a test run leaves the user's cache alone."""
+    cmd = [sys.executable, str(REPO / "benchmarks" / script)] if script else [sys.executable, "-m", "fastpipe.bench"]
+    env = {**os.environ, "FASTPIPE_CONV_CACHE": "off", "PYTHONFAULTHANDLER": "1"}
+    try:
+        p = subprocess.run(cmd + list(args), cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
+    except subprocess.TimeoutExpired as e:
+        pytest.fail(f"{' '.join(cmd + list(args))} ran over {timeout} s\n{e.stdout}\n{e.stderr}", pytrace=False)
+    assert p.returncode == 0, f"exit {p.returncode}\nstdout:\n{p.stdout[-4000:]}\nstderr:\n{p.stderr[-4000:]}"
+    return p
+
+
+def check_files(doc, suite):
+    """The report's files: JSON (complete, with machine facts), markdown, and a PNG per plot."""
+    assert doc["suite"] == suite and doc["complete"] is True
+    for key in MACHINE_FACTS:
+        assert key in doc["machine"], key
+    md = open(doc["files"]["markdown"]).read()
+    assert md.startswith(f"# fastpipe bench: {suite}\n") and doc["machine"]["cpu_model"] in md
+    plots = doc["files"]["plots"]
+    if HAS_MATPLOTLIB:
+        assert plots, "matplotlib is installed but no plot was written"
+        for path in plots:
+            with open(path, "rb") as f:
+                assert f.read(8) == b"\x89PNG\r\n\x1a\n", path
+            assert f"]({os.path.basename(path)})" in md
+    else:
+        assert plots == []
+    return md
+
+
+@pytest.fixture(scope="module")
+def loader_run(tmp_path_factory):
+    d = tmp_path_factory.mktemp("loader")
+    p = bench("loader", "--quick", "--out-dir", "res", "--data-dir", str(d / "data"), "--no-progress", cwd=d)
+    (path,) = glob.glob(str(d / "res" / "loader_*.json"))
+    return json.loads(open(path).read()), p.stdout, d
+
+
+def test_loader_quick_writes_every_row_and_check(loader_run):
+    doc, stdout, d = loader_run
+    md = check_files(doc, "loader")
+    assert doc["options"]["quick"] is True
+    assert os.path.isdir(d / "data" / "quick")  # quick data is kept apart from the full-size data
+    results = doc["results"]
+    assert set(results["datasets"]) == {"cifar", "imagenet", "tokens", "direct"}
+    for name, rows in (("cifar", IMAGE_ROWS), ("imagenet", IMAGE_ROWS), ("tokens", TOKEN_ROWS)):
+        ds = results["datasets"][name]
+        assert list(ds["loaders"]) == rows, name
+        timed = min(30, ds["batches_per_epoch"] - 3)  # quick: 30 batches a pass after 3 untimed ones
+        for key, row in ds["loaders"].items():
+            assert row["error"] is None, (name, key, row["error"])
+            assert row["samples_per_s"] > 0 and row["timed_batches_per_pass"] == timed, (name, key)
+            assert row["overlap_added_pct"] is not None, (name, key)
+        check = ds["fastpipe"]["order_check"]
+        assert check["is_permutation"] and not check["byte_exact_mismatches"], check
+        assert ds["order"].startswith("fastpipe's")
+        assert "| fastpipe.Loader" in md and "loader alone" in md
+    direct = results["datasets"]["direct"]["fastpipe"]
+    assert set(direct) == {"shuffle", "sequential"}
+    summary = results["summary"]
+    assert len(summary) == 8 and all(s["status"] in ("PASS", "FAIL", "SKIP", "INVALID") for s in summary)
+    assert "Targets (issue 2" in stdout and "| target | median | best pass | status |" in md
+    if HAS_MATPLOTLIB:
+        assert sorted(os.path.basename(p).split("_", 3)[-1] for p in doc["files"]["plots"]) == [
+            "cifar_alone.png", "direct.png", "imagenet_alone.png", "tokens_alone.png"]
+
+
+def test_conv_quick_runs_a_few_rows_of_every_part(tmp_path):
+    out = tmp_path / "conv.json"
+    bench("conv", "--quick", "--out", str(out), "--no-progress", cwd=tmp_path, timeout=300)
+    doc = json.loads(out.read_text())
+    md = check_files(doc, "conv")
+    assert doc["files"]["markdown"] == str(tmp_path / "conv.md")
+    layers = doc["results"]["layers"]
+    assert layers["complete"] and not layers["options"]["compile"]
+    assert len(layers["rows"]) == 4 * 2 * 2  # a row per family, both layouts, fwd and fwdbwd
+    for r in layers["rows"]:
+        assert r["speedup"] > 0 and r["engines"], r
+    assert {s["family"] for s in layers["summary"]} >= {"all", "resnet50", "mobilenetv2", "convnext", "efficientnet"}
+    overhead = doc["results"]["overhead"]["rows"]
+    assert len(overhead) == 3 and all(set(r["overhead_us"]) == {"op", "functional", "module"} for r in overhead)
+    models = doc["results"]["models"]
+    if HAS_TORCHVISION:
+        (row,) = models["rows"]
+        assert row["model"] == "resnet18" and row["fused_sites"] > 0
+        assert "| resnet18 b1 nchw |" in md
+    else:
+        assert models == {"skipped": "torchvision is not installed"}
+    assert "**layers: cpu fp32 b2 nchw fwd**" in md and "**overhead:" in md
+
+
+def test_benchmarks_script_keeps_its_flags_and_defaults(tmp_path):
+    """benchmarks/conv_overhead_bench.py: the conv suite's overhead part, 2 threads, old flags."""
+    out = tmp_path / "o.json"
+    bench("--calls", "50", "--rounds", "1", "--out", str(out), "--no-progress", cwd=tmp_path,
+          script="conv_overhead_bench.py")
+    doc = json.loads(out.read_text())
+    assert list(doc["results"]) == ["overhead"] and doc["results"]["overhead"]["threads"] == 2
+    assert doc["results"]["overhead"]["options"] == {"calls": 50, "rounds": 1}
+    assert doc["options"]["out_dir"] == str(REPO / "benchmarks" / "results")
+
+
+def test_help_lists_the_suites(capsys):
+    with pytest.raises(SystemExit) as e:
+        cli.main(["--help"], prog="fastpipe-bench")
+    assert e.value.code == 0
+    text = capsys.readouterr().out
+    assert "{loader,conv,train,all}" in text
+    for name in ("loader", "conv", "train", "all"):
+        assert f"\n    {name} " in text, name
+
+
+def test_suite_help_lists_common_and_own_options(capsys):
+    with pytest.raises(SystemExit) as e:
+        cli.main(["loader", "--help"], prog="fastpipe-bench")
+    assert e.value.code == 0
+    text = capsys.readouterr().out
+    assert text.startswith("usage: fastpipe-bench loader")
+    for option in ("--quick", "--out-dir", "--out", "--tag", "--data-dir", "--no-progress", "--only", "--reps"):
+        assert option in text, option
+
+
+@pytest.mark.parametrize("argv", [["bogus"], ["loader", "--bogus"], ["all", "--suites", "loader,bogus"]])
+def test_unknown_suite_or_option_is_an_argparse_error(argv, capsys):
+    with pytest.raises(SystemExit) as e:
+        cli.main(argv, prog="fastpipe-bench")
+    assert e.value.code == 2
+    err = capsys.readouterr().err
+    assert "usage: fastpipe-bench" in err and "error:" in err
+
+
+def test_a_missing_suite_is_named_not_a_crash(monkeypatch, capsys):
+    real = cli.load_suite
+    monkeypatch.setattr(cli, "load_suite", lambda name: None if name == "train" else real(name))
+    assert cli.main(["train", "--quick"], prog="fastpipe-bench") == 2
+    assert "the train suite is not in this install (fastpipe/bench/train.py is missing)" in capsys.readouterr().err
+    assert cli.main(["all", "--suites", "train"], prog="fastpipe-bench") == 0
+    assert "train   skipped: the train suite is not in this install" in capsys.readouterr().out
+
+
+def test_console_script_is_declared():
+    tomllib = pytest.importorskip("tomllib")
+    with open(REPO / "pyproject.toml", "rb") as f:
+        scripts = tomllib.load(f)["project"]["scripts"]
+    assert scripts["fastpipe-bench"] == "fastpipe.bench.cli:main"
+    assert callable(cli.main)
