@@ -11,6 +11,7 @@
 #include <cstring>
 
 #include "core/error.h"
+#include "core/trace.h"
 
 namespace fastpipe {
 namespace {
@@ -245,6 +246,7 @@ void reader_loop(std::shared_ptr<ReaderState> sp, int thread_index) {
     std::exception_ptr err;
     const auto t0 = Clock::now();
     try {
+      trace::Range range("fastpipe::loader.read");
       read_chunk(st, w, tb);
     } catch (...) {
       err = std::current_exception();

@@ -14,6 +14,7 @@
 #include "core/npy.h"
 #include "core/sim_device.h"
 #include "ops/bindings.h"
+#include "ops/traced_device.h"
 #ifdef FASTPIPE_WITH_CUDA
 #include <c10/cuda/CUDACachingAllocator.h>
 #include <c10/cuda/CUDAStream.h>
@@ -263,7 +264,8 @@ class PyReader {
     if (choice_.device) {
       OverflowFn overflow = when_full == "allocate" ? overflow_allocator(choice_) : nullptr;
       py::gil_scoped_release nogil;  // opening files and touching the arenas can take a while
-      pipeline_ = std::make_unique<DevicePipeline>(choice_.device, std::move(columns), opt, std::move(overflow));
+      pipeline_ = std::make_unique<DevicePipeline>(std::make_shared<TracedDevice>(choice_.device), std::move(columns),
+                                                   opt, std::move(overflow));
     } else {
       if (!pin.is_none()) {
         pinned_ = std::make_shared<PinnedArena>(choose_device(pin).device);

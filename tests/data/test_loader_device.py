@@ -252,3 +252,20 @@ def test_errors_reach_the_loop_at_their_batch(sim, tmp_path, rng, fp):
     # batches read before the cut (prefetched) or within what is left are right; the error comes first
     got = np.concatenate(good + later) if later else np.concatenate(good)
     assert got.tobytes() == x[: len(got)].tobytes() and len(got) < 500
+
+
+def test_the_stages_are_named_ranges_in_profiler_traces(sim, tmp_path, rng, fp):
+    """A torch.profiler trace of a device pass shows each batch's wait, copies and transform by name."""
+    x = rng.integers(0, 256, size=(21, 6, 5, 3), dtype=np.uint8)
+    np.save(tmp_path / "x.npy", x)
+    np.save(tmp_path / "y.npy", np.arange(21))
+    ds = fastpipe.NpyDataset([str(tmp_path / "x.npy"), str(tmp_path / "y.npy")])
+    t = CropMirrorNormalize(0.5, 0.25)
+    ld = fp.loader(ds, 4, transforms={0: t}, device="cuda")
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+        batches = epoch(sim, ld)
+    names = [e.name for e in prof.events()]
+    assert len(batches) == 6
+    assert names.count("fastpipe::loader.next") == 7  # the last one finds the end of the pass
+    assert names.count("fastpipe::loader.transform") == 6
+    assert names.count("fastpipe::loader.copy") >= 12  # each batch's two columns
