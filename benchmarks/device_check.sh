@@ -2,12 +2,13 @@
 # GPU check of fastpipe, one command: check the prerequisites, build the extension in place, run the GPU
 # tests, run the GPU benchmarks (loader and fused convolutions), print one short table. Made for a GPU
 # machine without internet access whose python3 has torch, pytest, setuptools, ninja and pybind11 (CuPy
-# optional), with nvcc on PATH. Each stage has a time limit; together they end within 8 minutes.
+# optional), with nvcc on PATH. Each stage has a time limit; together they end within 9.5 minutes.
 #
 #   benchmarks/device_check.sh [RESULTS_DIR]
 #
 # RESULTS_DIR (default: $OUT when set, else benchmarks/results/gpu) receives summary.txt, build.log,
-# gpu_tests.log, bench_progress.log, loader_gpu.json/.txt, next_cost_gpu.json/.txt, conv_gpu.json/.txt/.md
+# gpu_tests.log, bench_progress.log, loader_gpu.json/.txt, next_cost_gpu.json/.txt, conv_gpu.json/.txt/.md,
+# train_gpu_*.json/.md and train_gpu.txt
 # (and conv_gpu_*.png with matplotlib; a benchmark cut short by its limit leaves what it measured). Exit status: non-zero when a prerequisite
 # is missing, the build fails or a test fails (the benchmarks still run after failed tests).
 set -uo pipefail
@@ -76,9 +77,16 @@ cat "$RESULTS/next_cost_gpu.txt"
 
 # Every row against eager: both batch sizes, dtypes, layouts, forward and forward+backward.
 say "benchmark: fused conv vs eager, batch 32 128, bf16 fp16 fp32, nchw channels_last, fwd fwdbwd"
-timeout 80 $PY benchmarks/conv_bench.py --device cuda --batch 32 128 --dtype bf16 fp16 fp32 --reps 5 --no-compile \
+timeout 70 $PY benchmarks/conv_bench.py --device cuda --batch 32 128 --dtype bf16 fp16 fp32 --reps 5 --no-compile \
   --out "$RESULTS/conv_gpu.json" >"$RESULTS/conv_gpu.txt" 2>>"$RESULTS/bench_progress.log" || {
   tail -5 "$RESULTS/bench_progress.log"; say "conv benchmark failed or stopped at its time limit"; }
+
+# The harness's headline on the GPU: training steps, stock DataLoader vs fastpipe vs the synthetic limit.
+say "benchmark: training suite (resnet, mobilenet_v2 on CIFAR- and ImageNet-like data)"
+timeout 100 $PY -m fastpipe.bench train --steps 40 --warmup 10 --reps 1 --no-progress --tag gpu \
+  --out-dir "$RESULTS" --data-dir /tmp/fastpipe-bench-data >"$RESULTS/train_gpu.txt" 2>>"$RESULTS/bench_progress.log" || {
+  tail -5 "$RESULTS/bench_progress.log"; say "training benchmark failed or stopped at its time limit"; }
+grep -A8 "^ratios" "$RESULTS/train_gpu.txt"
 
 say "summary"
 $PY - "$RESULTS" <<'PYEOF' | tee -a "$RESULTS/summary.txt"
