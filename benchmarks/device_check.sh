@@ -61,7 +61,7 @@ fi
 $PY -c 'import fastpipe, json; print("build_info:", json.dumps(fastpipe.build_info()))' | tee -a "$RESULTS/summary.txt"
 
 say "GPU tests (log: $RESULTS/gpu_tests.log)"
-timeout 100 $PY -m pytest tests -m gpu -q -p no:cacheprovider -o addopts="" >"$RESULTS/gpu_tests.log" 2>&1
+FASTPIPE_REQUIRE_GPU=1 timeout 100 $PY -m pytest tests -m gpu -q -p no:cacheprovider -o addopts="" >"$RESULTS/gpu_tests.log" 2>&1
 TESTS_RC=$?
 tail -5 "$RESULTS/gpu_tests.log"
 grep -E "^(FAILED|ERROR)" "$RESULTS/gpu_tests.log" | head -20

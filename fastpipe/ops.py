@@ -47,8 +47,20 @@ def conv_output_shape(input_shape, weight_shape, stride, padding, dilation):
 # ---- fake kernels -------------------------------------------------------------------------------------
 
 
-def _fake_output(input, weight, stride, padding, dilation, groups):
+def _check_like(t, name, like, like_name="input"):
+    """The real kernels' device and dtype checks (conv_act.cpp): a fake or meta call must fail as the
+    real one would, not compute garbage on the input's device (a meta weight with a CPU input
+    dispatches here)."""
+    if t is None:
+        return
+    torch._check(t.device == like.device, lambda: f"{name} is on {t.device} but {like_name} is on {like.device}")
+    torch._check(t.dtype == like.dtype, lambda: f"{name} has dtype {t.dtype} but {like_name} has {like.dtype}")
+
+
+def _fake_output(input, weight, stride, padding, dilation, groups, bias=None, residual=None):
     torch._check(input.dim() == 4, lambda: f"input must be 4-D (N, C, H, W), got {input.dim()}-D")
+    for t, name in ((weight, "weight"), (bias, "bias"), (residual, "residual")):
+        _check_like(t, name, input)
     torch._check(weight.dim() == 4, lambda: f"weight must be 4-D, got {weight.dim()}-D")
     torch._check(
         input.shape[1] == weight.shape[1] * groups,
@@ -66,7 +78,7 @@ def _conv2d_act_fake(
     input, weight, bias=None, stride=(1, 1), padding=(0, 0), dilation=(1, 1), groups=1, activation="relu",
     act_args=(), residual=None,
 ):
-    return _fake_output(input, weight, stride, padding, dilation, groups)
+    return _fake_output(input, weight, stride, padding, dilation, groups, bias, residual)
 
 
 @torch.library.register_fake("fastpipe::_conv2d_act_train")
@@ -74,12 +86,13 @@ def _conv2d_act_train_fake(
     input, weight, bias=None, stride=(1, 1), padding=(0, 0), dilation=(1, 1), groups=1, activation="relu",
     act_args=(), residual=None,
 ):
-    out = _fake_output(input, weight, stride, padding, dilation, groups)
+    out = _fake_output(input, weight, stride, padding, dilation, groups, bias, residual)
     return out, torch.empty_like(out)
 
 
 @torch.library.register_fake("fastpipe::_conv2d_act_backward")
 def _conv2d_act_backward_fake(grad_out, saved, activation, act_args, bias_grad):
+    _check_like(grad_out, "grad_out", saved, "saved")
     grad_in = torch.empty(
         saved.shape, dtype=saved.dtype, device=saved.device, memory_format=suggest_memory_format(saved)
     )

@@ -49,6 +49,45 @@ LOADER_TIMEOUT = 30.0
 HANG = 30.0
 
 
+def _gpu_missing():
+    """Why a `gpu` test cannot run here (None when it can): a CUDA device and fastpipe's CUDA kernels."""
+    if not torch.cuda.is_available():
+        return "needs a CUDA device"
+    import fastpipe
+
+    if not fastpipe.build_info()["cuda"]:
+        return "needs fastpipe built with its CUDA kernels (FASTPIPE_CUDA=1 and a CUDA toolkit)"
+    return None
+
+
+def pytest_runtest_setup(item):
+    """`gpu` tests skip without a GPU or without the CUDA kernels, each test module's own skips aside;
+    under FASTPIPE_REQUIRE_GPU=1 (the device script) that is an error, so a GPU run cannot pass by
+    skipping."""
+    if item.get_closest_marker("gpu") is None:
+        return
+    why = _gpu_missing()
+    if why and os.environ.get("FASTPIPE_REQUIRE_GPU") == "1":
+        pytest.fail(f"FASTPIPE_REQUIRE_GPU=1 but this test {why}", pytrace=False)
+    if why:
+        pytest.skip(why)
+
+
+@pytest.fixture(autouse=True)
+def _no_tf32_in_gpu_tests(request):
+    """float32 GPU tests compare with float64 references: TF32 (10-bit mantissa) would hide errors of
+    1e-4 inside its tolerance."""
+    if request.node.get_closest_marker("gpu") is None or not torch.cuda.is_available():
+        yield
+        return
+    saved = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False
+    try:
+        yield
+    finally:
+        torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = saved
+
+
 @pytest.fixture
 def rng(request):
     seed = int(os.environ.get("FASTPIPE_TEST_SEED", "0")) or int.from_bytes(os.urandom(4), "little")

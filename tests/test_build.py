@@ -79,3 +79,24 @@ def test_import_without_gpu_in_fresh_process():
     )
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=100, env=env)
     assert proc.returncode == 0, f"rc={proc.returncode}\n{proc.stdout}\n{proc.stderr}"
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the skip of a machine without a GPU")
+@pytest.mark.parametrize("require", ["0", "1"])
+def test_gpu_tests_skip_without_a_gpu_unless_a_gpu_is_required(tmp_path, require):
+    """The `gpu` marker alone decides (tests/conftest.py): skipped here, an error where the device
+    script requires a GPU, so a GPU run cannot pass by skipping everything."""
+    tests = os.path.dirname(os.path.abspath(__file__))
+    (tmp_path / "conftest.py").write_text(
+        "import importlib.util\n"
+        f"spec = importlib.util.spec_from_file_location('suite_conftest', {os.path.join(tests, 'conftest.py')!r})\n"
+        "suite = importlib.util.module_from_spec(spec)\nspec.loader.exec_module(suite)\n"
+        "pytest_runtest_setup = suite.pytest_runtest_setup\n")
+    (tmp_path / "test_marked.py").write_text("import pytest\n\n@pytest.mark.gpu\ndef test_on_gpu():\n    pass\n")
+    proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-rs", str(tmp_path)],
+                          capture_output=True, text=True, timeout=120, cwd=tmp_path,
+                          env={**os.environ, "FASTPIPE_REQUIRE_GPU": require})
+    if require == "1":
+        assert proc.returncode == 1 and "FASTPIPE_REQUIRE_GPU=1 but this test needs a CUDA device" in proc.stdout, proc.stdout
+    else:
+        assert proc.returncode == 0 and "1 skipped" in proc.stdout and "needs a CUDA device" in proc.stdout, proc.stdout

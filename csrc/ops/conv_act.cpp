@@ -37,6 +37,8 @@ ConvArgs make_args(FASTPIPE_CONV_ACT_PARAMS) {
   const int64_t out_channels = weight.size(0);
   TORCH_CHECK(out_channels % groups == 0, "weight.size(0) (out_channels = ", out_channels,
               ") must be divisible by groups = ", groups);
+  TORCH_CHECK(weight.size(1) >= 1, "weight.size(1) (in_channels / groups) must be >= 1, got 0: a convolution "
+              "needs input channels");
   TORCH_CHECK(input.size(1) == weight.size(1) * groups, "input has ", input.size(1),
               " channels but weight expects ", weight.size(1) * groups, " (weight.size(1) = ", weight.size(1),
               " per group, groups = ", groups, ")");
@@ -161,6 +163,7 @@ TORCH_LIBRARY(fastpipe, m) {
   m.def("_conv_engine_force(str name) -> str", &fastpipe::conv::engine_force);
   m.def("_conv_engine_export(str device) -> str[]", &fastpipe::conv::engine_export);
   m.def("_conv_engine_import(str[] lines) -> int", &fastpipe::conv::engine_import);
+  m.def("_conv_engine_perturb_check(str name, float amount) -> ()", &fastpipe::conv::engine_perturb_check);
   m.def("_conv_pick_engine(float[] fastest, float[] ratio) -> int", &fastpipe::conv::pick_engine_op);
   // The dtypes the CPU oneDNN engine declares on this CPU, and the test hook that overrides them.
   m.def("_conv_onednn_dtypes() -> str[]", &fastpipe::conv::onednn_dtype_names);

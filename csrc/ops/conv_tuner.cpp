@@ -12,6 +12,7 @@
 #include <cstring>
 #include <limits>
 #include <mutex>
+#include <optional>
 #include <sstream>
 #include <unordered_map>
 #include <unordered_set>
@@ -176,6 +177,45 @@ double now_ms() {
 
 std::atomic<void (*)(const std::string&)> warning_sink{nullptr};
 
+// engine_perturb_check's setting, read only by tune().
+std::mutex perturb_mutex;
+std::string perturb_name;
+double perturb_amount = 0;
+
+double perturbation_of(const char* name) {
+  std::lock_guard<std::mutex> lock(perturb_mutex);
+  return perturb_name == name ? perturb_amount : 0.0;
+}
+
+// How far a candidate's output may be from eager's, relative to the largest magnitude of eager's: the
+// rounding of the dtype over a convolution's sum, and TF32 where cuDNN may use it for float32.
+double output_tolerance(const ConvArgs& a) {
+  switch (a.input.scalar_type()) {
+    case at::kDouble: return 1e-9;
+    case at::kFloat:
+      return a.input.is_cuda() && at::globalContext().allowTF32CuDNN(at::Float32Op::CONV) ? 2e-2 : 1e-3;
+    case at::kHalf: return 1e-2;
+    default: return 4e-2;  // bfloat16
+  }
+}
+
+// Why `got` is not eager's `want` within tolerance (nullopt when it is): a shape or dtype that differs,
+// a NaN or infinity where eager has none, or the largest difference.
+std::optional<std::string> disagreement(const at::Tensor& got, const at::Tensor& want, double tolerance) {
+  if (got.sizes() != want.sizes() || got.scalar_type() != want.scalar_type())
+    return c10::str("its output is ", got.scalar_type(), got.sizes(), ", eager's ", want.scalar_type(), want.sizes());
+  if (want.numel() == 0) return std::nullopt;
+  const at::Tensor g = got.to(at::kDouble), w = want.to(at::kDouble);
+  const bool want_finite = w.isfinite().all().item<bool>();
+  if (want_finite && !g.isfinite().all().item<bool>()) return std::string("its output has NaN or infinity, eager's none");
+  if (!want_finite) return std::nullopt;  // eager overflowed too: nothing to compare against
+  const double scale = std::max(w.abs().max().item<double>(), 1e-30);
+  const double diff = g.sub(w).abs().max().item<double>();
+  if (diff <= tolerance * scale) return std::nullopt;
+  return c10::str("its output differs from eager's by up to ", diff, " (", diff / scale,
+                  " of the largest magnitude; tolerance ", tolerance, ")");
+}
+
 void warn_once(TunerState& st, const std::string& message) {
   {
     std::lock_guard<std::mutex> lock(st.mutex);
@@ -189,17 +229,26 @@ void warn_once(TunerState& st, const std::string& message) {
 }
 
 // Remembers that candidate `index` threw on `a`'s key, and says so once.
-void note_failure(TunerState& st, const DeviceCandidates& dev, size_t index, const ConvArgs& a, const char* error) {
+void remember_failed(TunerState& st, size_t index, const ConvArgs& a) {
   const Key key = make_key(a);
-  {
-    std::lock_guard<std::mutex> lock(st.mutex);
-    st.failed[key] |= uint64_t{1} << index;
-    st.any_failed = true;
-  }
+  std::lock_guard<std::mutex> lock(st.mutex);
+  st.failed[key] |= uint64_t{1} << index;
+  st.any_failed = true;
+}
+
+void note_failure(TunerState& st, const DeviceCandidates& dev, size_t index, const ConvArgs& a, const char* error) {
+  remember_failed(st, index, a);
   std::string first_line(error);
   first_line = first_line.substr(0, first_line.find('\n'));
   warn_once(st, c10::str("fastpipe: conv engine '", dev.candidates[index].name, "' failed on ", describe(a),
                          " and is not used for it (eager runs instead): ", first_line));
+}
+
+// Remembers that candidate `index` computed `a` wrongly, and says so once.
+void note_wrong(TunerState& st, const DeviceCandidates& dev, size_t index, const ConvArgs& a, const std::string& why) {
+  remember_failed(st, index, a);
+  warn_once(st, c10::str("fastpipe: conv engine '", dev.candidates[index].name, "' disagrees with eager on ",
+                         describe(a), " and is not used for it (eager runs instead): ", why));
 }
 
 bool failed_before(TunerState& st, size_t index, const ConvArgs& a) {
@@ -218,6 +267,7 @@ Choice tune(TunerState& st, const ConvArgs& a, const DeviceCandidates& dev) {
     if (dev.hooks.synchronize) dev.hooks.synchronize(index);
   };
   auto timed_run = [&](size_t i) {
+    if (dev.hooks.elapsed_ms) return dev.hooks.elapsed_ms(index, [&] { dev.run(i, a); });
     sync();
     const double t0 = now_ms();
     dev.run(i, a);
@@ -226,16 +276,27 @@ Choice tune(TunerState& st, const ConvArgs& a, const DeviceCandidates& dev) {
   };
   // Warm-up: a first call builds plans and primitives. A candidate that throws for this call is left
   // out (and remembered); eager throwing is the caller's error and surfaces.
+  // A candidate's first output is checked against eager's: one that disagrees is remembered as failed.
   std::vector<size_t> eligible{0};
   for (size_t i = 1; i < cands.size(); ++i) {
-    if (cands[i].why_not(a) == nullptr && !failed_before(st, i, a)) eligible.push_back(i);
+    if (cands[i].validated && cands[i].why_not(a) == nullptr && !failed_before(st, i, a)) eligible.push_back(i);
   }
   std::vector<size_t> live;
   std::string failures;
-  double slowest = 0;
+  at::Tensor reference;
   for (size_t i : eligible.size() > 1 ? eligible : std::vector<size_t>{}) {  // eager alone: nothing to time
     try {
-      slowest = std::max(slowest, timed_run(i));
+      at::Tensor out = dev.run(i, a);
+      if (i == 0) {
+        reference = out;
+      } else {
+        if (const double bump = perturbation_of(cands[i].name)) out = out.add(bump);
+        if (auto why = disagreement(out, reference, output_tolerance(a))) {
+          note_wrong(st, dev, i, a, *why);
+          failures += std::string(" ") + cands[i].name + "=wrong";
+          continue;
+        }
+      }
       live.push_back(i);
     } catch (const c10::Error& e) {
       if (i == 0) throw;
@@ -246,6 +307,10 @@ Choice tune(TunerState& st, const ConvArgs& a, const DeviceCandidates& dev) {
   std::vector<double> times(cands.size(), std::numeric_limits<double>::infinity());
   std::vector<double> ratio(cands.size(), std::numeric_limits<double>::infinity());
   if (live.size() > 1) {
+    // The rounds are sized from a call after the warm-up, which paid for plans, autotuning and lazy
+    // loading: sized from the warm-up itself, a GPU key would get the fewest rounds.
+    double slowest = 0;
+    for (size_t i : live) slowest = std::max(slowest, timed_run(i));
     // Interleaved rounds, each candidate keeping its fastest (load only ever adds time) and its time
     // relative to eager's in the same round. About 150 ms of rounds, 5 to 31: fast calls are the
     // noisiest and cheapest to repeat.
@@ -457,12 +522,18 @@ int64_t pick_engine_op(at::ArrayRef<double> fastest, at::ArrayRef<double> ratio)
   return static_cast<int64_t>(pick_engine(fastest, ratio));
 }
 
+void engine_perturb_check(c10::string_view name, double amount) {
+  std::lock_guard<std::mutex> lock(perturb_mutex);
+  perturb_name = std::string(name);
+  perturb_amount = amount;
+}
+
 bool register_engines(c10::DeviceType type, DeviceHooks hooks, std::vector<Candidate> candidates) {
   TunerState& st = tuner_state();
   std::lock_guard<std::mutex> lock(st.mutex);
   DeviceCandidates& dev = st.devices[static_cast<int>(type)];
   dev.hooks = hooks;
-  dev.candidates = {Candidate{"eager", always, run_eager}};
+  dev.candidates = {Candidate{"eager", always, run_eager, true}};
   dev.candidates.insert(dev.candidates.end(), candidates.begin(), candidates.end());
   TORCH_INTERNAL_ASSERT(dev.candidates.size() <= 64, "TunerState::failed keeps one bit per candidate");
   dev.labels.clear();

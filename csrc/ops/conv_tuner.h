@@ -6,6 +6,7 @@
 #pragma once
 
 #include <ATen/core/Tensor.h>
+#include <c10/util/FunctionRef.h>
 
 #include <string>
 #include <vector>
@@ -17,15 +18,22 @@ namespace fastpipe::conv {
 // One way to compute a ConvArgs. `run` returns the result, preferably already in args.format.
 // `why_not` says whether the candidate can run a call on this machine: nullptr when it can, else the
 // reason (a static string, shown in the warning when a forced engine falls back to eager).
+// `validated`: its tests have passed on real hardware of its device type (recorded under
+// benchmarks/results/); one that has not is never chosen by timing, only run when FASTPIPE_CONV_ENGINE
+// names it.
 struct Candidate {
   const char* name;
   const char* (*why_not)(const ConvArgs&);
   at::Tensor (*run)(const ConvArgs&);
+  bool validated = true;
 };
 
 struct DeviceHooks {
   void (*synchronize)(c10::DeviceIndex);  // wait for queued work (timing); null where calls are synchronous
   bool (*capturing)();                   // a graph capture is in progress (no timing then); may be null
+  // The device's own time of the work `fn` queues (CUDA events on the current stream); null: the host's
+  // clock around fn between synchronizations.
+  double (*elapsed_ms)(c10::DeviceIndex, c10::function_ref<void()> fn);
 };
 
 // Adds a device type's candidates after "eager" (the plain ATen path every device has). Call it from a
@@ -55,5 +63,8 @@ std::string engine_force(c10::string_view name);
 std::vector<std::string> engine_export(c10::string_view device);
 int64_t engine_import(std::vector<std::string> lines);
 int64_t pick_engine_op(at::ArrayRef<double> fastest, at::ArrayRef<double> ratio);
+// Test hook: adds `amount` to engine `name`'s output where the tuner checks it against eager's (the
+// choice's output check; 0 turns it off). Calls outside the tuner's check are untouched.
+void engine_perturb_check(c10::string_view name, double amount);
 
 }  // namespace fastpipe::conv

@@ -8,7 +8,12 @@ overrides the choice (read once, when fastpipe loads; ``use_conv_engine`` change
 bfloat16 where this CPU lacks the instructions torch's oneDNN needs for them) falls back to eager with
 one UserWarning naming the engine, the dtype and why; one of another device type falls back silently.
 An engine that throws on a key (forced or while being timed) is not tried on that key again: eager
-runs, with one warning that carries the error. The profiler shows the engine each call ran as
+runs, with one warning that carries the error. A candidate's first output for a key is also compared
+with eager's (within the dtype's rounding, relative to the output's largest magnitude; TF32's where
+cuDNN may use it): one that disagrees is treated the same way, with a warning saying by how much. An
+engine whose kernels have not yet passed their tests on real hardware of its device (the CUDA
+``epilogue`` engine, until a GPU run is recorded under benchmarks/results/) is never chosen by timing,
+only run where FASTPIPE_CONV_ENGINE names it. The profiler shows the engine each call ran as
 ``fastpipe::conv_engine.<name>``.
 
 The CPU choices persist: a key chosen by one run is not timed again by the next, which makes the same

@@ -188,6 +188,48 @@ def test_a_declared_engine_that_throws_is_remembered_for_its_key(onednn_dtypes, 
         assert "-> eager" in line and "onednn=failed" in line, line
 
 
+@pytest.fixture
+def perturb_check():
+    """perturb(engine, amount): the tuner's output check sees `amount` added to that engine's output."""
+    fnn.clear_conv_engine_cache()
+    yield lambda name, amount: torch.ops.fastpipe._conv_engine_perturb_check(name, amount)
+    torch.ops.fastpipe._conv_engine_perturb_check("", 0.0)
+    fnn.clear_conv_engine_cache()
+
+
+@pytest.mark.skipif(not HAS_ONEDNN, reason="torch without oneDNN")
+def test_a_candidate_whose_output_disagrees_with_eager_is_dropped_for_its_key(perturb_check):
+    perturb_check("onednn", 0.5)
+    call = call_with(torch.float32)
+    out, ran, warned = engine_warnings(call)
+    assert ran[-1] == "eager", ran
+    assert len(warned) == 1 and "conv engine 'onednn' disagrees with eager on cpu Float" in warned[0], warned
+    assert "differs from eager's by up to 0.5" in warned[0], warned[0]
+    (line,) = fnn.conv_engine_cache()
+    assert "-> eager" in line and "onednn=wrong" in line, line
+    for _ in range(2):
+        again, ran, warned = engine_warnings(call)
+        assert ran == ["eager"] and warned == [], "a wrong candidate was tried again on the same key"
+    torch.testing.assert_close(out, again)
+    with fnn.use_conv_engine("onednn"):  # remembered like a failure: even forcing it runs eager on this key
+        _, ran, _ = engine_warnings(call)
+        assert ran == ["eager"], ran
+
+
+@pytest.mark.skipif(not HAS_ONEDNN, reason="torch without oneDNN")
+@pytest.mark.parametrize("dtype,amount,wrong", [(torch.float32, 1e-6, False), (torch.float32, 0.5, True),
+                                                (torch.bfloat16, 1e-3, False), (torch.bfloat16, 5.0, True)], ids=str)
+def test_the_output_check_tolerates_rounding_only(perturb_check, dtype, amount, wrong):
+    """Relative to the largest magnitude of eager's output (10 to 30 here): float32 within 1e-3,
+    bfloat16 within 4e-2 (the dtype's rounding over a convolution's sum)."""
+    if DTYPE_NAMES[dtype] not in torch.ops.fastpipe._conv_onednn_dtypes():
+        pytest.skip(f"this CPU's oneDNN has no {dtype} path")
+    perturb_check("onednn", amount)
+    _, _, warned = engine_warnings(call_with(dtype))
+    (line,) = fnn.conv_engine_cache()
+    assert ("onednn=wrong" in line) == wrong and (len(warned) == 1) == wrong, (line, warned)
+
+
 def test_the_dtype_override_rejects_unknown_names():
     with pytest.raises(RuntimeError, match="unknown dtype 'float8'"):
         torch.ops.fastpipe._conv_onednn_dtypes_override(["float8"])
@@ -303,3 +345,22 @@ def test_saved_choices_of_unknown_engines_or_devices_are_skipped():
     assert torch.ops.fastpipe._conv_engine_import([f"{key}\teager\tr"]) == 1
     assert fnn.conv_engine_cache() == ["r [saved]"]
     fnn.clear_conv_engine_cache()
+
+
+@pytest.mark.gpu
+def test_an_engine_not_yet_validated_on_a_gpu_runs_only_when_forced():
+    """The CUDA epilogue engine has not passed its tests on a real GPU yet: timing never picks it (the
+    key is not even timed: eager is alone), FASTPIPE_CONV_ENGINE=epilogue runs it."""
+    fnn.clear_conv_engine_cache()
+    g = torch.Generator(device="cuda").manual_seed(0)
+    x = torch.randn(2, 8, 9, 9, device="cuda", generator=g)
+    w = torch.randn(8, 8, 3, 3, device="cuda", generator=g)
+    call = lambda: conv2d_act(x, w, padding=1, activation="silu")  # noqa: E731
+    want, ran, _ = engine_warnings(call)
+    assert ran == ["eager"]
+    (line,) = fnn.conv_engine_cache()
+    assert line.endswith("-> eager"), line
+    with fnn.use_conv_engine("epilogue"):
+        got, ran, warned = engine_warnings(call)
+    assert ran == ["epilogue"] and warned == [], (ran, warned)
+    torch.testing.assert_close(got, want)

@@ -145,6 +145,14 @@ def test_empty_batch():
         (dict(x=torch.randn(2, 10, 2, 2), padding=0), "is smaller than the dilated kernel"),
         (dict(x=torch.randint(0, 3, (2, 10, 9, 9))), "input must have a floating dtype"),
         (dict(residual=torch.randn(2, 10, 9, 9, dtype=torch.float64)), "residual has dtype Double"),
+        # A tensor on another device: never computed (a meta one dispatches to the fake kernel).
+        (dict(w=torch.randn(10, 10, 3, 3, device="meta")), "weight is on meta but input is on cpu"),
+        (dict(b=torch.randn(10, device="meta")), "bias is on meta but input is on cpu"),
+        (dict(residual=torch.randn(2, 10, 9, 9, device="meta")), "residual is on meta but input is on cpu"),
+        (dict(x=torch.randn(2, 10, 9, 9, device="meta")), "weight is on cpu but input is on meta"),
+        (dict(x=torch.randn(2, 0, 9, 9), w=torch.randn(10, 0, 3, 3)), r"in_channels / groups\) must be >= 1"),
+        (dict(groups=0), "groups must be >= 1, got 0"),
+        (dict(residual=torch.randn(2, 10, 8, 9)), r"residual must have the output's shape \[2, 10, 9, 9\]"),
     ],
 )
 def test_argument_errors_name_the_argument(change, message):
@@ -154,6 +162,17 @@ def test_argument_errors_name_the_argument(change, message):
     with pytest.raises(RuntimeError, match=message):
         torch.ops.fastpipe.conv2d_act(args["x"], args["w"], args["b"], [args["stride"]] * 2, [args["padding"]] * 2,
                                       [1, 1], args["groups"], "relu", [], args["residual"])
+
+
+def test_a_residual_of_any_strides_is_read_correctly():
+    """Non-contiguous (a strided view) and channels_last residuals are inputs like any other."""
+    x, w, b = torch.randn(2, 10, 9, 9), torch.randn(10, 10, 3, 3), torch.randn(10)
+    for r in (torch.randn(2, 10, 9, 18)[..., ::2], torch.randn(2, 9, 9, 10).permute(0, 3, 1, 2),
+              torch.randn(10, 2, 9, 9).transpose(0, 1)):
+        got = torch.ops.fastpipe.conv2d_act(x, w, b, [1, 1], [1, 1], [1, 1], 1, "silu", [], r)
+        want = torch.nn.functional.silu(torch.nn.functional.conv2d(x.double(), w.double(), b.double(), padding=1)
+                                        + r.double())
+        torch.testing.assert_close(got.double(), want, rtol=1e-4, atol=1e-4)
 
 
 def test_activation_errors():

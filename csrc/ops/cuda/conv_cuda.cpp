@@ -3,6 +3,7 @@
 // fused backward prologue (activation gradient + bias-gradient reduction in one pass).
 #include <ATen/ATen.h>
 #include <ATen/cuda/CUDAContext.h>
+#include <ATen/cuda/CUDAEvent.h>
 #include <c10/cuda/CUDAGraphsC10Utils.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <torch/library.h>
@@ -116,12 +117,22 @@ void synchronize(c10::DeviceIndex index) {
   c10::cuda::getCurrentCUDAStream(index).synchronize();
 }
 
+double elapsed_ms(c10::DeviceIndex index, c10::function_ref<void()> fn) {
+  const auto stream = c10::cuda::getCurrentCUDAStream(index);
+  at::cuda::CUDAEvent start(cudaEventDefault), stop(cudaEventDefault);  // the default flags time nothing
+  start.record(stream);
+  fn();
+  stop.record(stream);
+  stop.synchronize();
+  return start.elapsed_time(stop);
+}
+
 bool capturing() {
   return c10::cuda::currentStreamCaptureStatusMayInitCtx() != c10::cuda::CaptureStatus::None;
 }
 
-[[maybe_unused]] const bool cuda_engines = register_engines(c10::DeviceType::CUDA, DeviceHooks{synchronize, capturing},
-                                                            {{"epilogue", epilogue_why_not, epilogue_run}});
+[[maybe_unused]] const bool cuda_engines = register_engines(c10::DeviceType::CUDA, DeviceHooks{synchronize, capturing, elapsed_ms},
+                                                            {{"epilogue", epilogue_why_not, epilogue_run, /*validated=*/false}});
 
 }  // namespace
 }  // namespace fastpipe::conv
