@@ -1,6 +1,7 @@
 #include "core/file.h"
 
 #include <fcntl.h>
+#include <sched.h>
 #include <setjmp.h>
 #include <signal.h>
 #include <sys/mman.h>
@@ -13,6 +14,7 @@
 #include <mutex>
 
 #include "core/error.h"
+#include "core/fault.h"
 
 namespace fastpipe {
 namespace {
@@ -137,9 +139,16 @@ int64_t File::read_at_most(void* dst, int64_t len, int64_t offset) const {
   char* out = static_cast<char*>(dst);
   int64_t got = 0;
   while (got < len) {
-    ssize_t n = ::pread(fd_, out + got, static_cast<size_t>(len - got), offset + got);
+    const size_t want = static_cast<size_t>(len - got);
+    ssize_t n = fault::armed() ? fault::pread(fd_, path_, out + got, want, offset + got,
+                                              mode_ == IoMode::kDirect ? kDirectAlign : 1)
+                               : ::pread(fd_, out + got, want, offset + got);
     if (n < 0) {
       if (errno == EINTR) continue;
+      if (errno == EAGAIN) {  // a non-blocking or network filesystem: not an error, try again shortly
+        sched_yield();
+        continue;
+      }
       int err = errno;
       throw_syscall("read of '" + path_ + "' failed at offset " + std::to_string(offset + got) + " (" +
                         std::to_string(len) + " bytes requested at " + std::to_string(offset) + ")",
@@ -165,7 +174,7 @@ bool File::visit_mapped(const int64_t* offsets, int64_t count, int64_t len, Mapp
   for (int64_t k = 0; k < count; ++k) {
     progress = k;
     // A range past the mapped length would fault whatever the file holds now.
-    if (offsets[k] + len > static_cast<int64_t>(map_len_)) {
+    if (offsets[k] + len > static_cast<int64_t>(map_len_) || fault::mapped_read_fails(path_)) {
       tl_guard = nullptr;
       *done = k;
       return false;

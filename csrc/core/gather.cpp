@@ -54,9 +54,24 @@ std::string record_context(const Column& c, int64_t record) {
     now = c.file->current_size();
   } catch (const Error&) {
   }
+  if (now == c.file->size_at_open()) {  // the size is intact: the mapped page itself could not be read
+    throw Error(ErrorKind::kIO,
+                "cannot read " + record_context(c, record) + ": reading its mapped page faulted (SIGBUS) although "
+                    "the file still has its " + std::to_string(now) + " bytes: an I/O error on the device",
+                EIO);
+  }
   throw Error(ErrorKind::kIO, "cannot read " + record_context(c, record) + ": the file is now " +
                                   std::to_string(now) + " bytes, it was " + std::to_string(c.file->size_at_open()) +
                                   " when the loader opened it (it was truncated or replaced while being read)");
+}
+
+// File::read_at_most, with a failure naming the record it was reading (its message names the offset).
+int64_t read_records(const Column& c, int64_t record, void* dst, int64_t len, int64_t offset) {
+  try {
+    return c.file->read_at_most(dst, len, offset);
+  } catch (const Error& e) {
+    throw Error(e.kind(), "cannot read " + record_context(c, record) + ": " + e.what(), e.error_number());
+  }
 }
 
 }  // namespace
@@ -197,7 +212,7 @@ void read_records(const Column& c, const int64_t* idx, int64_t count, const Sink
           end = std::max(end, e);
           ++j;
         }
-        const int64_t got = c.file->read_at_most(tb.bounce->data(), end - start, start);
+        const int64_t got = read_records(c, idx[ord[i]], tb.bounce->data(), end - start, start);
         for (int64_t k = i; k < j; ++k) {
           if (off[ord[k]] + len - start > got) throw_shrunk(c, idx[ord[k]]);
           sink.put(ord[k], tb.bounce->data() + (off[ord[k]] - start));
@@ -208,7 +223,7 @@ void read_records(const Column& c, const int64_t* idx, int64_t count, const Sink
         while (j < count && off[ord[j]] == off[ord[i]] + (j - i) * len && ord[j] == ord[i] + (j - i)) ++j;
         const int64_t want = (j - i) * len;
         char* buf = c.converts() ? tb.scratch->data() : sink.dst + ord[i] * sink.stride;
-        const int64_t got = c.file->read_at_most(buf, want, off[ord[i]]);
+        const int64_t got = read_records(c, idx[ord[i]], buf, want, off[ord[i]]);
         if (got < want) throw_shrunk(c, idx[ord[i + got / len]]);
         if (c.converts())
           for (int64_t k = i; k < j; ++k) sink.put(ord[k], buf + (k - i) * len);

@@ -11,6 +11,7 @@
 #include "core/device_pipeline.h"
 #include "core/dtypes.h"
 #include "core/error.h"
+#include "core/fault.h"
 #include "core/npy.h"
 #include "core/sim_device.h"
 #include "ops/bindings.h"
@@ -619,6 +620,27 @@ void bind_loader(py::module& m) {
       .def("_hold_reads", &PyReader::hold_reads, py::arg("on"))
       .def("_held_reads", &PyReader::held_reads)
       .def("_skip_release_fence", &PyReader::set_skip_release_fence, py::arg("on"));
+
+  // Test hooks (core/fault.h): faults in the file layer's reads, for tests/data/test_loader_faults.py.
+  m.def(
+      "_fault_arm",
+      [](const std::string& kind, const std::string& path, int64_t every, int64_t after, int64_t limit,
+         uint64_t seed) {
+        static const std::pair<const char*, fault::Kind> kKinds[] = {
+            {"eintr", fault::Kind::kEintr}, {"eagain", fault::Kind::kEagain}, {"short", fault::Kind::kShort},
+            {"eio", fault::Kind::kEio}};
+        for (const auto& [name, k] : kKinds) {
+          if (kind == name) {
+            fault::arm(fault::Plan{k, path, every, after, limit, seed});
+            return;
+          }
+        }
+        throw py::value_error("fault kind must be eintr, eagain, short or eio, got '" + kind + "'");
+      },
+      py::arg("kind"), py::arg("path") = "", py::arg("every") = 1, py::arg("after") = 0, py::arg("limit") = -1,
+      py::arg("seed") = 0);
+  m.def("_fault_disarm", &fault::disarm);
+  m.def("_fault_count", &fault::injected);
 }
 
 }  // namespace fastpipe
