@@ -1,4 +1,4 @@
-"""fastpipe's benchmark harness: ``python -m fastpipe.bench {loader,conv,train,all}`` (or ``fastpipe-bench``).
+"""fastpipe's benchmark harness: ``python -m fastpipe.bench {loader,conv,train,soak,all}`` (or ``fastpipe-bench``).
 
 Each suite runs fastpipe against stock PyTorch in one process, prints tables, and writes
 ``<suite>_<tag or hostname>_<date>.json`` (results, options, machine facts), a ``.md`` of the printed
@@ -34,6 +34,7 @@ SUITES = {
     "loader": "fastpipe.Loader against DataLoader variants, memmap indexing and the single-thread gather bound",
     "conv": "fused convolutions against eager and torch.compile: layers, per-call overhead, whole models",
     "train": "end-to-end training steps: fastpipe against stock PyTorch and the synthetic-data limit",
+    "soak": "a long run with resumes and held batches: memory, fds, threads and arena slots stay flat",
 }
 
 

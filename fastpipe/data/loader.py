@@ -343,6 +343,11 @@ class Loader:
 
     def close(self):
         """Stops the reader threads and closes the files. Batches already returned stay valid."""
+        if self._active is not None and not self._active._done:  # state_dict() still reports its position
+            self._resume = (self._active.epoch, self._active.position)
+        # The live iterator refers to the loader: holding it would leave the pair (and the arena) to the
+        # garbage collector instead of freeing them when the loader is dropped.
+        self._active = None
         self._finalizer()
 
     def __enter__(self):

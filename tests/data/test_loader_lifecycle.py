@@ -698,3 +698,24 @@ def test_batches_released_and_consumed_on_other_threads(dataset_factory, fp):
     idx = np.concatenate(seen)
     assert len(idx) == 3_000
     assert all(sorted(idx[e * 1000:(e + 1) * 1000].tolist()) == list(range(1000)) for e in range(3))
+
+
+def test_a_closed_loader_is_freed_at_once_with_its_iterator(dataset_factory, fp):
+    """close() drops the loader's reference to its live iterator (which refers back to the loader), so
+    dropping both frees the loader and its arena at once, not at some later garbage collection; and
+    state_dict() after close() still reports where the pass was."""
+    import weakref
+
+    ds, _, _ = dataset_factory(64, {"x": ("uint8", (16,))})
+    ld = fp.loader(ds, 4, shuffle=True)
+    it = iter(ld)
+    fp.take(it, 3)
+    gc.disable()
+    try:
+        ld.close()
+        assert (ld.state_dict()["epoch"], ld.state_dict()["batch"]) == (0, 3)
+        ref = weakref.ref(ld)
+        del ld, it
+        assert ref() is None, "the closed loader waits for the garbage collector (a reference cycle)"
+    finally:
+        gc.enable()
