@@ -88,6 +88,10 @@ timeout 100 $PY -m fastpipe.bench train --steps 40 --warmup 10 --reps 1 --no-pro
   tail -5 "$RESULTS/bench_progress.log"; say "training benchmark failed or stopped at its time limit"; }
 grep -A8 "^ratios" "$RESULTS/train_gpu.txt"
 
+say "soak on the GPU loader: memory, fds, threads, slots and CUDA memory stay flat"
+timeout 60 $PY -m fastpipe.bench soak --device cuda --batches 5000 --no-progress --tag gpu --out-dir "$RESULTS" \
+  --data-dir /tmp/fastpipe-bench-data 2>>"$RESULTS/bench_progress.log" | tail -9 || say "soak failed or stopped"
+
 say "summary"
 $PY - "$RESULTS" <<'PYEOF' | tee -a "$RESULTS/summary.txt"
 import json, pathlib, sys
