@@ -31,7 +31,8 @@ def test_engine_names():
     cpu = fnn.conv_engines("cpu")
     assert cpu[0] == "eager"
     assert ("onednn" in cpu) == HAS_ONEDNN
-    assert fnn.conv_engines("cuda") == (["eager", "epilogue"] if fastpipe.build_info()["cuda"] else [])
+    assert fnn.conv_engines("cuda") == (
+        ["eager", "epilogue", "cudnn_fused", "depthwise"] if fastpipe.build_info()["cuda"] else [])
 
 
 INF = float("inf")
@@ -348,19 +349,29 @@ def test_saved_choices_of_unknown_engines_or_devices_are_skipped():
 
 
 @pytest.mark.gpu
-def test_an_engine_not_yet_validated_on_a_gpu_runs_only_when_forced():
-    """The CUDA epilogue engine has not passed its tests on a real GPU yet: timing never picks it (the
-    key is not even timed: eager is alone), FASTPIPE_CONV_ENGINE=epilogue runs it."""
+@pytest.mark.parametrize("engine", ["epilogue", "cudnn_fused"])
+@pytest.mark.parametrize("residual", [False, True], ids=["plain", "residual"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+def test_an_engine_not_yet_validated_on_a_gpu_runs_only_when_forced(engine, residual, dtype):
+    """The CUDA engines have not passed their tests on a real GPU yet: timing never picks them (the key
+    is not even timed: eager is alone), FASTPIPE_CONV_ENGINE=<name> runs them, and they compute what
+    the float64 reference does."""
     fnn.clear_conv_engine_cache()
     g = torch.Generator(device="cuda").manual_seed(0)
     x = torch.randn(2, 8, 9, 9, device="cuda", generator=g)
     w = torch.randn(8, 8, 3, 3, device="cuda", generator=g)
-    call = lambda: conv2d_act(x, w, padding=1, activation="silu")  # noqa: E731
-    want, ran, _ = engine_warnings(call)
+    b = torch.randn(8, device="cuda", generator=g)
+    r = torch.randn(2, 8, 9, 9, device="cuda", generator=g) if residual else None
+    x, w, b, r = (t if t is None else t.to(dtype) for t in (x, w, b, r))
+    call = lambda: conv2d_act(x, w, b, padding=1, activation="relu", residual=r)  # noqa: E731
+    _, ran, _ = engine_warnings(call)
     assert ran == ["eager"]
     (line,) = fnn.conv_engine_cache()
     assert line.endswith("-> eager"), line
-    with fnn.use_conv_engine("epilogue"):
+    with fnn.use_conv_engine(engine):
         got, ran, warned = engine_warnings(call)
-    assert ran == ["epilogue"] and warned == [], (ran, warned)
-    torch.testing.assert_close(got, want)
+    assert ran == [engine] and warned == [], (ran, warned)
+    want = torch.nn.functional.conv2d(x.double(), w.double(), b.double(), padding=1)
+    want = torch.relu(want + r.double() if residual else want)
+    tol = 1e-4 if dtype == torch.float32 else 5e-2
+    torch.testing.assert_close(got.double(), want, rtol=tol, atol=tol * want.abs().max().item())

@@ -1,6 +1,9 @@
 // CUDA side of the fused convolution ops: the "epilogue" engine (cuDNN convolution without bias, then
-// one fastpipe kernel for bias + residual + activation: two passes where eager makes three) and the
-// fused backward prologue (activation gradient + bias-gradient reduction in one pass).
+// one fastpipe kernel for bias + residual + activation: two passes where eager makes three), the
+// "cudnn_fused" engine (cuDNN's one-kernel conv + bias (+ add) + ReLU), the "depthwise" engine (a direct
+// kernel with the epilogue inside), and the fused backward prologue (activation gradient + bias-gradient
+// reduction in one pass). None of the engines has run on a GPU yet: they are registered unvalidated
+// (conv_tuner.h), so only FASTPIPE_CONV_ENGINE runs them.
 #include <ATen/ATen.h>
 #include <ATen/cuda/CUDAContext.h>
 #include <ATen/cuda/CUDAEvent.h>
@@ -8,6 +11,7 @@
 #include <c10/cuda/CUDAGuard.h>
 #include <torch/library.h>
 
+#include "cuda/depthwise_launch.h"
 #include "cuda/epilogue.h"
 #include "ops/activations.h"
 #include "ops/conv_act.h"
@@ -113,6 +117,59 @@ std::tuple<at::Tensor, at::Tensor> conv2d_act_backward_cuda(const at::Tensor& gr
   return {grad_in, grad_bias};
 }
 
+// cuDNN's own single-kernel conv + bias + ReLU (+ the residual added before the ReLU), where its runtime
+// fusion accepts the call: torch's cudnn_convolution_relu and cudnn_convolution_add_relu.
+const char* cudnn_fused_why_not(const ConvArgs& a) {
+  if (!a.input.is_cuda()) return "not a CUDA tensor";
+  if (a.act.act != Act::Relu) return "cuDNN fuses ReLU only";
+  if (!kernel_dtype_ok(a.input.scalar_type())) return "cuDNN's fused path takes float32, float16 and bfloat16 only";
+  if (!at::globalContext().userEnabledCuDNN()) return "cuDNN is disabled (torch.backends.cudnn.enabled = False)";
+  return nullptr;
+}
+
+at::Tensor cudnn_fused_run(const ConvArgs& a) {
+  const at::Tensor input = a.input.contiguous(a.format), weight = a.weight.contiguous(a.format);
+  if (a.residual) {
+    return at::cudnn_convolution_add_relu(input, weight, a.residual->contiguous(a.format), at::Scalar(1.0), a.bias,
+                                          a.stride, a.padding, a.dilation, a.groups);
+  }
+  return at::cudnn_convolution_relu(input, weight, a.bias, a.stride, a.padding, a.dilation, a.groups);
+}
+
+// The direct depthwise kernel with bias, residual and activation inside (csrc/cuda/depthwise.h).
+const char* depthwise_why_not(const ConvArgs& a) {
+  if (!a.input.is_cuda()) return "not a CUDA tensor";
+  if (!kernel_dtype_ok(a.input.scalar_type())) return "its kernels take float32, float16 and bfloat16 only";
+  if (a.groups != a.input.size(1) || a.weight.size(0) != a.groups)
+    return "it computes depthwise convolutions only (groups = in_channels = out_channels)";
+  return nullptr;
+}
+
+at::Tensor depthwise_run(const ConvArgs& a) {
+  const at::Tensor input = a.input.contiguous(a.format), weight = a.weight.contiguous();
+  const at::Tensor residual = a.residual ? a.residual->contiguous(a.format) : at::Tensor();
+  const at::Tensor bias = a.bias ? a.bias->contiguous() : at::Tensor();
+  at::Tensor out = at::empty(a.out_sizes, input.options().memory_format(a.format));
+  cuda::DepthwiseParams p;
+  p.out = out.data_ptr();
+  p.input = input.data_ptr();
+  p.weight = weight.data_ptr();
+  p.bias = a.bias ? bias.data_ptr() : nullptr;
+  p.residual = a.residual ? residual.data_ptr() : nullptr;
+  p.n = input.size(0), p.c = input.size(1), p.h = input.size(2), p.w = input.size(3);
+  p.oh = a.out_sizes[2], p.ow = a.out_sizes[3];
+  p.kh = static_cast<int>(weight.size(2)), p.kw = static_cast<int>(weight.size(3));
+  p.sh = static_cast<int>(a.stride[0]), p.sw = static_cast<int>(a.stride[1]);
+  p.ph = static_cast<int>(a.padding[0]), p.pw = static_cast<int>(a.padding[1]);
+  p.dh = static_cast<int>(a.dilation[0]), p.dw = static_cast<int>(a.dilation[1]);
+  p.channels_last = a.format == at::MemoryFormat::ChannelsLast;
+  p.dtype = static_cast<int>(kernel_dtype(input.scalar_type()));
+  p.act = a.act;
+  FASTPIPE_CHECK_LAUNCH(cuda::launch_depthwise(p, num_sms(), at::cuda::getCurrentCUDAStream()),
+                        "fastpipe depthwise convolution kernel");
+  return out;
+}
+
 void synchronize(c10::DeviceIndex index) {
   c10::cuda::getCurrentCUDAStream(index).synchronize();
 }
@@ -132,7 +189,11 @@ bool capturing() {
 }
 
 [[maybe_unused]] const bool cuda_engines = register_engines(c10::DeviceType::CUDA, DeviceHooks{synchronize, capturing, elapsed_ms},
-                                                            {{"epilogue", epilogue_why_not, epilogue_run, /*validated=*/false}});
+                                                            {{"epilogue", epilogue_why_not, epilogue_run, /*validated=*/false},
+                                                             {"cudnn_fused", cudnn_fused_why_not, cudnn_fused_run,
+                                                              /*validated=*/false},
+                                                             {"depthwise", depthwise_why_not, depthwise_run,
+                                                              /*validated=*/false}});
 
 }  // namespace
 }  // namespace fastpipe::conv

@@ -1,0 +1,107 @@
+// Direct depthwise convolution (groups = in_channels = out_channels) with bias, residual and activation
+// in the same kernel: one pass over the input and one write of the output, where eager makes a
+// convolution pass, then the bias/add/activation passes. Any kernel size, stride, padding, dilation;
+// NCHW or NHWC (channels_last); float32, float16 or bfloat16 with float32 accumulation.
+//
+// The index and boundary arithmetic lives here as functions compiled for the host and the device; the
+// CPU tests run depthwise_pre_activation over whole grids (through the private op
+// fastpipe::_depthwise_host) against float64 references on awkward shapes. Plain C++ outside nvcc.
+#pragma once
+
+#include <cstdint>
+
+#include "cuda/activation.h"
+
+#if defined(__CUDACC__)
+#define FASTPIPE_HD __host__ __device__
+#else
+#define FASTPIPE_HD
+#endif
+
+namespace fastpipe::cuda {
+
+struct DepthwiseParams {
+  void* out = nullptr;             // [n, c, oh, ow] in the layout below
+  const void* input = nullptr;     // [n, c, h, w]
+  const void* weight = nullptr;    // [c, 1, kh, kw], dense (its own layout does not matter: kh x kw per channel)
+  const void* bias = nullptr;      // [c] or null
+  const void* residual = nullptr;  // like out, or null
+  int64_t n = 0, c = 0, h = 0, w = 0, oh = 0, ow = 0;
+  int kh = 1, kw = 1, sh = 1, sw = 1, ph = 0, pw = 0, dh = 1, dw = 1;
+  bool channels_last = false;      // input, output and residual: NHWC storage
+  int dtype = 0;                   // DType (epilogue.h) of every tensor
+  ActSpec act;
+};
+
+struct OutCoord {
+  int64_t n, c, y, x;
+};
+
+// Output element `i` (its offset in the output's storage order) as coordinates.
+FASTPIPE_HD inline OutCoord depthwise_out_coord(const DepthwiseParams& p, int64_t i) {
+  OutCoord o;
+  if (p.channels_last) {
+    o.c = i % p.c;
+    i /= p.c;
+    o.x = i % p.ow;
+    i /= p.ow;
+    o.y = i % p.oh;
+    o.n = i / p.oh;
+  } else {
+    o.x = i % p.ow;
+    i /= p.ow;
+    o.y = i % p.oh;
+    i /= p.oh;
+    o.c = i % p.c;
+    o.n = i / p.c;
+  }
+  return o;
+}
+
+// Offset of element (n, c, y, x) of a tensor of `hh` x `ww` pixels stored in the params' layout.
+FASTPIPE_HD inline int64_t depthwise_offset(const DepthwiseParams& p, int64_t n, int64_t c, int64_t y, int64_t x,
+                                            int64_t hh, int64_t ww) {
+  return p.channels_last ? ((n * hh + y) * ww + x) * p.c + c : ((n * p.c + c) * hh + y) * ww + x;
+}
+
+// The taps [first, last) of one kernel dimension that land inside the input: input coordinate
+// origin + k * dilation in [0, size). The loops then need no bounds checks.
+struct TapRange {
+  int first, last;
+};
+
+FASTPIPE_HD inline TapRange depthwise_taps(int64_t origin, int64_t size, int kernel, int dilation) {
+  TapRange r{0, kernel};
+  if (origin < 0) r.first = static_cast<int>((-origin + dilation - 1) / dilation);
+  const int64_t past = size - origin;  // taps k with origin + k * dilation < size: k < past / dilation
+  if (past <= 0) {
+    r.last = 0;
+  } else {
+    const int64_t fit = (past + dilation - 1) / dilation;
+    if (fit < kernel) r.last = static_cast<int>(fit);
+  }
+  if (r.last < r.first) r.last = r.first;
+  return r;
+}
+
+// conv + bias + residual at output element o (before the activation), accumulating in float. `load_in`,
+// `load_w`, `load_bias` and `load_res` read element offsets of the four tensors as float.
+template <typename LoadIn, typename LoadW, typename LoadBias, typename LoadRes>
+FASTPIPE_HD inline float depthwise_pre_activation(const DepthwiseParams& p, const OutCoord& o, LoadIn load_in,
+                                                  LoadW load_w, LoadBias load_bias, LoadRes load_res) {
+  const int64_t y0 = o.y * p.sh - p.ph, x0 = o.x * p.sw - p.pw;
+  const TapRange ty = depthwise_taps(y0, p.h, p.kh, p.dh), tx = depthwise_taps(x0, p.w, p.kw, p.dw);
+  float acc = 0.f;
+  for (int ky = ty.first; ky < ty.last; ++ky) {
+    const int64_t iy = y0 + static_cast<int64_t>(ky) * p.dh;
+    for (int kx = tx.first; kx < tx.last; ++kx) {
+      const int64_t ix = x0 + static_cast<int64_t>(kx) * p.dw;
+      acc += load_in(depthwise_offset(p, o.n, o.c, iy, ix, p.h, p.w)) * load_w((o.c * p.kh + ky) * p.kw + kx);
+    }
+  }
+  if (p.bias) acc += load_bias(o.c);
+  if (p.residual) acc += load_res(depthwise_offset(p, o.n, o.c, o.y, o.x, p.oh, p.ow));
+  return acc;
+}
+
+}  // namespace fastpipe::cuda

@@ -1,0 +1,15 @@
+// The launcher of the direct depthwise kernel (depthwise.h has its parameters and index math).
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include "cuda/depthwise.h"
+#include "cuda/epilogue.h"
+
+namespace fastpipe::cuda {
+
+// p.dtype is a DType (epilogue.h); pointers need only their type's alignment. Returns
+// cudaErrorInvalidValue for bad sizes, else the launch's cudaGetLastError().
+cudaError_t launch_depthwise(const DepthwiseParams& p, int num_sms, cudaStream_t stream);
+
+}  // namespace fastpipe::cuda

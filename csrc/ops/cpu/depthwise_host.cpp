@@ -1,0 +1,61 @@
+// fastpipe::_depthwise_host: the direct depthwise kernel's per-element code (csrc/cuda/depthwise.h) run on
+// the host over a whole output grid, in float32, before the activation. A test op: the CPU tests check
+// the kernel's index and boundary arithmetic with it on every build, GPU or not.
+#include <ATen/ATen.h>
+#include <torch/library.h>
+
+#include "cuda/depthwise.h"
+#include "ops/conv_act.h"
+
+namespace fastpipe::conv {
+namespace {
+
+at::Tensor depthwise_host(const at::Tensor& input, const at::Tensor& weight, const std::optional<at::Tensor>& bias,
+                          const std::optional<at::Tensor>& residual, at::IntArrayRef stride, at::IntArrayRef padding,
+                          at::IntArrayRef dilation, bool channels_last) {
+  TORCH_CHECK(input.dim() == 4 && weight.dim() == 4 && weight.size(1) == 1 && weight.size(0) == input.size(1),
+              "_depthwise_host takes input [N, C, H, W] and weight [C, 1, kH, kW]");
+  TORCH_CHECK(stride.size() == 2 && padding.size() == 2 && dilation.size() == 2, "stride, padding, dilation: 2 values");
+  const auto fmt = channels_last ? at::MemoryFormat::ChannelsLast : at::MemoryFormat::Contiguous;
+  const at::Tensor in = input.to(at::kFloat).contiguous(fmt), w = weight.to(at::kFloat).contiguous();
+  const at::Tensor b = bias ? bias->to(at::kFloat).contiguous() : at::Tensor();
+  cuda::DepthwiseParams p;
+  p.n = in.size(0), p.c = in.size(1), p.h = in.size(2), p.w = in.size(3);
+  p.kh = static_cast<int>(w.size(2)), p.kw = static_cast<int>(w.size(3));
+  p.sh = static_cast<int>(stride[0]), p.sw = static_cast<int>(stride[1]);
+  p.ph = static_cast<int>(padding[0]), p.pw = static_cast<int>(padding[1]);
+  p.dh = static_cast<int>(dilation[0]), p.dw = static_cast<int>(dilation[1]);
+  p.oh = conv_output_size(p.h, p.kh, p.sh, p.ph, p.dh), p.ow = conv_output_size(p.w, p.kw, p.sw, p.pw, p.dw);
+  p.channels_last = channels_last;
+  at::Tensor out = at::empty({p.n, p.c, p.oh, p.ow}, in.options().memory_format(fmt));
+  const at::Tensor r = residual ? residual->to(at::kFloat).contiguous(fmt) : at::Tensor();
+  TORCH_CHECK(!residual || r.sizes() == out.sizes(), "residual must have the output's shape ", out.sizes());
+  p.input = in.data_ptr();
+  p.weight = w.data_ptr();
+  p.bias = bias ? b.data_ptr() : nullptr;
+  p.residual = residual ? r.data_ptr() : nullptr;
+  const float *pin = in.data_ptr<float>(), *pw = w.data_ptr<float>();
+  const float* pb = bias ? b.data_ptr<float>() : nullptr;
+  const float* pr = residual ? r.data_ptr<float>() : nullptr;
+  float* po = out.data_ptr<float>();
+  const int64_t total = out.numel();
+  for (int64_t i = 0; i < total; ++i) {
+    po[i] = cuda::depthwise_pre_activation(
+        p, cuda::depthwise_out_coord(p, i), [&](int64_t k) { return pin[k]; }, [&](int64_t k) { return pw[k]; },
+        [&](int64_t k) { return pb[k]; }, [&](int64_t k) { return pr[k]; });
+  }
+  return out;
+}
+
+}  // namespace
+}  // namespace fastpipe::conv
+
+TORCH_LIBRARY_FRAGMENT(fastpipe, m) {
+  m.def(
+      "_depthwise_host(Tensor input, Tensor weight, Tensor? bias, Tensor? residual, int[2] stride, int[2] padding, "
+      "int[2] dilation, bool channels_last) -> Tensor");
+}
+
+TORCH_LIBRARY_IMPL(fastpipe, CPU, m) {
+  m.impl("_depthwise_host", &fastpipe::conv::depthwise_host);
+}
