@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <atomic>
 #include <deque>
+#include <exception>
 #include <mutex>
 
 #include "core/error.h"
@@ -84,6 +85,7 @@ struct Issued {
   int64_t records;
   Event* ready;
   std::shared_ptr<void> overflow;
+  std::exception_ptr error;  // the device refused its copies or kernels: next() raises this at its turn
 };
 
 }  // namespace
@@ -315,7 +317,7 @@ bool DevicePipeline::issue(bool block, double timeout_s, const std::function<voi
     lease = reader_->try_next(&end);
   }
   if (!lease) return false;
-  Issued item{slot, nullptr, lease->records(), nullptr, nullptr};
+  Issued item{slot, nullptr, lease->records(), nullptr, nullptr, nullptr};
   std::unique_lock<std::mutex> lk(st.mu);
   if (slot >= 0 && st.slots[slot].state != DeviceSlot::State::kFree) slot = -1;  // taken meanwhile: none is
   if (slot < 0) {
@@ -346,7 +348,17 @@ bool DevicePipeline::issue(bool block, double timeout_s, const std::function<voi
     item.ready = st.overflow_ready;
     ++st.overflow_batches;
   }
-  st.enqueue(*lease, item.base, item.ready);
+  try {
+    st.enqueue(*lease, item.base, item.ready);
+  } catch (const Error&) {
+    // A copy or kernel the device refused. The batch fails at its own turn, after the batches issued
+    // before it (never silently: the reader has moved past it), and its slot is free again (work queued
+    // into it before the failure runs before any later copy into it: the copy stream is in order).
+    if (item.slot >= 0) st.slots[item.slot].state = DeviceSlot::State::kFree;
+    item.slot = -1;
+    item.overflow.reset();
+    item.error = std::current_exception();
+  }
   st.issued.push_back(std::move(item));
   return true;
 }
@@ -365,6 +377,7 @@ std::shared_ptr<DeviceBatch> DevicePipeline::next(double timeout_s, const std::f
     std::lock_guard<std::mutex> lk(st.mu);
     item = std::move(st.issued.front());
     st.issued.pop_front();
+    if (item.error) std::rethrow_exception(item.error);
     if (item.slot >= 0) {
       st.slots[item.slot].state = DeviceSlot::State::kLeased;
       ++st.leased;
@@ -375,7 +388,8 @@ std::shared_ptr<DeviceBatch> DevicePipeline::next(double timeout_s, const std::f
   auto batch =
       std::make_shared<DeviceBatch>(state_, item.slot, item.base, item.records, consumer, std::move(item.overflow));
   // Issue the next batches now, so that their copies overlap the consumer's work on this one. A read
-  // error is sticky in the reader: it surfaces at its own batch, from the blocking issue above.
+  // error is sticky in the reader: it surfaces at its own batch, from the blocking issue above; a
+  // device error is kept in its batch's Issued.
   try {
     for (;;) {
       {

@@ -69,6 +69,20 @@ struct Stream {
 
 struct SimDevice::Impl {
   std::mutex mu;
+  // fail(): per kind (0 copy, 1 launch), calls still to let through, then calls to fail.
+  int pass[2] = {0, 0}, failing[2] = {0, 0};
+
+  void maybe_fail(int kind, const char* call) {
+    std::lock_guard<std::mutex> lk(mu);
+    if (failing[kind] == 0) return;
+    if (pass[kind] > 0) {
+      --pass[kind];
+      return;
+    }
+    --failing[kind];
+    throw Error(ErrorKind::kState, std::string("simulated device: ") + call + " failed (injected by a test)");
+  }
+
   std::vector<std::unique_ptr<Stream>> streams;
   Stream* consumer = nullptr;
   int max_delay_us = 0;
@@ -124,11 +138,22 @@ Event* SimDevice::new_event() { return new Event; }
 void SimDevice::delete_event(Event* e) { delete e; }
 
 void SimDevice::copy_to_device(void* dst, const void* src, size_t bytes, Stream* s) {
+  impl_->maybe_fail(0, "copy_to_device");
   s->push([=] { std::memcpy(dst, src, bytes); });
 }
 
 void SimDevice::launch(const DeviceKernel& k, Stream* s) {
+  impl_->maybe_fail(1, "launch");
   s->push([k] { run_kernel_on_host(k); });
+}
+
+void SimDevice::fail(const std::string& what, int count, int after) {
+  if (what != "copy" && what != "launch")
+    throw Error(ErrorKind::kValue, "what must be 'copy' or 'launch', got '" + what + "'");
+  const int kind = what == "copy" ? 0 : 1;
+  std::lock_guard<std::mutex> lk(impl_->mu);
+  impl_->failing[kind] = count;
+  impl_->pass[kind] = after;
 }
 
 void SimDevice::record(Event* e, Stream* s) {

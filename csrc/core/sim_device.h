@@ -7,6 +7,7 @@
 
 #include <functional>
 #include <memory>
+#include <string>
 
 #include "core/device.h"
 
@@ -39,6 +40,9 @@ class SimDevice : public Device {
   // Waits until every stream has run everything queued before the call.
   void drain();
   void set_max_delay_us(int us);
+  // Test hook: the next `count` calls of `what` ("copy" or "launch") fail as a device reports a failure
+  // (Error kState naming the call), after the first `after` of them succeed.
+  void fail(const std::string& what, int count, int after);
 
  private:
   struct Impl;

@@ -599,7 +599,8 @@ void bind_loader(py::module& m) {
           },
           py::arg("stream"))
       .def("drain", &SimDevice::drain, py::call_guard<py::gil_scoped_release>())
-      .def("set_max_delay_us", &SimDevice::set_max_delay_us, py::arg("us"));
+      .def("set_max_delay_us", &SimDevice::set_max_delay_us, py::arg("us"))
+      .def("_fail", &SimDevice::fail, py::arg("what"), py::arg("count") = 1, py::arg("after") = 0);
 
   m.def("record_stream", &record_stream, py::arg("tensor"), py::arg("stream"));
 

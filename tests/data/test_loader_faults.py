@@ -92,3 +92,51 @@ def _fail_then_recover(fp, faults, ds, arrays, paths, io_mode, device):
 def test_fault_kinds_are_checked():
     with pytest.raises(ValueError, match="fault kind must be eintr, eagain, short or eio, got 'enospc'"):
         _C._fault_arm("enospc")
+
+
+@pytest.mark.parametrize("what,call", [("copy", "copy_to_device"), ("launch", "launch")])
+@pytest.mark.parametrize("after", [0, 5])
+def test_a_failing_device_call_is_an_error_in_the_loop(tmp_path, rng, fp, what, call, after):
+    """On the (simulated) device path, a copy or a transform launch that fails raises in the training
+    loop at its batch: no hang, no batch with stale bytes, and the loader's next pass is whole again."""
+    import numpy as np
+    import torch
+
+    from fastpipe.transforms import CropMirrorNormalize
+
+    np.save(tmp_path / "x.npy", rng.integers(0, 256, size=(60, 6, 5, 3), dtype=np.uint8))
+    np.save(tmp_path / "idx.npy", np.arange(60))
+    import fastpipe
+
+    ds = fastpipe.NpyDataset({"idx": str(tmp_path / "idx.npy"), "x": str(tmp_path / "x.npy")})
+    transforms = {"x": CropMirrorNormalize((0.4, 0.5, 0.6), (0.2, 0.25, 0.3), out_dtype=torch.float32)}
+    # The CPU loader runs the same per-element code: its batches are the bit-exact reference.
+    want = {int(i): row for b in fp.epoch(fp.loader(ds, 8, transforms=transforms)) for i, row in zip(b["idx"], b["x"])}
+    threads = fp.count_threads()
+    _device_failure(fp, ds, transforms, want, what, call, after)
+    assert fp.wait_until(lambda: fp.count_threads() <= threads), "threads were left behind"
+
+
+def _device_failure(fp, ds, transforms, want, what, call, after):
+    def exact(batches):
+        for b in batches:
+            for i, row in zip(b["idx"], b["x"]):
+                assert row.tobytes() == want[int(i)].tobytes(), f"record {i}: stale or wrong bytes"
+        return sorted(int(i) for b in batches for i in b["idx"])
+
+    with _device.simulated(max_delay_us=200, seed=5) as sim:
+        def host(batch):
+            sim.synchronize(sim.consumer_stream())
+            return fp.to_np(batch)
+
+        ld = fp.loader(ds, 8, transforms=transforms, device="cuda")
+        sim._fail(what, count=1, after=after)
+        got = []
+        with pytest.raises(RuntimeError, match=f"simulated device: {call} failed"):
+            for b in ld:
+                got.append(host(b))
+        assert len(got) < len(ld)
+        exact(got)
+        assert exact([host(b) for b in ld]) == list(range(60))
+        fp.finishes(ld.close, "close() after a device failure")
+        sim.drain()
