@@ -11,12 +11,7 @@
 #include <cstdint>
 
 #include "cuda/activation.h"
-
-#if defined(__CUDACC__)
-#define FASTPIPE_HD __host__ __device__
-#else
-#define FASTPIPE_HD
-#endif
+#include "cuda/host_device.h"
 
 namespace fastpipe::cuda {
 

@@ -10,11 +10,7 @@
 #include <cstdint>
 #include <cstring>
 
-#if defined(__CUDACC__)
-#define FASTPIPE_HD __host__ __device__
-#else
-#define FASTPIPE_HD
-#endif
+#include "cuda/host_device.h"
 
 namespace fastpipe::transforms {
 

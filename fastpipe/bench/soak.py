@@ -11,6 +11,8 @@ import random
 import numpy as np
 import torch
 
+from fastpipe.monitor import _rss_bytes
+
 __all__ = ["add_arguments", "run", "soak", "TOLERANCE"]
 
 RECORDS, BATCH = 2048, 32
@@ -26,16 +28,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seed", type=int, default=0)
 
 
-def _rss_mib():
-    with open("/proc/self/statm") as f:
-        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
-
-
 def _sample(batch, epoch, loaders, device):
     return {
         "batch": batch,
         "epoch": epoch,
-        "rss_mib": _rss_mib(),
+        "rss_mib": _rss_bytes() / 2**20,
         "fds": len(os.listdir("/proc/self/fd")),
         "threads": len(os.listdir("/proc/self/task")),
         "slots_leased": sum(ld.stats()["slots_leased"] for ld in loaders),

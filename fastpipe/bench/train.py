@@ -38,6 +38,8 @@ import torch
 import torch.nn.functional as F
 
 from fastpipe.bench import models as _models
+from fastpipe.bench.baselines import MemmapSampleDataset
+from fastpipe.monitor import Monitor, _rss_bytes
 
 __all__ = ["add_arguments", "run", "DATASETS", "ensure_data", "tree_cpu_seconds"]
 
@@ -127,24 +129,6 @@ def ensure_data(directory, name, records, size, seed=0):
     return paths
 
 
-class _NpyImages(torch.utils.data.Dataset):
-    """The stock map-style dataset: one record per __getitem__ from memory-mapped .npy files (opened
-    lazily, so each DataLoader worker maps its own)."""
-
-    def __init__(self, paths):
-        self.paths = paths
-        self.n = len(np.load(paths["label"], mmap_mode="r"))
-        self.arrays = None
-
-    def __len__(self):
-        return self.n
-
-    def __getitem__(self, i):
-        if self.arrays is None:
-            self.arrays = {k: np.load(p, mmap_mode="r") for k, p in self.paths.items()}
-        return torch.from_numpy(np.array(self.arrays["image"][i])), int(self.arrays["label"][i])
-
-
 class EpochPermutation(torch.utils.data.Sampler):
     """A seeded permutation per epoch, the order both loaders use: their losses then compare step for
     step (only their random flips differ). Loader forwards set_epoch itself; DataLoader's loop calls it."""
@@ -182,7 +166,7 @@ def _stats(device):
 
 def stock_batches(paths, o, batch):
     gpu = o["gpu"]
-    dataset = _NpyImages(paths)
+    dataset = MemmapSampleDataset(paths["image"], paths["label"])
     sampler = EpochPermutation(len(dataset), o["seed"])
     loader = torch.utils.data.DataLoader(dataset, batch_size=batch, sampler=sampler, drop_last=True,
                                          num_workers=o["workers"], pin_memory=gpu,
@@ -251,11 +235,6 @@ def tree_cpu_seconds():
     return total
 
 
-def _rss_bytes():
-    with open("/proc/self/statm") as f:
-        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
-
-
 def train_row(feed, model, o, paths, batch):
     """Runs warm-up + timed steps of `model` fed by `feed`; returns the row's measurements."""
     device = o["device"]
@@ -272,7 +251,7 @@ def train_row(feed, model, o, paths, batch):
                 sync()
                 if gpu:
                     torch.cuda.reset_peak_memory_stats(device)
-                monitor = _start_monitor(stack)
+                monitor = stack.enter_context(Monitor(interval=0.05))
                 wait, cpu0, t0 = 0.0, tree_cpu_seconds(), time.perf_counter()
             tw = time.perf_counter()
             x, y = next(batches)
@@ -289,7 +268,7 @@ def train_row(feed, model, o, paths, batch):
     batches.close()  # stops the loader (DataLoader's workers, fastpipe's readers)
     losses = torch.stack(losses).float().cpu().tolist()
     k = max(1, len(losses) // 4)  # a quarter of the steps: one step's loss is noisy
-    summary = monitor.summary() if monitor is not None else {}
+    summary = monitor.summary()
     row = {
         "feed": feed,
         "images_per_s": steps * batch / seconds,
@@ -304,14 +283,6 @@ def train_row(feed, model, o, paths, batch):
     if summary:
         row["monitor"] = {key: v for key, v in summary.items() if not isinstance(v, (list, dict))}
     return row
-
-
-def _start_monitor(stack):
-    try:
-        from fastpipe.monitor import Monitor
-    except ImportError:
-        return None
-    return stack.enter_context(Monitor(interval=0.05))
 
 
 def _model(name, o, size, fastpipe_row):
