@@ -9,6 +9,7 @@ import numbers
 
 import torch
 
+from fastpipe import _checks as checks
 from fastpipe._ext import _C
 
 __all__ = ["CropMirrorNormalize"]
@@ -16,13 +17,13 @@ __all__ = ["CropMirrorNormalize"]
 _OUT_DTYPES = {torch.float32: "float32", torch.float16: "float16", torch.bfloat16: "bfloat16"}
 
 
-def _per_channel(value, name):
-    if isinstance(value, numbers.Real) and not isinstance(value, bool):
-        return [float(value)]
-    try:
-        values = [float(v) for v in value]
-    except TypeError:
-        raise TypeError(f"{name} must be a number or a sequence of numbers, got {value!r}") from None
+def _per_channel(value, name, positive=False):
+    """A finite number, or a non-empty sequence of them (one per channel), as a list of floats."""
+    if isinstance(value, (str, bytes)) or not isinstance(value, numbers.Real) and not hasattr(value, "__iter__"):
+        raise TypeError(f"{name} must be a number or a sequence of numbers, got {type(value).__name__} {value!r}")
+    if isinstance(value, numbers.Real):
+        value = [value]
+    values = [checks.real(v, f"{name}[{i}]", positive=positive) for i, v in enumerate(value)]
     if not values:
         raise ValueError(f"{name} must not be empty")
     return values
@@ -58,18 +59,14 @@ class CropMirrorNormalize:
     def __init__(self, mean, std, crop=None, random_crop=False, mirror=0.0, out_dtype=torch.float32,
                  layout="NCHW", in_layout="HWC"):
         self.mean = _per_channel(mean, "mean")
-        self.std = _per_channel(std, "std")
-        if any(s <= 0 for s in self.std):
-            raise ValueError(f"std must be positive, got {std!r}")
+        self.std = _per_channel(std, "std", positive=True)
         if crop is not None:
-            crop = tuple(crop)
-            if len(crop) != 2 or not all(isinstance(v, int) and not isinstance(v, bool) and v >= 1 for v in crop):
-                raise ValueError(f"crop must be None or (height, width) of positive ints, got {crop!r}")
+            if not isinstance(crop, (tuple, list)) or len(crop) != 2:
+                raise TypeError(f"crop must be None or (height, width), got {type(crop).__name__} {crop!r}")
+            crop = (checks.integer(crop[0], "crop height", low=1), checks.integer(crop[1], "crop width", low=1))
         self.crop = crop
-        self.random_crop = bool(random_crop)
-        if not isinstance(mirror, numbers.Real) or not 0.0 <= mirror <= 1.0:
-            raise ValueError(f"mirror must be a probability in [0, 1], got {mirror!r}")
-        self.mirror = float(mirror)
+        self.random_crop = checks.flag(random_crop, "random_crop")
+        self.mirror = checks.real(mirror, "mirror", low=0.0, high=1.0)
         if out_dtype not in _OUT_DTYPES:
             raise ValueError(f"out_dtype must be one of {list(_OUT_DTYPES)}, got {out_dtype!r}")
         self.out_dtype = out_dtype

@@ -173,7 +173,7 @@ def test_errors_name_the_field_and_the_reason(tmp_path, images, fp):
     with pytest.raises(ValueError, match="TokenDataset takes no transforms"):
         (tmp_path / "t.bin").write_bytes(np.arange(100, dtype=np.uint16).tobytes())
         fp.loader(fastpipe.TokenDataset(str(tmp_path / "t.bin"), 8), 2, transforms={0: t})
-    for bad, match in [(dict(std=0), "std must be positive"), (dict(mirror=1.5), "mirror must be a probability"),
+    for bad, match in [(dict(std=0), r"std\[0\] must be positive"), (dict(mirror=1.5), r"mirror must be in \[0.0, 1.0\]"),
                        (dict(crop=(3,)), "crop must be None or"), (dict(out_dtype=torch.int8), "out_dtype"),
                        (dict(layout="CHW"), "layout must be"), (dict(in_layout="NHWC"), "in_layout must be")]:
         with pytest.raises((ValueError, TypeError), match=match):

@@ -7,8 +7,10 @@
 
 #include <algorithm>
 #include <chrono>
+#include <climits>
 #include <cstdio>
 #include <cstring>
+#include <system_error>
 
 #include "core/error.h"
 #include "core/trace.h"
@@ -29,6 +31,27 @@ std::string fmt_seconds(double s) {
 }
 
 int64_t align_up(int64_t v, int64_t a) { return (v + a - 1) / a * a; }
+
+// The end of an output of `count` records of `bytes` placed at `offset` in a slot, aligned for direct
+// I/O; an absurd batch_size is refused here rather than wrapping around into a small arena.
+int64_t place_output(int64_t offset, int64_t bytes, int64_t count) {
+  int64_t size = 0, end = 0;
+  FP_CHECK_VALUE(!__builtin_mul_overflow(bytes, count, &size) && !__builtin_add_overflow(offset, size, &end) &&
+                     end <= INT64_MAX - kDirectAlign,
+                 "batch_size=" + std::to_string(count) + " is too large: one batch would exceed 2^63 bytes");
+  return align_up(end, kDirectAlign);
+}
+
+int64_t physical_memory_bytes() {
+  const long pages = sysconf(_SC_PHYS_PAGES);
+  return pages > 0 ? static_cast<int64_t>(pages) * sysconf(_SC_PAGE_SIZE) : INT64_MAX;
+}
+
+std::string gib(int64_t bytes) {
+  char buf[32];
+  std::snprintf(buf, sizeof(buf), "%.3g GiB", static_cast<double>(bytes) / (1 << 30));
+  return buf;
+}
 constexpr double kSignalCheckSeconds = 0.05;
 // A reader with nothing to do checks for work this often, for this long, before it sleeps until woken.
 constexpr std::chrono::microseconds kPollInterval(100);
@@ -322,6 +345,10 @@ BatchReader::BatchReader(std::vector<ColumnSpec> columns, ReaderOptions opt) : o
   FP_CHECK_VALUE(opt.batch_size >= 1, "batch_size must be at least 1, got " + std::to_string(opt.batch_size));
   FP_CHECK_VALUE(opt.num_threads >= 0, "num_threads must be at least 1 (0: automatic), got " +
                                           std::to_string(opt.num_threads));
+  FP_CHECK_VALUE(opt.num_threads <= kMaxReaderThreads,
+                 "num_threads must be at most " + std::to_string(kMaxReaderThreads) +
+                     " (each reader thread has a stack and chunk buffers, and more readers than that only "
+                     "contend for the disk and the cores), got " + std::to_string(opt.num_threads));
   FP_CHECK_VALUE(opt.prefetch >= 0, "prefetch must be at least 1 (0: automatic), got " + std::to_string(opt.prefetch));
   auto st = std::make_shared<ReaderState>();
   st->opt = opt;
@@ -352,7 +379,7 @@ BatchReader::BatchReader(std::vector<ColumnSpec> columns, ReaderOptions opt) : o
     c.first_output = static_cast<int>(st->outputs.size());
     for (int k = 0; k < c.num_outputs(); ++k) {
       st->outputs.push_back({offset, c.output_record_bytes()});
-      offset = align_up(offset + c.output_record_bytes() * opt.batch_size, kDirectAlign);
+      offset = place_output(offset, c.output_record_bytes(), opt.batch_size);
     }
     st->columns.push_back(std::move(c));
   }
@@ -360,12 +387,20 @@ BatchReader::BatchReader(std::vector<ColumnSpec> columns, ReaderOptions opt) : o
   for (const OutputLayout& o : st->outputs) batch_bytes += o.record_bytes * opt.batch_size;
   if (opt.index_output) {
     st->index_offset = offset;
-    offset = align_up(offset + 8 * opt.batch_size, kDirectAlign);
+    offset = place_output(offset, 8, opt.batch_size);
   }
   if (opt.prefetch == 0) opt.prefetch = default_prefetch(batch_bytes);
   if (opt.num_slots == 0) opt.num_slots = opt.prefetch + 2;
   FP_CHECK_VALUE(opt.num_slots > opt.prefetch, "num_slots must exceed prefetch");
   st->slot_bytes = std::max<int64_t>(offset, kDirectAlign);
+  int64_t arena_bytes = 0;
+  const int64_t memory = physical_memory_bytes();
+  FP_CHECK_VALUE(!__builtin_mul_overflow(st->slot_bytes, static_cast<int64_t>(opt.num_slots), &arena_bytes) &&
+                     arena_bytes <= memory,
+                 "the loader's arena needs " + std::to_string(opt.num_slots) + " slots (prefetch=" +
+                     std::to_string(opt.prefetch) + " + 2) of " + std::to_string(st->slot_bytes) +
+                     " bytes (batch_size=" + std::to_string(opt.batch_size) + "), more than this machine's " +
+                     gib(memory) + " of memory; lower batch_size or prefetch");
   st->warm_page_cache = total_data <= mem / 2;
   if (opt.num_threads == 0) {
     bool any_direct = false;
@@ -386,7 +421,17 @@ BatchReader::BatchReader(std::vector<ColumnSpec> columns, ReaderOptions opt) : o
 
   BlockAsyncSignals block;
   for (int t = 0; t < opt.num_threads; ++t) {
-    threads_.emplace_back(reader_loop, st, t);
+    try {
+      threads_.emplace_back(reader_loop, st, t);
+    } catch (const std::system_error& e) {
+      // Out of threads (ulimit -u, memory for stacks): the readers already started are stopped and
+      // joined, or their destruction while joinable would abort the process.
+      close();
+      throw Error(ErrorKind::kIO,
+                  "could not start reader thread " + std::to_string(t + 1) + " of num_threads=" +
+                      std::to_string(opt.num_threads) + ": " + e.what() + "; lower num_threads",
+                  e.code().value());
+    }
     const pthread_t h = threads_.back().native_handle();
     pthread_setname_np(h, ("fastpipe-rd" + std::to_string(t)).substr(0, 15).c_str());
     // Readers are throughput work: as SCHED_BATCH they do not preempt the training thread when they

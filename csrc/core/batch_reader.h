@@ -24,6 +24,9 @@
 
 namespace fastpipe {
 
+// More reader threads than this never help (they contend for the disk and the cores); refused up front.
+constexpr int kMaxReaderThreads = 1024;
+
 struct ReaderOptions {
   int64_t batch_size = 1;
   int num_threads = 0;  // 0: default_num_threads

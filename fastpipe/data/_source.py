@@ -1,5 +1,7 @@
 """What a dataset tells the Loader: the file columns the batch reader reads and how to pack a batch."""
 
+from fastpipe import _checks as checks
+
 class ColumnSource:
     """Base of the datasets the Loader reads (NpyDataset, TokenDataset).
 
@@ -17,7 +19,7 @@ class ColumnSource:
 
     def _index(self, i):
         """``i`` as a non-negative index; IndexError when out of range (negative counts from the end)."""
-        i = int(i)
+        i = checks.integer(i, "index")
         if not -self._len <= i < self._len:
             raise IndexError(f"index {i} is out of range for a dataset of {self._len} {self._unit}")
         return i % self._len

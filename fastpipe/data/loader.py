@@ -1,7 +1,6 @@
 """Loader: a drop-in replacement for torch.utils.data.DataLoader over on-disk tensor datasets."""
 
 import contextlib
-import numbers
 import os
 import warnings
 import weakref
@@ -9,6 +8,7 @@ import weakref
 import numpy as np
 import torch
 
+from fastpipe import _checks as checks
 from fastpipe._ext import _C, build_info
 from fastpipe.data import _device
 from fastpipe.data._source import ColumnSource
@@ -33,10 +33,8 @@ def _distributed_defaults(rank, world_size):
         world_size = dist.get_world_size() if initialised else 1
     if rank is None:
         rank = dist.get_rank() if initialised else 0
-    if not isinstance(world_size, int) or world_size < 1:
-        raise ValueError(f"world_size must be a positive int, got {world_size!r}")
-    if not isinstance(rank, int) or not 0 <= rank < world_size:
-        raise ValueError(f"rank must be an int in [0, world_size={world_size}), got {rank!r}")
+    world_size = checks.integer(world_size, "world_size", low=1)
+    rank = checks.integer(rank, "rank", low=0, high=world_size - 1, why=f" (world_size={world_size})")
     return rank, world_size
 
 
@@ -138,30 +136,41 @@ class Loader:
             if value is not None:
                 raise ValueError(f"fastpipe.Loader does not take {name}: {why}")
         self.device, reader_device = _device.resolve(device)
-        if when_full not in ("allocate", "error"):
-            raise ValueError(f"when_full must be 'allocate' or 'error', got {when_full!r}")
-        if not isinstance(batch_size, int) or isinstance(batch_size, bool) or batch_size < 1:
-            raise ValueError(f"batch_size must be a positive int, got {batch_size!r}")
-        if io not in IO_MODES:
-            raise ValueError(f"io must be one of {IO_MODES}, got {io!r}")
-        if shard_remainder not in REMAINDER_POLICIES:
-            raise ValueError(f"shard_remainder must be one of {REMAINDER_POLICIES}, got {shard_remainder!r}")
-        if sampler is not None and shuffle:
-            raise ValueError("sampler and shuffle=True are exclusive (as in DataLoader): the sampler sets the order")
+        checks.choice(when_full, "when_full", ("allocate", "error"))
+        batch_size = checks.integer(batch_size, "batch_size", low=1)
+        checks.choice(io, "io", IO_MODES)
+        checks.choice(shard_remainder, "shard_remainder", REMAINDER_POLICIES)
+        shuffle = False if shuffle is None else checks.flag(shuffle, "shuffle")  # DataLoader's default is None
+        drop_last = checks.flag(drop_last, "drop_last")
+        pin_memory = checks.flag(pin_memory, "pin_memory")
+        checks.flag(persistent_workers, "persistent_workers")
+        checks.flag(in_order, "in_order")
+        if sampler is not None:
+            if shuffle:
+                raise ValueError("sampler and shuffle=True are exclusive (as in DataLoader): the sampler sets the "
+                                 "order")
+            if not hasattr(sampler, "__iter__") or not hasattr(sampler, "__len__"):
+                raise TypeError(f"sampler must be an iterable of indices with a len(), got {type(sampler).__name__}")
         if len(dataset) == 0:
             raise ValueError(f"the dataset is empty: {dataset!r}")
+        num_workers = checks.integer(num_workers, "num_workers", low=0)
         if num_threads is None:
-            num_threads = num_workers if num_workers > 0 else 0  # 0: the reader decides
-        elif not isinstance(num_threads, int) or num_threads < 1:
-            raise ValueError(f"num_threads must be a positive int, got {num_threads!r}")
+            num_threads = num_workers  # 0: the reader decides
+        else:
+            num_threads = checks.integer(num_threads, "num_threads", low=1)
         if prefetch_factor is not None:
-            prefetch = prefetch_factor * max(1, num_workers)
+            prefetch = checks.integer(prefetch_factor, "prefetch_factor", low=1) * max(1, num_workers)
         if prefetch is None:
             prefetch = 0  # the reader sizes it from the batch bytes
-        elif not isinstance(prefetch, int) or isinstance(prefetch, bool) or prefetch < 1:
-            raise ValueError(f"prefetch must be a positive int, got {prefetch!r}")
+        else:
+            # num_slots = prefetch + 2 is a C int; the arena check refuses most of this range anyway.
+            prefetch = checks.integer(prefetch, "prefetch", low=1, high=2**31 - 3)
         if generator is not None:
+            if not isinstance(generator, torch.Generator):
+                raise TypeError(f"generator must be a torch.Generator, got {type(generator).__name__}")
             seed = generator.initial_seed()
+        # The shuffle seeds numpy with [seed, epoch], and the transforms hash it as 64 bits.
+        seed = checks.integer(seed, "seed", low=0, high=2**64 - 1)
         if pin_memory_device and not str(pin_memory_device).startswith("cuda"):
             raise ValueError(f"pin_memory_device must be '' or a CUDA device, got {pin_memory_device!r}")
         pin = None
@@ -172,9 +181,9 @@ class Loader:
                               "batches are not pinned", stacklevel=2)
         self.dataset = dataset
         self.batch_size = batch_size
-        self.shuffle = bool(shuffle)
-        self.seed = int(seed)
-        self.drop_last = bool(drop_last)
+        self.shuffle = shuffle
+        self.seed = seed
+        self.drop_last = drop_last
         self.sampler = sampler
         self.rank, self.world_size = _distributed_defaults(rank, world_size)
         self.shard_remainder = shard_remainder
@@ -192,7 +201,7 @@ class Loader:
         self.transforms = dict(transforms or {})
         self._reader_args = dict(
             columns=columns, outputs=outputs, batch_size=batch_size,
-            num_threads=int(num_threads), prefetch=prefetch, io=io, pin=pin,
+            num_threads=num_threads, prefetch=prefetch, io=io, pin=pin,
             device=reader_device, when_full=when_full,
         )
         self._open_reader()
@@ -207,9 +216,9 @@ class Loader:
 
     @timeout.setter
     def timeout(self, value):
-        if value is not None and (not isinstance(value, numbers.Real) or isinstance(value, bool) or not value >= 0):
-            raise ValueError(f"timeout must be None or a non-negative number of seconds, got {value!r}")
-        self._timeout = -1.0 if not value else float(value)
+        if value is not None:
+            value = checks.real(value, "timeout", low=0.0, allow_inf=True)
+        self._timeout = -1.0 if not value or value == float("inf") else value
 
     def _open_reader(self):
         self._reader = _C.BatchReader(**self._reader_args)
@@ -248,7 +257,7 @@ class Loader:
         looping ``for epoch in range(start, n): loader.set_epoch(epoch)`` continues where it stopped;
         another epoch starts at its first batch.
         """
-        self.epoch = int(epoch)
+        self.epoch = checks.integer(epoch, "epoch", low=0)
         if self._resume is not None and self._resume[0] != self.epoch:
             self._resume = None
         self._supersede("set_epoch()")
@@ -303,17 +312,17 @@ class Loader:
 
     def load_state_dict(self, state):
         """Resumes from :meth:`state_dict`: the next iteration yields exactly the remaining batches."""
-        if not isinstance(state, dict) or state.get("format") != _STATE_FORMAT:
+        if not isinstance(state, dict):
+            raise TypeError(f"state must be a dict from Loader.state_dict(), got {type(state).__name__}")
+        if state.get("format") != _STATE_FORMAT:
             raise ValueError(f"not a fastpipe Loader state (expected format {_STATE_FORMAT!r})")
         mine = self.state_dict()
         for key in _STATE_IDENTITY:
             if state.get(key) != mine[key]:
                 raise ValueError(f"state_dict was saved with {key}={state.get(key)!r} but this loader has "
                                  f"{key}={mine[key]!r}; resuming would yield different batches")
-        epoch, batch = state.get("epoch"), state.get("batch")
-        for key, value in (("epoch", epoch), ("batch", batch)):
-            if not isinstance(value, int) or isinstance(value, bool) or value < 0:
-                raise ValueError(f"state_dict {key} must be a non-negative int, got {value!r}")
+        epoch = checks.integer(state.get("epoch"), "state['epoch']", low=0)
+        batch = checks.integer(state.get("batch"), "state['batch']", low=0)
         if batch > len(self):
             raise ValueError(f"state_dict batch {batch} is out of range for {len(self)} batches per epoch")
         self.epoch = epoch

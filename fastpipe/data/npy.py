@@ -5,14 +5,9 @@ import os
 import numpy as np
 import torch
 
+from fastpipe import _checks as checks
 from fastpipe._ext import _C
 from fastpipe.data._source import ColumnSource
-
-
-def _as_path(p, what):
-    if not isinstance(p, (str, os.PathLike)):
-        raise TypeError(f"{what} must be a path (str or os.PathLike), got {type(p).__name__}")
-    return os.fspath(p)
 
 
 class NpyDataset(ColumnSource):
@@ -37,15 +32,15 @@ class NpyDataset(ColumnSource):
         if isinstance(columns, dict):
             self._structure = "dict"
             self._names = list(columns)
-            paths = [_as_path(columns[k], f"columns[{k!r}]") for k in self._names]
+            paths = [checks.path(columns[k], f"columns[{k!r}]") for k in self._names]
         elif isinstance(columns, (list, tuple)):
             self._structure = "tuple"
             self._names = None
-            paths = [_as_path(p, f"columns[{i}]") for i, p in enumerate(columns)]
+            paths = [checks.path(p, f"columns[{i}]") for i, p in enumerate(columns)]
         else:
             self._structure = "single"
             self._names = None
-            paths = [_as_path(columns, "columns")]
+            paths = [checks.path(columns, "columns")]
         if not paths:
             raise ValueError("NpyDataset needs at least one column, got an empty collection")
         self.paths = [os.path.abspath(p) for p in paths]

@@ -5,6 +5,7 @@ import os
 import numpy as np
 import torch
 
+from fastpipe import _checks as checks
 from fastpipe._ext import _C
 from fastpipe.data._source import ColumnSource
 
@@ -37,10 +38,8 @@ class TokenDataset(ColumnSource):
     _unit = "windows"
 
     def __init__(self, path, block_size, dtype="uint16"):
-        self.path = os.path.abspath(os.fspath(path))
-        if not isinstance(block_size, int) or isinstance(block_size, bool) or block_size < 1:
-            raise ValueError(f"block_size must be a positive int, got {block_size!r}")
-        self.block_size = block_size
+        self.path = os.path.abspath(checks.path(path, "path"))
+        self.block_size = checks.integer(block_size, "block_size", low=1)
         if self.path.endswith(".npy"):
             h = _C.read_npy_header(self.path)
             if len(h["shape"]) != 1:
@@ -50,9 +49,7 @@ class TokenDataset(ColumnSource):
             self.dtype = h["dtype"]
             offset, ntokens = h["data_offset"], h["shape"][0]
         else:
-            if dtype not in _TOKEN_DTYPES:
-                raise ValueError(f"dtype must be one of {sorted(_TOKEN_DTYPES)}, got {dtype!r}")
-            self.dtype = dtype
+            self.dtype = checks.choice(dtype, "dtype", sorted(_TOKEN_DTYPES))
             size = os.stat(self.path).st_size
             itemsize = _TOKEN_DTYPES[dtype][0]
             if size % itemsize:

@@ -7,6 +7,7 @@ import time
 import numpy as np
 import torch
 
+from fastpipe import _checks as checks
 from fastpipe._ext import _C
 from fastpipe.data.npy import NpyDataset
 
@@ -184,10 +185,13 @@ def write_npy(dataset, out_dir, *, progress=True, chunk_size=1024):
     TypeError
         A field of an unsupported type or dtype, or a nested one (naming the item and the field).
     """
-    if isinstance(chunk_size, bool) or not isinstance(chunk_size, (int, np.integer)):
-        raise TypeError(f"chunk_size must be an int, got {type(chunk_size).__name__}")
-    if chunk_size < 1:
-        raise ValueError(f"chunk_size must be at least 1, got {chunk_size}")
+    if isinstance(dataset, (str, bytes, os.PathLike)) or not (hasattr(dataset, "__len__") and
+                                                               hasattr(dataset, "__getitem__")):
+        raise TypeError(f"dataset must be a map-style dataset (len(dataset) and dataset[i]), got "
+                        f"{type(dataset).__name__}")
+    out_dir = checks.path(out_dir, "out_dir")
+    chunk_size = checks.integer(chunk_size, "chunk_size", low=1)
+    progress = checks.flag(progress, "progress")
     n = len(dataset)
     if n == 0:
         raise ValueError("write_npy: the dataset is empty (len(dataset) == 0); nothing was written")
@@ -195,7 +199,6 @@ def write_npy(dataset, out_dir, *, progress=True, chunk_size=1024):
     structure, names, values = _fields(_get(dataset, 0), 0)
     firsts = [_to_numpy(v, f"item 0, field {k!r}") for k, v in zip(names, values)]
     del values
-    out_dir = os.fspath(out_dir)
     paths = [os.path.join(out_dir, f"{k}.npy") for k in names]
     tmp_paths = [p + ".partial" for p in paths]
     for p in paths + tmp_paths:

@@ -7,6 +7,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from fastpipe import _checks as checks
+
 # Names users may pass, with the keyword arguments each takes and their defaults.
 _DEFAULTS = {
     "identity": {},
@@ -115,12 +117,12 @@ def _canonical(name, p):
     if name == "relu6":
         return "hardtanh", [0.0, 6.0]
     if name == "hardtanh":
-        lo, hi = float(p["min_val"]), float(p["max_val"])
+        lo, hi = checks.real(p["min_val"], "min_val"), checks.real(p["max_val"], "max_val")
         if not lo < hi:
             raise ValueError(f"hardtanh needs min_val < max_val, got min_val={lo}, max_val={hi}")
         return "hardtanh", [lo, hi]
     if name == "leaky_relu":
-        return "leaky_relu", [float(p["negative_slope"])]
+        return "leaky_relu", [checks.real(p["negative_slope"], "negative_slope")]
     if name == "gelu":
         if p["approximate"] not in ("none", "tanh"):
             raise ValueError(f"gelu's approximate must be 'none' or 'tanh', got {p['approximate']!r}")

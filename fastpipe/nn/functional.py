@@ -4,6 +4,7 @@ import torch
 import torch.nn.functional as F
 from torch.overrides import has_torch_function_variadic
 
+from fastpipe import _checks as checks
 from fastpipe import ops
 from fastpipe._ext import _C
 from fastpipe.nn import _activations
@@ -11,13 +12,16 @@ from fastpipe.nn import _activations
 __all__ = ["conv2d_act"]
 
 
+_LOWEST = {"stride": 1, "dilation": 1, "kernel_size": 1, "padding": 0}
+
+
 def _pair(v, name):
-    if isinstance(v, int):
-        return (v, v)
-    v = tuple(v)
-    if len(v) != 2 or not all(isinstance(x, int) for x in v):
+    """An int or a pair of ints as a pair, each at least the lowest value ``name`` may take."""
+    if not isinstance(v, (tuple, list)):
+        v = (checks.integer(v, name),) * 2
+    if len(v) != 2:
         raise ValueError(f"{name} must be an int or a pair of ints, got {v!r}")
-    return v
+    return tuple(checks.integer(x, name, low=_LOWEST[name]) for x in v)
 
 
 def padding_plan(padding, kernel_size, dilation, stride):
@@ -101,8 +105,8 @@ def conv2d_act(
     faster implementation is kept (see ``fastpipe.nn.conv_engines``); set FASTPIPE_CONV_ENGINE to
     ``eager`` or an engine's name to force one.
     """
-    if input.dim() == 4 and not torch.compiler.is_compiling() and not has_torch_function_variadic(
-            input, weight, bias, residual):
+    if isinstance(input, torch.Tensor) and input.dim() == 4 and not torch.compiler.is_compiling() and \
+            not has_torch_function_variadic(input, weight, bias, residual):
         # A configuration seen before is resolved and checked once: a dict lookup, then an unboxed call.
         key = (stride, padding, dilation, groups, activation, *activation_kwargs.items())
         try:
@@ -110,14 +114,28 @@ def conv2d_act(
         except (KeyError, TypeError):  # new, or unhashable (a list, an activation module)
             call = _call_for(key, stride, padding, dilation, groups, activation, activation_kwargs)
         if call is not None:
-            return call(input, weight, bias, residual)
+            try:
+                return call(input, weight, bias, residual)
+            except TypeError:  # a non-tensor argument: say which
+                _check_tensors(input, weight, bias, residual)
+                raise
+    _check_tensors(input, weight, bias, residual)
     act, act_args = _activations.resolve(activation, activation_kwargs)
     stride = _pair(stride, "stride")
     dilation = _pair(dilation, "dilation")
+    groups = checks.integer(groups, "groups", low=1)
     pre_pad, pad = padding_plan(padding, tuple(weight.shape[2:]), dilation, stride)
     if pre_pad is not None:
         input = F.pad(input, pre_pad)
     return fused_conv(input, weight, bias, stride, pad, dilation, groups, act, act_args, residual)
+
+
+def _check_tensors(input, weight, bias=None, residual=None):
+    """TypeError naming the argument that is not a tensor (the op's own checks name the rest)."""
+    for name, t in (("input", input), ("weight", weight), ("bias", bias), ("residual", residual)):
+        optional = name in ("bias", "residual")
+        if not (isinstance(t, torch.Tensor) or hasattr(t, "__torch_function__") or optional and t is None):
+            raise TypeError(f"{name} must be a Tensor, got {type(t).__name__}")
 
 
 # conv2d_act's checked configurations, by their arguments (names of activations only: a module is
@@ -133,6 +151,7 @@ def _call_for(key, stride, padding, dilation, groups, activation, activation_kwa
         return None
     act, act_args = _activations.resolve(activation, activation_kwargs)
     stride, dilation, padding = _pair(stride, "stride"), _pair(dilation, "dilation"), _pair(padding, "padding")
+    groups = checks.integer(groups, "groups", low=1)
     call = _C.ConvActCall(list(stride), list(padding), list(dilation), groups, act, list(act_args))
     try:
         if len(_CALLS) < _MAX_CALLS:

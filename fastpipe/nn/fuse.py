@@ -12,6 +12,7 @@ import torch
 import torch.fx as fx
 import torch.nn as nn
 
+from fastpipe import _checks as checks
 from fastpipe import ops
 from fastpipe.nn import _activations
 from fastpipe.nn.modules import FusedConv2d
@@ -99,6 +100,14 @@ def fuse(model, inplace=False, example_inputs=None):
         was fused and what was left, which is also logged at INFO level. Outputs equal the original's
         up to the rounding of the folded weights and of the fused op.
     """
+    if not isinstance(model, nn.Module):
+        raise TypeError(f"model must be an nn.Module, got {type(model).__name__}")
+    inplace = checks.flag(inplace, "inplace")
+    if isinstance(example_inputs, torch.Tensor):
+        example_inputs = (example_inputs,)
+    elif example_inputs is not None and not isinstance(example_inputs, (tuple, list)):
+        raise TypeError(f"example_inputs must be a tuple of the model's inputs (or one Tensor), got "
+                        f"{type(example_inputs).__name__}")
     if not inplace:
         model = copy.deepcopy(model)
     report = FuseReport()
@@ -216,6 +225,8 @@ def _keep_stock_where_fusion_loses(model, inputs, report):
     try:
         with torch.no_grad():
             model(*inputs)
+    except Exception as e:
+        raise ValueError(f"example_inputs: the model fails on them ({type(e).__name__}: {e})") from e
     finally:
         for h in handles:
             h.remove()

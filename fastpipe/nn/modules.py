@@ -5,9 +5,10 @@ import torch.nn as nn
 import torch.nn.functional as F
 from torch.overrides import has_torch_function_variadic
 
+from fastpipe import _checks as checks
 from fastpipe._ext import _C
 from fastpipe.nn import _activations
-from fastpipe.nn.functional import fused_conv, padding_plan
+from fastpipe.nn.functional import _check_tensors, _pair, fused_conv, padding_plan
 
 __all__ = ["FusedConv2d"]
 
@@ -55,6 +56,13 @@ class FusedConv2d(nn.Conv2d):
         dtype=None,
         **activation_kwargs,
     ):
+        # nn.Conv2d accepts zero channels, zero-size kernels, zero strides and negative padding, which fail
+        # (or compute nothing) only at the first call; refused here, naming the argument.
+        checks.integer(in_channels, "in_channels", low=1)
+        checks.integer(out_channels, "out_channels", low=1)
+        for name, value in (("kernel_size", kernel_size), ("stride", stride), ("dilation", dilation)) + (
+                () if isinstance(padding, str) else (("padding", padding),)):
+            _pair(value, name)
         super().__init__(
             in_channels,
             out_channels,
@@ -103,10 +111,15 @@ class FusedConv2d(nn.Conv2d):
             if residual is not None:
                 out = out.add_(residual)
             return _activations.EAGER_INPLACE[self.activation](out, *self.activation_args)
-        if input.dim() == 4 and not torch.compiler.is_compiling() and not has_torch_function_variadic(
-                input, weight, bias, residual):
-            return self._call(input, weight, bias, residual)  # the configuration checked once, an unboxed call
+        if isinstance(input, torch.Tensor) and input.dim() == 4 and not torch.compiler.is_compiling() and \
+                not has_torch_function_variadic(input, weight, bias, residual):
+            try:
+                return self._call(input, weight, bias, residual)  # the configuration checked once, an unboxed call
+            except TypeError:  # a non-tensor argument: say which
+                _check_tensors(input, weight, bias, residual)
+                raise
         # Unbatched input, torch.compile (which traces the op) and tensor subclasses or modes.
+        _check_tensors(input, weight, bias, residual)
         return fused_conv(
             input,
             self.weight,

@@ -313,7 +313,7 @@ def test_cuda_device_without_a_gpu_says_why(dataset_factory):
     for device in ("mps", "gpu", "xpu"):
         with pytest.raises(ValueError, match="device must be 'cpu', 'cuda' or 'cuda:<index>'"):
             fastpipe.Loader(ds, 2, device=device)
-    with pytest.raises(ValueError, match="when_full must be 'allocate' or 'error'"):
+    with pytest.raises(ValueError, match="when_full must be one of 'allocate', 'error', got 'wait'"):
         fastpipe.Loader(ds, 2, when_full="wait")
 
 

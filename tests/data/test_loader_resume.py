@@ -404,30 +404,32 @@ def test_resume_with_a_custom_sampler(fp, setup):
 
 
 @pytest.mark.parametrize(
-    "bad,message",
+    "bad,error,message",
     [
-        (lambda sd: "not a dict", "not a fastpipe Loader state"),
-        (lambda sd: {"epoch": 0, "batch": 0}, "not a fastpipe Loader state"),
-        (lambda sd: {**sd, "format": "fastpipe.Loader/0"}, "not a fastpipe Loader state"),
-        (lambda sd: {**sd, "batch": 33}, "batch 33 is out of range for 32 batches"),
-        (lambda sd: {**sd, "batch": -1}, "batch must be a non-negative int"),
-        (lambda sd: {**sd, "batch": 1.5}, "batch must be a non-negative int"),
-        (lambda sd: {**sd, "epoch": "3"}, "epoch must be a non-negative int"),
-        (lambda sd: {k: v for k, v in sd.items() if k != "epoch"}, "epoch must be a non-negative int"),
-        (lambda sd: {**sd, "rank": 1, "world_size": 2}, "saved with rank=1"),
-        (lambda sd: {**sd, "shard_remainder": "drop"}, "saved with shard_remainder='drop'"),
+        (lambda sd: "not a dict", TypeError, "state must be a dict"),
+        (lambda sd: {"epoch": 0, "batch": 0}, ValueError, "not a fastpipe Loader state"),
+        (lambda sd: {**sd, "format": "fastpipe.Loader/0"}, ValueError, "not a fastpipe Loader state"),
+        (lambda sd: {**sd, "batch": 33}, ValueError, "batch 33 is out of range for 32 batches"),
+        (lambda sd: {**sd, "batch": -1}, ValueError, r"state\['batch'\] must be at least 0, got -1"),
+        (lambda sd: {**sd, "batch": 1.5}, TypeError, r"state\['batch'\] must be an int, got float 1.5"),
+        (lambda sd: {**sd, "batch": True}, TypeError, r"state\['batch'\] must be an int, got bool True"),
+        (lambda sd: {**sd, "epoch": "3"}, TypeError, r"state\['epoch'\] must be an int, got str '3'"),
+        (lambda sd: {k: v for k, v in sd.items() if k != "epoch"}, TypeError,
+         r"state\['epoch'\] must be an int, got NoneType"),
+        (lambda sd: {**sd, "rank": 1, "world_size": 2}, ValueError, "saved with rank=1"),
+        (lambda sd: {**sd, "shard_remainder": "drop"}, ValueError, "saved with shard_remainder='drop'"),
     ],
-    ids=["type", "no-format", "old-format", "batch-past-end", "negative-batch", "float-batch", "str-epoch",
-         "no-epoch", "rank", "shard_remainder"],
+    ids=["type", "no-format", "old-format", "batch-past-end", "negative-batch", "float-batch", "bool-batch",
+         "str-epoch", "no-epoch", "rank", "shard_remainder"],
 )
-def test_malformed_or_foreign_state_is_rejected_and_changes_nothing(fp, setup, bad, message):
+def test_malformed_or_foreign_state_is_rejected_and_changes_nothing(fp, setup, bad, error, message):
     ds, _ = setup
     ref = reference(fp, ds, epochs=1)
     a = fp.loader(ds, B, shuffle=True, seed=31)
     it = iter(a)
     fp.take(it, 4)
     before = a.state_dict()
-    with pytest.raises(ValueError, match=message):
+    with pytest.raises(error, match=message):
         a.load_state_dict(bad(before))
     assert a.state_dict() == before
     assert fp.same_batches(fp.epoch(it), ref[0][4:]), "a rejected state disturbed the live iterator"

@@ -1,0 +1,58 @@
+"""Argument checks of the public API: a wrong type is a TypeError, a wrong value a ValueError, and each
+message names the argument and says what it must be."""
+
+import math
+import numbers
+import os
+
+import numpy as np
+
+
+def integer(value, name, *, low=None, high=None, why=""):
+    """``value`` as an int, refusing bools, floats (even 2.0) and strings; ``why`` explains ``high``."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        raise TypeError(f"{name} must be an int, got {type(value).__name__} {value!r}")
+    value = int(value)
+    if low is not None and value < low:
+        raise ValueError(f"{name} must be at least {low}, got {value}")
+    if high is not None and value > high:
+        raise ValueError(f"{name} must be at most {high}{why}, got {value}")
+    return value
+
+
+def real(value, name, *, low=None, high=None, positive=False, allow_inf=False):
+    """``value`` as a float: a finite number (infinity only with ``allow_inf``) in [low, high]."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise TypeError(f"{name} must be a number, got {type(value).__name__} {value!r}")
+    value = float(value)
+    if math.isnan(value) or (math.isinf(value) and not allow_inf):
+        raise ValueError(f"{name} must be a finite number, got {value}")
+    if positive and not value > 0:
+        raise ValueError(f"{name} must be positive, got {value}")
+    if (low is not None and value < low) or (high is not None and value > high):
+        raise ValueError(f"{name} must be in [{low}, {high}], got {value}")
+    return value
+
+
+def flag(value, name):
+    """``value`` as a bool: True/False (numpy's too) or 0/1, never a string or another truthy object."""
+    if isinstance(value, (bool, np.bool_)) or isinstance(value, numbers.Integral) and value in (0, 1):
+        return bool(value)
+    raise TypeError(f"{name} must be True or False, got {type(value).__name__} {value!r}")
+
+
+def choice(value, name, options):
+    """``value`` if it is one of the names in ``options``."""
+    if not isinstance(value, str):
+        raise TypeError(f"{name} must be one of {', '.join(map(repr, options))}, got {type(value).__name__} "
+                        f"{value!r}")
+    if value not in options:
+        raise ValueError(f"{name} must be one of {', '.join(map(repr, options))}, got {value!r}")
+    return value
+
+
+def path(value, name):
+    """``value`` as a str path (str or os.PathLike)."""
+    if not isinstance(value, (str, os.PathLike)):
+        raise TypeError(f"{name} must be a path (str or os.PathLike), got {type(value).__name__}")
+    return os.fspath(value)

@@ -1,0 +1,307 @@
+"""A bad-input sweep of the public API: wrong types, out-of-range values, NaN/inf, empty and huge inputs.
+
+Each case must raise the stated exception type (TypeError for a wrong type, ValueError for a wrong value)
+with a message naming the argument: never a crash, a hang, a bare message from deep inside, or a silent
+truncation. Abuse that must *work* (absurd but legal values) is at the end.
+"""
+
+import math
+import re
+import types
+
+import numpy as np
+import pytest
+import torch
+import torch.nn as nn
+
+import fastpipe
+from fastpipe.nn import FusedConv2d, fuse
+from fastpipe.nn.functional import conv2d_act
+from fastpipe.transforms import CropMirrorNormalize
+
+N = 12
+NAN, INF = float("nan"), float("inf")
+
+
+@pytest.fixture(scope="module")
+def env(tmp_path_factory):
+    d = tmp_path_factory.mktemp("bad_inputs")
+    rng = np.random.default_rng()
+    np.save(d / "image.npy", rng.integers(0, 256, (N, 8, 8, 3), dtype=np.uint8))
+    np.save(d / "label.npy", rng.integers(0, 10, N, dtype=np.int64))
+    (d / "tokens.bin").write_bytes(rng.integers(0, 50000, 1001, dtype=np.uint16).tobytes())
+    ds = fastpipe.NpyDataset({"image": str(d / "image.npy"), "label": str(d / "label.npy")})
+    loader = fastpipe.Loader(ds, 4, timeout=30)
+    yield types.SimpleNamespace(dir=d, ds=ds, tokens=str(d / "tokens.bin"), loader=loader,
+                                x=torch.randn(2, 4, 9, 9), w=torch.randn(8, 4, 3, 3))
+    loader.close()
+
+
+def loader(e, **kw):
+    return fastpipe.Loader(e.ds, **{"batch_size": 4, **kw}).close()
+
+
+def state(e, **changes):
+    return e.loader.load_state_dict({**e.loader.state_dict(), **changes})
+
+
+def write(e, dataset, **kw):
+    return fastpipe.write_npy(dataset, e.dir / "written", **{"progress": False, **kw})
+
+
+def cmn(**kw):
+    return CropMirrorNormalize(**{"mean": 0.5, "std": 0.25, **kw})
+
+
+CASES = [
+    # Loader: counts
+    ("num_threads-huge", lambda e: loader(e, num_threads=10**6), ValueError, "num_threads must be at most 1024"),
+    ("num_threads-zero", lambda e: loader(e, num_threads=0), ValueError, "num_threads must be at least 1"),
+    ("num_threads-float", lambda e: loader(e, num_threads=2.0), TypeError, "num_threads must be an int"),
+    ("num_threads-str", lambda e: loader(e, num_threads="2"), TypeError, "num_threads must be an int"),
+    ("num_threads-bool", lambda e: loader(e, num_threads=True), TypeError, "num_threads must be an int"),
+    ("num_workers-negative", lambda e: loader(e, num_workers=-1), ValueError, "num_workers must be at least 0"),
+    ("num_workers-str", lambda e: loader(e, num_workers="4"), TypeError, "num_workers must be an int"),
+    ("batch_size-zero", lambda e: loader(e, batch_size=0), ValueError, "batch_size must be at least 1"),
+    ("batch_size-float", lambda e: loader(e, batch_size=2.5), TypeError, "batch_size must be an int"),
+    ("batch_size-str", lambda e: loader(e, batch_size="4"), TypeError, "batch_size must be an int"),
+    ("batch_size-bool", lambda e: loader(e, batch_size=True), TypeError, "batch_size must be an int"),
+    ("batch_size-none", lambda e: loader(e, batch_size=None), TypeError, "batch_size must be an int"),
+    ("batch_size-beyond-memory", lambda e: loader(e, batch_size=10**12), ValueError,
+     r"arena needs .* \(batch_size=1000000000000\), more than this machine's .* memory; lower batch_size"),
+    ("batch_size-beyond-int64", lambda e: loader(e, batch_size=2**62), ValueError,
+     "batch_size=4611686018427387904 is too large"),
+    ("batch_size-beyond-c", lambda e: loader(e, batch_size=2**70), (ValueError, TypeError), "batch_size"),
+    ("prefetch-zero", lambda e: loader(e, prefetch=0), ValueError, "prefetch must be at least 1"),
+    ("prefetch-float", lambda e: loader(e, prefetch=1.5), TypeError, "prefetch must be an int"),
+    ("prefetch-beyond-memory", lambda e: loader(e, prefetch=10**9), ValueError,
+     r"arena needs 1000000002 slots \(prefetch=1000000000 \+ 2\)"),
+    ("prefetch-beyond-c", lambda e: loader(e, prefetch=2**40), ValueError, "prefetch must be at most"),
+    ("prefetch_factor-zero", lambda e: loader(e, prefetch_factor=0), ValueError, "prefetch_factor must be at least 1"),
+    ("prefetch_factor-str", lambda e: loader(e, prefetch_factor="2"), TypeError, "prefetch_factor must be an int"),
+    # Loader: seeds, flags, choices
+    ("seed-float", lambda e: loader(e, seed=1.5), TypeError, "seed must be an int, got float 1.5"),
+    ("seed-str", lambda e: loader(e, seed="x"), TypeError, "seed must be an int, got str 'x'"),
+    ("seed-negative", lambda e: loader(e, seed=-1), ValueError, "seed must be at least 0"),
+    ("seed-beyond-64-bits", lambda e: loader(e, seed=2**64), ValueError, "seed must be at most"),
+    ("seed-nan", lambda e: loader(e, seed=NAN), TypeError, "seed must be an int"),
+    ("generator-not-a-generator", lambda e: loader(e, generator=3), TypeError, "generator must be a torch.Generator"),
+    ("shuffle-str", lambda e: loader(e, shuffle="yes"), TypeError, "shuffle must be True or False"),
+    ("shuffle-2", lambda e: loader(e, shuffle=2), TypeError, "shuffle must be True or False"),
+    ("drop_last-str", lambda e: loader(e, drop_last="no"), TypeError, "drop_last must be True or False"),
+    ("pin_memory-str", lambda e: loader(e, pin_memory="cuda"), TypeError, "pin_memory must be True or False"),
+    ("io-unknown", lambda e: loader(e, io="fast"), ValueError, "io must be one of"),
+    ("io-not-str", lambda e: loader(e, io=1), TypeError, "io must be one of"),
+    ("when_full-unknown", lambda e: loader(e, when_full="wait"), ValueError, "when_full must be one of"),
+    ("shard_remainder-unknown", lambda e: loader(e, shard_remainder="wrap"), ValueError,
+     "shard_remainder must be one of"),
+    ("device-unknown", lambda e: loader(e, device="tpu"), ValueError, "device must be 'cpu', 'cuda'"),
+    ("device-number", lambda e: loader(e, device=[0]), ValueError, "device must be 'cpu', 'cuda'"),
+    ("timeout-negative", lambda e: loader(e, timeout=-1.0), ValueError, "timeout must be in"),
+    ("timeout-nan", lambda e: loader(e, timeout=NAN), ValueError, "timeout must be a finite number"),
+    ("timeout-str", lambda e: loader(e, timeout="10"), TypeError, "timeout must be a number"),
+    ("rank-out-of-range", lambda e: loader(e, rank=2, world_size=2), ValueError,
+     r"rank must be at most 1 \(world_size=2\)"),
+    ("rank-float", lambda e: loader(e, rank=0.0, world_size=2), TypeError, "rank must be an int"),
+    ("world_size-zero", lambda e: loader(e, world_size=0), ValueError, "world_size must be at least 1"),
+    ("sampler-not-iterable", lambda e: loader(e, sampler=5), TypeError, "sampler must be an iterable"),
+    ("sampler-out-of-range", lambda e: list(fastpipe.Loader(e.ds, 4, sampler=[0, N])), ValueError,
+     f"sampler yielded index {N}, out of range"),
+    ("transforms-list", lambda e: loader(e, transforms=[cmn()]), TypeError, "transforms must be a dict"),
+    ("transforms-unknown-field", lambda e: loader(e, transforms={"nope": cmn()}), KeyError, "'nope' is not a field"),
+    ("dataset-tensor", lambda e: fastpipe.Loader(torch.zeros(4, 2), 2), TypeError, "NpyDataset and TokenDataset"),
+    ("dataset-path", lambda e: fastpipe.Loader(str(e.dir / "image.npy"), 2), TypeError, "write_npy"),
+    # Loader: epochs and positions
+    ("set_epoch-float", lambda e: e.loader.set_epoch(1.5), TypeError, "epoch must be an int"),
+    ("set_epoch-negative", lambda e: e.loader.set_epoch(-1), ValueError, "epoch must be at least 0"),
+    ("timeout-attribute-inf-str", lambda e: setattr(e.loader, "timeout", "inf"), TypeError,
+     "timeout must be a number"),
+    ("state-none", lambda e: e.loader.load_state_dict(None), TypeError, "state must be a dict"),
+    ("state-list", lambda e: e.loader.load_state_dict([1]), TypeError, "state must be a dict"),
+    ("state-epoch-float", lambda e: state(e, epoch=3.5), TypeError, r"state\['epoch'\] must be an int"),
+    ("state-batch-float", lambda e: state(e, batch=1.5), TypeError, r"state\['batch'\] must be an int"),
+    ("state-epoch-bool", lambda e: state(e, epoch=True), TypeError, r"state\['epoch'\] must be an int"),
+    ("state-batch-none", lambda e: state(e, batch=None), TypeError, r"state\['batch'\] must be an int"),
+    ("state-batch-negative", lambda e: state(e, batch=-2), ValueError, r"state\['batch'\] must be at least 0"),
+    ("state-batch-huge", lambda e: state(e, batch=10**30), ValueError, "out of range"),
+    ("state-other-seed", lambda e: state(e, seed=99), ValueError, "saved with seed=99"),
+    # NpyDataset, TokenDataset
+    ("npy-columns-int", lambda e: fastpipe.NpyDataset(5), TypeError, "columns must be a path"),
+    ("npy-columns-empty", lambda e: fastpipe.NpyDataset([]), ValueError, "at least one column"),
+    ("npy-column-none", lambda e: fastpipe.NpyDataset({"a": None}), TypeError, r"columns\['a'\] must be a path"),
+    ("npy-missing-file", lambda e: fastpipe.NpyDataset(str(e.dir / "absent.npy")), FileNotFoundError, "absent.npy"),
+    ("npy-directory", lambda e: fastpipe.NpyDataset(str(e.dir)), IsADirectoryError, "bad_inputs.*Is a directory"),
+    ("npy-index-out-of-range", lambda e: e.ds[N], IndexError, str(N)),
+    ("npy-index-float", lambda e: e.ds[1.5], TypeError, "index"),
+    ("tokens-path-none", lambda e: fastpipe.TokenDataset(None, 8), TypeError, "path must be a path"),
+    ("tokens-block_size-zero", lambda e: fastpipe.TokenDataset(e.tokens, 0), ValueError,
+     "block_size must be at least 1"),
+    ("tokens-block_size-float", lambda e: fastpipe.TokenDataset(e.tokens, 8.0), TypeError,
+     "block_size must be an int"),
+    ("tokens-block_size-huge", lambda e: fastpipe.TokenDataset(e.tokens, 10**18), ValueError,
+     "fewer than one window of block_size"),
+    ("tokens-dtype-float", lambda e: fastpipe.TokenDataset(e.tokens, 8, dtype="float32"), ValueError,
+     "dtype must be one of"),
+    ("tokens-dtype-numpy", lambda e: fastpipe.TokenDataset(e.tokens, 8, dtype=np.uint16), TypeError,
+     "dtype must be one of"),
+    ("tokens-odd-size", lambda e: fastpipe.TokenDataset(e.tokens, 8, dtype="int32"), ValueError,
+     "not a whole number of int32 tokens"),
+    # write_npy
+    ("write-dataset-str", lambda e: write(e, "abc"), TypeError, "dataset must be a map-style dataset"),
+    ("write-dataset-int", lambda e: write(e, 5), TypeError, "dataset must be a map-style dataset"),
+    ("write-dataset-empty", lambda e: write(e, []), ValueError, "the dataset is empty"),
+    ("write-out_dir-int", lambda e: fastpipe.write_npy([np.zeros(3)], 5), TypeError, "out_dir must be a path"),
+    ("write-chunk_size-zero", lambda e: write(e, [np.zeros(3)], chunk_size=0), ValueError,
+     "chunk_size must be at least 1"),
+    ("write-chunk_size-float", lambda e: write(e, [np.zeros(3)], chunk_size=1.5), TypeError,
+     "chunk_size must be an int"),
+    ("write-progress-str", lambda e: write(e, [np.zeros(3)], progress="no"), TypeError,
+     "progress must be True or False"),
+    ("write-item-str", lambda e: write(e, ["abc"]), TypeError, "item 0"),
+    ("write-item-object", lambda e: write(e, [object()]), TypeError, "item 0"),
+    ("write-shape-changes", lambda e: write(e, [np.zeros(3), np.zeros(4)]), ValueError, "item 1"),
+    # CropMirrorNormalize
+    ("cmn-mean-str", lambda e: cmn(mean="abc"), TypeError, "mean must be a number or a sequence"),
+    ("cmn-mean-empty", lambda e: cmn(mean=[]), ValueError, "mean must not be empty"),
+    ("cmn-mean-nan", lambda e: cmn(mean=[0.5, NAN, 0.5]), ValueError, r"mean\[1\] must be a finite number"),
+    ("cmn-mean-inf", lambda e: cmn(mean=INF), ValueError, r"mean\[0\] must be a finite number"),
+    ("cmn-mean-none", lambda e: cmn(mean=None), TypeError, "mean must be a number or a sequence"),
+    ("cmn-std-zero", lambda e: cmn(std=[0.2, 0.0, 0.2]), ValueError, r"std\[1\] must be positive"),
+    ("cmn-std-negative", lambda e: cmn(std=-1), ValueError, r"std\[0\] must be positive"),
+    ("cmn-std-nan", lambda e: cmn(std=NAN), ValueError, r"std\[0\] must be a finite number"),
+    ("cmn-std-str-item", lambda e: cmn(std=[0.2, "x"]), TypeError, r"std\[1\] must be a number"),
+    ("cmn-crop-int", lambda e: cmn(crop=5), TypeError, "crop must be None or"),
+    ("cmn-crop-one", lambda e: cmn(crop=(3,)), TypeError, "crop must be None or"),
+    ("cmn-crop-zero", lambda e: cmn(crop=(0, 4)), ValueError, "crop height must be at least 1"),
+    ("cmn-crop-float", lambda e: cmn(crop=(4, 4.5)), TypeError, "crop width must be an int"),
+    ("cmn-crop-too-big", lambda e: loader(e, transforms={"image": cmn(crop=(9, 4))}), ValueError,
+     "the crop 9x4 does not fit in images of 8x8"),
+    ("cmn-mirror-above-one", lambda e: cmn(mirror=1.5), ValueError, r"mirror must be in \[0.0, 1.0\]"),
+    ("cmn-mirror-nan", lambda e: cmn(mirror=NAN), ValueError, "mirror must be a finite number"),
+    ("cmn-mirror-bool", lambda e: cmn(mirror=True), TypeError, "mirror must be a number"),
+    ("cmn-random_crop-str", lambda e: cmn(random_crop="yes"), TypeError, "random_crop must be True or False"),
+    ("cmn-out_dtype-int", lambda e: cmn(out_dtype=torch.int8), ValueError, "out_dtype must be one of"),
+    ("cmn-layout", lambda e: cmn(layout="nchw"), ValueError, "layout must be"),
+    ("cmn-in_layout", lambda e: cmn(in_layout="NHWC"), ValueError, "in_layout must be"),
+    ("cmn-channels-mismatch", lambda e: loader(e, transforms={"image": cmn(mean=[0.1, 0.2])}), ValueError,
+     "3 channels but mean has 2 values"),
+    ("cmn-label-column", lambda e: loader(e, transforms={"label": cmn()}), TypeError, "takes uint8 images"),
+    # FusedConv2d
+    ("fused-activation-unknown", lambda e: FusedConv2d(4, 8, 3, activation="swish"), ValueError,
+     "activation must be one of"),
+    ("fused-activation-module", lambda e: FusedConv2d(4, 8, 3, activation=nn.ELU()), ValueError,
+     "activation module ELU is not supported"),
+    ("fused-activation-int", lambda e: FusedConv2d(4, 8, 3, activation=3), TypeError, "activation must be a name"),
+    ("fused-activation-kwarg", lambda e: FusedConv2d(4, 8, 3, activation="relu", negative_slope=0.1), TypeError,
+     "takes no keyword argument negative_slope"),
+    ("fused-negative_slope-str", lambda e: FusedConv2d(4, 8, 3, activation="leaky_relu", negative_slope="x"),
+     TypeError, "negative_slope must be a number"),
+    ("fused-negative_slope-nan", lambda e: FusedConv2d(4, 8, 3, activation="leaky_relu", negative_slope=NAN),
+     ValueError, "negative_slope must be a finite number"),
+    ("fused-hardtanh-reversed", lambda e: FusedConv2d(4, 8, 3, activation="hardtanh", min_val=1.0, max_val=-1.0),
+     ValueError, "max_val"),
+    ("fused-approximate", lambda e: FusedConv2d(4, 8, 3, activation="gelu", approximate="fast"), ValueError,
+     "approximate must be"),
+    ("fused-in_channels-zero", lambda e: FusedConv2d(0, 8, 3), ValueError, "in_channels must be at least 1"),
+    ("fused-stride-zero", lambda e: FusedConv2d(4, 8, 3, stride=0), ValueError, "stride must be at least 1"),
+    ("fused-padding-negative", lambda e: FusedConv2d(4, 8, 3, padding=-1), ValueError, "padding must be at least 0"),
+    ("fused-dilation-zero", lambda e: FusedConv2d(4, 8, 3, dilation=(1, 0)), ValueError,
+     "dilation must be at least 1"),
+    ("fused-kernel-zero", lambda e: FusedConv2d(4, 8, 0), ValueError, "kernel_size must be at least 1"),
+    ("fused-groups", lambda e: FusedConv2d(4, 8, 3, groups=3), ValueError, "groups"),
+    ("fused-input-2d", lambda e: FusedConv2d(4, 8, 3)(torch.randn(4, 9)), (ValueError, RuntimeError), "input"),
+    ("fused-input-channels", lambda e: FusedConv2d(4, 8, 3)(torch.randn(2, 5, 9, 9)), (ValueError, RuntimeError),
+     "input"),
+    ("fused-input-dtype", lambda e: FusedConv2d(4, 8, 3)(torch.randn(2, 4, 9, 9, dtype=torch.float64)),
+     (ValueError, RuntimeError), "dtype"),
+    ("fused-input-int", lambda e: FusedConv2d(4, 8, 3)(torch.ones(2, 4, 9, 9, dtype=torch.int32)),
+     (ValueError, RuntimeError), "dtype"),
+    ("fused-input-list", lambda e: FusedConv2d(4, 8, 3)([1.0]), TypeError, "input"),
+    ("fused-input-too-small", lambda e: FusedConv2d(4, 8, 3)(torch.randn(2, 4, 2, 2)), (ValueError, RuntimeError),
+     "input"),
+    ("fused-residual-shape", lambda e: FusedConv2d(4, 8, 3)(e.x, torch.randn(2, 3, 7, 7)), ValueError,
+     "residual of shape"),
+    ("fused-residual-dtype", lambda e: FusedConv2d(4, 8, 3)(e.x, torch.randn(2, 8, 7, 7, dtype=torch.float64)),
+     (ValueError, RuntimeError), "residual"),
+    # conv2d_act
+    ("conv-input-list", lambda e: conv2d_act([1.0], e.w), TypeError, "input"),
+    ("conv-weight-3d", lambda e: conv2d_act(e.x, e.w[0]), (ValueError, RuntimeError), "weight"),
+    ("conv-bias-size", lambda e: conv2d_act(e.x, e.w, torch.zeros(7)), (ValueError, RuntimeError), "bias"),
+    ("conv-bias-dtype", lambda e: conv2d_act(e.x, e.w, torch.zeros(8, dtype=torch.float64)),
+     (ValueError, RuntimeError), "bias"),
+    ("conv-stride-one", lambda e: conv2d_act(e.x, e.w, stride=(1,)), ValueError, "stride must be an int or a pair"),
+    ("conv-stride-zero", lambda e: conv2d_act(e.x, e.w, stride=0), ValueError, "stride"),
+    ("conv-stride-float", lambda e: conv2d_act(e.x, e.w, stride=1.5), (TypeError, ValueError), "stride"),
+    ("conv-padding-word", lambda e: conv2d_act(e.x, e.w, padding="full"), ValueError, "padding must be"),
+    ("conv-padding-negative", lambda e: conv2d_act(e.x, e.w, padding=-1), ValueError, "padding"),
+    ("conv-dilation-zero", lambda e: conv2d_act(e.x, e.w, dilation=0), ValueError, "dilation"),
+    ("conv-groups-zero", lambda e: conv2d_act(e.x, e.w, groups=0), ValueError, "groups"),
+    ("conv-groups-mismatch", lambda e: conv2d_act(e.x, e.w, groups=2), (ValueError, RuntimeError), "groups"),
+    ("conv-activation", lambda e: conv2d_act(e.x, e.w, activation="mish"), ValueError, "activation must be one of"),
+    ("conv-residual-shape", lambda e: conv2d_act(e.x, e.w, residual=torch.zeros(3)), ValueError, "residual of shape"),
+    ("conv-residual-device", lambda e: conv2d_act(e.x, e.w, residual=torch.zeros(2, 8, 7, 7, device="meta")),
+     (ValueError, RuntimeError), "residual"),
+    ("conv-weight-device", lambda e: conv2d_act(e.x, e.w.to("meta")), (ValueError, RuntimeError), "weight"),
+    # fuse
+    ("fuse-model-str", lambda e: fuse("resnet18"), TypeError, "model must be an nn.Module"),
+    ("fuse-model-none", lambda e: fuse(None), TypeError, "model must be an nn.Module"),
+    ("fuse-inplace-str", lambda e: fuse(nn.Conv2d(4, 8, 3), inplace="yes"), TypeError,
+     "inplace must be True or False"),
+    ("fuse-example_inputs-int", lambda e: fuse(nn.Conv2d(4, 8, 3), example_inputs=5), TypeError,
+     "example_inputs must be a tuple"),
+    ("fuse-example_inputs-wrong-shape", lambda e: fuse(nn.Sequential(nn.Conv2d(4, 8, 3), nn.ReLU()),
+                                                        example_inputs=(torch.randn(1, 3, 8, 8),)),
+     (ValueError, RuntimeError), "example_inputs"),
+]
+
+
+@pytest.mark.parametrize("call,error,pattern", [c[1:] for c in CASES], ids=[c[0] for c in CASES])
+def test_bad_input_is_refused_naming_the_argument(env, call, error, pattern):
+    with pytest.raises(error) as info:
+        call(env)
+    message = str(info.value)
+    assert re.search(pattern, message), f"{info.type.__name__}: {message!r} does not match {pattern!r}"
+    assert "[/" not in message or isinstance(info.value, OSError), f"a source location leaked: {message}"
+
+
+def test_the_loader_of_the_sweep_still_works(env, fp):
+    """No refused call above may have changed the loader it was made on."""
+    env.loader.set_epoch(0)
+    batches = list(env.loader)
+    assert sum(len(b["label"]) for b in batches) == N
+    labels = np.load(env.dir / "label.npy")
+    assert np.array_equal(np.concatenate([b["label"].numpy() for b in batches]), labels)
+
+
+def test_absurd_but_legal_values_work(env, fp):
+    """batch_size beyond the dataset (one short batch), the most threads allowed, timeout inf (forever),
+    numpy integers and bools where Python ones go, a token file one window long."""
+    images = np.load(env.dir / "image.npy")
+    with fastpipe.Loader(env.ds, N * 1000) as ld:
+        (batch,) = list(ld)
+        assert batch["image"].numpy().tobytes() == images.tobytes()
+    threads = fp.count_threads()
+    with fastpipe.Loader(env.ds, 5, num_threads=1024, timeout=INF, shuffle=np.bool_(True), seed=np.int64(3)) as ld:
+        assert ld.timeout is None and ld.stats()["num_threads"] == 1024
+        got = np.concatenate([b["label"].numpy() for b in ld])
+        assert sorted(got.tolist()) == sorted(np.load(env.dir / "label.npy").tolist())
+    assert fp.wait_until(lambda: fp.count_threads() <= threads), "reader threads left after close"
+    tokens = fastpipe.TokenDataset(env.tokens, 999)  # 1001 tokens: one window of 1000, one token spare
+    assert len(tokens) == 1
+    ref = np.fromfile(env.tokens, dtype=np.uint16).astype(np.int64)
+    (x, y), = list(fastpipe.Loader(tokens, 1))
+    assert np.array_equal(x[0].numpy(), ref[:999]) and np.array_equal(y[0].numpy(), ref[1:1000])
+
+
+def test_zero_size_batch_and_noncontiguous_residual_match_eager():
+    """Legal corner inputs of the fused op compute what eager PyTorch computes."""
+    w, b = torch.randn(8, 4, 3, 3, dtype=torch.float64), torch.randn(8, dtype=torch.float64)
+    empty = torch.randn(0, 4, 9, 9, dtype=torch.float64)
+    out = conv2d_act(empty, w, b, activation="relu")
+    assert out.shape == (0, 8, 7, 7)
+    x = torch.randn(2, 4, 9, 9, dtype=torch.float64)
+    residual = torch.randn(2, 7, 7, 8, dtype=torch.float64).permute(0, 3, 1, 2)  # non-contiguous
+    assert not residual.is_contiguous()
+    ref = torch.relu(torch.nn.functional.conv2d(x, w, b) + residual)
+    torch.testing.assert_close(conv2d_act(x, w, b, residual=residual), ref)
+    assert not math.isnan(float(ref.sum()))
