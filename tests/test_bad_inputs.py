@@ -305,3 +305,37 @@ def test_zero_size_batch_and_noncontiguous_residual_match_eager():
     ref = torch.relu(torch.nn.functional.conv2d(x, w, b) + residual)
     torch.testing.assert_close(conv2d_act(x, w, b, residual=residual), ref)
     assert not math.isnan(float(ref.sum()))
+
+
+THREAD_START_FAILS = r"""
+import os, resource, sys
+import numpy as np
+import fastpipe
+
+np.save(sys.argv[1], np.arange(400, dtype=np.int64).reshape(100, 4))
+ds = fastpipe.NpyDataset(sys.argv[1])
+threads = len(os.listdir("/proc/self/task"))
+# Room for the arena but not for 64 thread stacks (8 MiB each): a thread start fails part-way.
+vm = int(open("/proc/self/statm").read().split()[0]) * os.sysconf("SC_PAGE_SIZE")
+resource.setrlimit(resource.RLIMIT_AS, (vm + 64 * 2**20, resource.RLIM_INFINITY))
+try:
+    fastpipe.Loader(ds, 4, num_threads=64)
+    print("no error")
+except OSError as e:
+    print("error:", e)
+resource.setrlimit(resource.RLIMIT_AS, (resource.RLIM_INFINITY, resource.RLIM_INFINITY))
+print("threads left:", len(os.listdir("/proc/self/task")) - threads)
+with fastpipe.Loader(ds, 4, num_threads=4) as ld:
+    print("records after:", sum(len(b) for b in ld))
+"""
+
+
+def test_a_failed_thread_start_unwinds_into_an_exception(tmp_path, fp):
+    """A reader thread that cannot start (here: no address space for its stack) used to abort the whole
+    interpreter, as the threads already started were destroyed while joinable."""
+    r = fp.run_python(THREAD_START_FAILS, args=(tmp_path / "x.npy",))
+    assert r.returncode == 0, f"the process died ({r.returncode}):\n{r.stdout}\n{r.stderr[-3000:]}"
+    lines = r.stdout.splitlines()
+    assert re.match(r"error: \[Errno \d+\] could not start reader thread \d+ of num_threads=64: .*lower num_threads",
+                    lines[0]), r.stdout
+    assert lines[1:] == ["threads left: 0", "records after: 100"], r.stdout
