@@ -87,7 +87,7 @@ SANITIZER="$CUDA_HOME/bin/compute-sanitizer"
 if [ -x "$SANITIZER" ]; then
   sanitize() {  # tool, log name, pytest arguments
     local tool=$1 name=$2; shift 2
-    PYTORCH_NO_CUDA_MEMORY_CACHING=1 timeout 45 "$SANITIZER" --tool "$tool" --error-exitcode 9 \
+    PYTORCH_NO_CUDA_MEMORY_CACHING=1 timeout 40 "$SANITIZER" --tool "$tool" --error-exitcode 9 \
       $PY -m pytest -m gpu -q -x -p no:cacheprovider -o addopts="" "$@" >"$RESULTS/sanitizer_${name}_$tool.log" 2>&1
     local rc=$?
     [ "$rc" = 9 ] && TESTS_RC=9  # the sanitizer found errors: the check fails
@@ -103,6 +103,14 @@ if [ -x "$SANITIZER" ]; then
 else
   echo "compute-sanitizer: not in $CUDA_HOME/bin, skipped" | tee -a "$RESULTS/summary.txt"
 fi
+
+# The validation figures of the engines not yet validated (issue 12): every engine forced on every row,
+# forward, with the engine that really ran; after the tests, so a failing engine is known first.
+say "benchmark: each CUDA conv engine forced vs eager (fwd, batch 32, fp16 fp32)"
+timeout 60 $PY benchmarks/conv_bench.py --device cuda --batch 32 --dtype fp16 fp32 --mode fwd --reps 5 --no-compile \
+  --force-engines --out "$RESULTS/conv_engines_gpu.json" >"$RESULTS/conv_engines_gpu.txt" \
+  2>>"$RESULTS/bench_progress.log" || say "forced-engine benchmark failed or stopped at its time limit"
+grep -A40 "each engine forced" "$RESULTS/conv_engines_gpu.txt" | head -45
 
 fi
 

@@ -6,7 +6,10 @@ layers    FusedConv2d against eager PyTorch and torch.compile, per shape of the 
           is the default mode applied to that eager block. For each row the variants run interleaved in
           a rotating order after warm-up (which also makes FusedConv2d time its engines for the shape),
           and the median of the repetitions is kept; speedup = eager time / FusedConv2d time. With
-          --runs N the sweep repeats and each row reports the median speedup over the runs.
+          --runs N the sweep repeats and each row reports the median speedup over the runs. With
+          --force-engines each engine of the device (validated or not) also runs forced, forward only,
+          with its speedup over eager and the engine that really ran (an engine declines shapes it does
+          not compute): the figures that validate a new engine on a GPU.
 overhead  The per-call cost on small calls, where overhead dominates (the CPU, fp32, no_grad): fastpipe's
           op, functional and module against the eager pair a user writes. Each call is timed as the best
           of --rounds rounds of --calls calls, interleaved across the variants. Figures: op <= +1 us,
@@ -23,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import collections
+import contextlib
 import time
 
 import torch
@@ -98,6 +102,8 @@ def add_arguments(p):
                    help="forward only (no_grad) and/or forward + backward")
     g.add_argument("--rows", default="", help="only rows whose family or label contains this text")
     g.add_argument("--runs", type=int, default=1, help="repeat the sweep; rows report medians over runs")
+    g.add_argument("--force-engines", action="store_true",
+                   help="also time each engine of the device forced (forward rows; unvalidated engines too)")
     g.add_argument("--compile", action=argparse.BooleanOptionalAction, default=None,
                    help="the torch.compile column (default: on, off with --quick)")
     g = p.add_argument_group("overhead")
@@ -204,18 +210,31 @@ def measure_row(row, opts, dtype_name, batch, layout, mode, timer):
         return run
 
     runs = {name: step(m) for name, m in variants.items()}
+    forcing = {}  # variant -> the engine forced while it runs
+    if opts["force_engines"] and mode == "fwd":
+        for engine in fnn.conv_engines(device)[1:]:
+            runs[f"forced:{engine}"], forcing[f"forced:{engine}"] = runs["fused"], engine
+
+    def timed(name, inner):
+        with fnn.use_conv_engine(forcing[name]) if name in forcing else contextlib.nullcontext():
+            return timer(runs[name], inner)
+
     fnn.clear_conv_engine_cache()
-    for run in runs.values():  # warm-up: compilation, cuDNN plans, FusedConv2d's engine timing
+    for name in runs:  # warm-up: compilation, cuDNN plans, FusedConv2d's engine timing
         for _ in range(2):
-            run()
+            timed(name, 1)
     engines = sorted({line.split(" -> ")[1].split()[0] for line in fnn.conv_engine_cache()})
+    ran = {}
+    for name, engine in forcing.items():
+        with fnn.use_conv_engine(engine):
+            ran[engine] = engines_ran(runs[name])
     # Enough calls per sample that one sample takes >= 1 ms (GPU kernels are short).
     once = timer(runs["eager"], 1)
     inner = max(1, min(200, int(1e-3 / max(once, 1e-7)))) if timer.cuda else 1
     samples = collections.defaultdict(list)
     for rep in range(opts["reps"]):
         for name in rotating(list(runs), rep):
-            samples[name].append(timer(runs[name], inner))
+            samples[name].append(timed(name, inner))
     times = {name: bc.median(s) for name, s in samples.items()}
     result = {
         "family": row.family, "row": row.name, "activation": row.activation, "device": device,
@@ -227,7 +246,18 @@ def measure_row(row, opts, dtype_name, batch, layout, mode, timer):
     if "compile" in times:
         result["speedup_vs_compile"] = times["compile"] / times["fused"]
         result["compile_speedup"] = times["eager"] / times["compile"]
+    if forcing:
+        result["forced"] = {engine: {"speedup": times["eager"] / times[name], "ran": ran[engine]}
+                            for name, engine in forcing.items()}
     return result
+
+
+def engines_ran(fn):
+    """The conv engines one call of fn ran, from the profiler events each engine run records."""
+    prefix = "fastpipe::conv_engine."
+    with torch.autograd.profiler.profile() as prof:
+        fn()
+    return sorted({e.name[len(prefix):] for e in prof.function_events if e.name.startswith(prefix)})
 
 
 def _config(r) -> str:
@@ -267,6 +297,9 @@ def median_over_runs(runs):
                 r[k] = bc.median(x[k] for x in rs)
                 r[k + "_runs"] = [round(x[k], 4) for x in rs]
         r["engines"] = sorted({e for x in rs for e in x["engines"]})
+        if "forced" in r:
+            r["forced"] = {e: {"speedup": bc.median(x["forced"][e]["speedup"] for x in rs),
+                               "ran": sorted({n for x in rs for n in x["forced"][e]["ran"]})} for e in r["forced"]}
         merged.append(r)
     return merged
 
@@ -288,6 +321,15 @@ def report_layers(rows, summary, out):
                          + ([bc.fmt(r.get("speedup_vs_compile"), ".2f") + "x"] if has_compile else [])
                          + [",".join(r["engines"])])
         out.table(headers, table, title=f"layers: {config}", align="l" + "r" * (len(headers) - 2) + "l")
+    forced = [r for r in rows if "forced" in r]
+    if forced:
+        names = list(forced[0]["forced"])
+        out.table(["config", "row"] + [f"{n}/eager" for n in names],
+                  [[_config(r), r["row"]] + [bc.fmt(f["speedup"], ".2f") + "x" + (
+                      "" if f["ran"] == [n] else f" (ran {','.join(f['ran']) or 'nothing'})")
+                      for n, f in r["forced"].items()] for r in forced],
+                  title="layers: each engine forced (forward; an engine that declines a row runs eager)",
+                  align="ll" + "r" * len(names))
     out.table(["config", "family", "rows", "fused/eager", "fused/compile"],
               [[s["config"], s["family"], s["rows"], bc.fmt(s["speedup"], ".2f") + "x",
                 bc.fmt(s.get("speedup_vs_compile"), ".2f") + ("x" if "speedup_vs_compile" in s else "")]
@@ -334,7 +376,8 @@ def run_layers(opts, out, checkpoint):
 def _layers_result(runs, opts, complete):
     merged = median_over_runs(runs)
     return {"complete": complete, "options": {k: opts[k] for k in ("device", "dtype", "batch", "layout", "mode",
-                                                                  "reps", "runs", "compile", "rows")},
+                                                                  "reps", "runs", "compile", "rows",
+                                                                  "force_engines")},
             "rows": merged, "summary": summarize_layers(merged)}
 
 
@@ -482,6 +525,7 @@ def options(args) -> dict:
     q = args.quick
     return {
         "quick": q, "device": args.device, "rows": args.rows, "mode": args.mode, "runs": args.runs,
+        "force_engines": args.force_engines,
         "dtype": args.dtype or (["bf16"] if q and cuda else ["bf16", "fp16", "fp32"] if cuda else ["fp32"]),
         "batch": args.batch or ([32] if q and cuda else [2] if q else [32, 128] if cuda else [8]),
         "layout": args.layout or ["nchw", "channels_last"],

@@ -10,6 +10,7 @@ import sys
 
 import pytest
 
+import fastpipe.nn
 from fastpipe.bench import cli
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
@@ -113,6 +114,22 @@ def test_conv_quick_runs_a_few_rows_of_every_part(tmp_path):
     else:
         assert models == {"skipped": "torchvision is not installed"}
     assert "**layers: cpu fp32 b2 nchw fwd**" in md and "**overhead:" in md
+
+
+@pytest.mark.skipif(not fastpipe.nn.conv_engines("cpu")[1:], reason="no CPU conv engine besides eager to force")
+def test_conv_force_engines_times_every_engine_and_says_which_ran(tmp_path):
+    """--force-engines: a forward row gets each engine's speedup forced and the engines that really ran
+    (the validation figures of a new engine); forward+backward rows get none."""
+    out = tmp_path / "conv.json"
+    bench("conv", "--part", "layers", "--quick", "--force-engines", "--rows", "1x1 64>256", "--layout", "channels_last",
+          "--out", str(out), "--no-progress", cwd=tmp_path, timeout=300)
+    doc = json.loads(out.read_text())
+    rows = {r["mode"]: r for r in doc["results"]["layers"]["rows"]}
+    engines = fastpipe.nn.conv_engines("cpu")[1:]
+    assert set(rows["fwd"]["forced"]) == set(engines) and "forced" not in rows["fwdbwd"]
+    for name, f in rows["fwd"]["forced"].items():
+        assert f["speedup"] > 0 and f["ran"] == [name], (name, f)  # oneDNN computes this fp32 row
+    assert "each engine forced" in open(doc["files"]["markdown"]).read()
 
 
 def test_benchmarks_script_keeps_its_flags_and_defaults(tmp_path):

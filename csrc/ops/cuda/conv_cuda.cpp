@@ -1,7 +1,7 @@
 // CUDA side of the fused convolution ops: the "epilogue" engine (cuDNN convolution without bias, then
 // one fastpipe kernel for bias + residual + activation: two passes where eager makes three), the
 // "cudnn_fused" engine (cuDNN's one-kernel conv + bias (+ add) + ReLU), the "depthwise" engine (a direct
-// kernel with the epilogue inside), and the fused backward prologue (activation gradient + bias-gradient
+// kernel with the epilogue inside), the "gemm1x1" engine (a 1x1 conv as one cuBLASLt GEMM with its epilogue), and the fused backward prologue (activation gradient + bias-gradient
 // reduction in one pass). None of the engines has run on a GPU yet: they are registered unvalidated
 // (conv_tuner.h), so only FASTPIPE_CONV_ENGINE runs them.
 #include <ATen/ATen.h>
@@ -13,6 +13,7 @@
 
 #include "cuda/depthwise_launch.h"
 #include "cuda/epilogue.h"
+#include "cuda/gemm1x1_launch.h"
 #include "ops/activations.h"
 #include "ops/conv_act.h"
 #include "ops/conv_tuner.h"
@@ -170,6 +171,62 @@ at::Tensor depthwise_run(const ConvArgs& a) {
   return out;
 }
 
+// A 1x1 convolution on channels_last tensors as one cuBLASLt GEMM with the residual, bias and ReLU or
+// tanh-GELU in its epilogue (csrc/cuda/gemm1x1.h); other activations take one epilogue-kernel pass after it.
+const char* gemm1x1_why_not(const ConvArgs& a) {
+  if (!a.input.is_cuda()) return "not a CUDA tensor";
+  if (!kernel_dtype_ok(a.input.scalar_type())) return "it takes float32, float16 and bfloat16 only";
+  if (a.weight.size(2) != 1 || a.weight.size(3) != 1 || a.groups != 1) return "it computes 1x1 convolutions of one group";
+  if (a.stride[0] != 1 || a.stride[1] != 1 || a.padding[0] != 0 || a.padding[1] != 0)
+    return "it computes stride 1 without padding only";
+  if (a.format != at::MemoryFormat::ChannelsLast)
+    return "NCHW: the GEMM's bias runs along the output's channels only in channels_last";
+  if (a.out_sizes[0] * a.out_sizes[1] * a.out_sizes[2] * a.out_sizes[3] > cuda::kMaxElements)
+    return "the output has more elements than its epilogue kernel indexes";
+  static const std::string missing = cuda::cublaslt_missing();
+  if (!missing.empty()) return missing.c_str();
+  return nullptr;
+}
+
+at::Tensor gemm1x1_run(const ConvArgs& a) {
+  const auto cl = at::MemoryFormat::ChannelsLast;
+  // cuBLASLt's fast algorithms and the epilogue kernel want 16-byte aligned operands (views may not be).
+  const at::Tensor input = aligned_dense(a.input, cl), weight = aligned_dense(a.weight, at::MemoryFormat::Contiguous);
+  const at::Tensor residual = a.residual ? aligned_dense(*a.residual, cl) : at::Tensor();
+  const at::Tensor bias = a.bias ? aligned_dense(*a.bias, at::MemoryFormat::Contiguous) : at::Tensor();
+  at::Tensor out = at::empty(a.out_sizes, input.options().memory_format(cl));
+  constexpr int64_t kWorkspace = 4 << 20;
+  const at::Tensor workspace = at::empty({kWorkspace}, input.options().dtype(at::kByte));
+  cuda::Gemm1x1Params p;
+  p.plan = cuda::plan_conv1x1(input.size(0), input.size(2) * input.size(3), input.size(1), weight.size(0),
+                              bias.defined(), residual.defined(), a.act.act);
+  p.weight = weight.data_ptr();
+  p.input = input.data_ptr();
+  p.residual = residual.defined() ? residual.data_ptr() : nullptr;
+  p.bias = bias.defined() ? bias.data_ptr() : nullptr;
+  p.out = out.data_ptr();
+  p.dtype = kernel_dtype(input.scalar_type());
+  p.tf32 = at::globalContext().allowTF32CuDNN(at::Float32Op::CONV);  // a conv: the conv setting, as eager
+  p.workspace = workspace.data_ptr();
+  p.workspace_bytes = kWorkspace;
+  const auto stream = at::cuda::getCurrentCUDAStream();
+  const std::string err = cuda::run_gemm1x1(p, at::cuda::getCurrentCUDABlasLtHandle(), stream);
+  TORCH_CHECK(err.empty(), "fastpipe gemm1x1 engine: ", err);
+  if (p.plan.activation_after) {
+    cuda::EpilogueParams e;
+    e.out = out.data_ptr();
+    e.y = e.out;
+    e.batch = out.size(0);
+    e.channels = out.size(1);
+    e.spatial = out.size(2) * out.size(3);
+    e.channels_last = true;
+    e.dtype = p.dtype;
+    e.act = a.act;
+    FASTPIPE_CHECK_LAUNCH(cuda::launch_epilogue(e, num_sms(), stream), "fastpipe conv epilogue kernel");
+  }
+  return out;
+}
+
 void synchronize(c10::DeviceIndex index) {
   c10::cuda::getCurrentCUDAStream(index).synchronize();
 }
@@ -193,6 +250,8 @@ bool capturing() {
                                                              {"cudnn_fused", cudnn_fused_why_not, cudnn_fused_run,
                                                               /*validated=*/false},
                                                              {"depthwise", depthwise_why_not, depthwise_run,
+                                                              /*validated=*/false},
+                                                             {"gemm1x1", gemm1x1_why_not, gemm1x1_run,
                                                               /*validated=*/false}});
 
 }  // namespace

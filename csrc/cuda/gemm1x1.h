@@ -1,0 +1,66 @@
+// A 1x1 convolution (stride 1, no padding, one group) on channels_last tensors is one GEMM: the NHWC input
+// is a row-major [M = N*H*W, C_in] matrix, the weight a row-major [C_out, C_in] one, and the NHWC output
+// the row-major [M, C_out] product. cuBLASLt adds a residual (its C operand, beta = 1) and a per-row bias
+// and applies ReLU or tanh-GELU in the same kernel; other activations are one pass of fastpipe's epilogue
+// kernel over the GEMM's output. This header plans the call in cuBLASLt's column-major terms; plain C++ (no
+// torch or CUDA headers), so the CPU tests run the plan through a host model of cuBLASLt's semantics.
+#pragma once
+
+#include <cstdint>
+
+#include "cuda/activation.h"
+
+namespace fastpipe::cuda {
+
+// cuBLASLt's epilogues that fastpipe uses (mapped onto cublasLtEpilogue_t in gemm1x1.cu).
+enum class LtEpilogue : int { Default, Bias, Relu, ReluBias, Gelu, GeluBias };
+
+// D (m x n) = epilogue(op(A) (m x k) * op(B) (k x n) + beta * C), every matrix column-major; C and D
+// share the leading dimension ldd; the bias (m values) is added to every column before the activation.
+struct GemmPlan {
+  int64_t m = 0, n = 0, k = 0;
+  bool trans_a = false, trans_b = false;
+  int64_t lda = 0, ldb = 0, ldd = 0;
+  float beta = 0.0f;              // 1: the residual is C
+  LtEpilogue epilogue = LtEpilogue::Default;
+  bool activation_after = false;  // the activation is not one of cuBLASLt's: the epilogue kernel applies it to D
+};
+
+// The plan for a 1x1 convolution of `batch` x `spatial` pixels, C_in -> C_out channels, all NHWC. In column-
+// major terms the input is C_in x M (ld C_in), the weight C_in x C_out (ld C_in), used transposed, and the
+// output C_out x M (ld C_out): so m = C_out (the bias runs along channels), n = M, k = C_in.
+inline GemmPlan plan_conv1x1(int64_t batch, int64_t spatial, int64_t in_channels, int64_t out_channels, bool bias,
+                             bool residual, Act act) {
+  GemmPlan p;
+  p.m = out_channels;
+  p.n = batch * spatial;
+  p.k = in_channels;
+  p.trans_a = true;   // A = weight
+  p.trans_b = false;  // B = input
+  p.lda = in_channels;
+  p.ldb = in_channels;
+  p.ldd = out_channels;
+  p.beta = residual ? 1.0f : 0.0f;
+  switch (act) {
+    case Act::Relu:
+      p.epilogue = bias ? LtEpilogue::ReluBias : LtEpilogue::Relu;
+      break;
+    case Act::GeluTanh:  // cuBLASLt's GELU is the tanh approximation
+      p.epilogue = bias ? LtEpilogue::GeluBias : LtEpilogue::Gelu;
+      break;
+    default:
+      p.epilogue = bias ? LtEpilogue::Bias : LtEpilogue::Default;
+      p.activation_after = act != Act::Identity;
+  }
+  return p;
+}
+
+// What cuBLASLt would compute from a plan, for the host model: (i, j) of D in column-major storage.
+inline int64_t lt_index(int64_t row, int64_t col, int64_t ld) { return row + col * ld; }
+
+// op(X)(row, col) of a column-major X with leading dimension ld, transposed when `trans`.
+inline int64_t lt_op_index(int64_t row, int64_t col, int64_t ld, bool trans) {
+  return trans ? col + row * ld : row + col * ld;
+}
+
+}  // namespace fastpipe::cuda

@@ -1,0 +1,89 @@
+"""The gemm1x1 engine (csrc/cuda/gemm1x1.h): a 1x1 channels_last convolution as one cuBLASLt GEMM with the
+residual, bias and ReLU / tanh-GELU in its epilogue. Its plan (operand order, transposes, leading
+dimensions, where the bias and residual go, which activations need the epilogue kernel after it) runs on
+the host through a model of cuBLASLt's column-major semantics on every build; the engine itself on a GPU
+(gpu-marked), forced, against float64 references on awkward channel counts and image sizes."""
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import fastpipe.nn as fnn
+from conv_ref import run_engines
+from fastpipe.nn.functional import conv2d_act
+
+# (batch, in_channels, out_channels, height, width)
+SHAPES = [(2, 3, 10, 7, 13), (1, 59, 3, 1, 1), (3, 10, 59, 13, 7), (2, 64, 24, 5, 5), (1, 1, 1, 1, 2)]
+ACTIVATIONS = [("identity", {}, lambda t: t), ("relu", {}, torch.relu),
+               ("gelu", {"approximate": "tanh"}, lambda t: F.gelu(t, approximate="tanh")),
+               ("gelu", {}, F.gelu), ("silu", {}, F.silu), ("hardswish", {}, F.hardswish),
+               ("leaky_relu", {"negative_slope": 0.1}, lambda t: F.leaky_relu(t, 0.1)),
+               ("hardtanh", {"min_val": 0.0, "max_val": 6.0}, lambda t: F.hardtanh(t, 0.0, 6.0))]
+ACT_IDS = ["identity", "relu", "gelu_tanh", "gelu", "silu", "hardswish", "leaky_relu", "relu6"]
+
+
+def inputs(shape, bias, residual, generator, device="cpu"):
+    n, c_in, c_out, h, w = shape
+    x = torch.randn(n, c_in, h, w, generator=generator, device=device)
+    wt = torch.randn(c_out, c_in, 1, 1, generator=generator, device=device)
+    b = torch.randn(c_out, generator=generator, device=device) if bias else None
+    r = torch.randn(n, c_out, h, w, generator=generator, device=device) if residual else None
+    return x, wt, b, r
+
+
+def reference(x, w, b, r, fn):
+    y = F.conv2d(x.double(), w.double(), None if b is None else b.double())
+    return fn(y if r is None else y + r.double())
+
+
+@pytest.mark.parametrize("shape", SHAPES, ids=str)
+@pytest.mark.parametrize("bias", [False, True], ids=["nobias", "bias"])
+@pytest.mark.parametrize("residual", [False, True], ids=["plain", "residual"])
+def test_the_plan_through_a_model_of_cublaslt(shape, bias, residual):
+    g = torch.Generator().manual_seed(sum(shape))
+    x, w, b, r = inputs(shape, bias, residual, g)
+    for (act, kwargs, fn), name in zip(ACTIVATIONS, ACT_IDS):
+        act_name, act_args = fnn._activations.resolve(act, kwargs)
+        got = torch.ops.fastpipe._gemm1x1_host(x, w, b, r, act_name, act_args)
+        want = reference(x, w, b, r, fn)
+        assert got.is_contiguous(memory_format=torch.channels_last), name
+        torch.testing.assert_close(got, want, rtol=1e-6, atol=1e-6, msg=lambda m: f"{name}: {m}")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("shape", SHAPES, ids=str)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("residual", [False, True], ids=["plain", "residual"])
+def test_the_engine_on_a_gpu(shape, dtype, residual):
+    """Forced (not validated yet), every activation, outputs poisoned first; the engine must really run."""
+    g = torch.Generator(device="cuda").manual_seed(0)
+    x, w, b, r = inputs(shape, True, residual, g, "cuda")
+    cl = torch.channels_last
+    x = x.to(dtype).contiguous(memory_format=cl)
+    w, b = w.to(dtype), b.to(dtype)
+    r = None if r is None else r.to(dtype).contiguous(memory_format=cl)
+    tol = {torch.float32: 1e-4, torch.float16: 1e-2, torch.bfloat16: 5e-2}[dtype]
+    for (act, kwargs, fn), name in zip(ACTIVATIONS, ACT_IDS):
+        torch.full((1 << 22,), float("nan"), device="cuda", dtype=dtype)
+        with fnn.use_conv_engine("gemm1x1"):
+            got, ran = run_engines(lambda: conv2d_act(x, w, b, activation=act, residual=r, **kwargs))
+        torch.cuda.synchronize()
+        assert ran == ["gemm1x1"], (name, ran)
+        want = reference(x, w, b, r, fn)
+        assert got.is_contiguous(memory_format=cl), name
+        torch.testing.assert_close(got.double(), want, rtol=tol, atol=tol * max(1.0, want.abs().max().item()),
+                                   msg=lambda m: f"{name}: {m}")
+
+
+@pytest.mark.gpu
+def test_the_engine_declines_what_it_does_not_compute():
+    """NCHW, 3x3, stride 2 and groups fall back to eager when gemm1x1 is forced (with the reason)."""
+    x = torch.randn(2, 8, 9, 9, device="cuda")
+    cases = [(x, torch.randn(8, 8, 1, 1, device="cuda"), {}),  # NCHW
+             (x.contiguous(memory_format=torch.channels_last), torch.randn(8, 8, 3, 3, device="cuda"), {}),
+             (x.contiguous(memory_format=torch.channels_last), torch.randn(8, 8, 1, 1, device="cuda"), {"stride": 2}),
+             (x.contiguous(memory_format=torch.channels_last), torch.randn(8, 4, 1, 1, device="cuda"), {"groups": 2})]
+    for xi, wi, kw in cases:
+        with fnn.use_conv_engine("gemm1x1"):
+            _, ran = run_engines(lambda: conv2d_act(xi, wi, activation="relu", **kw))
+        assert ran == ["eager"], (kw, wi.shape, ran)
