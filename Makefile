@@ -8,7 +8,7 @@ REQ ?= requirements/cuda.txt
 PY := $(VENV)/bin/python
 PYTEST_ARGS ?=
 
-.PHONY: setup test bench test-cpu clean
+.PHONY: setup test bench test-cpu fuzz clean
 
 setup:
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -24,6 +24,10 @@ bench: setup
 
 test-cpu:
 	$(MAKE) test VENV=.venv-cpu REQ=requirements/cpu.txt
+
+# Bounded libFuzzer run (ASan+UBSan) of the .npy parser and the token-file opener; installs clang-14.
+fuzz:
+	bash tests/fuzz/run.sh
 
 clean:
 	rm -rf build fastpipe/*.so *.egg-info

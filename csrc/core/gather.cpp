@@ -37,9 +37,15 @@ constexpr int64_t kWarmStep = 8 << 20;
 
 template <typename T>
 void widen_tokens(const char* __restrict__ src, int64_t block, int64_t* __restrict__ x, int64_t* __restrict__ y) {
-  const T* __restrict__ t = reinterpret_cast<const T*>(src);
-  for (int64_t k = 0; k < block; ++k) x[k] = static_cast<int64_t>(t[k]);
-  for (int64_t k = 0; k < block; ++k) y[k] = static_cast<int64_t>(t[k + 1]);
+  // A mapped record starts wherever the file puts it (a .npy header need not end on a multiple of the
+  // token size): memcpy loads, which compile to plain unaligned loads, not a misaligned T*.
+  auto token = [src](int64_t k) {
+    T t;
+    std::memcpy(&t, src + k * static_cast<int64_t>(sizeof(T)), sizeof(T));
+    return static_cast<int64_t>(t);
+  };
+  for (int64_t k = 0; k < block; ++k) x[k] = token(k);
+  for (int64_t k = 0; k < block; ++k) y[k] = token(k + 1);
 }
 
 std::string record_context(const Column& c, int64_t record) {
@@ -138,8 +144,19 @@ Column open_column(ColumnSpec spec, IoMode mode, bool raw) {
                        " bytes are not the transform's uint8 images of " +
                        std::to_string(transforms::in_image_bytes(*s.cmn)) + " bytes");
   }
+  // A ColumnSpec takes any int64 from Python: a negative field would place records before the data (a
+  // read before the mapping), and the end of the last record must be computed without overflow.
+  FP_CHECK_VALUE(s.data_offset >= 0 && s.record_stride >= 0 && s.record_bytes >= 0 && s.num_records >= 0,
+                 "'" + s.path + "': data_offset, record_stride, record_bytes and num_records must not be negative");
+  int64_t need = s.data_offset;
+  if (s.num_records > 0) {
+    int64_t last = 0;
+    FP_CHECK_VALUE(!__builtin_mul_overflow(s.num_records - 1, s.record_stride, &last) &&
+                       !__builtin_add_overflow(need, last, &need) && !__builtin_add_overflow(need, s.record_bytes, &need),
+                   "'" + s.path + "': its " + std::to_string(s.num_records) + " records of stride " +
+                       std::to_string(s.record_stride) + " end past any possible file size");
+  }
   c.file = std::make_unique<File>(s.path, mode, s.record_bytes < kSmallRecord);
-  const int64_t need = s.data_offset + (s.num_records - 1) * s.record_stride + s.record_bytes;
   FP_CHECK_VALUE(c.file->size_at_open() >= need, "'" + s.path + "' is " + std::to_string(c.file->size_at_open()) +
                                                       " bytes but its " + std::to_string(s.num_records) +
                                                       " records need " + std::to_string(need));

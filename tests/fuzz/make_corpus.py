@@ -1,0 +1,123 @@
+"""Writes the fuzzers' seed corpus (tests/fuzz/corpus/): valid and defective .npy files for
+npy_header_fuzz, and token-file inputs (control bytes + file) for token_file_fuzz.
+
+The files are committed, so run.sh needs no numpy; rerun this after changing it
+(python3 tests/fuzz/make_corpus.py). Reproducers of fixed bugs are added by hand (named fixed-*) and
+are left alone here.
+"""
+
+import io
+import os
+import struct
+
+import numpy as np
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+NPY = os.path.join(HERE, "corpus", "npy")
+TOKENS = os.path.join(HERE, "corpus", "tokens")
+
+# token_file_fuzz's control bytes: flags, dtype index / token_bytes, block_size (see its header).
+NPY_FILE, PREAD, DIRECT, SPEC, SIGNED = 1, 2, 4, 8, 16
+TOKEN_TYPES = ["uint8", "uint16", "int16", "int32", "uint32", "int64"]
+
+
+def npy_bytes(arr, version=None):
+    f = io.BytesIO()
+    np.lib.format.write_array(f, arr, version=version, allow_pickle=False)
+    return f.getvalue()
+
+
+def npy_raw_header(header, version=1, data=b""):
+    """A .npy file with a header dict written by hand (numpy would refuse to write these)."""
+    h = header.encode("latin1")
+    length = struct.pack("<H" if version == 1 else "<I", len(h))
+    return b"\x93NUMPY" + bytes([version, 0]) + length + h + data
+
+
+def npy_corpus():
+    a23 = np.arange(6, dtype=np.float32).reshape(2, 3)
+    valid = {
+        "v1_float32_2x3": npy_bytes(a23),
+        "v1_int64_5": npy_bytes(np.arange(5, dtype=np.int64) - 2),
+        "v1_uint8_4x0": npy_bytes(np.zeros((4, 0), np.uint8)),
+        "v1_bool_0": npy_bytes(np.zeros((0,), np.bool_)),
+        "v1_float16_3x2x2": npy_bytes(np.ones((3, 2, 2), np.float16)),
+        "v1_int8_1x1x1x1": npy_bytes(np.full((1, 1, 1, 1), -3, np.int8)),
+        "v1_float64_0x5": npy_bytes(np.zeros((0, 5), np.float64)),
+        "v2_uint16_7": npy_bytes(np.arange(7, dtype=np.uint16), version=(2, 0)),
+        "v3_int16_3": npy_bytes(np.array([-1, 0, 1], np.int16), version=(3, 0)),
+        "v2_int32_2x2": npy_bytes(np.arange(4, dtype=np.int32).reshape(2, 2), version=(2, 0)),
+        # Python 2 era spellings numpy still reads: double quotes, long literals, no trailing comma.
+        "v1_py2_long": npy_raw_header('{"descr": "<i4", "fortran_order": False, "shape": (2L,)}\n', data=bytes(8)),
+        # A header past read_npy_header's first 4 KiB read.
+        "v2_long_header": npy_raw_header("{'descr': '<u1', 'fortran_order': False, 'shape': (3,), }" + " " * 4500
+                                         + "\n", version=2, data=b"abc"),
+    }
+    good = npy_bytes(a23)
+    defective = {
+        "bad_0d_float64": npy_bytes(np.array(2.5)),
+        "bad_bigendian_f4": npy_bytes(np.arange(3, dtype=">f4")),
+        "bad_fortran_2x3": npy_bytes(np.asfortranarray(a23)),
+        "bad_structured": npy_bytes(np.zeros(2, dtype=[("a", "<i4"), ("b", "<f8")])),
+        "bad_unicode": npy_bytes(np.array(["ab", "c"])),
+        "bad_complex64": npy_bytes(np.zeros(2, np.complex64)),
+        "bad_truncated": good[:-5],
+        "bad_header_only": good[:20],
+        "bad_magic": b"\x93NUMPX" + good[6:],
+        "bad_version_4": good[:6] + b"\x04\x00" + good[8:],
+        "bad_header_len": good[:8] + b"\xff\xff" + good[10:],
+        "bad_v2_header_len": npy_raw_header("{}", version=2)[:8] + b"\xff\xff\xff\x7f{}",
+        "bad_duplicate_key": npy_raw_header("{'descr': '<f4', 'descr': '<f4', 'fortran_order': False, 'shape': (1,)}",
+                                            data=bytes(4)),
+        "bad_dim_overflow": npy_raw_header("{'descr': '<f8', 'fortran_order': False, 'shape': (4611686018427387904, 4)}"),
+        "bad_trailing": npy_raw_header("{'descr': '<f4', 'fortran_order': False, 'shape': (1,), } x", data=bytes(4)),
+    }
+    return {f"{k}.npy": v for k, v in {**valid, **defective}.items()}
+
+
+def token_input(flags, type_byte, block, content, spec=None):
+    head = bytes([flags, type_byte]) + struct.pack("<H", block)
+    return head + (struct.pack("<4q", *spec) if spec else b"") + content
+
+
+def tokens_corpus():
+    rng = np.random.default_rng(0)
+
+    def raw(dtype, n):
+        info = np.iinfo(dtype)
+        return rng.integers(info.min, info.max, size=n, dtype=dtype, endpoint=True).tobytes()
+
+    t = TOKEN_TYPES.index
+    return {
+        "raw_uint16_mmap_block4.bin": token_input(0, t("uint16"), 4, raw(np.uint16, 21)),
+        "raw_uint8_pread_block1.bin": token_input(PREAD, t("uint8"), 1, raw(np.uint8, 9)),
+        "raw_int16_direct_block3.bin": token_input(DIRECT, t("int16"), 3, raw(np.int16, 13)),
+        "raw_int32_mmap_block2.bin": token_input(0, t("int32"), 2, raw(np.int32, 7)),
+        "raw_uint32_pread_block5.bin": token_input(PREAD, t("uint32"), 5, raw(np.uint32, 16)),
+        "raw_int64_mmap_block2.bin": token_input(0, t("int64"), 2, raw(np.int64, 5)),
+        "raw_too_short.bin": token_input(0, t("uint16"), 8, raw(np.uint16, 8)),
+        "raw_partial_token.bin": token_input(0, t("int32"), 1, raw(np.int32, 4)[:-1]),
+        "npy_uint16_mmap_block5.bin": token_input(NPY_FILE, 0, 5, npy_bytes(np.frombuffer(raw(np.uint16, 26), np.uint16))),
+        "npy_int64_v2_pread_block3.bin": token_input(NPY_FILE | PREAD, 0, 3,
+                                                     npy_bytes(np.arange(-5, 5, dtype=np.int64), version=(2, 0))),
+        "npy_int8_direct_block2.bin": token_input(NPY_FILE | DIRECT, 0, 2, npy_bytes(np.arange(-4, 4, dtype=np.int8))),
+        "npy_float32_rejected.bin": token_input(NPY_FILE, 0, 2, npy_bytes(np.zeros(8, np.float32))),
+        "npy_2d_rejected.bin": token_input(NPY_FILE, 0, 2, npy_bytes(np.zeros((4, 2), np.int32))),
+        # Spec mode: (data_offset, record_stride, record_bytes, num_records) straight from the input.
+        "spec_int32_windows.bin": token_input(SPEC | SIGNED, 4, 0, raw(np.int32, 8), spec=(4, 8, 12, 3)),
+        "spec_copy_records.bin": token_input(SPEC | PREAD, 0, 0, raw(np.uint8, 32), spec=(2, 6, 5, 5)),
+        "spec_past_end.bin": token_input(SPEC, 2, 0, raw(np.uint16, 6), spec=(0, 4, 6, 4)),
+    }
+
+
+def main():
+    for directory, files in ((NPY, npy_corpus()), (TOKENS, tokens_corpus())):
+        os.makedirs(directory, exist_ok=True)
+        for name, data in files.items():
+            with open(os.path.join(directory, name), "wb") as f:
+                f.write(data)
+        print(f"{directory}: {len(files)} files, {sum(map(len, files.values()))} bytes")
+
+
+if __name__ == "__main__":
+    main()
