@@ -1,6 +1,7 @@
-// The direct depthwise kernel (see depthwise.h): one thread per output element, taps read straight from
-// the input (neighbouring threads read neighbouring pixels or channels, which the caches share), the
-// bias, residual and activation applied before the one write.
+// The direct depthwise kernel (see depthwise.h): one thread per output element, or per V channels of a
+// pixel on the vectorised NHWC path (16-byte loads of input and residual, one 16-byte store); taps read
+// straight from the input (neighbouring threads read neighbouring pixels or channels, which the caches
+// share), the bias, residual and activation applied before the one write.
 #include "cuda/depthwise_launch.h"
 
 #include <algorithm>
@@ -12,21 +13,43 @@ namespace {
 
 constexpr int kThreads = 256;
 
-template <typename T, Act A>
-__global__ void __launch_bounds__(kThreads) depthwise_kernel(DepthwiseParams p, int64_t total) {
+// V consecutive elements from `p` as float: one 16-byte load when V > 1 (p is then 16-byte aligned).
+template <typename T, int V>
+__device__ __forceinline__ void load_lanes(const T* p, float (&v)[V]) {
+  if constexpr (V == 1) {
+    v[0] = to_float(__ldg(p));
+  } else {
+    static_assert(sizeof(T) * V == 16, "the vectorised path moves 16 bytes");
+    const uint4 raw = __ldg(reinterpret_cast<const uint4*>(p));
+    Pack<T, V> pk;
+    memcpy(&pk, &raw, 16);
+    for (int l = 0; l < V; ++l) v[l] = to_float(pk.v[l]);
+  }
+}
+
+template <typename T, Act A, int V>
+__global__ void __launch_bounds__(kThreads) depthwise_kernel(DepthwiseParams p, int64_t groups) {
   const T* in = static_cast<const T*>(p.input);
   const T* w = static_cast<const T*>(p.weight);
   const T* bias = static_cast<const T*>(p.bias);
   const T* res = static_cast<const T*>(p.residual);
   T* out = static_cast<T*>(p.out);
   const float alpha = static_cast<float>(p.act.alpha), beta = static_cast<float>(p.act.beta);
-  for (int64_t i = blockIdx.x * int64_t(kThreads) + threadIdx.x; i < total; i += int64_t(gridDim.x) * kThreads) {
-    const OutCoord o = depthwise_out_coord(p, i);
-    const float z = depthwise_pre_activation(
-        p, o, [&](int64_t k) { return to_float(__ldg(in + k)); }, [&](int64_t k) { return to_float(__ldg(w + k)); },
-        [&](int64_t k) { return to_float(__ldg(bias + k)); }, [&](int64_t k) { return to_float(__ldg(res + k)); });
-    out[i] = from_float<T>(act_forward<A>(z, alpha, beta));
+  for (int64_t i = blockIdx.x * int64_t(kThreads) + threadIdx.x; i < groups; i += int64_t(gridDim.x) * kThreads) {
+    const OutCoord o = depthwise_out_coord(p, i, V);
+    float z[V];
+    depthwise_pre_activation<V>(
+        p, o, z, [&](int64_t k, float(&v)[V]) { load_lanes<T, V>(in + k, v); },
+        [&](int64_t k) { return to_float(__ldg(w + k)); }, [&](int64_t k) { return to_float(__ldg(bias + k)); },
+        [&](int64_t k, float(&v)[V]) { load_lanes<T, V>(res + k, v); });
+    Pack<T, V> pk;
+    for (int l = 0; l < V; ++l) pk.v[l] = from_float<T>(act_forward<A>(z[l], alpha, beta));
+    *reinterpret_cast<Pack<T, V>*>(out + i * V) = pk;  // element i * V: groups are consecutive in NHWC
   }
+}
+
+bool aligned16(const void* p) {
+  return reinterpret_cast<uintptr_t>(p) % 16 == 0;
 }
 
 }  // namespace
@@ -35,11 +58,22 @@ cudaError_t launch_depthwise(const DepthwiseParams& p, int num_sms, cudaStream_t
   const int64_t total = p.n * p.c * p.oh * p.ow;
   if (total <= 0 || p.kh < 1 || p.kw < 1 || p.sh < 1 || p.sw < 1 || p.dh < 1 || p.dw < 1 || p.ph < 0 || p.pw < 0)
     return total == 0 ? cudaSuccess : cudaErrorInvalidValue;
-  const int64_t blocks = std::min<int64_t>((total + kThreads - 1) / kThreads, int64_t(num_sms) * 32);
   dtype_switch(static_cast<DType>(p.dtype), [&](auto t) {
     using T = decltype(t);
+    const bool vector = depthwise_lanes(p, sizeof(T)) > 1 && aligned16(p.input) && aligned16(p.out) &&
+                        (!p.residual || aligned16(p.residual));
     act_switch(p.act.act, [&](auto a) {
-      depthwise_kernel<T, decltype(a)::value><<<static_cast<unsigned>(blocks), kThreads, 0, stream>>>(p, total);
+      auto launch = [&](auto kernel, int lanes) {
+        const int64_t groups = total / lanes;
+        const int64_t blocks = std::min<int64_t>((groups + kThreads - 1) / kThreads, int64_t(num_sms) * 32);
+        kernel<<<static_cast<unsigned>(blocks), kThreads, 0, stream>>>(p, groups);
+      };
+      constexpr int kLanes = 16 / sizeof(T);
+      if (vector) {
+        launch(depthwise_kernel<T, decltype(a)::value, kLanes>, kLanes);
+      } else {
+        launch(depthwise_kernel<T, decltype(a)::value, 1>, 1);
+      }
     });
   });
   return cudaGetLastError();

@@ -3,8 +3,11 @@
 // convolution pass, then the bias/add/activation passes. Any kernel size, stride, padding, dilation;
 // NCHW or NHWC (channels_last); float32, float16 or bfloat16 with float32 accumulation.
 //
+// On NHWC tensors whose channels are a multiple of 16 bytes' worth, each thread computes that many
+// channels of a pixel with 16-byte loads and stores (the vectorised path); else one element per thread.
+//
 // The index and boundary arithmetic lives here as functions compiled for the host and the device; the
-// CPU tests run depthwise_pre_activation over whole grids (through the private op
+// CPU tests run depthwise_pre_activation over whole grids at every lane count (through the private op
 // fastpipe::_depthwise_host) against float64 references on awkward shapes. Plain C++ outside nvcc.
 #pragma once
 
@@ -32,12 +35,14 @@ struct OutCoord {
   int64_t n, c, y, x;
 };
 
-// Output element `i` (its offset in the output's storage order) as coordinates.
-FASTPIPE_HD inline OutCoord depthwise_out_coord(const DepthwiseParams& p, int64_t i) {
+// Output element `i` (its offset in the output's storage order) as coordinates; with `lanes` > 1 (NHWC,
+// c a multiple of lanes), output group `i` of `lanes` consecutive channels of one pixel, o.c its first.
+FASTPIPE_HD inline OutCoord depthwise_out_coord(const DepthwiseParams& p, int64_t i, int lanes = 1) {
   OutCoord o;
   if (p.channels_last) {
-    o.c = i % p.c;
-    i /= p.c;
+    const int64_t groups = p.c / lanes;
+    o.c = i % groups * lanes;
+    i /= groups;
     o.x = i % p.ow;
     i /= p.ow;
     o.y = i % p.oh;
@@ -79,24 +84,38 @@ FASTPIPE_HD inline TapRange depthwise_taps(int64_t origin, int64_t size, int ker
   return r;
 }
 
-// conv + bias + residual at output element o (before the activation), accumulating in float. `load_in`,
-// `load_w`, `load_bias` and `load_res` read element offsets of the four tensors as float.
-template <typename LoadIn, typename LoadW, typename LoadBias, typename LoadRes>
-FASTPIPE_HD inline float depthwise_pre_activation(const DepthwiseParams& p, const OutCoord& o, LoadIn load_in,
-                                                  LoadW load_w, LoadBias load_bias, LoadRes load_res) {
+// conv + bias + residual at output element o (before the activation), accumulating in float, for V
+// consecutive channels from o.c (V > 1: NHWC, where they are adjacent in memory). `load_in(offset, v)` and
+// `load_res(offset, v)` read V elements from an element offset as float; `load_w` and `load_bias` read one.
+template <int V, typename LoadIn, typename LoadW, typename LoadBias, typename LoadRes>
+FASTPIPE_HD inline void depthwise_pre_activation(const DepthwiseParams& p, const OutCoord& o, float (&acc)[V],
+                                                 LoadIn load_in, LoadW load_w, LoadBias load_bias,
+                                                 LoadRes load_res) {
   const int64_t y0 = o.y * p.sh - p.ph, x0 = o.x * p.sw - p.pw;
   const TapRange ty = depthwise_taps(y0, p.h, p.kh, p.dh), tx = depthwise_taps(x0, p.w, p.kw, p.dw);
-  float acc = 0.f;
+  for (int l = 0; l < V; ++l) acc[l] = 0.f;
+  float v[V];
   for (int ky = ty.first; ky < ty.last; ++ky) {
     const int64_t iy = y0 + static_cast<int64_t>(ky) * p.dh;
     for (int kx = tx.first; kx < tx.last; ++kx) {
       const int64_t ix = x0 + static_cast<int64_t>(kx) * p.dw;
-      acc += load_in(depthwise_offset(p, o.n, o.c, iy, ix, p.h, p.w)) * load_w((o.c * p.kh + ky) * p.kw + kx);
+      load_in(depthwise_offset(p, o.n, o.c, iy, ix, p.h, p.w), v);
+      for (int l = 0; l < V; ++l) acc[l] += v[l] * load_w(((o.c + l) * p.kh + ky) * p.kw + kx);
     }
   }
-  if (p.bias) acc += load_bias(o.c);
-  if (p.residual) acc += load_res(depthwise_offset(p, o.n, o.c, o.y, o.x, p.oh, p.ow));
-  return acc;
+  if (p.bias)
+    for (int l = 0; l < V; ++l) acc[l] += load_bias(o.c + l);
+  if (p.residual) {
+    load_res(depthwise_offset(p, o.n, o.c, o.y, o.x, p.oh, p.ow), v);
+    for (int l = 0; l < V; ++l) acc[l] += v[l];
+  }
+}
+
+// Channels per thread of the vectorised path (16-byte loads and stores) for elements of `bytes`, or 1
+// where it does not apply: NCHW, or a channel count that is not a multiple.
+FASTPIPE_HD inline int depthwise_lanes(const DepthwiseParams& p, int bytes) {
+  const int lanes = 16 / bytes;
+  return p.channels_last && p.c % lanes == 0 ? lanes : 1;
 }
 
 }  // namespace fastpipe::cuda

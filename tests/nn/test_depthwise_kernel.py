@@ -56,8 +56,39 @@ def test_the_index_math_over_whole_grids(shape, channels_last):
         torch.testing.assert_close(got.double(), want, rtol=1e-5, atol=1e-5)
 
 
+# Channel counts that take the vectorised NHWC path (multiples of 4 float32 or 8 float16/bfloat16 lanes).
+VECTOR_SHAPES = [
+    (8, 7, 13, (3, 3), (1, 1), (1, 1), (1, 1)),
+    (24, 13, 7, (5, 5), (2, 2), (2, 2), (1, 1)),
+    (40, 1, 1, (3, 3), (1, 1), (1, 1), (1, 1)),
+    (16, 9, 11, (3, 3), (1, 2), (4, 0), (2, 2)),
+    (8, 2, 3, (7, 7), (2, 1), (3, 6), (1, 2)),
+]
+
+
+@pytest.mark.parametrize("shape", VECTOR_SHAPES, ids=str)
+@pytest.mark.parametrize("lanes", [4, 8])
+def test_the_vectorised_path_over_whole_grids(shape, lanes):
+    """V channels per step (16-byte loads of float32 x 4 or half x 8): the grouping of output elements, the
+    per-lane weight and bias offsets and the residual's lanes."""
+    g = torch.Generator().manual_seed(1)
+    for bias, residual in itertools.product([False, True], repeat=2):
+        x, w, b, r = inputs(shape, 2, bias, residual, g)
+        _, _, _, _, stride, padding, dilation = shape
+        got = torch.ops.fastpipe._depthwise_host(x, w, b, r, stride, padding, dilation, True, lanes)
+        want = reference(x, w, b, r, stride, padding, dilation)
+        assert got.is_contiguous(memory_format=torch.channels_last)
+        torch.testing.assert_close(got.double(), want, rtol=1e-5, atol=1e-5)
+
+
+def test_the_vectorised_path_refuses_what_it_cannot_group():
+    x, w, _, _ = inputs(SHAPES[0], 1, False, False, torch.Generator().manual_seed(2))  # 3 channels
+    with pytest.raises(RuntimeError, match="lanes > 1 needs channels_last and channels a multiple of lanes"):
+        torch.ops.fastpipe._depthwise_host(x, w, None, None, (1, 1), (1, 1), (1, 1), True, 4)
+
+
 @pytest.mark.gpu
-@pytest.mark.parametrize("shape", SHAPES, ids=str)
+@pytest.mark.parametrize("shape", SHAPES + VECTOR_SHAPES, ids=str)
 @pytest.mark.parametrize("layout", ["nchw", "channels_last"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16], ids=str)
 def test_the_kernel_on_a_gpu(shape, layout, dtype):
@@ -79,3 +110,21 @@ def test_the_kernel_on_a_gpu(shape, layout, dtype):
         want = fn(pre)
         assert got.is_contiguous(memory_format=fmt), act
         torch.testing.assert_close(got.double(), want, rtol=tol, atol=tol * max(1.0, want.abs().max().item()))
+
+
+@pytest.mark.gpu
+def test_the_kernel_on_an_unaligned_channels_last_view():
+    """A view 4 bytes into its storage cannot take 16-byte loads: the element-wise path computes it."""
+    g = torch.Generator(device="cuda").manual_seed(0)
+    x, w, b, r = inputs(VECTOR_SHAPES[0], 2, True, True, g, "cuda")
+    x = x.contiguous(memory_format=torch.channels_last)
+    storage = torch.empty(x.numel() + 1, device="cuda")
+    shifted = storage[1:].as_strided(x.shape, x.stride())
+    shifted.copy_(x)
+    assert shifted.data_ptr() % 16 != 0
+    _, _, _, _, stride, padding, dilation = VECTOR_SHAPES[0]
+    with fnn.use_conv_engine("depthwise"):
+        got = conv2d_act(shifted, w, b, stride, padding, dilation, groups=x.shape[1], activation="relu",
+                         residual=r.contiguous(memory_format=torch.channels_last))
+    want = torch.relu(reference(x, w, b, r, stride, padding, dilation))
+    torch.testing.assert_close(got.double(), want, rtol=1e-4, atol=1e-4 * max(1.0, want.abs().max().item()))

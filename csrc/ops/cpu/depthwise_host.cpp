@@ -1,8 +1,12 @@
 // fastpipe::_depthwise_host: the direct depthwise kernel's per-element code (csrc/cuda/depthwise.h) run on
-// the host over a whole output grid, in float32, before the activation. A test op: the CPU tests check
+// the host over a whole output grid, in float32, before the activation, `lanes` channels per step as the
+// vectorised NHWC path computes them (1: the element-wise path). A test op: the CPU tests check
 // the kernel's index and boundary arithmetic with it on every build, GPU or not.
 #include <ATen/ATen.h>
 #include <torch/library.h>
+
+#include <algorithm>
+#include <type_traits>
 
 #include "cuda/depthwise.h"
 #include "ops/conv_act.h"
@@ -12,7 +16,7 @@ namespace {
 
 at::Tensor depthwise_host(const at::Tensor& input, const at::Tensor& weight, const std::optional<at::Tensor>& bias,
                           const std::optional<at::Tensor>& residual, at::IntArrayRef stride, at::IntArrayRef padding,
-                          at::IntArrayRef dilation, bool channels_last) {
+                          at::IntArrayRef dilation, bool channels_last, int64_t lanes) {
   TORCH_CHECK(input.dim() == 4 && weight.dim() == 4 && weight.size(1) == 1 && weight.size(0) == input.size(1),
               "_depthwise_host takes input [N, C, H, W] and weight [C, 1, kH, kW]");
   TORCH_CHECK(stride.size() == 2 && padding.size() == 2 && dilation.size() == 2, "stride, padding, dilation: 2 values");
@@ -27,6 +31,9 @@ at::Tensor depthwise_host(const at::Tensor& input, const at::Tensor& weight, con
   p.dh = static_cast<int>(dilation[0]), p.dw = static_cast<int>(dilation[1]);
   p.oh = conv_output_size(p.h, p.kh, p.sh, p.ph, p.dh), p.ow = conv_output_size(p.w, p.kw, p.sw, p.pw, p.dw);
   p.channels_last = channels_last;
+  TORCH_CHECK(lanes == 1 || lanes == 4 || lanes == 8, "lanes must be 1, 4 or 8");
+  TORCH_CHECK(lanes == 1 || cuda::depthwise_lanes(p, static_cast<int>(16 / lanes)) == lanes,
+              "lanes > 1 needs channels_last and channels a multiple of lanes");
   at::Tensor out = at::empty({p.n, p.c, p.oh, p.ow}, in.options().memory_format(fmt));
   const at::Tensor r = residual ? residual->to(at::kFloat).contiguous(fmt) : at::Tensor();
   TORCH_CHECK(!residual || r.sizes() == out.sizes(), "residual must have the output's shape ", out.sizes());
@@ -39,10 +46,23 @@ at::Tensor depthwise_host(const at::Tensor& input, const at::Tensor& weight, con
   const float* pr = residual ? r.data_ptr<float>() : nullptr;
   float* po = out.data_ptr<float>();
   const int64_t total = out.numel();
-  for (int64_t i = 0; i < total; ++i) {
-    po[i] = cuda::depthwise_pre_activation(
-        p, cuda::depthwise_out_coord(p, i), [&](int64_t k) { return pin[k]; }, [&](int64_t k) { return pw[k]; },
-        [&](int64_t k) { return pb[k]; }, [&](int64_t k) { return pr[k]; });
+  auto run = [&](auto lanes_tag) {
+    constexpr int V = decltype(lanes_tag)::value;
+    for (int64_t g = 0; g < total / V; ++g) {
+      float acc[V];
+      cuda::depthwise_pre_activation<V>(
+          p, cuda::depthwise_out_coord(p, g, V), acc,
+          [&](int64_t k, float(&v)[V]) { std::copy(pin + k, pin + k + V, v); }, [&](int64_t k) { return pw[k]; },
+          [&](int64_t k) { return pb[k]; }, [&](int64_t k, float(&v)[V]) { std::copy(pr + k, pr + k + V, v); });
+      std::copy(acc, acc + V, po + g * V);
+    }
+  };
+  if (lanes == 8) {
+    run(std::integral_constant<int, 8>{});
+  } else if (lanes == 4) {
+    run(std::integral_constant<int, 4>{});
+  } else {
+    run(std::integral_constant<int, 1>{});
   }
   return out;
 }
@@ -53,7 +73,7 @@ at::Tensor depthwise_host(const at::Tensor& input, const at::Tensor& weight, con
 TORCH_LIBRARY_FRAGMENT(fastpipe, m) {
   m.def(
       "_depthwise_host(Tensor input, Tensor weight, Tensor? bias, Tensor? residual, int[2] stride, int[2] padding, "
-      "int[2] dilation, bool channels_last) -> Tensor");
+      "int[2] dilation, bool channels_last, int lanes=1) -> Tensor");
 }
 
 TORCH_LIBRARY_IMPL(fastpipe, CPU, m) {
