@@ -48,6 +48,31 @@ __global__ void __launch_bounds__(kThreads) depthwise_kernel(DepthwiseParams p, 
   }
 }
 
+// One block per tile of one NCHW plane (depthwise.h): the patch into shared memory, then a thread per output.
+template <typename T, Act A>
+__global__ void __launch_bounds__(kTileH * kTileW) depthwise_tiled_kernel(DepthwiseParams p) {
+  extern __shared__ float patch[];
+  const T* in = static_cast<const T*>(p.input);
+  const T* w = static_cast<const T*>(p.weight);
+  const T* bias = static_cast<const T*>(p.bias);
+  const T* res = static_cast<const T*>(p.residual);
+  T* out = static_cast<T*>(p.out);
+  const DepthwiseTile t = depthwise_tile(p, blockIdx.x);
+  const int tid = threadIdx.x;
+  for (int64_t k = tid; k < t.patch_h * t.patch_w; k += kTileH * kTileW) {
+    const int64_t src = depthwise_patch_source(p, t, k);
+    patch[k] = src < 0 ? 0.f : to_float(__ldg(in + src));
+  }
+  __syncthreads();
+  const int a = tid / kTileW, b = tid % kTileW;
+  if (t.oy0 + a >= p.oh || t.ox0 + b >= p.ow) return;
+  const float z = depthwise_tile_pre_activation(
+      p, t, a, b, [&](int64_t k) { return patch[k]; }, [&](int64_t k) { return to_float(__ldg(w + k)); },
+      [&](int64_t k) { return to_float(__ldg(bias + k)); }, [&](int64_t k) { return to_float(__ldg(res + k)); });
+  out[depthwise_offset(p, t.n, t.c, t.oy0 + a, t.ox0 + b, p.oh, p.ow)] =
+      from_float<T>(act_forward<A>(z, static_cast<float>(p.act.alpha), static_cast<float>(p.act.beta)));
+}
+
 bool aligned16(const void* p) {
   return reinterpret_cast<uintptr_t>(p) % 16 == 0;
 }
@@ -74,6 +99,22 @@ cudaError_t launch_depthwise(const DepthwiseParams& p, int num_sms, cudaStream_t
       } else {
         launch(depthwise_kernel<T, decltype(a)::value, 1>, 1);
       }
+    });
+  });
+  return cudaGetLastError();
+}
+
+cudaError_t launch_depthwise_tiled(const DepthwiseParams& p, cudaStream_t stream) {
+  const int64_t total = p.n * p.c * p.oh * p.ow;
+  if (total == 0) return cudaSuccess;
+  if (total < 0 || depthwise_tiled_why_not(p)) return cudaErrorInvalidValue;
+  const int64_t blocks = p.n * p.c * depthwise_tiles_per_plane(p);
+  const size_t smem = static_cast<size_t>(depthwise_patch_elements(p)) * sizeof(float);
+  dtype_switch(static_cast<DType>(p.dtype), [&](auto t) {
+    using T = decltype(t);
+    act_switch(p.act.act, [&](auto a) {
+      depthwise_tiled_kernel<T, decltype(a)::value>
+          <<<static_cast<unsigned>(blocks), kTileH * kTileW, smem, stream>>>(p);
     });
   });
   return cudaGetLastError();

@@ -118,4 +118,74 @@ FASTPIPE_HD inline int depthwise_lanes(const DepthwiseParams& p, int bytes) {
   return p.channels_last && p.c % lanes == 0 ? lanes : 1;
 }
 
+// ---- NCHW tiles (the depthwise_tiled engine) ---------------------------------------------------
+// A block computes a kTileH x kTileW tile of outputs of one (n, c) plane from a copy in shared memory of
+// the input patch the tile reads (zeros where it lies outside the image), so each input pixel is read
+// from global memory once per tile instead of once per tap.
+constexpr int kTileH = 16, kTileW = 16;
+
+struct DepthwiseTile {
+  int64_t n, c;        // the plane
+  int64_t oy0, ox0;    // first output of the tile
+  int64_t iy0, ix0;    // input coordinates of patch element (0, 0)
+  int64_t patch_h, patch_w;
+};
+
+FASTPIPE_HD inline int64_t depthwise_tiles_per_plane(const DepthwiseParams& p) {
+  return ((p.oh + kTileH - 1) / kTileH) * ((p.ow + kTileW - 1) / kTileW);
+}
+
+// Elements of the input patch of a tile (the shared memory a block needs, in elements).
+FASTPIPE_HD inline int64_t depthwise_patch_elements(const DepthwiseParams& p) {
+  return (int64_t(kTileH - 1) * p.sh + int64_t(p.kh - 1) * p.dh + 1) *
+         (int64_t(kTileW - 1) * p.sw + int64_t(p.kw - 1) * p.dw + 1);
+}
+
+// Why the tiled kernel cannot compute `p` (null when it can). The patch is held as float.
+constexpr int64_t kMaxTiledPatchBytes = 48 << 10;
+inline const char* depthwise_tiled_why_not(const DepthwiseParams& p) {
+  if (p.channels_last) return "NHWC: the depthwise engine's vectorised path reads whole channel vectors instead";
+  if (depthwise_patch_elements(p) * int64_t(sizeof(float)) > kMaxTiledPatchBytes)
+    return "the input patch of a tile (kernel, stride and dilation) does not fit in 48 KiB of shared memory";
+  if (p.n * p.c * depthwise_tiles_per_plane(p) > INT32_MAX) return "more tiles than a grid holds";
+  return nullptr;
+}
+
+FASTPIPE_HD inline DepthwiseTile depthwise_tile(const DepthwiseParams& p, int64_t block) {
+  const int64_t tiles_x = (p.ow + kTileW - 1) / kTileW, per_plane = depthwise_tiles_per_plane(p);
+  const int64_t plane = block / per_plane, t = block % per_plane;
+  DepthwiseTile tile;
+  tile.n = plane / p.c;
+  tile.c = plane % p.c;
+  tile.oy0 = t / tiles_x * kTileH;
+  tile.ox0 = t % tiles_x * kTileW;
+  tile.iy0 = tile.oy0 * p.sh - p.ph;
+  tile.ix0 = tile.ox0 * p.sw - p.pw;
+  tile.patch_h = int64_t(kTileH - 1) * p.sh + int64_t(p.kh - 1) * p.dh + 1;
+  tile.patch_w = int64_t(kTileW - 1) * p.sw + int64_t(p.kw - 1) * p.dw + 1;
+  return tile;
+}
+
+// Input offset of patch element k (row-major in the patch), or -1 where it lies outside the image (a zero).
+FASTPIPE_HD inline int64_t depthwise_patch_source(const DepthwiseParams& p, const DepthwiseTile& t, int64_t k) {
+  const int64_t iy = t.iy0 + k / t.patch_w, ix = t.ix0 + k % t.patch_w;
+  if (iy < 0 || iy >= p.h || ix < 0 || ix >= p.w) return -1;
+  return depthwise_offset(p, t.n, t.c, iy, ix, p.h, p.w);
+}
+
+// conv + bias + residual of output (t.oy0 + a, t.ox0 + b) from the patch (before the activation).
+template <typename LoadPatch, typename LoadW, typename LoadBias, typename LoadRes>
+FASTPIPE_HD inline float depthwise_tile_pre_activation(const DepthwiseParams& p, const DepthwiseTile& t, int a, int b,
+                                                       LoadPatch load_patch, LoadW load_w, LoadBias load_bias,
+                                                       LoadRes load_res) {
+  float acc = 0.f;
+  for (int ky = 0; ky < p.kh; ++ky)
+    for (int kx = 0; kx < p.kw; ++kx)
+      acc += load_patch((int64_t(a) * p.sh + int64_t(ky) * p.dh) * t.patch_w + int64_t(b) * p.sw + int64_t(kx) * p.dw) *
+             load_w((t.c * p.kh + ky) * p.kw + kx);
+  if (p.bias) acc += load_bias(t.c);
+  if (p.residual) acc += load_res(depthwise_offset(p, t.n, t.c, t.oy0 + a, t.ox0 + b, p.oh, p.ow));
+  return acc;
+}
+
 }  // namespace fastpipe::cuda

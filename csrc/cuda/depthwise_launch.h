@@ -12,4 +12,7 @@ namespace fastpipe::cuda {
 // cudaErrorInvalidValue for bad sizes, else the launch's cudaGetLastError().
 cudaError_t launch_depthwise(const DepthwiseParams& p, int num_sms, cudaStream_t stream);
 
+// The NCHW shared-memory-tile variant (depthwise.h); cudaErrorInvalidValue where depthwise_tiled_why_not.
+cudaError_t launch_depthwise_tiled(const DepthwiseParams& p, cudaStream_t stream);
+
 }  // namespace fastpipe::cuda

@@ -10,6 +10,7 @@ import torch
 import torch.nn.functional as F
 
 import fastpipe.nn as fnn
+from conv_ref import run_engines
 from fastpipe.nn.functional import conv2d_act
 
 # (channels, height, width, kernel, stride, padding, dilation)
@@ -56,6 +57,27 @@ def test_the_index_math_over_whole_grids(shape, channels_last):
         torch.testing.assert_close(got.double(), want, rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize("shape", SHAPES, ids=str)
+def test_the_tiled_path_block_by_block(shape):
+    """The NCHW shared-memory-tile kernel's decomposition run block by block on the host: every output
+    written by exactly one thread (the op checks), each from the right patch elements, zeros outside."""
+    g = torch.Generator().manual_seed(3)
+    for bias, residual in itertools.product([False, True], repeat=2):
+        x, w, b, r = inputs(shape, 2, bias, residual, g)
+        _, _, _, _, stride, padding, dilation = shape
+        got = torch.ops.fastpipe._depthwise_host(x, w, b, r, stride, padding, dilation, False, 1, True)
+        torch.testing.assert_close(got.double(), reference(x, w, b, r, stride, padding, dilation), rtol=1e-5,
+                                   atol=1e-5)
+
+
+def test_the_tiled_path_covers_images_larger_than_a_tile():
+    """Several tiles per plane, a partial last tile in both directions, stride 2 and dilation 2."""
+    g = torch.Generator().manual_seed(4)
+    x, w, b, r = inputs((3, 37, 41, (5, 5), (2, 2), (4, 4), (2, 2)), 2, True, True, g)
+    got = torch.ops.fastpipe._depthwise_host(x, w, b, r, (2, 2), (4, 4), (2, 2), False, 1, True)
+    torch.testing.assert_close(got.double(), reference(x, w, b, r, (2, 2), (4, 4), (2, 2)), rtol=1e-5, atol=1e-5)
+
+
 # Channel counts that take the vectorised NHWC path (multiples of 4 float32 or 8 float16/bfloat16 lanes).
 VECTOR_SHAPES = [
     (8, 7, 13, (3, 3), (1, 1), (1, 1), (1, 1)),
@@ -89,9 +111,10 @@ def test_the_vectorised_path_refuses_what_it_cannot_group():
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("shape", SHAPES + VECTOR_SHAPES, ids=str)
-@pytest.mark.parametrize("layout", ["nchw", "channels_last"])
+@pytest.mark.parametrize("layout,engine", [("nchw", "depthwise"), ("channels_last", "depthwise"),
+                                           ("nchw", "depthwise_tiled")])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16], ids=str)
-def test_the_kernel_on_a_gpu(shape, layout, dtype):
+def test_the_kernel_on_a_gpu(shape, layout, engine, dtype):
     """Forced (the engine is not validated yet), every activation, outputs poisoned first."""
     g = torch.Generator(device="cuda").manual_seed(0)
     fmt = torch.channels_last if layout == "channels_last" else torch.contiguous_format
@@ -104,8 +127,10 @@ def test_the_kernel_on_a_gpu(shape, layout, dtype):
                     ("hardswish", F.hardswish), ("sigmoid", torch.sigmoid), ("tanh", torch.tanh)]:
         # NaN into the caching allocator's free blocks: an output element the kernel skips shows as NaN.
         torch.full((1 << 22,), float("nan"), device="cuda", dtype=dtype)
-        with fnn.use_conv_engine("depthwise"):
-            got = conv2d_act(x, w, b, stride, padding, dilation, groups=x.shape[1], activation=act, residual=r)
+        with fnn.use_conv_engine(engine):
+            got, ran = run_engines(lambda: conv2d_act(x, w, b, stride, padding, dilation, groups=x.shape[1],
+                                                      activation=act, residual=r))
+        assert ran == [engine], (act, ran)
         torch.cuda.synchronize()
         want = fn(pre)
         assert got.is_contiguous(memory_format=fmt), act

@@ -32,7 +32,7 @@ def test_engine_names():
     assert cpu[0] == "eager"
     assert ("onednn" in cpu) == HAS_ONEDNN
     assert fnn.conv_engines("cuda") == (
-        ["eager", "epilogue", "cudnn_fused", "depthwise", "gemm1x1"] if fastpipe.build_info()["cuda"] else [])
+        ["eager", "epilogue", "cudnn_fused", "depthwise", "depthwise_tiled", "gemm1x1"] if fastpipe.build_info()["cuda"] else [])
 
 
 INF = float("inf")

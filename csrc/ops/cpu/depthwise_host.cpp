@@ -1,12 +1,14 @@
 // fastpipe::_depthwise_host: the direct depthwise kernel's per-element code (csrc/cuda/depthwise.h) run on
 // the host over a whole output grid, in float32, before the activation, `lanes` channels per step as the
-// vectorised NHWC path computes them (1: the element-wise path). A test op: the CPU tests check
+// vectorised NHWC path computes them (1: the element-wise path), or block by block through shared-memory
+// patches as the NCHW tiled kernel does (`tiled`). A test op: the CPU tests check
 // the kernel's index and boundary arithmetic with it on every build, GPU or not.
 #include <ATen/ATen.h>
 #include <torch/library.h>
 
 #include <algorithm>
 #include <type_traits>
+#include <vector>
 
 #include "cuda/depthwise.h"
 #include "ops/conv_act.h"
@@ -16,7 +18,7 @@ namespace {
 
 at::Tensor depthwise_host(const at::Tensor& input, const at::Tensor& weight, const std::optional<at::Tensor>& bias,
                           const std::optional<at::Tensor>& residual, at::IntArrayRef stride, at::IntArrayRef padding,
-                          at::IntArrayRef dilation, bool channels_last, int64_t lanes) {
+                          at::IntArrayRef dilation, bool channels_last, int64_t lanes, bool tiled) {
   TORCH_CHECK(input.dim() == 4 && weight.dim() == 4 && weight.size(1) == 1 && weight.size(0) == input.size(1),
               "_depthwise_host takes input [N, C, H, W] and weight [C, 1, kH, kW]");
   TORCH_CHECK(stride.size() == 2 && padding.size() == 2 && dilation.size() == 2, "stride, padding, dilation: 2 values");
@@ -57,7 +59,34 @@ at::Tensor depthwise_host(const at::Tensor& input, const at::Tensor& weight, con
       std::copy(acc, acc + V, po + g * V);
     }
   };
-  if (lanes == 8) {
+  if (tiled) {
+    // Block by block as the tiled kernel runs: the patch, then each thread's output; every output must
+    // be written by exactly one thread of one block.
+    TORCH_CHECK(lanes == 1 && !cuda::depthwise_tiled_why_not(p), "tiled needs NCHW, lanes 1 and a patch that fits");
+    std::vector<int> writes(static_cast<size_t>(total), 0);
+    std::vector<float> patch;
+    const int64_t blocks = p.n * p.c * cuda::depthwise_tiles_per_plane(p);
+    for (int64_t block = 0; block < blocks; ++block) {
+      const cuda::DepthwiseTile t = cuda::depthwise_tile(p, block);
+      patch.assign(static_cast<size_t>(t.patch_h * t.patch_w), 0.f);
+      for (int64_t k = 0; k < t.patch_h * t.patch_w; ++k) {
+        const int64_t src = cuda::depthwise_patch_source(p, t, k);
+        if (src >= 0) patch[k] = pin[src];
+      }
+      for (int a = 0; a < cuda::kTileH; ++a) {
+        for (int b = 0; b < cuda::kTileW; ++b) {
+          if (t.oy0 + a >= p.oh || t.ox0 + b >= p.ow) continue;
+          const int64_t at = cuda::depthwise_offset(p, t.n, t.c, t.oy0 + a, t.ox0 + b, p.oh, p.ow);
+          po[at] = cuda::depthwise_tile_pre_activation(
+              p, t, a, b, [&](int64_t k) { return patch.at(static_cast<size_t>(k)); }, [&](int64_t k) { return pw[k]; },
+              [&](int64_t k) { return pb[k]; }, [&](int64_t k) { return pr[k]; });
+          ++writes[at];
+        }
+      }
+    }
+    for (int64_t i = 0; i < total; ++i)
+      TORCH_CHECK(writes[i] == 1, "tiled: output element ", i, " was written ", writes[i], " times");
+  } else if (lanes == 8) {
     run(std::integral_constant<int, 8>{});
   } else if (lanes == 4) {
     run(std::integral_constant<int, 4>{});
@@ -73,7 +102,7 @@ at::Tensor depthwise_host(const at::Tensor& input, const at::Tensor& weight, con
 TORCH_LIBRARY_FRAGMENT(fastpipe, m) {
   m.def(
       "_depthwise_host(Tensor input, Tensor weight, Tensor? bias, Tensor? residual, int[2] stride, int[2] padding, "
-      "int[2] dilation, bool channels_last, int lanes=1) -> Tensor");
+      "int[2] dilation, bool channels_last, int lanes=1, bool tiled=False) -> Tensor");
 }
 
 TORCH_LIBRARY_IMPL(fastpipe, CPU, m) {

@@ -1,15 +1,20 @@
-// CUDA side of the fused convolution ops: the "epilogue" engine (cuDNN convolution without bias, then
-// one fastpipe kernel for bias + residual + activation: two passes where eager makes three), the
-// "cudnn_fused" engine (cuDNN's one-kernel conv + bias (+ add) + ReLU), the "depthwise" engine (a direct
-// kernel with the epilogue inside), the "gemm1x1" engine (a 1x1 conv as one cuBLASLt GEMM with its epilogue), and the fused backward prologue (activation gradient + bias-gradient
-// reduction in one pass). None of the engines has run on a GPU yet: they are registered unvalidated
-// (conv_tuner.h), so only FASTPIPE_CONV_ENGINE runs them.
+// CUDA side of the fused convolution ops, one engine each (conv_tuner.h):
+//   epilogue         cuDNN convolution without bias, then one fastpipe kernel for bias + residual + activation
+//                    (two passes where eager makes three);
+//   cudnn_fused      cuDNN's one-kernel conv + bias (+ add) + ReLU;
+//   depthwise        a direct kernel with the epilogue inside (vectorised over channels in NHWC);
+//   depthwise_tiled  its NCHW variant reading the input through shared-memory tiles;
+//   gemm1x1          a 1x1 channels_last conv as one cuBLASLt GEMM with the epilogue in it;
+// and the fused backward prologue (activation gradient + bias-gradient reduction in one pass). None of the
+// engines has run on a GPU yet: they are registered unvalidated, so only FASTPIPE_CONV_ENGINE runs them.
 #include <ATen/ATen.h>
 #include <ATen/cuda/CUDAContext.h>
 #include <ATen/cuda/CUDAEvent.h>
 #include <c10/cuda/CUDAGraphsC10Utils.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <torch/library.h>
+
+#include <vector>
 
 #include "cuda/depthwise_launch.h"
 #include "cuda/epilogue.h"
@@ -146,7 +151,8 @@ const char* depthwise_why_not(const ConvArgs& a) {
   return nullptr;
 }
 
-at::Tensor depthwise_run(const ConvArgs& a) {
+// The depthwise kernels' parameters, and the dense operands and output they point to (kept alive by `keep`).
+cuda::DepthwiseParams depthwise_params(const ConvArgs& a, std::vector<at::Tensor>& keep) {
   const at::Tensor input = a.input.contiguous(a.format), weight = a.weight.contiguous();
   const at::Tensor residual = a.residual ? a.residual->contiguous(a.format) : at::Tensor();
   const at::Tensor bias = a.bias ? a.bias->contiguous() : at::Tensor();
@@ -166,9 +172,36 @@ at::Tensor depthwise_run(const ConvArgs& a) {
   p.channels_last = a.format == at::MemoryFormat::ChannelsLast;
   p.dtype = static_cast<int>(kernel_dtype(input.scalar_type()));
   p.act = a.act;
+  keep = {out, input, weight, residual, bias};  // out first: the result
+  return p;
+}
+
+at::Tensor depthwise_run(const ConvArgs& a) {
+  std::vector<at::Tensor> keep;
+  const cuda::DepthwiseParams p = depthwise_params(a, keep);
   FASTPIPE_CHECK_LAUNCH(cuda::launch_depthwise(p, num_sms(), at::cuda::getCurrentCUDAStream()),
                         "fastpipe depthwise convolution kernel");
-  return out;
+  return keep[0];
+}
+
+// The NCHW shared-memory-tile variant of the depthwise kernel (csrc/cuda/depthwise.h).
+const char* depthwise_tiled_why_not(const ConvArgs& a) {
+  if (const char* why = depthwise_why_not(a)) return why;
+  cuda::DepthwiseParams p;  // the shape fields decide; no tensor is touched
+  p.n = a.input.size(0), p.c = a.input.size(1), p.oh = a.out_sizes[2], p.ow = a.out_sizes[3];
+  p.kh = static_cast<int>(a.weight.size(2)), p.kw = static_cast<int>(a.weight.size(3));
+  p.sh = static_cast<int>(a.stride[0]), p.sw = static_cast<int>(a.stride[1]);
+  p.dh = static_cast<int>(a.dilation[0]), p.dw = static_cast<int>(a.dilation[1]);
+  p.channels_last = a.format == at::MemoryFormat::ChannelsLast;
+  return cuda::depthwise_tiled_why_not(p);
+}
+
+at::Tensor depthwise_tiled_run(const ConvArgs& a) {
+  std::vector<at::Tensor> keep;
+  const cuda::DepthwiseParams p = depthwise_params(a, keep);
+  FASTPIPE_CHECK_LAUNCH(cuda::launch_depthwise_tiled(p, at::cuda::getCurrentCUDAStream()),
+                        "fastpipe tiled depthwise convolution kernel");
+  return keep[0];
 }
 
 // A 1x1 convolution on channels_last tensors as one cuBLASLt GEMM with the residual, bias and ReLU or
@@ -251,6 +284,8 @@ bool capturing() {
                                                               /*validated=*/false},
                                                              {"depthwise", depthwise_why_not, depthwise_run,
                                                               /*validated=*/false},
+                                                             {"depthwise_tiled", depthwise_tiled_why_not,
+                                                              depthwise_tiled_run, /*validated=*/false},
                                                              {"gemm1x1", gemm1x1_why_not, gemm1x1_run,
                                                               /*validated=*/false}});
 
