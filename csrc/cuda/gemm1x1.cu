@@ -68,10 +68,6 @@ cublasLtEpilogue_t lt_epilogue(LtEpilogue e) {
   }
 }
 
-bool has_bias(LtEpilogue e) {
-  return e == LtEpilogue::Bias || e == LtEpilogue::ReluBias || e == LtEpilogue::GeluBias;
-}
-
 cudaDataType_t data_type(DType t) {
   switch (t) {
     case DType::Half: return CUDA_R_16F;
@@ -129,7 +125,7 @@ std::string run_gemm1x1(const Gemm1x1Params& p, void* handle, cudaStream_t strea
       (s = api.desc_set(h.desc, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof(tb))) != CUBLAS_STATUS_SUCCESS ||
       (s = api.desc_set(h.desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi, sizeof(epi))) != CUBLAS_STATUS_SUCCESS)
     return failed("cublasLtMatmulDescSetAttribute", s);
-  if (has_bias(g.epilogue)) {
+  if (lt_epilogue_has_bias(g.epilogue)) {
     if (!p.bias) return "the plan has a bias but no bias pointer was given";
     s = api.desc_set(h.desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &p.bias, sizeof(p.bias));
     if (s != CUBLAS_STATUS_SUCCESS) return failed("cublasLtMatmulDescSetAttribute(BIAS_POINTER)", s);

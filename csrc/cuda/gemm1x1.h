@@ -15,6 +15,10 @@ namespace fastpipe::cuda {
 // cuBLASLt's epilogues that fastpipe uses (mapped onto cublasLtEpilogue_t in gemm1x1.cu).
 enum class LtEpilogue : int { Default, Bias, Relu, ReluBias, Gelu, GeluBias };
 
+inline bool lt_epilogue_has_bias(LtEpilogue e) {
+  return e == LtEpilogue::Bias || e == LtEpilogue::ReluBias || e == LtEpilogue::GeluBias;
+}
+
 // D (m x n) = epilogue(op(A) (m x k) * op(B) (k x n) + beta * C), every matrix column-major; C and D
 // share the leading dimension ldd; the bias (m values) is added to every column before the activation.
 struct GemmPlan {

@@ -27,10 +27,6 @@ double lt_activation(cuda::LtEpilogue e, double x) {
   }
 }
 
-bool lt_has_bias(cuda::LtEpilogue e) {
-  return e == cuda::LtEpilogue::Bias || e == cuda::LtEpilogue::ReluBias || e == cuda::LtEpilogue::GeluBias;
-}
-
 at::Tensor gemm1x1_host(const at::Tensor& input, const at::Tensor& weight, const std::optional<at::Tensor>& bias,
                         const std::optional<at::Tensor>& residual, c10::string_view activation,
                         at::ArrayRef<double> act_args) {
@@ -50,7 +46,7 @@ at::Tensor gemm1x1_host(const at::Tensor& input, const at::Tensor& weight, const
   const double *A = w.data_ptr<double>(), *B = in.data_ptr<double>();
   const double* C = residual ? r.data_ptr<double>() : nullptr;
   const double* bias_ptr = bias ? b.data_ptr<double>() : nullptr;
-  TORCH_CHECK(!lt_has_bias(g.epilogue) || bias_ptr, "the plan adds a bias that was not given");
+  TORCH_CHECK(!cuda::lt_epilogue_has_bias(g.epilogue) || bias_ptr, "the plan adds a bias that was not given");
   double* D = out.data_ptr<double>();
   for (int64_t j = 0; j < g.n; ++j) {
     for (int64_t i = 0; i < g.m; ++i) {
@@ -59,7 +55,7 @@ at::Tensor gemm1x1_host(const at::Tensor& input, const at::Tensor& weight, const
         acc += A[cuda::lt_op_index(i, l, g.lda, g.trans_a)] * B[cuda::lt_op_index(l, j, g.ldb, g.trans_b)];
       const int64_t at = cuda::lt_index(i, j, g.ldd);
       if (g.beta != 0.0f) acc += g.beta * C[at];
-      if (lt_has_bias(g.epilogue)) acc += bias_ptr[i];
+      if (cuda::lt_epilogue_has_bias(g.epilogue)) acc += bias_ptr[i];
       D[at] = lt_activation(g.epilogue, acc);
     }
   }

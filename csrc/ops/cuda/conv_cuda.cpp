@@ -63,6 +63,21 @@ const char* epilogue_why_not(const ConvArgs& a) {
   return nullptr;
 }
 
+// The epilogue kernel's parameters for a pass in place over `y`, the conv output of `a`, with a's
+// activation; the caller adds the bias and residual it needs applied.
+cuda::EpilogueParams epilogue_params(const at::Tensor& y, const ConvArgs& a) {
+  cuda::EpilogueParams p;
+  p.out = y.data_ptr();
+  p.y = p.out;
+  p.batch = y.size(0);
+  p.channels = y.size(1);
+  p.spatial = y.size(2) * y.size(3);
+  p.channels_last = a.format == at::MemoryFormat::ChannelsLast;
+  p.dtype = kernel_dtype(y.scalar_type());
+  p.act = a.act;
+  return p;
+}
+
 at::Tensor epilogue_run(const ConvArgs& a) {
   // at::convolution picks cuDNN and honours cudnn.benchmark, deterministic and the TF32 settings.
   at::Tensor y = aligned_dense(
@@ -70,17 +85,9 @@ at::Tensor epilogue_run(const ConvArgs& a) {
       a.format);
   const at::Tensor bias = a.bias ? a.bias->contiguous() : at::Tensor();
   const at::Tensor residual = a.residual ? aligned_dense(*a.residual, a.format) : at::Tensor();
-  cuda::EpilogueParams p;
-  p.out = y.data_ptr();
-  p.y = y.data_ptr();
+  cuda::EpilogueParams p = epilogue_params(y, a);
   p.bias = bias.defined() ? bias.data_ptr() : nullptr;
   p.residual = residual.defined() ? residual.data_ptr() : nullptr;
-  p.batch = y.size(0);
-  p.channels = y.size(1);
-  p.spatial = y.size(2) * y.size(3);
-  p.channels_last = a.format == at::MemoryFormat::ChannelsLast;
-  p.dtype = kernel_dtype(y.scalar_type());
-  p.act = a.act;
   FASTPIPE_CHECK_LAUNCH(cuda::launch_epilogue(p, num_sms(), at::cuda::getCurrentCUDAStream()),
                         "fastpipe conv epilogue kernel");
   return y;
@@ -151,27 +158,33 @@ const char* depthwise_why_not(const ConvArgs& a) {
   return nullptr;
 }
 
+// The depthwise kernels' shape, dtype and activation fields for `a` (no tensor pointers yet).
+cuda::DepthwiseParams depthwise_shape(const ConvArgs& a) {
+  cuda::DepthwiseParams p;
+  p.n = a.input.size(0), p.c = a.input.size(1), p.h = a.input.size(2), p.w = a.input.size(3);
+  p.oh = a.out_sizes[2], p.ow = a.out_sizes[3];
+  p.kh = static_cast<int>(a.weight.size(2)), p.kw = static_cast<int>(a.weight.size(3));
+  p.sh = static_cast<int>(a.stride[0]), p.sw = static_cast<int>(a.stride[1]);
+  p.ph = static_cast<int>(a.padding[0]), p.pw = static_cast<int>(a.padding[1]);
+  p.dh = static_cast<int>(a.dilation[0]), p.dw = static_cast<int>(a.dilation[1]);
+  p.channels_last = a.format == at::MemoryFormat::ChannelsLast;
+  p.dtype = static_cast<int>(kernel_dtype(a.input.scalar_type()));
+  p.act = a.act;
+  return p;
+}
+
 // The depthwise kernels' parameters, and the dense operands and output they point to (kept alive by `keep`).
 cuda::DepthwiseParams depthwise_params(const ConvArgs& a, std::vector<at::Tensor>& keep) {
   const at::Tensor input = a.input.contiguous(a.format), weight = a.weight.contiguous();
   const at::Tensor residual = a.residual ? a.residual->contiguous(a.format) : at::Tensor();
   const at::Tensor bias = a.bias ? a.bias->contiguous() : at::Tensor();
   at::Tensor out = at::empty(a.out_sizes, input.options().memory_format(a.format));
-  cuda::DepthwiseParams p;
+  cuda::DepthwiseParams p = depthwise_shape(a);
   p.out = out.data_ptr();
   p.input = input.data_ptr();
   p.weight = weight.data_ptr();
   p.bias = a.bias ? bias.data_ptr() : nullptr;
   p.residual = a.residual ? residual.data_ptr() : nullptr;
-  p.n = input.size(0), p.c = input.size(1), p.h = input.size(2), p.w = input.size(3);
-  p.oh = a.out_sizes[2], p.ow = a.out_sizes[3];
-  p.kh = static_cast<int>(weight.size(2)), p.kw = static_cast<int>(weight.size(3));
-  p.sh = static_cast<int>(a.stride[0]), p.sw = static_cast<int>(a.stride[1]);
-  p.ph = static_cast<int>(a.padding[0]), p.pw = static_cast<int>(a.padding[1]);
-  p.dh = static_cast<int>(a.dilation[0]), p.dw = static_cast<int>(a.dilation[1]);
-  p.channels_last = a.format == at::MemoryFormat::ChannelsLast;
-  p.dtype = static_cast<int>(kernel_dtype(input.scalar_type()));
-  p.act = a.act;
   keep = {out, input, weight, residual, bias};  // out first: the result
   return p;
 }
@@ -187,13 +200,7 @@ at::Tensor depthwise_run(const ConvArgs& a) {
 // The NCHW shared-memory-tile variant of the depthwise kernel (csrc/cuda/depthwise.h).
 const char* depthwise_tiled_why_not(const ConvArgs& a) {
   if (const char* why = depthwise_why_not(a)) return why;
-  cuda::DepthwiseParams p;  // the shape fields decide; no tensor is touched
-  p.n = a.input.size(0), p.c = a.input.size(1), p.oh = a.out_sizes[2], p.ow = a.out_sizes[3];
-  p.kh = static_cast<int>(a.weight.size(2)), p.kw = static_cast<int>(a.weight.size(3));
-  p.sh = static_cast<int>(a.stride[0]), p.sw = static_cast<int>(a.stride[1]);
-  p.dh = static_cast<int>(a.dilation[0]), p.dw = static_cast<int>(a.dilation[1]);
-  p.channels_last = a.format == at::MemoryFormat::ChannelsLast;
-  return cuda::depthwise_tiled_why_not(p);
+  return cuda::depthwise_tiled_why_not(depthwise_shape(a));
 }
 
 at::Tensor depthwise_tiled_run(const ConvArgs& a) {
@@ -207,15 +214,13 @@ at::Tensor depthwise_tiled_run(const ConvArgs& a) {
 // A 1x1 convolution on channels_last tensors as one cuBLASLt GEMM with the residual, bias and ReLU or
 // tanh-GELU in its epilogue (csrc/cuda/gemm1x1.h); other activations take one epilogue-kernel pass after it.
 const char* gemm1x1_why_not(const ConvArgs& a) {
-  if (!a.input.is_cuda()) return "not a CUDA tensor";
-  if (!kernel_dtype_ok(a.input.scalar_type())) return "it takes float32, float16 and bfloat16 only";
-  if (a.weight.size(2) != 1 || a.weight.size(3) != 1 || a.groups != 1) return "it computes 1x1 convolutions of one group";
+  if (const char* why = epilogue_why_not(a)) return why;  // its activation pass is the epilogue kernel
+  if (a.weight.size(2) != 1 || a.weight.size(3) != 1 || a.groups != 1)
+    return "it computes 1x1 convolutions of one group";
   if (a.stride[0] != 1 || a.stride[1] != 1 || a.padding[0] != 0 || a.padding[1] != 0)
     return "it computes stride 1 without padding only";
   if (a.format != at::MemoryFormat::ChannelsLast)
     return "NCHW: the GEMM's bias runs along the output's channels only in channels_last";
-  if (a.out_sizes[0] * a.out_sizes[1] * a.out_sizes[2] * a.out_sizes[3] > cuda::kMaxElements)
-    return "the output has more elements than its epilogue kernel indexes";
   static const std::string missing = cuda::cublaslt_missing();
   if (!missing.empty()) return missing.c_str();
   return nullptr;
@@ -246,16 +251,8 @@ at::Tensor gemm1x1_run(const ConvArgs& a) {
   const std::string err = cuda::run_gemm1x1(p, at::cuda::getCurrentCUDABlasLtHandle(), stream);
   TORCH_CHECK(err.empty(), "fastpipe gemm1x1 engine: ", err);
   if (p.plan.activation_after) {
-    cuda::EpilogueParams e;
-    e.out = out.data_ptr();
-    e.y = e.out;
-    e.batch = out.size(0);
-    e.channels = out.size(1);
-    e.spatial = out.size(2) * out.size(3);
-    e.channels_last = true;
-    e.dtype = p.dtype;
-    e.act = a.act;
-    FASTPIPE_CHECK_LAUNCH(cuda::launch_epilogue(e, num_sms(), stream), "fastpipe conv epilogue kernel");
+    FASTPIPE_CHECK_LAUNCH(cuda::launch_epilogue(epilogue_params(out, a), num_sms(), stream),
+                          "fastpipe conv epilogue kernel");
   }
   return out;
 }
