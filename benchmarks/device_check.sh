@@ -87,7 +87,7 @@ SANITIZER="$CUDA_HOME/bin/compute-sanitizer"
 if [ -x "$SANITIZER" ]; then
   sanitize() {  # tool, log name, pytest arguments
     local tool=$1 name=$2; shift 2
-    PYTORCH_NO_CUDA_MEMORY_CACHING=1 timeout 40 "$SANITIZER" --tool "$tool" --error-exitcode 9 \
+    PYTORCH_NO_CUDA_MEMORY_CACHING=1 timeout 30 "$SANITIZER" --tool "$tool" --error-exitcode 9 \
       $PY -m pytest -m gpu -q -x -p no:cacheprovider -o addopts="" "$@" >"$RESULTS/sanitizer_${name}_$tool.log" 2>&1
     local rc=$?
     [ "$rc" = 9 ] && TESTS_RC=9  # the sanitizer found errors: the check fails
@@ -96,6 +96,9 @@ if [ -x "$SANITIZER" ]; then
   }
   for tool in memcheck racecheck initcheck; do
     sanitize "$tool" depthwise tests/nn/test_depthwise_kernel.py -k "float32 and (channels_last or nchw)"
+  done
+  for tool in memcheck racecheck; do  # racecheck: the weight-gradient kernel's shared-memory tree
+    sanitize "$tool" depthwise_backward tests/nn/test_depthwise_backward.py -k "gpu and float32"
   done
   for tool in memcheck initcheck; do
     sanitize "$tool" loader tests/data/test_loader_gpu.py
@@ -111,6 +114,12 @@ timeout 60 $PY benchmarks/conv_bench.py --device cuda --batch 32 --dtype fp16 fp
   --force-engines --out "$RESULTS/conv_engines_gpu.json" >"$RESULTS/conv_engines_gpu.txt" \
   2>>"$RESULTS/bench_progress.log" || say "forced-engine benchmark failed or stopped at its time limit"
 grep -A40 "each engine forced" "$RESULTS/conv_engines_gpu.txt" | head -45
+# The depthwise backward kernels (forced with the forward ones) against aten.convolution_backward.
+say "benchmark: depthwise rows forward + backward, each engine forced (batch 32, fp16 fp32)"
+timeout 45 $PY benchmarks/conv_bench.py --device cuda --batch 32 --dtype fp16 fp32 --mode fwdbwd --rows dw --reps 5 \
+  --no-compile --force-engines --out "$RESULTS/conv_engines_bwd_gpu.json" >"$RESULTS/conv_engines_bwd_gpu.txt" \
+  2>>"$RESULTS/bench_progress.log" || say "forced-engine backward benchmark failed or stopped at its time limit"
+grep -A25 "each engine forced" "$RESULTS/conv_engines_bwd_gpu.txt" | head -30
 
 fi
 

@@ -1,7 +1,10 @@
-// The direct depthwise kernel (see depthwise.h): one thread per output element, or per V channels of a
-// pixel on the vectorised NHWC path (16-byte loads of input and residual, one 16-byte store); taps read
-// straight from the input (neighbouring threads read neighbouring pixels or channels, which the caches
-// share), the bias, residual and activation applied before the one write.
+// The direct depthwise kernels (see depthwise.h). Forward: one thread per output element, or per V
+// channels of a pixel on the vectorised NHWC path (16-byte loads of input and residual, one 16-byte
+// store); taps read straight from the input (neighbouring threads read neighbouring pixels or channels,
+// which the caches share), the bias, residual and activation applied before the one write; or the NCHW
+// variant through shared-memory tiles. Backward: the input gradient like the forward (a thread per input
+// element or V channels), the weight and bias gradients as per-block partial sums (depthwise_wgrad_plan)
+// added per channel by the bias-gradient finalize kernel (epilogue.cu).
 #include "cuda/depthwise_launch.h"
 
 #include <algorithm>
@@ -12,20 +15,6 @@ namespace fastpipe::cuda {
 namespace {
 
 constexpr int kThreads = 256;
-
-// V consecutive elements from `p` as float: one 16-byte load when V > 1 (p is then 16-byte aligned).
-template <typename T, int V>
-__device__ __forceinline__ void load_lanes(const T* p, float (&v)[V]) {
-  if constexpr (V == 1) {
-    v[0] = to_float(__ldg(p));
-  } else {
-    static_assert(sizeof(T) * V == 16, "the vectorised path moves 16 bytes");
-    const uint4 raw = __ldg(reinterpret_cast<const uint4*>(p));
-    Pack<T, V> pk;
-    memcpy(&pk, &raw, 16);
-    for (int l = 0; l < V; ++l) v[l] = to_float(pk.v[l]);
-  }
-}
 
 template <typename T, Act A, int V>
 __global__ void __launch_bounds__(kThreads) depthwise_kernel(DepthwiseParams p, int64_t groups) {
@@ -73,10 +62,56 @@ __global__ void __launch_bounds__(kTileH * kTileW) depthwise_tiled_kernel(Depthw
       from_float<T>(act_forward<A>(z, static_cast<float>(p.act.alpha), static_cast<float>(p.act.beta)));
 }
 
-bool aligned16(const void* p) {
-  return reinterpret_cast<uintptr_t>(p) % 16 == 0;
+
+// dx, a thread per input element or per V channels of a pixel (as the forward kernel).
+template <typename T, int V>
+__global__ void __launch_bounds__(kThreads)
+    depthwise_input_grad_kernel(DepthwiseParams p, const T* g, const T* w, T* dx, int64_t groups) {
+  for (int64_t i = blockIdx.x * int64_t(kThreads) + threadIdx.x; i < groups; i += int64_t(gridDim.x) * kThreads) {
+    float acc[V];
+    depthwise_input_grad<V>(
+        p, depthwise_coord(p, i, p.h, p.w, V), acc, [&](int64_t k, float(&v)[V]) { load_lanes<T, V>(g + k, v); },
+        [&](int64_t k) { return to_float(__ldg(w + k)); });
+    Pack<T, V> pk;
+    for (int l = 0; l < V; ++l) pk.v[l] = from_float<T>(acc[l]);
+    *reinterpret_cast<Pack<T, V>*>(dx + i * V) = pk;
+  }
 }
 
+// One block of the weight-gradient plan: each thread sums its positions' products for every tap (and g)
+// in registers, then the block adds them over its streams in shared memory ([stream][channel][tap], a
+// tree over the streams) and writes partial[split][c][tap]. Up to 7 x 7 + 1 sums per thread: the
+// minimum of one block per SM lets ptxas keep them in registers (without it, it spills some).
+template <typename T, int K>
+__global__ void __launch_bounds__(kWgradThreads, 1)
+    depthwise_wgrad_kernel(DepthwiseParams p, WgradPlan plan, const T* g, const T* x, float* partial) {
+  constexpr int kTaps = K * K + 1;
+  __shared__ float sums[kWgradThreads * kTaps];
+  const WgradBlock b = depthwise_wgrad_block(plan, blockIdx.x);
+  const int cl = threadIdx.x % plan.cpb, s = threadIdx.x / plan.cpb;
+  float acc[kTaps];
+  FASTPIPE_UNROLL
+  for (int t = 0; t < kTaps; ++t) acc[t] = 0.f;
+  if (b.c0 + cl < p.c) {
+    for (int64_t pos = b.begin + s; pos < b.end; pos += plan.streams) {
+      depthwise_wgrad_add<K, K>(
+          p, b.c0 + cl, pos, acc, [&](int64_t k) { return to_float(__ldg(g + k)); },
+          [&](int64_t k) { return to_float(__ldg(x + k)); });
+    }
+  }
+  FASTPIPE_UNROLL
+  for (int t = 0; t < kTaps; ++t) sums[threadIdx.x * kTaps + t] = acc[t];
+  __syncthreads();
+  const int row = plan.cpb * kTaps;  // one stream's sums
+  for (int half = plan.streams / 2; half > 0; half /= 2) {
+    for (int e = threadIdx.x; e < half * row; e += kWgradThreads) sums[e] += sums[e + half * row];
+    __syncthreads();
+  }
+  for (int e = threadIdx.x; e < row; e += kWgradThreads) {
+    const int64_t c = b.c0 + e / kTaps;
+    if (c < p.c) partial[(b.split * p.c + c) * kTaps + e % kTaps] = sums[e];
+  }
+}
 }  // namespace
 
 cudaError_t launch_depthwise(const DepthwiseParams& p, int num_sms, cudaStream_t stream) {
@@ -118,6 +153,47 @@ cudaError_t launch_depthwise_tiled(const DepthwiseParams& p, cudaStream_t stream
     });
   });
   return cudaGetLastError();
+}
+
+
+cudaError_t launch_depthwise_input_grad(const DepthwiseParams& p, const void* grad, const void* weight,
+                                        void* grad_input, int num_sms, cudaStream_t stream) {
+  const int64_t total = p.n * p.c * p.h * p.w;
+  if (total == 0) return cudaSuccess;
+  if (total < 0 || num_sms <= 0 || depthwise_backward_why_not(p)) return cudaErrorInvalidValue;
+  dtype_switch(static_cast<DType>(p.dtype), [&](auto t) {
+    using T = decltype(t);
+    const T *g = static_cast<const T*>(grad), *w = static_cast<const T*>(weight);
+    T* dx = static_cast<T*>(grad_input);
+    auto launch = [&](auto kernel, int lanes) {
+      const int64_t groups = total / lanes;
+      const int64_t blocks = std::min<int64_t>((groups + kThreads - 1) / kThreads, int64_t(num_sms) * 32);
+      kernel<<<static_cast<unsigned>(blocks), kThreads, 0, stream>>>(p, g, w, dx, groups);
+    };
+    constexpr int kLanes = 16 / sizeof(T);
+    if (depthwise_lanes(p, sizeof(T)) > 1 && aligned16(grad) && aligned16(grad_input)) {
+      launch(depthwise_input_grad_kernel<T, kLanes>, kLanes);
+    } else {
+      launch(depthwise_input_grad_kernel<T, 1>, 1);
+    }
+  });
+  return cudaGetLastError();
+}
+
+cudaError_t launch_depthwise_wgrad(const DepthwiseParams& p, const WgradPlan& plan, const void* grad,
+                                   const void* input, float* partial, cudaStream_t stream) {
+  const int64_t blocks = plan.channel_blocks * plan.splits;
+  if (blocks == 0) return cudaSuccess;
+  if (blocks < 0 || blocks > INT32_MAX || plan.cpb * plan.streams != kWgradThreads) return cudaErrorInvalidValue;
+  bool built = false;
+  dtype_switch(static_cast<DType>(p.dtype), [&](auto t) {
+    using T = decltype(t);
+    built = depthwise_wgrad_size_switch(p.kh, p.kw, [&](auto size) {
+      depthwise_wgrad_kernel<T, decltype(size)::value><<<static_cast<unsigned>(blocks), kWgradThreads, 0, stream>>>(
+          p, plan, static_cast<const T*>(grad), static_cast<const T*>(input), partial);
+    });
+  });
+  return built ? cudaGetLastError() : cudaErrorInvalidValue;
 }
 
 }  // namespace fastpipe::cuda

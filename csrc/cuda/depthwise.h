@@ -12,6 +12,7 @@
 #pragma once
 
 #include <cstdint>
+#include <type_traits>
 
 #include "cuda/activation.h"
 #include "cuda/host_device.h"
@@ -35,27 +36,34 @@ struct OutCoord {
   int64_t n, c, y, x;
 };
 
-// Output element `i` (its offset in the output's storage order) as coordinates; with `lanes` > 1 (NHWC,
-// c a multiple of lanes), output group `i` of `lanes` consecutive channels of one pixel, o.c its first.
-FASTPIPE_HD inline OutCoord depthwise_out_coord(const DepthwiseParams& p, int64_t i, int lanes = 1) {
+// Element `i` (its offset in storage order) of a tensor of `hh` x `ww` pixels in the params' layout as
+// coordinates; with `lanes` > 1 (NHWC, c a multiple of lanes), group `i` of `lanes` consecutive channels
+// of one pixel, o.c its first.
+FASTPIPE_HD inline OutCoord depthwise_coord(const DepthwiseParams& p, int64_t i, int64_t hh, int64_t ww,
+                                            int lanes = 1) {
   OutCoord o;
   if (p.channels_last) {
     const int64_t groups = p.c / lanes;
     o.c = i % groups * lanes;
     i /= groups;
-    o.x = i % p.ow;
-    i /= p.ow;
-    o.y = i % p.oh;
-    o.n = i / p.oh;
+    o.x = i % ww;
+    i /= ww;
+    o.y = i % hh;
+    o.n = i / hh;
   } else {
-    o.x = i % p.ow;
-    i /= p.ow;
-    o.y = i % p.oh;
-    i /= p.oh;
+    o.x = i % ww;
+    i /= ww;
+    o.y = i % hh;
+    i /= hh;
     o.c = i % p.c;
     o.n = i / p.c;
   }
   return o;
+}
+
+// Output element (or group of `lanes`) `i` as coordinates.
+FASTPIPE_HD inline OutCoord depthwise_out_coord(const DepthwiseParams& p, int64_t i, int lanes = 1) {
+  return depthwise_coord(p, i, p.oh, p.ow, lanes);
 }
 
 // Offset of element (n, c, y, x) of a tensor of `hh` x `ww` pixels stored in the params' layout.
@@ -186,6 +194,129 @@ FASTPIPE_HD inline float depthwise_tile_pre_activation(const DepthwiseParams& p,
   if (p.bias) acc += load_bias(t.c);
   if (p.residual) acc += load_res(depthwise_offset(p, t.n, t.c, t.oy0 + a, t.ox0 + b, p.oh, p.ow));
   return acc;
+}
+
+
+// ---- backward ----------------------------------------------------------------------------------
+// Given g, the gradient of conv(x) + bias (+ residual) (the activation's backward already applied), the
+// input gradient dx[n, c, y, x] = sum of g * w over the taps that read (y, x), the weight gradient
+// dw[c, ky, kx] = sum over (n, oy, ox) of g * x at the tap, and the bias gradient db[c] = sum of g.
+// Pointers live in the kernels' arguments; the shape, stride, padding, dilation, layout and dtype are a
+// DepthwiseParams' (its pointers unused).
+
+// dx at input element o (or `V` consecutive channels from o.c), accumulated in float: the taps whose
+// output position lies on the output grid (oy * sh = y + ph - ky * dh for an oy in [0, oh)).
+// `load_g(offset, v)` reads V elements of g as float, `load_w` one weight.
+template <int V, typename LoadGrad, typename LoadW>
+FASTPIPE_HD inline void depthwise_input_grad(const DepthwiseParams& p, const OutCoord& o, float (&acc)[V],
+                                             LoadGrad load_g, LoadW load_w) {
+  for (int l = 0; l < V; ++l) acc[l] = 0.f;
+  float v[V];
+  for (int ky = 0; ky < p.kh; ++ky) {
+    const int64_t ty = o.y + p.ph - int64_t(ky) * p.dh;
+    if (ty < 0) break;  // only decreases with ky
+    if (ty % p.sh != 0 || ty / p.sh >= p.oh) continue;
+    for (int kx = 0; kx < p.kw; ++kx) {
+      const int64_t tx = o.x + p.pw - int64_t(kx) * p.dw;
+      if (tx < 0) break;
+      if (tx % p.sw != 0 || tx / p.sw >= p.ow) continue;
+      load_g(depthwise_offset(p, o.n, o.c, ty / p.sh, tx / p.sw, p.oh, p.ow), v);
+      for (int l = 0; l < V; ++l) acc[l] += v[l] * load_w(((o.c + l) * p.kh + ky) * p.kw + kx);
+    }
+  }
+}
+
+// The weight-gradient kernel's work: a block of kWgradThreads threads sums, for `cpb` consecutive
+// channels, the products at every tap (and g itself, for the bias) over one range of output positions
+// pos = (n * oh + oy) * ow + ox; `streams` threads per channel each take every streams-th position of
+// the range. Each block writes its sums to partial[split][c][tap] (the bias as tap kh * kw), added over
+// the splits per channel afterwards in a fixed order, so the result does not depend on timing.
+// NHWC blocks hold 32 channels (consecutive threads read consecutive channels), NCHW blocks one
+// (consecutive threads read consecutive pixels).
+constexpr int kWgradThreads = 128;
+
+struct WgradPlan {
+  int64_t positions = 0;       // n * oh * ow
+  int cpb = 1;                 // channels per block
+  int streams = 1;             // threads per channel: kWgradThreads / cpb
+  int64_t channel_blocks = 0;  // ceil(c / cpb)
+  int64_t per_split = 1;       // positions per range
+  int64_t splits = 0;          // ranges; blocks = channel_blocks * splits, split-major
+};
+
+// About 4 blocks per SM, but at least 32 positions per thread, so that a block's sums pay for its
+// reduction; no range is empty.
+inline WgradPlan depthwise_wgrad_plan(const DepthwiseParams& p, int num_sms) {
+  WgradPlan w;
+  w.positions = p.n * p.oh * p.ow;
+  w.cpb = p.channels_last ? 32 : 1;
+  w.streams = kWgradThreads / w.cpb;
+  w.channel_blocks = (p.c + w.cpb - 1) / w.cpb;
+  if (w.positions <= 0 || w.channel_blocks <= 0) return w;
+  const int64_t want = (int64_t(num_sms) * 4 + w.channel_blocks - 1) / w.channel_blocks;
+  const int64_t most = w.positions / (int64_t(w.streams) * 32);
+  const int64_t splits = want < most ? want : most;
+  w.per_split = (w.positions + (splits > 1 ? splits : 1) - 1) / (splits > 1 ? splits : 1);
+  w.splits = (w.positions + w.per_split - 1) / w.per_split;
+  return w;
+}
+
+// Block `block`'s first channel and its range of positions [begin, end).
+struct WgradBlock {
+  int64_t c0, split, begin, end;
+};
+
+FASTPIPE_HD inline WgradBlock depthwise_wgrad_block(const WgradPlan& w, int64_t block) {
+  WgradBlock b;
+  b.c0 = block % w.channel_blocks * w.cpb;
+  b.split = block / w.channel_blocks;
+  b.begin = b.split * w.per_split;
+  b.end = b.begin + w.per_split < w.positions ? b.begin + w.per_split : w.positions;
+  return b;
+}
+
+// Adds output position `pos` of channel c to a thread's sums: acc[ky * KW + kx] += g * x at each tap
+// inside the input, acc[KH * KW] += g. KH x KW is p's kernel (the kernels are built per size so that
+// the sums stay in registers). `load_g` and `load_in` read one element as float.
+template <int KH, int KW, typename LoadG, typename LoadIn>
+FASTPIPE_HD inline void depthwise_wgrad_add(const DepthwiseParams& p, int64_t c, int64_t pos,
+                                            float (&acc)[KH * KW + 1], LoadG load_g, LoadIn load_in) {
+  const int64_t ox = pos % p.ow, rest = pos / p.ow, oy = rest % p.oh, n = rest / p.oh;
+  const float g = load_g(depthwise_offset(p, n, c, oy, ox, p.oh, p.ow));
+  // The input offset is linear in (iy, ix): one base and two strides rather than the full offset per tap.
+  const int64_t base = depthwise_offset(p, n, c, 0, 0, p.h, p.w), sx = p.channels_last ? p.c : 1, sy = sx * p.w;
+  const int64_t y0 = oy * p.sh - p.ph, x0 = ox * p.sw - p.pw;
+  FASTPIPE_UNROLL
+  for (int ky = 0; ky < KH; ++ky) {
+    const int64_t iy = y0 + int64_t(ky) * p.dh;
+    const bool row = iy >= 0 && iy < p.h;
+    FASTPIPE_UNROLL
+    for (int kx = 0; kx < KW; ++kx) {
+      const int64_t ix = x0 + int64_t(kx) * p.dw;
+      if (row && ix >= 0 && ix < p.w) acc[ky * KW + kx] += g * load_in(base + iy * sy + ix * sx);
+    }
+  }
+  acc[KH * KW] += g;
+}
+
+// The square kernel sizes the weight-gradient kernel is built for: calls f(std::integral_constant<int, K>)
+// for a K x K kernel of them; false (f not called) for other sizes.
+template <typename F>
+bool depthwise_wgrad_size_switch(int kh, int kw, F&& f) {
+  if (kh != kw) return false;
+  switch (kh) {
+    case 3: f(std::integral_constant<int, 3>{}); return true;
+    case 5: f(std::integral_constant<int, 5>{}); return true;
+    case 7: f(std::integral_constant<int, 7>{}); return true;
+    default: return false;
+  }
+}
+
+// Why the depthwise backward kernels cannot compute `p` (null when they can).
+inline const char* depthwise_backward_why_not(const DepthwiseParams& p) {
+  if (!depthwise_wgrad_size_switch(p.kh, p.kw, [](auto) {}))
+    return "its weight-gradient kernel is built for 3x3, 5x5 and 7x7 kernels only";
+  return nullptr;
 }
 
 }  // namespace fastpipe::cuda

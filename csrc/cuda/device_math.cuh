@@ -33,6 +33,25 @@ struct alignas(sizeof(T) * V) Pack {
   T v[V];
 };
 
+// The vectorised paths move 16 bytes at a time: their pointers must be 16-byte aligned.
+inline bool aligned16(const void* p) {
+  return reinterpret_cast<uintptr_t>(p) % 16 == 0;
+}
+
+// V consecutive elements from `p` as float: one 16-byte load when V > 1 (p is then 16-byte aligned).
+template <typename T, int V>
+__device__ __forceinline__ void load_lanes(const T* p, float (&v)[V]) {
+  if constexpr (V == 1) {
+    v[0] = to_float(__ldg(p));
+  } else {
+    static_assert(sizeof(T) * V == 16, "the vectorised path moves 16 bytes");
+    const uint4 raw = __ldg(reinterpret_cast<const uint4*>(p));
+    Pack<T, V> pk;
+    memcpy(&pk, &raw, 16);
+    for (int l = 0; l < V; ++l) v[l] = to_float(pk.v[l]);
+  }
+}
+
 // ---- activation math --------------------------------------------------------------------------
 constexpr float kSqrtHalf = 0.70710678118654752f;     // 1/sqrt(2)
 constexpr float kInvSqrt2Pi = 0.39894228040143268f;   // 1/sqrt(2*pi)

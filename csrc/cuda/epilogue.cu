@@ -12,8 +12,6 @@ namespace {
 
 constexpr int kThreads = 256;
 
-bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
-
 // ---- forward epilogue -------------------------------------------------------------------------
 template <typename T, Act A, bool kBias, bool kResidual>
 __global__ void __launch_bounds__(kThreads) epilogue_kernel(EpilogueParams p) {

@@ -26,6 +26,13 @@ void check_like_input(const at::Tensor& t, const char* name, const at::Tensor& i
               input.scalar_type(), " (cast it, or run under autocast)");
 }
 
+// Like eager convolution: channels_last out when either operand is channels_last.
+at::MemoryFormat output_format(const at::Tensor& input, const at::Tensor& weight) {
+  const bool channels_last = input.suggest_memory_format() == at::MemoryFormat::ChannelsLast ||
+                             weight.suggest_memory_format() == at::MemoryFormat::ChannelsLast;
+  return channels_last ? at::MemoryFormat::ChannelsLast : at::MemoryFormat::Contiguous;
+}
+
 ConvArgs make_args(FASTPIPE_CONV_ACT_PARAMS) {
   TORCH_CHECK(input.dim() == 4, "input must be 4-D (N, C, H, W), got ", input.dim(), "-D");
   TORCH_CHECK(at::isFloatingType(input.scalar_type()), "input must have a floating dtype, got ",
@@ -72,10 +79,7 @@ ConvArgs make_args(FASTPIPE_CONV_ACT_PARAMS) {
     a.residual = residual;
   }
   a.act = parse_activation(activation, act_args);
-  // Like eager convolution: channels_last out when either operand is channels_last.
-  const bool channels_last = input.suggest_memory_format() == at::MemoryFormat::ChannelsLast ||
-                             weight.suggest_memory_format() == at::MemoryFormat::ChannelsLast;
-  a.format = channels_last ? at::MemoryFormat::ChannelsLast : at::MemoryFormat::Contiguous;
+  a.format = output_format(input, weight);
   return a;
 }
 
@@ -122,6 +126,24 @@ ConvActTrainRet conv2d_act_train(FASTPIPE_CONV_ACT_PARAMS) {
   return {apply_activation(preact, act, /*inplace=*/false), preact};
 }
 
+ConvArgs backward_args(const at::Tensor& grad, const at::Tensor& input, const at::Tensor& weight,
+                       at::IntArrayRef stride, at::IntArrayRef padding, at::IntArrayRef dilation, int64_t groups,
+                       std::array<bool, 3> need) {
+  ConvArgs a;  // of a forward call that passed make_args' checks
+  a.input = input;
+  a.weight = weight;
+  a.stride = pair_arg(stride, "stride", 1);
+  a.padding = pair_arg(padding, "padding", 0);
+  a.dilation = pair_arg(dilation, "dilation", 1);
+  a.groups = groups;
+  for (int d = 0; d < 4; ++d) a.out_sizes[d] = grad.size(d);
+  a.format = output_format(input, weight);
+  a.backward = true;
+  a.grad = grad;
+  a.need = need;
+  return a;
+}
+
 ActSpec check_backward_args(const at::Tensor& grad_out, const at::Tensor& saved, c10::string_view activation,
                             at::ArrayRef<double> act_args) {
   TORCH_CHECK(saved.dim() == 4, "saved must be 4-D (N, C, H, W), got ", saved.dim(), "-D");
@@ -157,7 +179,7 @@ TORCH_LIBRARY(fastpipe, m) {
       "-> (Tensor, Tensor)",
       tags);
   // Engine choice: names per device type, the cached choices, clearing them, and the choice rule.
-  m.def("_conv_engines(str device) -> str[]", &fastpipe::conv::engine_names);
+  m.def("_conv_engines(str device, bool backward=False) -> str[]", &fastpipe::conv::engine_names);
   m.def("_conv_engine_cache() -> str[]", &fastpipe::conv::engine_cache);
   m.def("_conv_engine_clear() -> ()", &fastpipe::conv::engine_clear);
   m.def("_conv_engine_force(str name) -> str", &fastpipe::conv::engine_force);

@@ -57,7 +57,18 @@ struct ConvArgs {
   ActSpec act;
   at::MemoryFormat format = at::MemoryFormat::Contiguous;  // of the output, like eager's conv
   std::array<int64_t, 4> out_sizes{};
+  // A backward call (backward_args) has grad, the gradient of conv(input) + bias (+ residual), of
+  // out_sizes, and `need`: which of the input, weight and bias gradients to compute; no bias or
+  // residual tensor, the identity activation.
+  bool backward = false;
+  at::Tensor grad;
+  std::array<bool, 3> need{};
 };
+
+// The backward call of a convolution whose output gradient (after the activation's backward) is `grad`.
+ConvArgs backward_args(const at::Tensor& grad, const at::Tensor& input, const at::Tensor& weight,
+                       at::IntArrayRef stride, at::IntArrayRef padding, at::IntArrayRef dilation, int64_t groups,
+                       std::array<bool, 3> need);
 
 // Op bodies for any device; the CUDA registration wraps them in a device guard.
 at::Tensor conv2d_act(FASTPIPE_CONV_ACT_PARAMS);

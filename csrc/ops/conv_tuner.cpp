@@ -3,6 +3,7 @@
 #include <ATen/Context.h>
 #include <ATen/Parallel.h>
 #include <ATen/ops/convolution.h>
+#include <ATen/ops/convolution_backward.h>
 #include <ATen/record_function.h>
 
 #include <algorithm>
@@ -32,21 +33,38 @@ at::Tensor run_eager(const ConvArgs& a) {
   return apply_activation(y, a.act, /*inplace=*/true);
 }
 
+// ATen's convolution backward (the bias gradient summed there where asked).
+EngineOut run_eager_backward(const ConvArgs& a) {
+  const std::vector<int64_t> bias_sizes{a.weight.size(0)};
+  auto [grad_input, grad_weight, grad_bias] = at::convolution_backward(
+      a.grad, a.input, a.weight, a.need[2] ? std::optional<at::IntArrayRef>(bias_sizes) : std::nullopt, a.stride,
+      a.padding, a.dilation, false, {0, 0}, a.groups, a.need);
+  return {grad_input, grad_weight, grad_bias};
+}
+
 constexpr double kSwitchMargin = 1.03;  // a candidate replaces eager only when at least 3% faster
 
+// The candidates of one device type for forward calls, or for backward ones.
 struct DeviceCandidates {
   DeviceHooks hooks{};
   std::vector<Candidate> candidates;  // [0] is eager
   std::vector<std::string> labels;    // per candidate: "fastpipe::conv_engine.<name>", the profiler's name
 
   // Runs candidate i under a profiler label, so that a trace (and the tests) show which engine ran.
-  at::Tensor run(size_t i, const ConvArgs& a) const {
+  EngineOut run(size_t i, const ConvArgs& a) const {
     RECORD_FUNCTION(labels[i].c_str(), std::vector<c10::IValue>());
-    return candidates[i].run(a);
+    const Candidate& c = candidates[i];
+    return c.run ? EngineOut{c.run(a), {}, {}} : c.run_backward(a);
   }
 };
 
-using Key = std::array<int64_t, 28>;
+// Where a device type's forward or backward candidates are kept.
+size_t slot(c10::DeviceType type, bool backward) {
+  return static_cast<size_t>(type) * 2 + backward;
+}
+constexpr size_t kSlots = static_cast<size_t>(c10::DeviceType::COMPILE_TIME_MAX_DEVICE_TYPES) * 2;
+
+using Key = std::array<int64_t, 30>;
 struct KeyHash {
   size_t operator()(const Key& k) const {
     size_t h = 0;
@@ -58,13 +76,14 @@ struct KeyHash {
 struct Choice {
   size_t index;
   std::string report;
+  bool timed;  // candidates were compared (else eager alone could run: nothing worth keeping across runs)
 };
 
 struct TunerState {
   std::mutex mutex;
-  std::unordered_map<int, DeviceCandidates> devices;  // by c10::DeviceType
+  std::unordered_map<size_t, DeviceCandidates> devices;  // by slot()
   // The same, indexed without a lock on the hot path: devices register during static initialisation only.
-  std::array<const DeviceCandidates*, static_cast<size_t>(c10::DeviceType::COMPILE_TIME_MAX_DEVICE_TYPES)> by_type{};
+  std::array<const DeviceCandidates*, kSlots> by_slot{};
   std::unordered_map<Key, Choice, KeyHash> cache;
   // Bumped whenever a cached choice may become wrong (clear, override): threads' lookup caches check it.
   std::atomic<uint64_t> generation{1};
@@ -117,6 +136,8 @@ Key make_key(const ConvArgs& a) {
   size_t i = 0;
   auto put = [&](int64_t v) { k[i++] = v; };
   put(static_cast<int64_t>(a.input.device().type()));
+  put(a.backward);
+  put(a.backward ? a.need[0] + 2 * a.need[1] + 4 * a.need[2] + 8 * is_channels_last(a.grad) : 0);
   put(a.input.device().index());
   put(static_cast<int64_t>(a.input.scalar_type()));
   for (int64_t s : a.input.sizes()) put(s);
@@ -147,8 +168,14 @@ std::string describe(const ConvArgs& a) {
   s << a.input.device().type() << " " << a.input.scalar_type() << " input" << a.input.sizes()
     << (a.format == at::MemoryFormat::ChannelsLast ? " channels_last" : "") << " weight" << a.weight.sizes()
     << " stride" << at::IntArrayRef(a.stride) << " padding" << at::IntArrayRef(a.padding) << " dilation"
-    << at::IntArrayRef(a.dilation) << " groups=" << a.groups << " " << act_info(a.act.act).name
-    << (a.bias ? " +bias" : "") << (a.residual ? " +residual" : "");
+    << at::IntArrayRef(a.dilation) << " groups=" << a.groups;
+  if (a.backward) {
+    s << " backward:";
+    const char* names[] = {" input", " weight", " bias"};
+    for (int i = 0; i < 3; ++i) s << (a.need[i] ? names[i] : "");
+  } else {
+    s << " " << act_info(a.act.act).name << (a.bias ? " +bias" : "") << (a.residual ? " +residual" : "");
+  }
   return s.str();
 }
 
@@ -214,6 +241,19 @@ std::optional<std::string> disagreement(const at::Tensor& got, const at::Tensor&
   if (diff <= tolerance * scale) return std::nullopt;
   return c10::str("its output differs from eager's by up to ", diff, " (", diff / scale,
                   " of the largest magnitude; tolerance ", tolerance, ")");
+}
+
+// The same for every result of an engine (the output, or each gradient eager computed).
+std::optional<std::string> disagreement(const EngineOut& got, const EngineOut& want, const ConvArgs& a) {
+  const char* names[] = {"input gradient: ", "weight gradient: ", "bias gradient: "};
+  const double tolerance = output_tolerance(a);
+  for (size_t i = 0; i < want.size(); ++i) {
+    if (!want[i].defined()) continue;
+    const char* what = a.backward ? names[i] : "";
+    if (!got[i].defined()) return c10::str(what, "not computed");
+    if (auto why = disagreement(got[i], want[i], tolerance)) return what + *why;
+  }
+  return std::nullopt;
 }
 
 void warn_once(TunerState& st, const std::string& message) {
@@ -283,15 +323,18 @@ Choice tune(TunerState& st, const ConvArgs& a, const DeviceCandidates& dev) {
   }
   std::vector<size_t> live;
   std::string failures;
-  at::Tensor reference;
+  EngineOut reference;
   for (size_t i : eligible.size() > 1 ? eligible : std::vector<size_t>{}) {  // eager alone: nothing to time
     try {
-      at::Tensor out = dev.run(i, a);
+      EngineOut out = dev.run(i, a);
       if (i == 0) {
         reference = out;
       } else {
-        if (const double bump = perturbation_of(cands[i].name)) out = out.add(bump);
-        if (auto why = disagreement(out, reference, output_tolerance(a))) {
+        if (const double bump = perturbation_of(cands[i].name)) {
+          for (at::Tensor& t : out)
+            if (t.defined()) t = t.add(bump);
+        }
+        if (auto why = disagreement(out, reference, a)) {
           note_wrong(st, dev, i, a, *why);
           failures += std::string(" ") + cands[i].name + "=wrong";
           continue;
@@ -329,7 +372,7 @@ Choice tune(TunerState& st, const ConvArgs& a, const DeviceCandidates& dev) {
     times[0] = 0;  // eager alone
   }
   ratio[0] = 1.0;
-  Choice choice{pick_engine(times, ratio), describe(a) + " -> "};
+  Choice choice{pick_engine(times, ratio), describe(a) + " -> ", live.size() > 1};
   choice.report += cands[choice.index].name;
   if (live.size() > 1 || !failures.empty()) {
     std::ostringstream s;
@@ -352,8 +395,9 @@ struct Selection {
 
 Selection select_engine(const ConvArgs& a) {
   TunerState& st = tuner_state();
-  const DeviceCandidates* dev = st.by_type[static_cast<size_t>(a.input.device().type())];
-  TORCH_CHECK(dev, "fastpipe has no convolution engines for device type ", a.input.device().type());
+  const DeviceCandidates* dev = st.by_slot[slot(a.input.device().type(), a.backward)];
+  TORCH_CHECK(dev, "fastpipe has no convolution ", a.backward ? "backward " : "", "engines for device type ",
+              a.input.device().type());
   const Selection eager{dev, 0, false};
   if (st.forcing.load(std::memory_order_relaxed)) {
     std::string forced_name;
@@ -366,8 +410,9 @@ Selection select_engine(const ConvArgs& a) {
       const Candidate& c = dev->candidates[i];
       if (std::strcmp(c.name, forced) != 0) continue;
       if (const char* why = c.why_not(a)) {
-        warn_once(st, c10::str("fastpipe: FASTPIPE_CONV_ENGINE=", forced, " cannot run ", a.input.scalar_type(),
-                               " on ", a.input.device().type(), " (", why, "): eager runs instead"));
+        warn_once(st, c10::str("fastpipe: FASTPIPE_CONV_ENGINE=", forced, " cannot run ",
+                               a.backward ? "the backward of " : "", a.input.scalar_type(), " on ",
+                               a.input.device().type(), " (", why, "): eager runs instead"));
         return eager;
       }
       return i > 0 && failed_before(st, i, a) ? eager : Selection{dev, i, true};
@@ -375,9 +420,9 @@ Selection select_engine(const ConvArgs& a) {
     std::string known;
     {
       std::lock_guard<std::mutex> lock(st.mutex);
-      for (const auto& [type, d] : st.devices) {
+      for (const auto& [where, d] : st.devices) {
         for (const auto& c : d.candidates) {
-          if (std::strcmp(c.name, forced) == 0) return eager;  // an engine of another device type
+          if (std::strcmp(c.name, forced) == 0) return eager;  // an engine of another device type or pass
           if (known.find(c.name) == std::string::npos) known += std::string(", ") + c.name;
         }
       }
@@ -407,11 +452,9 @@ Selection select_engine(const ConvArgs& a) {
   return Selection{dev, index, false};
 }
 
-}  // namespace
-
 // Runs the selected engine. A forced engine that throws is remembered for the key and eager runs
 // instead (the auto path already dropped throwing candidates while timing).
-at::Tensor run_engine(const ConvArgs& a) {
+EngineOut run_selected(const ConvArgs& a) {
   const Selection s = select_engine(a);
   if (!s.forced || s.index == 0) return s.dev->run(s.index, a);
   try {
@@ -422,12 +465,24 @@ at::Tensor run_engine(const ConvArgs& a) {
   }
 }
 
-std::vector<std::string> engine_names(c10::string_view device) {
+}  // namespace
+
+at::Tensor run_engine(const ConvArgs& a) {
+  TORCH_INTERNAL_ASSERT(!a.backward, "run_engine takes forward calls");
+  return std::move(run_selected(a)[0]);
+}
+
+EngineOut run_backward_engine(const ConvArgs& a) {
+  TORCH_INTERNAL_ASSERT(a.backward, "run_backward_engine takes backward calls");
+  return run_selected(a);
+}
+
+std::vector<std::string> engine_names(c10::string_view device, bool backward) {
   const c10::Device d{std::string(device)};
   TunerState& st = tuner_state();
   std::lock_guard<std::mutex> lock(st.mutex);
   std::vector<std::string> names;
-  auto it = st.devices.find(static_cast<int>(d.type()));
+  auto it = st.devices.find(slot(d.type(), backward));
   if (it != st.devices.end()) {
     for (const auto& c : it->second.candidates) names.emplace_back(c.name);
   }
@@ -450,10 +505,11 @@ std::vector<std::string> engine_export(c10::string_view device) {
   std::lock_guard<std::mutex> lock(st.mutex);
   std::vector<std::string> lines;
   for (const auto& [key, choice] : st.cache) {
-    if (key[0] != type) continue;
+    if (key[0] != type || !choice.timed) continue;
     std::ostringstream s;
     for (size_t i = 0; i < key.size(); ++i) s << (i ? "," : "") << key[i];
-    s << '\t' << st.devices.at(static_cast<int>(type)).candidates[choice.index].name << '\t' << choice.report;
+    s << '\t' << st.devices.at(slot(static_cast<c10::DeviceType>(type), key[1])).candidates[choice.index].name << '\t'
+      << choice.report;
     lines.push_back(s.str());
   }
   std::sort(lines.begin(), lines.end());
@@ -485,13 +541,16 @@ int64_t engine_import(std::vector<std::string> lines) {
     }
     TORCH_CHECK(n == key.size(), "engine choice '", line, "' has ", n, " key fields, expected ", key.size());
     // Engines of a device type this build lacks, or renamed since, are skipped: those keys are timed anew.
-    auto dev = st.devices.find(static_cast<int>(key[0]));
+    if (key[0] < 0 || key[0] >= static_cast<int64_t>(c10::DeviceType::COMPILE_TIME_MAX_DEVICE_TYPES) ||
+        (key[1] != 0 && key[1] != 1))
+      continue;
+    auto dev = st.devices.find(slot(static_cast<c10::DeviceType>(key[0]), key[1]));
     if (dev == st.devices.end()) continue;
     const std::string name = line.substr(tab1 + 1, tab2 - tab1 - 1);
     const auto& cands = dev->second.candidates;
     auto it = std::find_if(cands.begin(), cands.end(), [&](const Candidate& c) { return name == c.name; });
     if (it == cands.end()) continue;
-    added += st.cache.emplace(key, Choice{static_cast<size_t>(it - cands.begin()), line.substr(tab2 + 1) + " [saved]"})
+    added += st.cache.emplace(key, Choice{static_cast<size_t>(it - cands.begin()), line.substr(tab2 + 1) + " [saved]", true})
                  .second;
   }
   return added;
@@ -528,17 +587,28 @@ void engine_perturb_check(c10::string_view name, double amount) {
   perturb_amount = amount;
 }
 
-bool register_engines(c10::DeviceType type, DeviceHooks hooks, std::vector<Candidate> candidates) {
+bool register_engines(c10::DeviceType type, DeviceHooks hooks, std::vector<Candidate> candidates, bool backward) {
   TunerState& st = tuner_state();
   std::lock_guard<std::mutex> lock(st.mutex);
-  DeviceCandidates& dev = st.devices[static_cast<int>(type)];
-  dev.hooks = hooks;
-  dev.candidates = {Candidate{"eager", always, run_eager, true}};
-  dev.candidates.insert(dev.candidates.end(), candidates.begin(), candidates.end());
-  TORCH_INTERNAL_ASSERT(dev.candidates.size() <= 64, "TunerState::failed keeps one bit per candidate");
-  dev.labels.clear();
-  for (const auto& c : dev.candidates) dev.labels.push_back(std::string("fastpipe::conv_engine.") + c.name);
-  st.by_type[static_cast<size_t>(type)] = &dev;  // unordered_map nodes are stable
+  auto install = [&](bool pass, std::vector<Candidate> cands) {
+    DeviceCandidates& dev = st.devices[slot(type, pass)];
+    dev.hooks = hooks;
+    dev.candidates = {pass ? Candidate{"eager", always, nullptr, true, run_eager_backward}
+                           : Candidate{"eager", always, run_eager, true}};
+    for (const Candidate& c : cands) {
+      const bool forward = c.run != nullptr, backward_engine = c.run_backward != nullptr;
+      TORCH_INTERNAL_ASSERT(forward != backward_engine && backward_engine == pass, "conv engine ", c.name,
+                            " registered as a ", pass ? "backward" : "forward", " engine without being one");
+      dev.candidates.push_back(c);
+    }
+    TORCH_INTERNAL_ASSERT(dev.candidates.size() <= 64, "TunerState::failed keeps one bit per candidate");
+    dev.labels.clear();
+    for (const auto& c : dev.candidates) dev.labels.push_back(std::string("fastpipe::conv_engine.") + c.name);
+    st.by_slot[slot(type, pass)] = &dev;  // unordered_map nodes are stable
+  };
+  install(backward, std::move(candidates));
+  // A device type with forward engines has at least eager for its backward calls.
+  if (!st.by_slot[slot(type, true)]) install(true, {});
   return true;
 }
 

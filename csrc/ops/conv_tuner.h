@@ -8,6 +8,7 @@
 #include <ATen/core/Tensor.h>
 #include <c10/util/FunctionRef.h>
 
+#include <array>
 #include <string>
 #include <vector>
 
@@ -15,7 +16,12 @@
 
 namespace fastpipe::conv {
 
-// One way to compute a ConvArgs. `run` returns the result, preferably already in args.format.
+// What an engine computes: the output in [0] (forward), or the input, weight and bias gradients
+// (backward; undefined where ConvArgs::need does not ask for them).
+using EngineOut = std::array<at::Tensor, 3>;
+
+// One way to compute a ConvArgs: a forward engine has `run`, returning the result, preferably already
+// in args.format; a backward engine `run_backward`.
 // `why_not` says whether the candidate can run a call on this machine: nullptr when it can, else the
 // reason (a static string, shown in the warning when a forced engine falls back to eager).
 // `validated`: its tests have passed on real hardware of its device type (recorded under
@@ -24,8 +30,9 @@ namespace fastpipe::conv {
 struct Candidate {
   const char* name;
   const char* (*why_not)(const ConvArgs&);
-  at::Tensor (*run)(const ConvArgs&);
+  at::Tensor (*run)(const ConvArgs&) = nullptr;
   bool validated = true;
+  EngineOut (*run_backward)(const ConvArgs&) = nullptr;
 };
 
 struct DeviceHooks {
@@ -36,12 +43,17 @@ struct DeviceHooks {
   double (*elapsed_ms)(c10::DeviceIndex, c10::function_ref<void()> fn);
 };
 
-// Adds a device type's candidates after "eager" (the plain ATen path every device has). Call it from a
-// static initialiser; returns true so that it can initialise a static.
-bool register_engines(c10::DeviceType type, DeviceHooks hooks, std::vector<Candidate> candidates);
+// Adds a device type's forward candidates, or backward ones, after "eager" (the plain ATen path every
+// device has: at::convolution, or at::convolution_backward). The two are chosen apart, per key: an
+// engine name may have both (FASTPIPE_CONV_ENGINE=<name> forces both). Call it from a static
+// initialiser; returns true so that it can initialise a static.
+bool register_engines(c10::DeviceType type, DeviceHooks hooks, std::vector<Candidate> candidates,
+                      bool backward = false);
 
-// Computes `a` with the engine of its key: forced, cached, or timed now.
+// Computes `a` with the engine of its key: forced, cached, or timed now. run_engine takes forward calls,
+// run_backward_engine backward ones (backward_args).
 at::Tensor run_engine(const ConvArgs& a);
+EngineOut run_backward_engine(const ConvArgs& a);
 
 // Where the choice's warnings go (each is given once): the Python module installs a sink that raises
 // them as Python warnings (torch.ops calls do not route TORCH_WARN to Python); without one they go to
@@ -51,7 +63,7 @@ void set_warning_sink(void (*sink)(const std::string& message));
 // The introspection ops (schemas in conv_act.cpp): engine names per device type, the cached choices,
 // forgetting them (with failures and warnings), and the choice rule on given timings (each candidate's
 // fastest round, and the median of its per-round time over eager's; eager first).
-std::vector<std::string> engine_names(c10::string_view device);
+std::vector<std::string> engine_names(c10::string_view device, bool backward);
 std::vector<std::string> engine_cache();
 void engine_clear();
 // Forces an engine for every call ("auto" or "": the timed choice); returns the previous setting.

@@ -7,9 +7,11 @@ layers    FusedConv2d against eager PyTorch and torch.compile, per shape of the 
           a rotating order after warm-up (which also makes FusedConv2d time its engines for the shape),
           and the median of the repetitions is kept; speedup = eager time / FusedConv2d time. With
           --runs N the sweep repeats and each row reports the median speedup over the runs. With
-          --force-engines each engine of the device (validated or not) also runs forced, forward only,
-          with its speedup over eager and the engine that really ran (an engine declines shapes it does
-          not compute): the figures that validate a new engine on a GPU.
+          --force-engines each forward engine of the device (validated or not) also runs forced, with
+          its speedup over eager and the engines that really ran (an engine declines shapes it does not
+          compute); in forward + backward rows the name also forces the backward engine of that name
+          (CUDA's depthwise), the rest of the backward runs eager: the figures that validate a new
+          engine on a GPU.
 overhead  The per-call cost on small calls, where overhead dominates (the CPU, fp32, no_grad): fastpipe's
           op, functional and module against the eager pair a user writes. Each call is timed as the best
           of --rounds rounds of --calls calls, interleaved across the variants. Figures: op <= +1 us,
@@ -103,7 +105,7 @@ def add_arguments(p):
     g.add_argument("--rows", default="", help="only rows whose family or label contains this text")
     g.add_argument("--runs", type=int, default=1, help="repeat the sweep; rows report medians over runs")
     g.add_argument("--force-engines", action="store_true",
-                   help="also time each engine of the device forced (forward rows; unvalidated engines too)")
+                   help="also time each engine of the device forced (unvalidated engines too)")
     g.add_argument("--compile", action=argparse.BooleanOptionalAction, default=None,
                    help="the torch.compile column (default: on, off with --quick)")
     g = p.add_argument_group("overhead")
@@ -211,7 +213,7 @@ def measure_row(row, opts, dtype_name, batch, layout, mode, timer):
 
     runs = {name: step(m) for name, m in variants.items()}
     forcing = {}  # variant -> the engine forced while it runs
-    if opts["force_engines"] and mode == "fwd":
+    if opts["force_engines"]:
         for engine in fnn.conv_engines(device)[1:]:
             runs[f"forced:{engine}"], forcing[f"forced:{engine}"] = runs["fused"], engine
 
@@ -326,9 +328,10 @@ def report_layers(rows, summary, out):
         names = list(forced[0]["forced"])
         out.table(["config", "row"] + [f"{n}/eager" for n in names],
                   [[_config(r), r["row"]] + [bc.fmt(f["speedup"], ".2f") + "x" + (
-                      "" if f["ran"] == [n] else f" (ran {','.join(f['ran']) or 'nothing'})")
+                      "" if n in f["ran"] else f" (ran {','.join(f['ran']) or 'nothing'})")
                       for n, f in r["forced"].items()] for r in forced],
-                  title="layers: each engine forced (forward; an engine that declines a row runs eager)",
+                  title="layers: each engine forced (an engine that declines a row runs eager; fwdbwd: its "
+                        "backward engine of the same name where it has one)",
                   align="ll" + "r" * len(names))
     out.table(["config", "family", "rows", "fused/eager", "fused/compile"],
               [[s["config"], s["family"], s["rows"], bc.fmt(s["speedup"], ".2f") + "x",

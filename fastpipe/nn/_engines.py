@@ -16,6 +16,12 @@ engine whose kernels have not yet passed their tests on real hardware of its dev
 only run where FASTPIPE_CONV_ENGINE names it. The profiler shows the engine each call ran as
 ``fastpipe::conv_engine.<name>``.
 
+The backward of the convolution (after the activation's backward) is chosen the same way, per key of
+its own: eager is ``aten.convolution_backward``; ``conv_engines(device, backward=True)`` lists the rest
+(the ``depthwise`` kernels' backward on CUDA; on the CPU the same code as a model of the GPU's blocks,
+for tests: never chosen by timing). A name forces both the forward and the backward engine it names;
+one that is only one of them leaves the other to eager.
+
 The CPU choices persist: a key chosen by one run is not timed again by the next, which makes the same
 choice (a key whose candidates are within noise of the 3% margin would otherwise flip from run to run
 on a busy machine), and a model's first call skips the ~150 ms of timing per key. They are kept in
@@ -46,12 +52,14 @@ __all__ = ["conv_engines", "conv_engine_cache", "clear_conv_engine_cache", "use_
            "save_conv_engine_choices", "load_conv_engine_choices"]
 
 log = logging.getLogger(__name__)
-_FORMAT = 1
+_FORMAT = 2  # 2: keys of 30 fields (forward or backward)
 
 
-def conv_engines(device="cpu"):
-    """Names of the engines for a device type, eager first (an empty list for a type without kernels)."""
-    return list(torch.ops.fastpipe._conv_engines(torch.device(device).type))
+def conv_engines(device="cpu", backward=False):
+    """Names of the engines for a device type's forward calls, or with ``backward=True`` for the
+    convolution's backward (the input, weight and bias gradients), eager first (an empty list for a type
+    without kernels)."""
+    return list(torch.ops.fastpipe._conv_engines(torch.device(device).type, bool(backward)))
 
 
 def conv_engine_cache():
@@ -110,6 +118,8 @@ def _read(path):
     except (OSError, ValueError) as e:
         warnings.warn(f"fastpipe: ignoring the conv engine cache {path}: {e}", stacklevel=3)
         return {}
+    if isinstance(data, dict) and isinstance(data.get("format"), int) and 0 < data["format"] < _FORMAT:
+        return {}  # an older fastpipe's keys: replaced by this run's choices
     if not isinstance(data, dict) or data.get("format") != _FORMAT or not isinstance(data.get("machines"), dict):
         warnings.warn(f"fastpipe: ignoring the conv engine cache {path}: not a format-{_FORMAT} fastpipe cache",
                       stacklevel=3)

@@ -118,17 +118,19 @@ def test_conv_quick_runs_a_few_rows_of_every_part(tmp_path):
 
 @pytest.mark.skipif(not fastpipe.nn.conv_engines("cpu")[1:], reason="no CPU conv engine besides eager to force")
 def test_conv_force_engines_times_every_engine_and_says_which_ran(tmp_path):
-    """--force-engines: a forward row gets each engine's speedup forced and the engines that really ran
-    (the validation figures of a new engine); forward+backward rows get none."""
+    """--force-engines: each row gets each engine's speedup forced and the engines that really ran (the
+    validation figures of a new engine); in forward+backward rows the backward runs eager (the CPU has
+    no backward engine of a forward engine's name)."""
     out = tmp_path / "conv.json"
     bench("conv", "--part", "layers", "--quick", "--force-engines", "--rows", "1x1 64>256", "--layout", "channels_last",
           "--out", str(out), "--no-progress", cwd=tmp_path, timeout=300)
     doc = json.loads(out.read_text())
     rows = {r["mode"]: r for r in doc["results"]["layers"]["rows"]}
     engines = fastpipe.nn.conv_engines("cpu")[1:]
-    assert set(rows["fwd"]["forced"]) == set(engines) and "forced" not in rows["fwdbwd"]
-    for name, f in rows["fwd"]["forced"].items():
-        assert f["speedup"] > 0 and f["ran"] == [name], (name, f)  # oneDNN computes this fp32 row
+    assert set(rows["fwd"]["forced"]) == set(rows["fwdbwd"]["forced"]) == set(engines)
+    for name in engines:  # oneDNN computes this fp32 row
+        assert rows["fwd"]["forced"][name]["speedup"] > 0 and rows["fwd"]["forced"][name]["ran"] == [name]
+        assert rows["fwdbwd"]["forced"][name]["ran"] == sorted(["eager", name]), rows["fwdbwd"]["forced"][name]
     assert "each engine forced" in open(doc["files"]["markdown"]).read()
 
 

@@ -317,6 +317,24 @@ def test_saved_choices_are_kept_per_machine(tmp_path):
     fnn.clear_conv_engine_cache()
 
 
+def test_an_older_fastpipes_cache_is_replaced_without_a_warning(tmp_path):
+    """Format 1 held 28-field keys (no forward/backward fields): its choices are not loaded, and the
+    next save writes the current format over them."""
+    fnn.clear_conv_engine_cache()
+    path = tmp_path / "engines.json"
+    path.write_text(json.dumps({"format": 1, "machines": {"m": [",".join(["0"] * 28) + "\teager\tr"]}}))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert fnn.load_conv_engine_choices(str(path)) == 0
+    small_call()()
+    fnn.save_conv_engine_choices(str(path))
+    data = json.loads(path.read_text())
+    assert data["format"] == 2 and "m" not in data["machines"]
+    (lines,) = data["machines"].values()
+    assert [len(line.split("\t")[0].split(",")) for line in lines] == [30]
+    fnn.clear_conv_engine_cache()
+
+
 @pytest.mark.parametrize("content", ["{not json", '{"format": 99, "machines": {}}', "[]"])
 def test_a_broken_cache_file_is_ignored_with_a_warning(tmp_path, content):
     path = tmp_path / "engines.json"
@@ -329,7 +347,7 @@ def test_a_broken_cache_file_is_ignored_with_a_warning(tmp_path, content):
     "line,error",
     [
         ("1,2\tonednn\tr", "has 2 key fields"),
-        (",".join(["0"] * 27) + ",x\teager\tr", "is not an integer"),
+        (",".join(["0"] * 29) + ",x\teager\tr", "is not an integer"),
         ("no tabs", "is not '<key>"),
     ],
 )
@@ -340,7 +358,7 @@ def test_malformed_saved_choices_are_refused(line, error):
 
 def test_saved_choices_of_unknown_engines_or_devices_are_skipped():
     fnn.clear_conv_engine_cache()
-    key = ",".join(["0"] * 28)
+    key = ",".join(["0"] * 30)
     assert torch.ops.fastpipe._conv_engine_import([f"{key}\tno-such-engine\tr"]) == 0
     assert torch.ops.fastpipe._conv_engine_import([f"{key.replace('0', '99', 1)}\teager\tr"]) == 0
     assert torch.ops.fastpipe._conv_engine_import([f"{key}\teager\tr"]) == 1

@@ -1,13 +1,14 @@
 // Autograd of the fused convolution ops, in C++ rather than torch.library.register_autograd: the Python
 // wrapper costs ~0.1 ms per call, more than a small convolution (and far more than its CUDA kernels).
 // Backward runs _conv2d_act_backward (the activation's gradient and, on CUDA, the bias gradient in one
-// pass) then aten::convolution_backward.
-#include <ATen/ops/convolution_backward.h>
+// pass) then the convolution's backward engine of the key (conv_tuner.h: aten::convolution_backward, or
+// a fastpipe kernel).
 #include <torch/autograd.h>
 #include <torch/library.h>
 
 #include "ops/activations.h"
 #include "ops/conv_act.h"
+#include "ops/conv_tuner.h"
 
 namespace fastpipe::conv {
 namespace {
@@ -85,12 +86,11 @@ struct ConvActFunction : public torch::autograd::Function<ConvActFunction> {
     }
     at::Tensor grad_x, grad_w;
     if (need_x || need_w || bias_from_conv) {
-      const std::vector<int64_t> bias_sizes{weight.size(0)};
-      at::Tensor grad_b;
-      std::tie(grad_x, grad_w, grad_b) = at::convolution_backward(
-          grad_pre, input, weight, bias_from_conv ? std::optional<at::IntArrayRef>(bias_sizes) : std::nullopt,
-          stride, padding, dilation, false, {0, 0}, groups, {need_x, need_w, bias_from_conv});
-      if (bias_from_conv) grad_bias = grad_b;
+      EngineOut g = run_backward_engine(
+          backward_args(grad_pre, input, weight, stride, padding, dilation, groups, {need_x, need_w, bias_from_conv}));
+      grad_x = std::move(g[0]);
+      grad_w = std::move(g[1]);
+      if (bias_from_conv) grad_bias = std::move(g[2]);
     }
     torch::autograd::variable_list out(kInputs);  // by forward argument
     out[0] = grad_x;

@@ -1,9 +1,14 @@
-// fastpipe::_depthwise_host: the direct depthwise kernel's per-element code (csrc/cuda/depthwise.h) run on
-// the host over a whole output grid, in float32, before the activation, `lanes` channels per step as the
-// vectorised NHWC path computes them (1: the element-wise path), or block by block through shared-memory
-// patches as the NCHW tiled kernel does (`tiled`). A test op: the CPU tests check
-// the kernel's index and boundary arithmetic with it on every build, GPU or not.
+// The depthwise kernels' code (csrc/cuda/depthwise.h) run on the host, in float32, so that the CPU tests
+// check their index and boundary arithmetic on every build, GPU or not:
+// - fastpipe::_depthwise_host, the forward kernels' per-element code over a whole output grid, before
+//   the activation, `lanes` channels per step as the vectorised NHWC path computes them (1: the
+//   element-wise path), or block by block through shared-memory patches as the NCHW tiled kernel does
+//   (`tiled`);
+// - the CPU backward engine "depthwise": the backward kernels' per-element code over the input grid and
+//   their weight-gradient blocks one by one, as the GPU runs them (plan, ranges, streams, partial sums
+//   per split). A model, registered unvalidated: only FASTPIPE_CONV_ENGINE=depthwise runs it.
 #include <ATen/ATen.h>
+#include <ATen/Parallel.h>
 #include <torch/library.h>
 
 #include <algorithm>
@@ -12,9 +17,23 @@
 
 #include "cuda/depthwise.h"
 #include "ops/conv_act.h"
+#include "ops/conv_tuner.h"
+#include "ops/kernel_params.h"
 
 namespace fastpipe::conv {
 namespace {
+
+// V = 1, 4 or 8 as a compile-time constant.
+template <typename F>
+void lanes_switch(int lanes, F&& f) {
+  if (lanes == 8) {
+    f(std::integral_constant<int, 8>{});
+  } else if (lanes == 4) {
+    f(std::integral_constant<int, 4>{});
+  } else {
+    f(std::integral_constant<int, 1>{});
+  }
+}
 
 at::Tensor depthwise_host(const at::Tensor& input, const at::Tensor& weight, const std::optional<at::Tensor>& bias,
                           const std::optional<at::Tensor>& residual, at::IntArrayRef stride, at::IntArrayRef padding,
@@ -86,15 +105,91 @@ at::Tensor depthwise_host(const at::Tensor& input, const at::Tensor& weight, con
     }
     for (int64_t i = 0; i < total; ++i)
       TORCH_CHECK(writes[i] == 1, "tiled: output element ", i, " was written ", writes[i], " times");
-  } else if (lanes == 8) {
-    run(std::integral_constant<int, 8>{});
-  } else if (lanes == 4) {
-    run(std::integral_constant<int, 4>{});
   } else {
-    run(std::integral_constant<int, 1>{});
+    lanes_switch(static_cast<int>(lanes), run);
   }
   return out;
 }
+
+// The SM count the model plans for (an H100's or H200's), so that it splits the positions as a GPU does.
+constexpr int kModelSms = 132;
+
+const char* depthwise_backward_why_not(const ConvArgs& a) {
+  return depthwise_backward_args_why_not(a);
+}
+
+EngineOut depthwise_backward_model(const ConvArgs& a) {
+  const cuda::DepthwiseParams p = depthwise_shape(a);
+  const at::Tensor g = a.grad.to(at::kFloat).contiguous(a.format), x = a.input.to(at::kFloat).contiguous(a.format);
+  const at::Tensor w = a.weight.to(at::kFloat).contiguous();
+  const float *pg = g.data_ptr<float>(), *px = x.data_ptr<float>(), *pw = w.data_ptr<float>();
+  EngineOut out;
+  if (a.need[0]) {
+    at::Tensor dx = at::empty(a.input.sizes(), x.options().memory_format(a.format));
+    float* pdx = dx.data_ptr<float>();
+    // As many channels per step as the vectorised path takes of the real dtype.
+    lanes_switch(cuda::depthwise_lanes(p, static_cast<int>(a.input.element_size())), [&](auto lanes_tag) {
+      constexpr int V = decltype(lanes_tag)::value;
+      at::parallel_for(0, dx.numel() / V, 1024, [&](int64_t begin, int64_t end) {
+        for (int64_t i = begin; i < end; ++i) {
+          float acc[V];
+          cuda::depthwise_input_grad<V>(
+              p, cuda::depthwise_coord(p, i, p.h, p.w, V), acc,
+              [&](int64_t k, float(&v)[V]) { std::copy(pg + k, pg + k + V, v); }, [&](int64_t k) { return pw[k]; });
+          std::copy(acc, acc + V, pdx + i * V);
+        }
+      });
+    });
+    out[0] = dx.to(a.input.scalar_type());
+  }
+  if (a.need[1] || a.need[2]) {
+    const cuda::WgradPlan plan = cuda::depthwise_wgrad_plan(p, kModelSms);
+    const int64_t taps = int64_t(p.kh) * p.kw + 1;
+    // partial[split][c][tap] as the GPU's blocks write it; each entry written once (checked).
+    std::vector<float> partial(static_cast<size_t>(plan.splits * p.c * taps), 0.f);
+    std::vector<int> writes(partial.size(), 0);
+    cuda::depthwise_wgrad_size_switch(p.kh, p.kw, [&](auto size_tag) {
+      constexpr int K = decltype(size_tag)::value;
+      at::parallel_for(0, plan.channel_blocks * plan.splits, 1, [&](int64_t first, int64_t last) {
+        for (int64_t block = first; block < last; ++block) {
+          const cuda::WgradBlock b = cuda::depthwise_wgrad_block(plan, block);
+          for (int cl = 0; cl < plan.cpb && b.c0 + cl < p.c; ++cl) {
+            const int64_t c = b.c0 + cl;
+            float sums[K * K + 1] = {};
+            for (int s = 0; s < plan.streams; ++s) {  // a thread each
+              float acc[K * K + 1] = {};
+              for (int64_t pos = b.begin + s; pos < b.end; pos += plan.streams) {
+                cuda::depthwise_wgrad_add<K, K>(p, c, pos, acc, [&](int64_t k) { return pg[k]; },
+                                                [&](int64_t k) { return px[k]; });
+              }
+              for (int t = 0; t < K * K + 1; ++t) sums[t] += acc[t];
+            }
+            for (int t = 0; t < K * K + 1; ++t) {
+              const size_t at = static_cast<size_t>((b.split * p.c + c) * taps + t);
+              partial[at] = sums[t];
+              ++writes[at];
+            }
+          }
+        }
+      });
+    });
+    for (size_t i = 0; i < writes.size(); ++i)
+      TORCH_CHECK(writes[i] == 1, "depthwise backward model: partial sum ", i, " was written ", writes[i], " times");
+    at::Tensor total = at::zeros({p.c, taps}, x.options());
+    float* pt = total.data_ptr<float>();
+    for (int64_t split = 0; split < plan.splits; ++split)  // the finalize kernel's order
+      for (int64_t i = 0; i < p.c * taps; ++i) pt[i] += partial[static_cast<size_t>(split * p.c * taps + i)];
+    total = total.to(a.input.scalar_type());
+    if (a.need[1]) out[1] = total.narrow(1, 0, taps - 1).reshape({p.c, 1, p.kh, p.kw});
+    if (a.need[2]) out[2] = total.select(1, taps - 1).contiguous();
+  }
+  return out;
+}
+
+[[maybe_unused]] const bool cpu_backward_engines = register_engines(
+    c10::DeviceType::CPU, DeviceHooks{},
+    {{"depthwise", depthwise_backward_why_not, nullptr, /*validated=*/false, depthwise_backward_model}},
+    /*backward=*/true);
 
 }  // namespace
 }  // namespace fastpipe::conv

@@ -5,6 +5,7 @@
 //   depthwise        a direct kernel with the epilogue inside (vectorised over channels in NHWC);
 //   depthwise_tiled  its NCHW variant reading the input through shared-memory tiles;
 //   gemm1x1          a 1x1 channels_last conv as one cuBLASLt GEMM with the epilogue in it;
+// the backward engine depthwise (direct input- and weight-gradient kernels);
 // and the fused backward prologue (activation gradient + bias-gradient reduction in one pass). None of the
 // engines has run on a GPU yet: they are registered unvalidated, so only FASTPIPE_CONV_ENGINE runs them.
 #include <ATen/ATen.h>
@@ -22,6 +23,7 @@
 #include "ops/activations.h"
 #include "ops/conv_act.h"
 #include "ops/conv_tuner.h"
+#include "ops/kernel_params.h"
 
 namespace fastpipe::conv {
 namespace {
@@ -31,19 +33,6 @@ namespace {
     const cudaError_t err_ = (expr);                                                        \
     TORCH_CHECK(err_ == cudaSuccess, what, " failed: ", cudaGetErrorString(err_));          \
   } while (0)
-
-bool kernel_dtype_ok(at::ScalarType t) {
-  return t == at::kFloat || t == at::kHalf || t == at::kBFloat16;
-}
-
-cuda::DType kernel_dtype(at::ScalarType t) {
-  switch (t) {
-    case at::kFloat: return cuda::DType::Float;
-    case at::kHalf: return cuda::DType::Half;
-    case at::kBFloat16: return cuda::DType::BFloat16;
-    default: TORCH_CHECK(false, "fastpipe's CUDA kernels take float32, float16 or bfloat16, got ", t);
-  }
-}
 
 // The kernels read and write 16 bytes at a time: a dense tensor in `fmt` starting 16-byte aligned.
 at::Tensor aligned_dense(const at::Tensor& t, at::MemoryFormat fmt) {
@@ -152,25 +141,7 @@ at::Tensor cudnn_fused_run(const ConvArgs& a) {
 // The direct depthwise kernel with bias, residual and activation inside (csrc/cuda/depthwise.h).
 const char* depthwise_why_not(const ConvArgs& a) {
   if (!a.input.is_cuda()) return "not a CUDA tensor";
-  if (!kernel_dtype_ok(a.input.scalar_type())) return "its kernels take float32, float16 and bfloat16 only";
-  if (a.groups != a.input.size(1) || a.weight.size(0) != a.groups)
-    return "it computes depthwise convolutions only (groups = in_channels = out_channels)";
-  return nullptr;
-}
-
-// The depthwise kernels' shape, dtype and activation fields for `a` (no tensor pointers yet).
-cuda::DepthwiseParams depthwise_shape(const ConvArgs& a) {
-  cuda::DepthwiseParams p;
-  p.n = a.input.size(0), p.c = a.input.size(1), p.h = a.input.size(2), p.w = a.input.size(3);
-  p.oh = a.out_sizes[2], p.ow = a.out_sizes[3];
-  p.kh = static_cast<int>(a.weight.size(2)), p.kw = static_cast<int>(a.weight.size(3));
-  p.sh = static_cast<int>(a.stride[0]), p.sw = static_cast<int>(a.stride[1]);
-  p.ph = static_cast<int>(a.padding[0]), p.pw = static_cast<int>(a.padding[1]);
-  p.dh = static_cast<int>(a.dilation[0]), p.dw = static_cast<int>(a.dilation[1]);
-  p.channels_last = a.format == at::MemoryFormat::ChannelsLast;
-  p.dtype = static_cast<int>(kernel_dtype(a.input.scalar_type()));
-  p.act = a.act;
-  return p;
+  return depthwise_args_why_not(a);
 }
 
 // The depthwise kernels' parameters, and the dense operands and output they point to (kept alive by `keep`).
@@ -209,6 +180,45 @@ at::Tensor depthwise_tiled_run(const ConvArgs& a) {
   FASTPIPE_CHECK_LAUNCH(cuda::launch_depthwise_tiled(p, at::cuda::getCurrentCUDAStream()),
                         "fastpipe tiled depthwise convolution kernel");
   return keep[0];
+}
+
+// The depthwise engine's backward: the input gradient by a direct kernel, the weight and bias gradients
+// by per-block partial sums added per channel (csrc/cuda/depthwise.h).
+const char* depthwise_backward_why_not(const ConvArgs& a) {
+  if (!a.input.is_cuda()) return "not a CUDA tensor";
+  return depthwise_backward_args_why_not(a);
+}
+
+EngineOut depthwise_backward_run(const ConvArgs& a) {
+  const cuda::DepthwiseParams p = depthwise_shape(a);
+  const at::Tensor g = aligned_dense(a.grad, a.format), x = a.input.contiguous(a.format);
+  const at::Tensor w = a.weight.contiguous();
+  const auto stream = at::cuda::getCurrentCUDAStream();
+  EngineOut out;
+  if (a.need[0]) {
+    out[0] = at::empty(a.input.sizes(), x.options().memory_format(a.format));
+    FASTPIPE_CHECK_LAUNCH(
+        cuda::launch_depthwise_input_grad(p, g.data_ptr(), w.data_ptr(), out[0].data_ptr(), num_sms(), stream),
+        "fastpipe depthwise input-gradient kernel");
+  }
+  if (a.need[1] || a.need[2]) {
+    const cuda::WgradPlan plan = cuda::depthwise_wgrad_plan(p, num_sms());
+    const int64_t taps = int64_t(p.kh) * p.kw + 1;
+    at::Tensor total = plan.splits > 0 ? at::empty({p.c, taps}, x.options()) : at::zeros({p.c, taps}, x.options());
+    if (plan.splits > 0) {
+      const at::Tensor partial = at::empty({plan.splits, p.c, taps}, x.options().dtype(at::kFloat));
+      FASTPIPE_CHECK_LAUNCH(
+          cuda::launch_depthwise_wgrad(p, plan, g.data_ptr(), x.data_ptr(), partial.data_ptr<float>(), stream),
+          "fastpipe depthwise weight-gradient kernel");
+      FASTPIPE_CHECK_LAUNCH(cuda::launch_bias_grad_finalize(total.data_ptr(), partial.data_ptr<float>(),
+                                                            static_cast<int>(plan.splits), p.c * taps,
+                                                            kernel_dtype(x.scalar_type()), stream),
+                            "fastpipe depthwise weight-gradient finalize kernel");
+    }
+    if (a.need[1]) out[1] = total.narrow(1, 0, taps - 1).reshape({p.c, 1, p.kh, p.kw});
+    if (a.need[2]) out[2] = total.select(1, taps - 1).contiguous();
+  }
+  return out;
 }
 
 // A 1x1 convolution on channels_last tensors as one cuBLASLt GEMM with the residual, bias and ReLU or
@@ -285,6 +295,10 @@ bool capturing() {
                                                               depthwise_tiled_run, /*validated=*/false},
                                                              {"gemm1x1", gemm1x1_why_not, gemm1x1_run,
                                                               /*validated=*/false}});
+[[maybe_unused]] const bool cuda_backward_engines =
+    register_engines(c10::DeviceType::CUDA, DeviceHooks{synchronize, capturing, elapsed_ms},
+                     {{"depthwise", depthwise_backward_why_not, nullptr, /*validated=*/false, depthwise_backward_run}},
+                     /*backward=*/true);
 
 }  // namespace
 }  // namespace fastpipe::conv
