@@ -48,7 +48,8 @@ constexpr double kSwitchMargin = 1.03;  // a candidate replaces eager only when 
 struct DeviceCandidates {
   DeviceHooks hooks{};
   std::vector<Candidate> candidates;  // [0] is eager
-  std::vector<std::string> labels;    // per candidate: "fastpipe::conv_engine.<name>", the profiler's name
+  // Per candidate, the profiler's name: "fastpipe::conv_engine.<name>", or "fastpipe::conv_engine_backward.<name>".
+  std::vector<std::string> labels;
 
   // Runs candidate i under a profiler label, so that a trace (and the tests) show which engine ran.
   EngineOut run(size_t i, const ConvArgs& a) const {
@@ -603,7 +604,8 @@ bool register_engines(c10::DeviceType type, DeviceHooks hooks, std::vector<Candi
     }
     TORCH_INTERNAL_ASSERT(dev.candidates.size() <= 64, "TunerState::failed keeps one bit per candidate");
     dev.labels.clear();
-    for (const auto& c : dev.candidates) dev.labels.push_back(std::string("fastpipe::conv_engine.") + c.name);
+    const std::string prefix = pass ? "fastpipe::conv_engine_backward." : "fastpipe::conv_engine.";
+    for (const auto& c : dev.candidates) dev.labels.push_back(prefix + c.name);
     st.by_slot[slot(type, pass)] = &dev;  // unordered_map nodes are stable
   };
   install(backward, std::move(candidates));

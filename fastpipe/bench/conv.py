@@ -255,11 +255,13 @@ def measure_row(row, opts, dtype_name, batch, layout, mode, timer):
 
 
 def engines_ran(fn):
-    """The conv engines one call of fn ran, from the profiler events each engine run records."""
-    prefix = "fastpipe::conv_engine."
+    """The conv engines one call of fn ran, from the profiler events each engine run records: forward
+    engines by name, backward ones as "backward:<name>"."""
+    names = {"fastpipe::conv_engine.": "", "fastpipe::conv_engine_backward.": "backward:"}
     with torch.autograd.profiler.profile() as prof:
         fn()
-    return sorted({e.name[len(prefix):] for e in prof.function_events if e.name.startswith(prefix)})
+    return sorted({tag + e.name[len(prefix):] for e in prof.function_events for prefix, tag in names.items()
+                   if e.name.startswith(prefix)})
 
 
 def _config(r) -> str:

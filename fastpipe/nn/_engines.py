@@ -20,7 +20,8 @@ The backward of the convolution (after the activation's backward) is chosen the 
 its own: eager is ``aten.convolution_backward``; ``conv_engines(device, backward=True)`` lists the rest
 (the ``depthwise`` kernels' backward on CUDA; on the CPU the same code as a model of the GPU's blocks,
 for tests: never chosen by timing). A name forces both the forward and the backward engine it names;
-one that is only one of them leaves the other to eager.
+one that is only one of them leaves the other to eager. The profiler shows the backward engine each
+call ran as ``fastpipe::conv_engine_backward.<name>``.
 
 The CPU choices persist: a key chosen by one run is not timed again by the next, which makes the same
 choice (a key whose candidates are within noise of the 3% margin would otherwise flip from run to run

@@ -109,6 +109,7 @@ def make_inputs(shape, dtype, device, layout, bias=True, residual=False, seed=0)
 
 # ---- which engine runs -------------------------------------------------------------------------------
 ENGINE_EVENT = "fastpipe::conv_engine."  # the profiler label each engine run records
+BACKWARD_EVENT = "fastpipe::conv_engine_backward."  # and each backward engine run
 
 
 def engines(device):
@@ -118,11 +119,12 @@ def engines(device):
     return names
 
 
-def run_engines(fn):
-    """(fn's result, the list of conv engines it ran, in order)."""
+def run_engines(fn, backward=False):
+    """(fn's result, the list of conv engines it ran, in order; with backward=True the backward engines)."""
+    prefix = BACKWARD_EVENT if backward else ENGINE_EVENT
     with profiler.profile() as prof:
         out = fn()
-    ran = [e.name[len(ENGINE_EVENT):] for e in prof.function_events if e.name.startswith(ENGINE_EVENT)]
+    ran = [e.name[len(prefix):] for e in prof.function_events if e.name.startswith(prefix)]
     return out, ran
 
 

@@ -66,9 +66,8 @@ def check_backward(shape, batch, dtype, layout, need, activation, generator, dev
                                                else torch.contiguous_format))
 
     with fnn.use_conv_engine("depthwise"):
-        _, ran = run_engines(step)
-    # Forward: the CUDA depthwise kernel on a GPU, eager on the CPU (which has no forward model engine).
-    assert ran[-1] == "depthwise", ran
+        _, ran = run_engines(step, backward=True)
+    assert ran == ["depthwise"], ran
     for got, exp, name in zip(leaves, ref, ("input", "weight", "bias")):
         if exp.grad is None:
             assert got.grad is None, name
@@ -112,8 +111,9 @@ def test_the_backward_choice_is_apart_from_the_forward():
     fnn.clear_conv_engine_cache()
     x, weight, bias = tensors(SHAPES[0], 2, torch.float32, "nchw", torch.Generator().manual_seed(3))
     x.requires_grad_()
-    _, ran = run_engines(lambda: conv2d_act(x, weight, bias, padding=1, groups=3, activation="relu").sum().backward())
-    assert ran[-1] == "eager", ran
+    _, ran = run_engines(lambda: conv2d_act(x, weight, bias, padding=1, groups=3, activation="relu").sum().backward(),
+                         backward=True)
+    assert ran == ["eager"], ran
     cache = fnn.conv_engine_cache()
     assert sum(" backward: input -> eager" in line for line in cache) == 1, cache
     # Nothing was timed for it (eager alone): not kept across runs.
@@ -133,8 +133,8 @@ def test_a_forced_backward_that_cannot_run_falls_back_with_a_warning(why, shape,
     with fnn.use_conv_engine("depthwise"), warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         _, ran = run_engines(lambda: conv2d_act(x, weight, bias, stride, padding, dilation, groups=x.shape[1],
-                                                    activation="identity").sum().backward())
-    assert ran[-1] == "eager", ran
+                                                    activation="identity").sum().backward(), backward=True)
+    assert ran == ["eager"], ran
     messages = [str(w.message) for w in caught if "FASTPIPE_CONV_ENGINE=depthwise" in str(w.message)]
     assert any("cannot run the backward of" in m and why in m for m in messages), messages
     x64 = x.detach().double().requires_grad_()
@@ -150,8 +150,8 @@ def test_a_grouped_convolution_that_is_not_depthwise_runs_eager():
     weight = torch.randn(6, 2, 3, 3)
     with fnn.use_conv_engine("depthwise"), warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        _, ran = run_engines(lambda: conv2d_act(x, weight, None, padding=1, groups=3).sum().backward())
-    assert ran[-1] == "eager", ran
+        _, ran = run_engines(lambda: conv2d_act(x, weight, None, padding=1, groups=3).sum().backward(), backward=True)
+    assert ran == ["eager"], ran
     fnn.clear_conv_engine_cache()
 
 
