@@ -28,7 +28,7 @@ struct DepthwiseParams {
   int64_t n = 0, c = 0, h = 0, w = 0, oh = 0, ow = 0;
   int kh = 1, kw = 1, sh = 1, sw = 1, ph = 0, pw = 0, dh = 1, dw = 1;
   bool channels_last = false;      // input, output and residual: NHWC storage
-  int dtype = 0;                   // DType (epilogue.h) of every tensor
+  int dtype = 0;                   // DType (dtype.h) of every tensor
   ActSpec act;
 };
 

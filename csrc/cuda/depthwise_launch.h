@@ -8,7 +8,7 @@
 
 namespace fastpipe::cuda {
 
-// p.dtype is a DType (epilogue.h); pointers need only their type's alignment. Returns
+// p.dtype is a DType (dtype.h); pointers need only their type's alignment. Returns
 // cudaErrorInvalidValue for bad sizes, else the launch's cudaGetLastError().
 cudaError_t launch_depthwise(const DepthwiseParams& p, int num_sms, cudaStream_t stream);
 

@@ -11,10 +11,9 @@
 #include <cstdint>
 
 #include "cuda/activation.h"
+#include "cuda/dtype.h"
 
 namespace fastpipe::cuda {
-
-enum class DType : int { Float, Half, BFloat16 };
 
 // The kernels index with 32-bit integers; the op layer sends larger tensors down ATen paths.
 constexpr int64_t kMaxElements = (int64_t(1) << 31) - 1;

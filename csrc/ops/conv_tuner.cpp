@@ -14,6 +14,7 @@
 #include <limits>
 #include <mutex>
 #include <optional>
+#include <set>
 #include <sstream>
 #include <unordered_map>
 #include <unordered_set>
@@ -418,17 +419,19 @@ Selection select_engine(const ConvArgs& a) {
       }
       return i > 0 && failed_before(st, i, a) ? eager : Selection{dev, i, true};
     }
-    std::string known;
+    std::set<std::string> names;  // besides eager, which every device has
     {
       std::lock_guard<std::mutex> lock(st.mutex);
       for (const auto& [where, d] : st.devices) {
         for (const auto& c : d.candidates) {
           if (std::strcmp(c.name, forced) == 0) return eager;  // an engine of another device type or pass
-          if (known.find(c.name) == std::string::npos) known += std::string(", ") + c.name;
+          if (std::strcmp(c.name, "eager") != 0) names.insert(c.name);
         }
       }
     }
-    TORCH_CHECK(false, "FASTPIPE_CONV_ENGINE=", forced, " names no engine; use auto", known);
+    std::string known;
+    for (const std::string& name : names) known += ", " + name;
+    TORCH_CHECK(false, "FASTPIPE_CONV_ENGINE=", forced, " names no engine; use auto, eager", known);
   }
   const Key key = make_key(a);
   const uint64_t generation = st.generation.load(std::memory_order_acquire);

@@ -5,7 +5,7 @@
 #include <ATen/core/Tensor.h>
 
 #include "cuda/depthwise.h"
-#include "cuda/epilogue.h"
+#include "cuda/dtype.h"
 #include "ops/conv_act.h"
 
 namespace fastpipe::conv {

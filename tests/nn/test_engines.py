@@ -89,8 +89,13 @@ def test_forcing_an_engine():
 
 
 def test_unknown_engine_is_an_error():
-    with fnn.use_conv_engine("fastest"), pytest.raises(RuntimeError, match="FASTPIPE_CONV_ENGINE=fastest names no engine; use auto, eager"):
+    """The message lists every engine name once, forward and backward, of every device type."""
+    with fnn.use_conv_engine("fastest"), pytest.raises(RuntimeError, match="FASTPIPE_CONV_ENGINE=fastest names no engine; use auto, eager") as e:
         small_call()()
+    listed = str(e.value).split("use auto, ")[1].split("\n")[0].split(", ")
+    devices = ["cpu"] + (["cuda"] if fastpipe.build_info()["cuda"] else [])
+    want = {n for d in devices for backward in (False, True) for n in fnn.conv_engines(d, backward=backward)}
+    assert sorted(listed) == sorted(want), listed
 
 
 @pytest.mark.skipif(not fastpipe.build_info()["cuda"], reason="built without CUDA kernels")
