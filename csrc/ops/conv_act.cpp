@@ -26,11 +26,21 @@ void check_like_input(const at::Tensor& t, const char* name, const at::Tensor& i
               input.scalar_type(), " (cast it, or run under autocast)");
 }
 
-// Like eager convolution: channels_last out when either operand is channels_last.
-at::MemoryFormat output_format(const at::Tensor& input, const at::Tensor& weight) {
+// The fields of a forward or backward call: the operands, the geometry, and the output's layout (like
+// eager convolution: channels_last when either operand is).
+ConvArgs geometry_args(const at::Tensor& input, const at::Tensor& weight, at::IntArrayRef stride,
+                       at::IntArrayRef padding, at::IntArrayRef dilation, int64_t groups) {
+  ConvArgs a;
+  a.input = input;
+  a.weight = weight;
+  a.stride = pair_arg(stride, "stride", 1);
+  a.padding = pair_arg(padding, "padding", 0);
+  a.dilation = pair_arg(dilation, "dilation", 1);
+  a.groups = groups;
   const bool channels_last = input.suggest_memory_format() == at::MemoryFormat::ChannelsLast ||
                              weight.suggest_memory_format() == at::MemoryFormat::ChannelsLast;
-  return channels_last ? at::MemoryFormat::ChannelsLast : at::MemoryFormat::Contiguous;
+  a.format = channels_last ? at::MemoryFormat::ChannelsLast : at::MemoryFormat::Contiguous;
+  return a;
 }
 
 ConvArgs make_args(FASTPIPE_CONV_ACT_PARAMS) {
@@ -49,13 +59,7 @@ ConvArgs make_args(FASTPIPE_CONV_ACT_PARAMS) {
   TORCH_CHECK(input.size(1) == weight.size(1) * groups, "input has ", input.size(1),
               " channels but weight expects ", weight.size(1) * groups, " (weight.size(1) = ", weight.size(1),
               " per group, groups = ", groups, ")");
-  ConvArgs a;
-  a.input = input;
-  a.weight = weight;
-  a.stride = pair_arg(stride, "stride", 1);
-  a.padding = pair_arg(padding, "padding", 0);
-  a.dilation = pair_arg(dilation, "dilation", 1);
-  a.groups = groups;
+  ConvArgs a = geometry_args(input, weight, stride, padding, dilation, groups);
   a.out_sizes[0] = input.size(0);
   a.out_sizes[1] = out_channels;
   for (int d = 0; d < 2; ++d) {
@@ -79,7 +83,6 @@ ConvArgs make_args(FASTPIPE_CONV_ACT_PARAMS) {
     a.residual = residual;
   }
   a.act = parse_activation(activation, act_args);
-  a.format = output_format(input, weight);
   return a;
 }
 
@@ -129,15 +132,8 @@ ConvActTrainRet conv2d_act_train(FASTPIPE_CONV_ACT_PARAMS) {
 ConvArgs backward_args(const at::Tensor& grad, const at::Tensor& input, const at::Tensor& weight,
                        at::IntArrayRef stride, at::IntArrayRef padding, at::IntArrayRef dilation, int64_t groups,
                        std::array<bool, 3> need) {
-  ConvArgs a;  // of a forward call that passed make_args' checks
-  a.input = input;
-  a.weight = weight;
-  a.stride = pair_arg(stride, "stride", 1);
-  a.padding = pair_arg(padding, "padding", 0);
-  a.dilation = pair_arg(dilation, "dilation", 1);
-  a.groups = groups;
+  ConvArgs a = geometry_args(input, weight, stride, padding, dilation, groups);  // passed make_args' checks
   for (int d = 0; d < 4; ++d) a.out_sizes[d] = grad.size(d);
-  a.format = output_format(input, weight);
   a.backward = true;
   a.grad = grad;
   a.need = need;

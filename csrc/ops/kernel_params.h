@@ -4,6 +4,8 @@
 
 #include <ATen/core/Tensor.h>
 
+#include <array>
+
 #include "cuda/depthwise.h"
 #include "cuda/dtype.h"
 #include "ops/conv_act.h"
@@ -50,6 +52,14 @@ inline cuda::DepthwiseParams depthwise_shape(const ConvArgs& a) {
 inline const char* depthwise_backward_args_why_not(const ConvArgs& a) {
   if (const char* why = depthwise_args_why_not(a)) return why;
   return cuda::depthwise_backward_why_not(depthwise_shape(a));
+}
+
+// The weight and bias gradients `a` asks for, into out[1] and out[2], from the weight-gradient kernels'
+// per-channel sums [c, kh * kw + 1] (the bias's last) in the input's dtype.
+inline void depthwise_grads_from_sums(const at::Tensor& sums, const ConvArgs& a, std::array<at::Tensor, 3>& out) {
+  const int64_t taps = sums.size(1);
+  if (a.need[1]) out[1] = sums.narrow(1, 0, taps - 1).reshape(a.weight.sizes());
+  if (a.need[2]) out[2] = sums.select(1, taps - 1).contiguous();
 }
 
 }  // namespace fastpipe::conv

@@ -114,10 +114,6 @@ at::Tensor depthwise_host(const at::Tensor& input, const at::Tensor& weight, con
 // The SM count the model plans for (an H100's or H200's), so that it splits the positions as a GPU does.
 constexpr int kModelSms = 132;
 
-const char* depthwise_backward_why_not(const ConvArgs& a) {
-  return depthwise_backward_args_why_not(a);
-}
-
 EngineOut depthwise_backward_model(const ConvArgs& a) {
   const cuda::DepthwiseParams p = depthwise_shape(a);
   const at::Tensor g = a.grad.to(at::kFloat).contiguous(a.format), x = a.input.to(at::kFloat).contiguous(a.format);
@@ -180,15 +176,14 @@ EngineOut depthwise_backward_model(const ConvArgs& a) {
     for (int64_t split = 0; split < plan.splits; ++split)  // the finalize kernel's order
       for (int64_t i = 0; i < p.c * taps; ++i) pt[i] += partial[static_cast<size_t>(split * p.c * taps + i)];
     total = total.to(a.input.scalar_type());
-    if (a.need[1]) out[1] = total.narrow(1, 0, taps - 1).reshape({p.c, 1, p.kh, p.kw});
-    if (a.need[2]) out[2] = total.select(1, taps - 1).contiguous();
+    depthwise_grads_from_sums(total, a, out);
   }
   return out;
 }
 
 [[maybe_unused]] const bool cpu_backward_engines = register_engines(
     c10::DeviceType::CPU, DeviceHooks{},
-    {{"depthwise", depthwise_backward_why_not, nullptr, /*validated=*/false, depthwise_backward_model}},
+    {{"depthwise", depthwise_backward_args_why_not, nullptr, /*validated=*/false, depthwise_backward_model}},
     /*backward=*/true);
 
 }  // namespace

@@ -215,8 +215,7 @@ EngineOut depthwise_backward_run(const ConvArgs& a) {
                                                             kernel_dtype(x.scalar_type()), stream),
                             "fastpipe depthwise weight-gradient finalize kernel");
     }
-    if (a.need[1]) out[1] = total.narrow(1, 0, taps - 1).reshape({p.c, 1, p.kh, p.kw});
-    if (a.need[2]) out[2] = total.select(1, taps - 1).contiguous();
+    depthwise_grads_from_sums(total, a, out);
   }
   return out;
 }
