@@ -8,9 +8,23 @@ REQ ?= requirements/cuda.txt
 PY := $(VENV)/bin/python
 PYTEST_ARGS ?=
 
-.PHONY: setup test bench test-cpu fuzz clean
+.PHONY: setup system-deps test bench test-cpu fuzz clean
 
-setup:
+# libjpeg-turbo's headers for JPEG decoding (fastpipe.ImageFolder/ImageDataset): installed from Debian's
+# packages as root (or with sudo) when missing; elsewhere the build says JPEG decoding is OFF and why.
+system-deps:
+	@pkg-config --exists libjpeg 2>/dev/null || { \
+	  if command -v apt-get >/dev/null; then \
+	    echo "installing libjpeg62-turbo-dev and pkg-config (JPEG decoding) ..."; \
+	    SUDO=$$([ "$$(id -u)" = 0 ] || echo sudo); \
+	    { $$SUDO apt-get update -qq && $$SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq \
+	        --no-install-recommends libjpeg62-turbo-dev pkg-config; } >/tmp/fastpipe-apt.log 2>&1 || \
+	      { cat /tmp/fastpipe-apt.log >&2; exit 1; }; \
+	  else \
+	    echo "warning: libjpeg-turbo's headers not found and no apt-get: JPEG decoding will be OFF" >&2; \
+	  fi; }
+
+setup: system-deps
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q -r $(REQ)
 	$(PY) -m pip install -q --no-build-isolation -e .

@@ -10,6 +10,8 @@ Environment knobs (each decision is printed):
   FASTPIPE_CUDA_ARCHS      semicolon-separated compute capabilities, default "8.0;9.0".
   CUDA_HOME                toolkit root; found from nvcc (including wrapper scripts) when unset.
   MAX_JOBS                 parallel compile jobs; default from cores and memory.
+  FASTPIPE_JPEG=auto|0|1   auto: decode JPEGs (fastpipe.ImageFolder, ImageDataset) when libjpeg's headers
+                           and library are found (pkg-config libjpeg, else a test compile).
   DEBUG=1                  -O0 -g (and -lineinfo for CUDA).
 """
 
@@ -17,7 +19,9 @@ import glob
 import os
 import re
 import shutil
+import subprocess
 import sys
+import tempfile
 
 from setuptools import find_packages, setup
 
@@ -65,6 +69,30 @@ def find_cuda_home():
     return None, "no nvcc on PATH and no toolkit under /usr/local/cuda*"
 
 
+def find_libjpeg():
+    """(compile flags, link flags, why) for libjpeg(-turbo), or (None, None, why not)."""
+    flags = None
+    try:
+        cflags = subprocess.run(["pkg-config", "--cflags", "libjpeg"], capture_output=True, text=True, check=True)
+        libs = subprocess.run(["pkg-config", "--libs", "libjpeg"], capture_output=True, text=True, check=True)
+        flags = (cflags.stdout.split(), libs.stdout.split(), "pkg-config libjpeg")
+    except (OSError, subprocess.CalledProcessError):
+        flags = ([], ["-ljpeg"], "a test compile against -ljpeg")
+    cc = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
+    if not cc:
+        return None, None, "no C compiler to check for libjpeg"
+    with tempfile.TemporaryDirectory() as tmp:
+        src = os.path.join(tmp, "t.c")
+        with open(src, "w") as f:
+            f.write("#include <stdio.h>\n#include <jpeglib.h>\nint main(void) { struct jpeg_decompress_struct c; "
+                    "jpeg_crop_scanline(&c, 0, 0); return 0; }\n")
+        r = subprocess.run([cc, src, "-o", os.path.join(tmp, "t")] + flags[0] + flags[1], capture_output=True, text=True)
+    if r.returncode != 0:
+        return None, None, ("libjpeg-turbo's headers or library were not found (on Debian/Ubuntu: apt-get install "
+                            "libjpeg62-turbo-dev, or libjpeg-turbo8-dev; `make setup` does it)")
+    return flags
+
+
 CUDA_MODE = os.environ.get("FASTPIPE_CUDA", "auto").strip().lower()
 if CUDA_MODE not in ("auto", "0", "1"):
     sys.exit(f"FASTPIPE_CUDA must be auto, 0 or 1, got {CUDA_MODE!r}")
@@ -97,6 +125,14 @@ if WITH_CUDA:
     os.environ["TORCH_CUDA_ARCH_LIST"] = ARCHS
     say(f"CUDA archs: {ARCHS}")
 
+JPEG_MODE = os.environ.get("FASTPIPE_JPEG", "auto").strip().lower()
+if JPEG_MODE not in ("auto", "0", "1"):
+    sys.exit(f"FASTPIPE_JPEG must be auto, 0 or 1, got {JPEG_MODE!r}")
+jpeg_cflags, jpeg_libs, jpeg_why = find_libjpeg() if JPEG_MODE != "0" else (None, None, "FASTPIPE_JPEG=0")
+if JPEG_MODE == "1" and jpeg_cflags is None:
+    sys.exit(f"FASTPIPE_JPEG=1 but JPEG decoding cannot be built: {jpeg_why}")
+say(f"JPEG decoding: {'ON' if jpeg_cflags is not None else 'OFF'} - {jpeg_why}")
+
 DEBUG = os.environ.get("DEBUG", "0") == "1"
 if "MAX_JOBS" not in os.environ:
     # A translation unit that includes torch headers needs about 1.5 GB while compiling.
@@ -125,6 +161,11 @@ opt = ["-O0", "-g"] if DEBUG else ["-O3"]
 cxx_flags = ["-Wall", "-Wno-unused-function", "-fvisibility=hidden"] + opt
 include_dirs = [os.path.join(ROOT, "csrc")]
 extra = {"cxx": cxx_flags}
+link_flags = []
+if jpeg_cflags is not None:
+    defines.append(("FASTPIPE_WITH_JPEG", "1"))
+    cxx_flags += jpeg_cflags
+    link_flags += jpeg_libs
 if WITH_CUDA:
     defines.append(("FASTPIPE_WITH_CUDA", "1"))
     extra["nvcc"] = ["--expt-relaxed-constexpr", "-Xcompiler", "-fvisibility=hidden"] + (
@@ -152,6 +193,7 @@ setup(
             include_dirs=include_dirs,
             define_macros=defines,
             extra_compile_args=extra,
+            extra_link_args=link_flags,
         )
     ],
     cmdclass={"build_ext": BuildExtension.with_options(use_ninja=True)},

@@ -1,8 +1,13 @@
 """Transforms the Loader fuses into its reads: ``Loader(ds, ..., transforms={"image": CropMirrorNormalize(...)})``.
 
-On the CPU they run in the reader threads as each record lands in the batch; on a CUDA loader, in one
-kernel per batch after the copy (the uint8 images cross PCIe, not the floats). Both run the same
-per-element code (csrc/cuda/transforms.h), so they give bit-identical results.
+- ``CropMirrorNormalize`` works on fixed-size uint8 images (``.npy`` columns). On the CPU it runs in the
+  reader threads as each record lands in the batch; on a CUDA loader, in one kernel per batch after the
+  copy (the uint8 images cross PCIe, not the floats). Both run the same per-element code
+  (csrc/cuda/transforms.h), so they give bit-identical results.
+- ``RandomResizedCrop`` and ``CenterCrop`` turn JPEG records (:class:`fastpipe.ImageFolder`,
+  :class:`fastpipe.ImageDataset`) into fixed-size images: the crop is drawn from the stored image size,
+  only the rows and columns it needs are decoded (in the reader threads, without the GIL), then one pass
+  resizes (antialiased, as torchvision's ``resize(antialias=True)``), flips, normalises and writes the batch.
 """
 
 import numbers
@@ -12,9 +17,10 @@ import torch
 from fastpipe import _checks as checks
 from fastpipe._ext import _C
 
-__all__ = ["CropMirrorNormalize"]
+__all__ = ["CenterCrop", "CropMirrorNormalize", "RandomResizedCrop"]
 
 _OUT_DTYPES = {torch.float32: "float32", torch.float16: "float16", torch.bfloat16: "bfloat16"}
+_IMAGE_OUT_DTYPES = {**_OUT_DTYPES, torch.uint8: "uint8"}
 
 
 def _per_channel(value, name, positive=False):
@@ -117,3 +123,199 @@ class CropMirrorNormalize:
             seed=int(seed) & ((1 << 64) - 1))
         shape = [c, oh, ow] if self.layout == "NCHW" else [oh, ow, c]
         return params, (_OUT_DTYPES[self.out_dtype], shape)
+
+
+def _size_pair(size, name):
+    """An int (square) or a (height, width) pair of positive ints."""
+    if isinstance(size, (tuple, list)):
+        if len(size) != 2:
+            raise ValueError(f"{name} must be an int or (height, width), got {size!r}")
+        return checks.integer(size[0], f"{name}[0]", low=1), checks.integer(size[1], f"{name}[1]", low=1)
+    size = checks.integer(size, name, low=1)
+    return size, size
+
+
+def _range(value, name, positive=True):
+    if isinstance(value, (str, bytes)) or not hasattr(value, "__len__") or len(value) != 2:
+        raise TypeError(f"{name} must be a (min, max) pair, got {type(value).__name__} {value!r}")
+    lo, hi = (checks.real(v, f"{name}[{i}]", positive=positive) for i, v in enumerate(value))
+    if lo > hi:
+        raise ValueError(f"{name} must be (min, max) with min <= max, got {tuple(value)}")
+    return lo, hi
+
+
+class _JpegTransform:
+    """What RandomResizedCrop and CenterCrop share: the output (dtype, layout, normalisation), the flip and
+    the C++ parameters."""
+
+    _mode = None
+
+    def _init_output(self, size, mirror, mean, std, out_dtype, layout, dct_scaling):
+        self.size = _size_pair(size, "size")
+        self.mirror = checks.real(mirror, "mirror", low=0.0, high=1.0)
+        if out_dtype not in _IMAGE_OUT_DTYPES:
+            raise ValueError(f"out_dtype must be one of {list(_IMAGE_OUT_DTYPES)}, got {out_dtype!r}")
+        self.out_dtype = out_dtype
+        if (mean is None) != (std is None):
+            raise ValueError("give both mean and std, or neither")
+        if mean is not None and out_dtype == torch.uint8:
+            raise ValueError("out_dtype=torch.uint8 keeps pixel values: mean and std need a float out_dtype")
+        self.mean = None if mean is None else _per_channel(mean, "mean")
+        self.std = None if std is None else _per_channel(std, "std", positive=True)
+        for name, v in (("mean", self.mean), ("std", self.std)):
+            if v is not None and len(v) not in (1, 3):
+                raise ValueError(f"{name} needs 1 or 3 values (RGB), got {len(v)}")
+        self.layout = checks.choice(layout, "layout", ("NCHW", "NHWC"))
+        self.dct_scaling = checks.flag(dct_scaling, "dct_scaling")
+
+    def _scale_shift(self):
+        """Per channel (scale, shift) of the stored value v * scale + shift, v the pixel in [0, 255]."""
+        if self.mean is None:
+            return [1.0 / 255.0] * 3, [0.0] * 3
+        mean = self.mean * 3 if len(self.mean) == 1 else self.mean
+        std = self.std * 3 if len(self.std) == 1 else self.std
+        return [1.0 / (255.0 * s) for s in std], [-m / s for m, s in zip(mean, std)]
+
+    def _image_params(self, seed):
+        """The C++ parameters (_C.ImageTransformParams) for a Loader with ``seed``."""
+        scale, shift = self._scale_shift()
+        area, ratio, resize = self._geometry()
+        return _C.ImageTransformParams(
+            mode=self._mode, out_height=self.size[0], out_width=self.size[1], area=area, ratio=ratio,
+            resize_short=resize[0], resize_height=resize[1], resize_width=resize[2], mirror=self.mirror,
+            out_nhwc=self.layout == "NHWC", out_dtype=_IMAGE_OUT_DTYPES[self.out_dtype], scale=scale, shift=shift,
+            seed=int(seed) & ((1 << 64) - 1), max_dct_denom=8 if self.dct_scaling else 1)
+
+    def _output(self):
+        """(dtype name, shape) of one output image."""
+        h, w = self.size
+        return _IMAGE_OUT_DTYPES[self.out_dtype], [3, h, w] if self.layout == "NCHW" else [h, w, 3]
+
+    def boxes(self, sizes, index, epoch, seed=0):
+        """Where each sample's output comes from, as the Loader draws it.
+
+        Parameters
+        ----------
+        sizes : ImageFolder, ImageDataset, or sequence of (height, width)
+            The stored image sizes (a dataset's ``image_sizes``).
+        index : sequence of int
+            Sample indices.
+        epoch, seed : int
+            The epoch, and the Loader's seed.
+
+        Returns
+        -------
+        list of (top, left, height, width, flipped)
+            RandomResizedCrop: the crop box in the stored image, which is then resized to ``size`` (as
+            torchvision's ``resized_crop(img, top, left, height, width, size)``) and flipped.
+            CenterCrop: the crop's place in the resized image (negative where the crop pads).
+        """
+        sizes = getattr(sizes, "image_sizes", sizes)
+        params = self._image_params(seed)
+        out = []
+        for i in index:
+            h, w = (int(v) for v in sizes[int(i)])
+            top, left, bh, bw, flip, _ = params.geometry(h, w, int(epoch), int(i))
+            out.append((top, left, bh, bw, flip))
+        return out
+
+    def __repr__(self):
+        extra = ", ".join(f"{k}={v!r}" for k, v in self._repr_fields())
+        return (f"{type(self).__name__}(size={self.size}, {extra}, mirror={self.mirror}, mean={self.mean}, "
+                f"std={self.std}, out_dtype={self.out_dtype}, layout={self.layout!r}, dct_scaling={self.dct_scaling})")
+
+
+class RandomResizedCrop(_JpegTransform):
+    """torchvision's ``RandomResizedCrop`` + ``RandomHorizontalFlip`` + ``ToDtype`` + ``Normalize``, fused
+    into the decode of JPEG records (:class:`fastpipe.ImageFolder`, :class:`fastpipe.ImageDataset`).
+
+    Parameters
+    ----------
+    size : int or (height, width)
+        Output size.
+    scale : (float, float)
+        Range of the crop's area as a fraction of the image's (torchvision's meaning).
+    ratio : (float, float)
+        Range of the crop's aspect ratio, width / height, drawn log-uniformly (torchvision's meaning).
+    mirror : float
+        Probability of a horizontal flip (0.5: torchvision's RandomHorizontalFlip).
+    mean, std : float or sequence of 3 floats, optional
+        ``(x / 255 - mean) / std`` per channel (e.g. ImageNet's (0.485, 0.456, 0.406), (0.229, 0.224, 0.225));
+        None: ``x / 255`` (torchvision's ``ToDtype(torch.float32, scale=True)``).
+    out_dtype : torch.float32, torch.float16, torch.bfloat16 or torch.uint8
+        uint8 keeps the resized pixels (rounded), to normalise later, e.g. on the GPU (4x less to copy).
+    layout : {"NCHW", "NHWC"}
+        Of the batch; NHWC is channels_last data in a tensor of shape (N, H, W, 3).
+    dct_scaling : bool
+        Decode at 1/2, 1/4 or 1/8 of full size (libjpeg's DCT scaling) where the crop is at least that
+        many times the output on both sides, then resize the rest of the way: much faster on large
+        images, but not the same pixels as torchvision's resize of the full-resolution crop (a mean
+        difference of about one level in 255). False: always decode the crop at full resolution.
+
+    Notes
+    -----
+    The crop box is drawn as torchvision draws it (10 tries, then the central fallback), from a hash of
+    (the Loader's seed, the epoch, the sample index) and the image's stored size, before the image is
+    read: runs reproduce and resume exactly, whatever the number of threads. Only the crop's rows and
+    columns are decoded. The resize is PIL's antialiased bilinear filter (torchvision's
+    ``resize(antialias=True)``), computed in float32. :meth:`boxes` says which box each sample gets.
+    """
+
+    _mode = "random_resized"
+
+    def __init__(self, size, scale=(0.08, 1.0), ratio=(3.0 / 4.0, 4.0 / 3.0), mirror=0.5, mean=None, std=None,
+                 out_dtype=torch.float32, layout="NCHW", dct_scaling=True):
+        self._init_output(size, mirror, mean, std, out_dtype, layout, dct_scaling)
+        self.scale = _range(scale, "scale")
+        self.ratio = _range(ratio, "ratio")
+
+    def _geometry(self):
+        return self.scale, self.ratio, (0, 0, 0)
+
+    def _repr_fields(self):
+        return (("scale", self.scale), ("ratio", self.ratio))
+
+
+class CenterCrop(_JpegTransform):
+    """torchvision's ``Resize(resize)`` + ``CenterCrop(size)`` + ``ToDtype`` + ``Normalize`` for evaluation,
+    fused into the decode of JPEG records.
+
+    Parameters
+    ----------
+    size : int or (height, width)
+        Output size (the crop).
+    resize : int, (height, width) or None
+        First resize the image: an int makes its shorter side that long (torchvision's ``Resize(256)``),
+        a pair resizes to exactly that size, None crops the image as it is (zero padding where the crop
+        is larger, as torchvision's CenterCrop pads).
+    mean, std, out_dtype, layout, dct_scaling, mirror
+        As :class:`RandomResizedCrop`'s (``mirror`` defaults to 0 here).
+
+    Notes
+    -----
+    ImageNet's evaluation transform is ``CenterCrop(224, resize=256, mean=..., std=...)``.
+    """
+
+    _mode = "center"
+
+    def __init__(self, size, resize=None, mean=None, std=None, out_dtype=torch.float32, layout="NCHW",
+                 dct_scaling=True, mirror=0.0):
+        self._init_output(size, mirror, mean, std, out_dtype, layout, dct_scaling)
+        if resize is None:
+            self.resize = None
+        elif isinstance(resize, (tuple, list)):
+            self.resize = _size_pair(resize, "resize")
+        else:
+            self.resize = checks.integer(resize, "resize", low=1)
+
+    def _geometry(self):
+        if self.resize is None:
+            resize = (0, 0, 0)
+        elif isinstance(self.resize, tuple):
+            resize = (0, self.resize[0], self.resize[1])
+        else:
+            resize = (self.resize, 0, 0)
+        return (1.0, 1.0), (1.0, 1.0), resize
+
+    def _repr_fields(self):
+        return (("resize", self.resize),)

@@ -109,7 +109,7 @@ CASES = [
      f"sampler yielded index {N}, out of range"),
     ("transforms-list", lambda e: loader(e, transforms=[cmn()]), TypeError, "transforms must be a dict"),
     ("transforms-unknown-field", lambda e: loader(e, transforms={"nope": cmn()}), KeyError, "'nope' is not a field"),
-    ("dataset-tensor", lambda e: fastpipe.Loader(torch.zeros(4, 2), 2), TypeError, "NpyDataset and TokenDataset"),
+    ("dataset-tensor", lambda e: fastpipe.Loader(torch.zeros(4, 2), 2), TypeError, "NpyDataset, TokenDataset, ImageFolder and ImageDataset"),
     ("dataset-path", lambda e: fastpipe.Loader(str(e.dir / "image.npy"), 2), TypeError, "write_npy"),
     # Loader: epochs and positions
     ("set_epoch-float", lambda e: e.loader.set_epoch(1.5), TypeError, "epoch must be an int"),

@@ -6,23 +6,16 @@
 #include <unistd.h>
 
 #include <algorithm>
-#include <chrono>
 #include <climits>
 #include <cstdio>
 #include <cstring>
 #include <system_error>
 
 #include "core/error.h"
-#include "core/trace.h"
+#include "core/reader_state.h"
 
 namespace fastpipe {
 namespace {
-
-using Clock = std::chrono::steady_clock;
-
-double seconds_since(Clock::time_point t0) {
-  return std::chrono::duration<double>(Clock::now() - t0).count();
-}
 
 std::string fmt_seconds(double s) {
   char buf[32];
@@ -53,245 +46,6 @@ std::string gib(int64_t bytes) {
   return buf;
 }
 constexpr double kSignalCheckSeconds = 0.05;
-// A reader with nothing to do checks for work this often, for this long, before it sleeps until woken.
-constexpr std::chrono::microseconds kPollInterval(100);
-constexpr std::chrono::milliseconds kPollFor(50);
-
-}  // namespace
-
-enum class SlotState { kFree, kFilling, kReady, kLeased };
-
-struct Slot {
-  SlotState state = SlotState::kFree;
-  uint64_t gen = 0;     // pass that filled it
-  int64_t batch = -1;   // batch number within that pass
-  int64_t records = 0;
-  int pending = 0;      // chunks not finished yet
-  std::exception_ptr error;
-};
-
-// Everything the reader threads and the leases share. Leases keep it (and so the arena) alive after
-// the BatchReader is gone.
-struct ReaderState {
-  ReaderOptions opt;
-  std::vector<Column> columns;  // the files read: every column whose records have bytes
-  std::vector<int> column_of_spec;  // per ColumnSpec given: its index in columns, -1 when not read
-  std::vector<OutputLayout> outputs;
-  int64_t num_records = 0;
-  std::vector<std::string> warnings;
-  bool warm_page_cache = false;  // the data fits in memory: readers first queue it all for reading
-  int64_t slot_bytes = 0;
-  int64_t index_offset = 0;  // of the sample indices in a slot (ReaderOptions::index_output)
-  int64_t record_bytes_total = 0;  // payload bytes read per record, all columns
-  int64_t chunk_records = 1;
-  std::unique_ptr<AlignedBuffer> arena;
-  pid_t owner_pid = 0;
-
-  std::mutex mu;
-  std::condition_variable work_cv;   // reader threads: work or stop
-  std::condition_variable ready_cv;  // consumer: a batch finished
-  // Test hooks (BatchReader::set_poison, BatchReader::hold_reads).
-  std::atomic<bool> poison{false};
-  std::atomic<bool> hold_reads{false};
-  int held_reads = 0;
-  std::condition_variable gate_cv;   // readers held before a chunk: released or stopped
-  bool stop = false;
-
-  // Current pass.
-  uint64_t gen = 0;
-  std::shared_ptr<const std::vector<int64_t>> indices;
-  uint64_t epoch = 0;  // of the pass: the transforms' random choices depend on it
-  int64_t num_batches = 0;
-  int64_t consumed = 0;       // batches handed to the consumer
-  int64_t next_batch = 0;     // next batch to dispatch
-  int64_t next_chunk = 0;     // next chunk of next_batch
-  std::vector<int> ring;      // batch b of the pass is in slot ring[b % prefetch] (-1: not assigned)
-  std::exception_ptr failure; // sticky: the pass failed
-  std::vector<Slot> slots;
-  int free_slots = 0;
-  int leased_slots = 0;
-
-  // Statistics.
-  std::atomic<int64_t> bytes_read{0};
-  std::atomic<int64_t> read_ns{0};
-  int64_t batches_out = 0;
-  int64_t waits = 0;
-  int64_t overflow_batches = 0;
-  double wait_s = 0;
-  double active_s = 0;  // time inside passes: from start() to the last batch taken
-  bool pass_active = false;
-  Clock::time_point pass_t0;
-
-  void end_pass_locked() {
-    if (pass_active) active_s += seconds_since(pass_t0);
-    pass_active = false;
-  }
-
-  ~ReaderState() {
-    if (arena && opt.on_arena_free) opt.on_arena_free(arena->data(), arena->size());
-  }
-
-  char* slot_data(int slot) const { return arena->data() + static_cast<int64_t>(slot) * slot_bytes; }
-  int64_t batch_records(int64_t b) const {
-    const int64_t bs = opt.batch_size;
-    return std::min<int64_t>(bs, static_cast<int64_t>(indices->size()) - b * bs);
-  }
-  int64_t batch_chunks(int64_t b) const { return (batch_records(b) + chunk_records - 1) / chunk_records; }
-
-  bool has_work() const {
-    if (!indices || next_batch >= num_batches || next_batch >= consumed + opt.prefetch) return false;
-    return next_chunk > 0 || free_slots > 0;
-  }
-
-  void release_slot_locked(int s) {
-    Slot& slot = slots[s];
-    slot.state = SlotState::kFree;
-    slot.error = nullptr;
-    ++free_slots;
-  }
-
-  // Waking a sleeping thread costs its waker tens of microseconds on a virtual machine (an
-  // inter-processor interrupt), far more than the rest of next(). So the training thread does not wake
-  // readers while one of them is polling: that reader finds the freed slot within kPollInterval and
-  // wakes the others itself, in a chain. Only when every reader sleeps (the loader sat idle for
-  // kPollFor) does a release or next() wake one. Called with the lock held; returns with it released.
-  int pollers = 0;
-
-  void wake_reader(std::unique_lock<std::mutex>& lk) {
-    const bool wake = pollers == 0 && has_work();
-    lk.unlock();
-    if (wake) work_cv.notify_one();
-  }
-
-  // Reader side: blocks until there is work or the engine stops. At most one reader polls.
-  void wait_for_work(std::unique_lock<std::mutex>& lk) {
-    if (stop || has_work()) return;
-    if (pollers == 0) {
-      ++pollers;
-      const auto until = Clock::now() + kPollFor;
-      while (!stop && !has_work() && Clock::now() < until) work_cv.wait_for(lk, kPollInterval);
-      --pollers;
-    }
-    work_cv.wait(lk, [&] { return stop || has_work(); });
-  }
-};
-
-struct WorkItem {
-  uint64_t gen;
-  int slot;
-  int64_t batch;
-  int64_t first;  // first record of the chunk within the batch
-  int64_t count;
-  std::shared_ptr<const std::vector<int64_t>> indices;
-  uint64_t epoch;
-};
-
-namespace {
-
-void read_chunk(ReaderState& st, const WorkItem& w, ThreadBuffers& tb) {
-  const int64_t* idx = w.indices->data() + w.batch * st.opt.batch_size + w.first;
-  const int64_t n = st.num_records;
-  for (int64_t k = 0; k < w.count; ++k) {
-    if (idx[k] < 0 || idx[k] >= n)
-      throw Error(ErrorKind::kValue, "record index " + std::to_string(idx[k]) + " is out of range for a dataset of " +
-                                         std::to_string(n) + " records");
-  }
-  char* base = st.slot_data(w.slot);
-  if (st.opt.before_slot_fill) st.opt.before_slot_fill(w.slot);
-  if (st.poison.load(std::memory_order_relaxed))
-    for (const OutputLayout& out : st.outputs)
-      std::memset(base + out.offset + w.first * out.record_bytes, 0xA5, static_cast<size_t>(w.count * out.record_bytes));
-  if (st.opt.index_output)
-    std::memcpy(base + st.index_offset + w.first * 8, idx, static_cast<size_t>(w.count * 8));
-  for (const Column& c : st.columns) {
-    const OutputLayout& out = st.outputs[c.first_output];
-    const int64_t y_delta = c.num_outputs() == 2 ? st.outputs[c.first_output + 1].offset - out.offset : 0;
-    read_records(c, idx, w.count,
-                 Sink{&c, base + out.offset + w.first * out.record_bytes, out.record_bytes, y_delta, idx, w.epoch}, tb);
-  }
-}
-
-// Reader thread t warms the files t, t + threads, ... (gather.h: warm_file).
-void warm_files(ReaderState& st, int thread_index) {
-  auto stopped = [&] {
-    std::lock_guard<std::mutex> lk(st.mu);
-    return st.stop;
-  };
-  for (size_t k = thread_index; k < st.columns.size(); k += st.opt.num_threads) warm_file(*st.columns[k].file, stopped);
-}
-
-void reader_loop(std::shared_ptr<ReaderState> sp, int thread_index) {
-  ReaderState& st = *sp;
-  ThreadBuffers tb = thread_buffers(st.columns, st.chunk_records);
-  if (st.warm_page_cache) warm_files(st, thread_index);
-
-  std::unique_lock<std::mutex> lk(st.mu);
-  for (;;) {
-    st.wait_for_work(lk);
-    if (st.stop) return;
-    WorkItem w;
-    w.gen = st.gen;
-    w.batch = st.next_batch;
-    w.indices = st.indices;
-    w.epoch = st.epoch;
-    const int64_t nchunks = st.batch_chunks(w.batch);
-    int& ring_slot = st.ring[w.batch % st.opt.prefetch];
-    if (st.next_chunk == 0) {
-      int s = 0;
-      while (st.slots[s].state != SlotState::kFree) ++s;
-      Slot& slot = st.slots[s];
-      slot.state = SlotState::kFilling;
-      slot.gen = st.gen;
-      slot.batch = w.batch;
-      slot.records = st.batch_records(w.batch);
-      slot.pending = static_cast<int>(nchunks);
-      slot.error = nullptr;
-      --st.free_slots;
-      ring_slot = s;
-    }
-    w.slot = ring_slot;
-    w.first = st.next_chunk * st.chunk_records;
-    w.count = std::min(st.chunk_records, st.batch_records(w.batch) - w.first);
-    if (++st.next_chunk == nchunks) {
-      st.next_chunk = 0;
-      ++st.next_batch;
-    }
-    const bool more = st.has_work();  // hand the rest to a sleeping reader, whoever is polling
-    if (st.hold_reads.load(std::memory_order_relaxed)) {  // test hook: a stalled read, until released
-      ++st.held_reads;
-      st.gate_cv.wait(lk, [&] { return st.stop || !st.hold_reads; });
-      --st.held_reads;
-      if (st.stop) return;
-    }
-    lk.unlock();
-    if (more) st.work_cv.notify_one();
-
-    std::exception_ptr err;
-    const auto t0 = Clock::now();
-    try {
-      trace::Range range("fastpipe::loader.read");
-      read_chunk(st, w, tb);
-    } catch (...) {
-      err = std::current_exception();
-    }
-    st.read_ns += std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now() - t0).count();
-    if (!err) st.bytes_read += w.count * st.record_bytes_total;
-
-    lk.lock();
-    Slot& slot = st.slots[w.slot];
-    if (err && !slot.error) slot.error = err;
-    if (--slot.pending == 0) {
-      if (slot.gen != st.gen) {
-        st.release_slot_locked(w.slot);  // the pass it belonged to was abandoned
-      } else {
-        slot.state = SlotState::kReady;
-        lk.unlock();
-        st.ready_cv.notify_one();
-        lk.lock();
-      }
-    }
-  }
-}
 
 // Worker threads must not take process signals such as SIGINT (Python handles those in the main
 // thread); synchronous faults (SIGBUS, SIGSEGV) are still delivered to the thread that caused them.
@@ -355,7 +109,15 @@ BatchReader::BatchReader(std::vector<ColumnSpec> columns, ReaderOptions opt) : o
   st->owner_pid = owner_pid_;
 
   int64_t total_data = 0;
-  for (const ColumnSpec& c : columns) total_data += c.num_records * c.record_bytes;
+  bool decodes = false;
+  for (const ColumnSpec& c : columns) {
+    total_data += c.num_records * c.record_bytes;
+    if (c.image) {
+      decodes = true;
+      if (c.image->source && c.image->source->packed() && !c.image->source->offsets.empty())
+        total_data += c.image->source->offsets.back();
+    }
+  }
   const int64_t n = columns[0].num_records;
   st->num_records = n;
   const int64_t mem = mem_available_bytes();
@@ -364,7 +126,7 @@ BatchReader::BatchReader(std::vector<ColumnSpec> columns, ReaderOptions opt) : o
     FP_CHECK_VALUE(s.num_records == n, "'" + s.path + "' has " + std::to_string(s.num_records) +
                                            " records but '" + columns[0].path + "' has " + std::to_string(n));
     FP_CHECK_VALUE(s.record_bytes >= 0, "'" + s.path + "': negative record size");
-    if (s.record_bytes == 0 && !s.token_bytes) {  // records of no bytes (shape (n, 0)): nothing to read
+    if (s.record_bytes == 0 && !s.token_bytes && !s.image) {  // records of no bytes (shape (n, 0)): nothing to read
       st->outputs.push_back({offset, 0});
       st->column_of_spec.push_back(-1);
       continue;
@@ -373,7 +135,7 @@ BatchReader::BatchReader(std::vector<ColumnSpec> columns, ReaderOptions opt) : o
     st->record_bytes_total += s.record_bytes;
     const IoMode mode = choose_mode(opt.io, s.record_bytes, total_data, mem);
     Column c = open_column(std::move(s), mode, opt.raw_outputs);
-    if (!c.file->fallback_reason().empty())
+    if (c.file && !c.file->fallback_reason().empty())
       st->warnings.push_back("'" + c.spec.path + "': io='direct' unavailable, " + c.file->fallback_reason() +
                              "; using buffered reads");
     c.first_output = static_cast<int>(st->outputs.size());
@@ -404,11 +166,11 @@ BatchReader::BatchReader(std::vector<ColumnSpec> columns, ReaderOptions opt) : o
   st->warm_page_cache = total_data <= mem / 2;
   if (opt.num_threads == 0) {
     bool any_direct = false;
-    for (const Column& c : st->columns) any_direct |= c.file->mode() == IoMode::kDirect;
+    for (const Column& c : st->columns) any_direct |= c.file && c.file->mode() == IoMode::kDirect;
     opt.num_threads = default_num_threads(usable_cores(), any_direct);
   }
   st->opt = opt;
-  st->chunk_records = chunk_records(opt.batch_size, opt.num_threads, st->record_bytes_total);
+  st->chunk_records = chunk_records(opt.batch_size, opt.num_threads, st->record_bytes_total, decodes);
 
   // One allocation for every slot; touched now so that the first batches do not pay page faults.
   st->arena = std::make_unique<AlignedBuffer>(static_cast<size_t>(st->slot_bytes * opt.num_slots));
@@ -480,7 +242,7 @@ void BatchReader::start(std::vector<int64_t> indices, bool drop_last, uint64_t e
   const int64_t bs = st.opt.batch_size;
   const int64_t n = static_cast<int64_t>(idx->size());
   for (const Column& c : st.columns)
-    if (c.file->mode() == IoMode::kMmap) {
+    if (c.file && c.file->mode() == IoMode::kMmap) {
       ensure_sigbus_handler();
       break;
     }
@@ -548,23 +310,16 @@ std::shared_ptr<Lease> BatchReader::read_overflow_locked(std::unique_lock<std::m
   auto [base, keep] = st.opt.overflow(st.slot_bytes);
   ThreadBuffers tb = thread_buffers(st.columns, records);
   const auto t0 = Clock::now();
+  int64_t bytes = 0;
   try {
-    for (int64_t k = 0; k < records; ++k)
-      if (idx[k] < 0 || idx[k] >= st.num_records)
-        throw Error(ErrorKind::kValue, "record index " + std::to_string(idx[k]) + " is out of range for a dataset of " +
-                                           std::to_string(st.num_records) + " records");
-    for (const Column& c : st.columns) {
-      const OutputLayout& out = st.outputs[c.first_output];
-      const int64_t y_delta = c.num_outputs() == 2 ? st.outputs[c.first_output + 1].offset - out.offset : 0;
-      read_records(c, idx, records, Sink{&c, base + out.offset, out.record_bytes, y_delta, idx, epoch}, tb);
-    }
+    bytes = fill_records(st, idx, records, base, 0, epoch, tb);
   } catch (...) {
     std::lock_guard<std::mutex> relock(st.mu);
     st.failure = std::current_exception();
     throw;
   }
   st.read_ns += std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now() - t0).count();
-  st.bytes_read += records * st.record_bytes_total;
+  st.bytes_read += bytes;
   return std::make_shared<Lease>(state_, base, std::move(keep), records, epoch);
 }
 
@@ -636,7 +391,7 @@ std::vector<std::string> BatchReader::io_modes() const {
   std::vector<std::string> out;
   for (int k : state_->column_of_spec) {
     const Column* c = k < 0 ? nullptr : &state_->columns[k];
-    out.push_back(!c ? "none" : c->file ? io_mode_name(c->file->mode()) : "closed");
+    out.push_back(!c ? "none" : c->io_name());
   }
   return out;
 }
@@ -659,8 +414,12 @@ ReaderStats BatchReader::stats() const {
   s.num_threads = static_cast<int>(threads_.size());
   s.waits = st.waits;
   s.overflow_batches = st.overflow_batches;
+  s.images_replaced = st.images_replaced.load();
+  s.replace_log = st.replace_log;
   return s;
 }
+
+int64_t BatchReader::images_replaced() const { return state_->images_replaced.load(); }
 
 void BatchReader::set_poison(bool on) { state_->poison = on; }
 

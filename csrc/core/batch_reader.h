@@ -39,6 +39,10 @@ struct ReaderOptions {
   // Each slot also holds its batch's sample indices (int64, after the outputs; Lease::indices), for the
   // device pipeline to copy along for the transforms.
   bool index_output = false;
+  // An image that cannot be read or decoded is replaced by another record drawn from (seed, epoch,
+  // sample) instead of failing the batch (Loader's on_error="replace"); counted in the stats.
+  bool replace_bad_images = false;
+  uint64_t seed = 0;
   // When every slot is held by the consumer, next() reads the next batch itself into memory this
   // returns (at least `bytes`, kept alive by the shared_ptr), outside the arena. Null: next() raises at
   // once in that case, since no slot can be filled until the consumer frees one.
@@ -66,6 +70,8 @@ struct ReaderStats {
   int num_threads = 0;
   int64_t waits = 0;         // next() calls that found no batch ready and waited
   int64_t overflow_batches = 0;  // read outside the arena because every slot was held
+  int64_t images_replaced = 0;   // bad images replaced by other records (ReaderOptions::replace_bad_images)
+  std::vector<std::string> replace_log;  // the first of them: which image, why, and by which record
 };
 
 // An output region inside every slot: `record_bytes` per record, records back to back.
@@ -126,6 +132,7 @@ class BatchReader {
   std::vector<std::string> io_modes() const;  // per column, the mode actually used
   std::vector<std::string> warnings() const;  // e.g. O_DIRECT fallbacks
   ReaderStats stats() const;
+  int64_t images_replaced() const;  // stats().images_replaced, without taking the lock
 
   // Test hooks, reached through the reader object (never through the Loader's signature).
   // Poison: readers fill each slot region with 0xA5 before reading into it, so that a batch whose slot

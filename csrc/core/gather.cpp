@@ -26,6 +26,9 @@ constexpr int64_t kMinChunkBytes = 256 << 10;
 // a deep queue (measured: 16 reads in flight on a virtio disk).
 constexpr int kMaxDefaultThreads = 8;
 constexpr int kDirectDefaultThreads = 16;
+// Images to decode: at most this many per work item (a decode takes about a millisecond; handing out
+// work costs microseconds, and small items keep the threads evenly busy).
+constexpr int64_t kImageChunk = 4;
 // O_DIRECT reads go through a per-thread bounce buffer of at least this size.
 constexpr int64_t kBounceBytes = 4 << 20;
 // Default read-ahead: about this many bytes of batches, between kMinPrefetch and kMaxPrefetch batches.
@@ -111,8 +114,9 @@ int default_prefetch(int64_t batch_bytes) {
   return static_cast<int>(std::clamp<int64_t>((kPrefetchBytes + bytes - 1) / bytes, kMinPrefetch, kMaxPrefetch));
 }
 
-int64_t chunk_records(int64_t batch_size, int num_threads, int64_t record_bytes) {
+int64_t chunk_records(int64_t batch_size, int num_threads, int64_t record_bytes, bool decodes) {
   const int64_t per_thread = (batch_size + num_threads - 1) / num_threads;
+  if (decodes) return std::clamp<int64_t>(per_thread, 1, kImageChunk);
   const int64_t bytes = std::max<int64_t>(1, record_bytes);
   const int64_t at_least = std::max<int64_t>(1, kMinChunkBytes / bytes);
   const int64_t at_most = std::max<int64_t>(1, kChunkBytes / bytes);
@@ -133,6 +137,12 @@ Column open_column(ColumnSpec spec, IoMode mode, bool raw) {
   const ColumnSpec& s = spec;
   Column c;
   c.raw = raw;
+  if (s.image) {
+    FP_CHECK_VALUE(!s.token_bytes && !s.cmn, "'" + s.path + "': an image column takes no other conversion");
+    c.file = open_image_column(*s.image);
+    c.spec = std::move(spec);
+    return c;
+  }
   if (s.token_bytes) {
     c.widen = widen_for(s.token_bytes, s.token_signed);
     FP_CHECK_VALUE(s.record_bytes % s.token_bytes == 0 && s.record_bytes / s.token_bytes >= 2,
@@ -170,6 +180,10 @@ ThreadBuffers thread_buffers(const std::vector<Column>& columns, int64_t chunk) 
   // records that are converted in the scratch buffer first.
   int64_t bounce = 0, scratch = 0;
   for (const Column& c : columns) {
+    if (c.spec.image) {
+      if (!tb.image) tb.image = std::make_unique<ImageThreadState>();
+      continue;
+    }
     if (c.file->mode() == IoMode::kDirect)
       bounce = std::max({bounce, kBounceBytes, align_up(c.spec.record_bytes, kDirectAlign) + 2 * kDirectAlign});
     if (c.converts() && c.file->mode() == IoMode::kPread) scratch = std::max(scratch, chunk * c.spec.record_bytes);
@@ -179,7 +193,13 @@ ThreadBuffers thread_buffers(const std::vector<Column>& columns, int64_t chunk) 
   return tb;
 }
 
+std::string Column::io_name() const {
+  if (spec.image && !file) return "files";
+  return file ? io_mode_name(file->mode()) : "closed";
+}
+
 int64_t Column::output_record_bytes() const {
+  if (spec.image) return images::out_image_elements(spec.image->transform) * transforms::out_dtype_bytes(spec.image->transform.out_dtype);
   if (!converts()) return spec.record_bytes;
   if (widen) return 8 * (spec.record_bytes / spec.token_bytes - 1);
   return transforms::out_image_elements(*spec.cmn) * transforms::out_dtype_bytes(spec.cmn->out_dtype);

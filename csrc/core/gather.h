@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "core/file.h"
+#include "core/image_column.h"
 #include "core/io_mode.h"
 #include "cuda/transforms.h"
 
@@ -32,6 +33,9 @@ struct ColumnSpec {
   // Images transformed on the way (fastpipe.transforms.CropMirrorNormalize on the CPU): records are
   // uint8 images and the output holds the transformed ones. Null: records are copied as they are.
   std::shared_ptr<const transforms::CropMirrorNormalizeParams> cmn;
+  // Encoded JPEG images (core/image_column.h), decoded and transformed into fixed-size outputs: the
+  // record fields above are unused (path names the source for messages).
+  std::shared_ptr<const ImageColumnSpec> image;
 };
 
 // ---- policies, as pure functions (the reader applies them; tests check them on any figures) ----------
@@ -44,8 +48,9 @@ int default_num_threads(long cores, bool any_direct);
 // Batches read ahead when none are asked for: about 4 MiB of batches, 2 to 16 (small batches need a
 // deeper queue to keep the readers busy between the training loop's requests).
 int default_prefetch(int64_t batch_bytes);
-// Records per work item (chunk) of a batch.
-int64_t chunk_records(int64_t batch_size, int num_threads, int64_t record_bytes);
+// Records per work item (chunk) of a batch; `decodes`: records are images to decode (milliseconds each,
+// so small chunks balance the threads).
+int64_t chunk_records(int64_t batch_size, int num_threads, int64_t record_bytes, bool decodes = false);
 
 int64_t mem_available_bytes();
 long usable_cores();
@@ -57,13 +62,16 @@ WidenFn widen_for(int bytes, bool is_signed);
 
 struct Column {
   ColumnSpec spec;
-  std::unique_ptr<File> file;
+  std::unique_ptr<File> file;  // null for an image folder (a file per record)
   int first_output = 0;  // index into the reader's outputs
   WidenFn widen = nullptr;
   bool raw = false;  // delivered as its records, without widening or transforming (a device does that)
 
   // Records are converted on the way into the slot (pread lands them in a scratch buffer first).
-  bool converts() const { return !raw && (widen || spec.cmn); }
+  // Images are always decoded here, also for a device.
+  bool converts() const { return spec.image || (!raw && (widen || spec.cmn)); }
+  // How the column is read, for stats: an io mode's name, or "files" for an image folder.
+  std::string io_name() const;
   // Outputs in the slot (x and y for token windows) and the bytes of each per record.
   int num_outputs() const { return converts() && widen ? 2 : 1; }
   int64_t output_record_bytes() const;
@@ -78,6 +86,8 @@ Column open_column(ColumnSpec spec, IoMode mode, bool raw);
 struct ThreadBuffers {
   std::unique_ptr<AlignedBuffer> bounce;   // O_DIRECT
   std::unique_ptr<AlignedBuffer> scratch;  // records read with pread before they are converted
+  std::unique_ptr<ImageThreadState> image;  // the JPEG decoder and its buffers
+  std::vector<int64_t> chunk_index;  // the chunk's record numbers, after replacing bad images
   std::vector<int64_t> offsets;
   std::vector<int64_t> order;
 };

@@ -14,7 +14,8 @@
 
 namespace fastpipe::transforms {
 
-enum class OutDtype : int { Float32, Float16, BFloat16 };
+// UInt8 is only produced by the JPEG transforms (image_transform.h): the resampled value rounded and clamped.
+enum class OutDtype : int { Float32, Float16, BFloat16, UInt8 };
 
 constexpr int kMaxChannels = 16;
 
@@ -128,17 +129,25 @@ FASTPIPE_HD inline uint16_t float_to_half_bits(float f) {
   return static_cast<uint16_t>(sign | (rounded >> 13));
 }
 
+// Round half up and saturate, as PIL rounds its resampled pixels (v >= 0 after the clamp, so the
+// truncation is a floor; NaN becomes 0).
+FASTPIPE_HD inline uint8_t float_to_uint8(float v) {
+  v = v > 0.0f ? (v < 255.0f ? v : 255.0f) : 0.0f;
+  return static_cast<uint8_t>(static_cast<int>(v + 0.5f));
+}
+
 // Writes output element (c, y, x) of an image to `out` (the batch's output, of p.out_dtype).
 FASTPIPE_HD inline void store(const CropMirrorNormalizeParams& p, void* out, int64_t element, float v) {
   switch (p.out_dtype) {
     case OutDtype::Float32: static_cast<float*>(out)[element] = v; return;
     case OutDtype::Float16: static_cast<uint16_t*>(out)[element] = float_to_half_bits(v); return;
     case OutDtype::BFloat16: static_cast<uint16_t*>(out)[element] = float_to_bfloat16_bits(v); return;
+    case OutDtype::UInt8: static_cast<uint8_t*>(out)[element] = float_to_uint8(v); return;
   }
 }
 
 FASTPIPE_HD inline int out_dtype_bytes(OutDtype t) {
-  return t == OutDtype::Float32 ? 4 : 2;
+  return t == OutDtype::Float32 ? 4 : t == OutDtype::UInt8 ? 1 : 2;
 }
 
 FASTPIPE_HD inline int64_t in_image_bytes(const CropMirrorNormalizeParams& p) {

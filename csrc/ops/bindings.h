@@ -5,4 +5,5 @@
 
 namespace fastpipe {
 void bind_loader(pybind11::module& m);
+void bind_loader_specs(pybind11::module& m);
 }  // namespace fastpipe

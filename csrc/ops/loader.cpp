@@ -253,11 +253,15 @@ class PyReader {
  public:
   PyReader(std::vector<ColumnSpec> columns, const std::vector<std::pair<std::string, std::vector<int64_t>>>& outputs,
            int64_t batch_size, int num_threads, int prefetch, const std::string& io, const py::object& pin,
-           const py::object& device, const std::string& when_full)
+           const py::object& device, const std::string& when_full, const std::string& on_error, uint64_t seed)
       : choice_(choose_device(device)) {
     TORCH_CHECK(when_full == "allocate" || when_full == "error", "when_full must be 'allocate' or 'error', got '",
                 when_full, "'");
+    TORCH_CHECK(on_error == "raise" || on_error == "replace", "on_error must be 'raise' or 'replace', got '", on_error,
+                "'");
     ReaderOptions opt;
+    opt.replace_bad_images = on_error == "replace";
+    opt.seed = seed;
     opt.batch_size = batch_size;
     opt.num_threads = num_threads;
     opt.prefetch = prefetch;
@@ -327,6 +331,8 @@ class PyReader {
     d["num_threads"] = s.num_threads;
     d["waits"] = s.waits;
     d["overflow_batches"] = s.overflow_batches;
+    d["images_replaced"] = s.images_replaced;
+    d["replaced"] = s.replace_log;
     if (pipeline_) {
       const DeviceStats ds = pipeline_->stats();
       d["device_arena_bytes"] = ds.arena_bytes;
@@ -387,6 +393,7 @@ class PyReader {
       lease = interruptible([&](const std::function<void()>& poll) { return reader_->next(timeout, poll); });
     if (!lease) return py::none();
     if (lease->slot() < 0) warn_overflow();
+    if (!warned_replaced_ && reader_->images_replaced() > 0) warn_replaced();
     // Every tensor of the batch holds the lease; the slot is freed when the last one dies.
     char* base = lease->data(0) - reader_->outputs()[0].offset;
     const int64_t bytes = reader_->outputs().back().offset +
@@ -417,11 +424,22 @@ class PyReader {
         interruptible([&](const std::function<void()>& poll) { return pipeline_->next(timeout, poll); });
     if (!batch) return py::none();
     if (batch->overflow()) warn_overflow();
+    if (!warned_replaced_ && reader().images_replaced() > 0) warn_replaced();
     char* base = batch->base();
     c10::DataPtr data(base, new BatchRef{batch}, &delete_batch_ref, choice_.tensors);
     return tensors(c10::Storage(c10::Storage::use_byte_size_t(), pipeline_->slot_bytes(), std::move(data), nullptr,
                                 false),
                    base, batch->records(), [&](int k) { return batch->data(k); }, choice_.tensors);
+  }
+
+  // Once per loader: the first bad image that on_error="replace" replaced.
+  void warn_replaced() {
+    warned_replaced_ = true;
+    const ReaderStats s = reader().stats();
+    const std::string msg = "fastpipe.Loader: " + (s.replace_log.empty() ? std::string("an image could not be read") : s.replace_log[0]) +
+                            ". on_error='replace' substitutes bad images with other records; stats()['images_replaced'] "
+                            "counts them and stats()['replaced'] lists the first.";
+    if (PyErr_WarnEx(PyExc_UserWarning, msg.c_str(), 1) < 0) throw py::error_already_set();
   }
 
   // Once per loader: the program holds every slot, so batches now cost an allocation each.
@@ -440,6 +458,7 @@ class PyReader {
   DeviceChoice choice_;
   std::shared_ptr<PinnedArena> pinned_;
   bool warned_overflow_ = false;
+  bool warned_replaced_ = false;
   std::unique_ptr<BatchReader> reader_;
   std::unique_ptr<DevicePipeline> pipeline_;
   std::vector<c10::ScalarType> dtypes_;
@@ -502,64 +521,6 @@ void bind_loader(py::module& m) {
   m.def("_default_num_threads", &default_num_threads, py::arg("cores"), py::arg("any_direct"));
   m.def("_default_prefetch", &default_prefetch, py::arg("batch_bytes"));
 
-  // A column of records in a file (core/gather.h), built by the datasets with keyword arguments.
-  // CropMirrorNormalize's parameters (cuda/transforms.h), filled by fastpipe/transforms.py.
-  using transforms::CropMirrorNormalizeParams;
-  py::class_<CropMirrorNormalizeParams, std::shared_ptr<CropMirrorNormalizeParams>>(m, "CropMirrorNormalizeParams")
-      .def(py::init([](int in_height, int in_width, int channels, bool in_hwc, int out_height, int out_width,
-                       bool out_nhwc, const std::string& out_dtype, bool random_crop, float mirror,
-                       const std::vector<float>& scale, const std::vector<float>& shift, uint64_t seed) {
-             auto p = std::make_shared<CropMirrorNormalizeParams>();
-             TORCH_CHECK(channels >= 1 && channels <= transforms::kMaxChannels, "channels must be 1 to ",
-                         transforms::kMaxChannels, ", got ", channels);
-             TORCH_CHECK(out_height >= 1 && out_height <= in_height && out_width >= 1 && out_width <= in_width,
-                         "the crop ", out_height, "x", out_width, " must fit in the image ", in_height, "x", in_width);
-             TORCH_CHECK(scale.size() == static_cast<size_t>(channels) && shift.size() == scale.size(),
-                         "scale and shift need one value per channel");
-             static const std::pair<const char*, transforms::OutDtype> kOut[] = {
-                 {"float32", transforms::OutDtype::Float32},
-                 {"float16", transforms::OutDtype::Float16},
-                 {"bfloat16", transforms::OutDtype::BFloat16}};
-             const auto* d = std::find_if(std::begin(kOut), std::end(kOut),
-                                          [&](const auto& e) { return out_dtype == e.first; });
-             TORCH_CHECK(d != std::end(kOut), "out_dtype must be float32, float16 or bfloat16, got ", out_dtype);
-             *p = CropMirrorNormalizeParams{in_height, in_width, channels, in_hwc, out_height, out_width, out_nhwc,
-                                            d->second, random_crop, mirror, {}, {}, seed};
-             std::copy(scale.begin(), scale.end(), p->scale);
-             std::copy(shift.begin(), shift.end(), p->shift);
-             return p;
-           }),
-           py::kw_only(), py::arg("in_height"), py::arg("in_width"), py::arg("channels"), py::arg("in_hwc"),
-           py::arg("out_height"), py::arg("out_width"), py::arg("out_nhwc"), py::arg("out_dtype"),
-           py::arg("random_crop"), py::arg("mirror"), py::arg("scale"), py::arg("shift"), py::arg("seed"))
-      .def(
-          "windows",
-          [](const CropMirrorNormalizeParams& p, const std::vector<int64_t>& index, uint64_t epoch) {
-            std::vector<std::tuple<int, int, bool>> out;
-            for (int64_t i : index) {
-              const auto w = transforms::sample_window(p, epoch, static_cast<uint64_t>(i));
-              out.emplace_back(w.y0, w.x0, w.flip);
-            }
-            return out;
-          },
-          py::arg("index"), py::arg("epoch"), "(y0, x0, flip) of each sample of `epoch`: the crop and flip it gets.");
-
-  py::class_<ColumnSpec>(m, "ColumnSpec")
-      .def(py::init([](std::string path, int64_t data_offset, int64_t record_stride, int64_t record_bytes,
-                       int64_t num_records, int token_bytes, bool token_signed,
-                       std::shared_ptr<const CropMirrorNormalizeParams> transform) {
-             return ColumnSpec{std::move(path), data_offset, record_stride, record_bytes, num_records, token_bytes,
-                               token_signed, std::move(transform)};
-           }),
-           py::kw_only(), py::arg("path"), py::arg("data_offset"), py::arg("record_stride"), py::arg("record_bytes"),
-           py::arg("num_records"), py::arg("token_bytes") = 0, py::arg("token_signed") = false,
-           py::arg("transform") = nullptr)
-      .def_readonly("path", &ColumnSpec::path)
-      .def_readonly("data_offset", &ColumnSpec::data_offset)
-      .def_readonly("record_stride", &ColumnSpec::record_stride)
-      .def_readonly("record_bytes", &ColumnSpec::record_bytes)
-      .def_readonly("num_records", &ColumnSpec::num_records);
-
   // The CPU simulation of a device (core/sim_device.h), for tests: Loader(device="cuda") under
   // fastpipe.data._device.simulated(). Streams are handles (ints) as torch's cuda_stream values are.
   py::class_<SimDevice, std::shared_ptr<SimDevice>>(m, "SimDevice")
@@ -606,10 +567,11 @@ void bind_loader(py::module& m) {
 
   py::class_<PyReader>(m, "BatchReader")
       .def(py::init<std::vector<ColumnSpec>, const std::vector<std::pair<std::string, std::vector<int64_t>>>&,
-                    int64_t, int, int, const std::string&, const py::object&, const py::object&, const std::string&>(),
+                    int64_t, int, int, const std::string&, const py::object&, const py::object&, const std::string&,
+                    const std::string&, uint64_t>(),
            py::arg("columns"), py::arg("outputs"), py::arg("batch_size"), py::arg("num_threads"), py::arg("prefetch"),
            py::arg("io"), py::arg("pin") = py::none(), py::arg("device") = py::none(),
-           py::arg("when_full") = "allocate")
+           py::arg("when_full") = "allocate", py::arg("on_error") = "raise", py::arg("seed") = 0)
       .def("start", &PyReader::start, py::arg("indices"), py::arg("drop_last"), py::arg("epoch"))
       .def("next", &PyReader::next, py::arg("timeout"))
       .def("stats", &PyReader::stats)

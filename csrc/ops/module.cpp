@@ -90,5 +90,6 @@ PYBIND11_MODULE(_C, m) {
       .def("__call__", &ConvActCall::operator(), py::arg("input"), py::arg("weight"), py::arg("bias") = py::none(),
            py::arg("residual") = py::none());
   fastpipe::bind_loader(m);
+  fastpipe::bind_loader_specs(m);
   fastpipe::conv::set_warning_sink(python_warning);
 }

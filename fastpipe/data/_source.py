@@ -3,7 +3,7 @@
 from fastpipe import _checks as checks
 
 class ColumnSource:
-    """Base of the datasets the Loader reads (NpyDataset, TokenDataset).
+    """Base of the datasets the Loader reads (NpyDataset, TokenDataset, ImageFolder, ImageDataset).
 
     Subclasses provide ``_columns()`` (one ``_C.ColumnSpec`` per file: path, data_offset,
     record_stride, record_bytes, num_records and, for token windows, token_bytes and token_signed),
@@ -32,6 +32,13 @@ class ColumnSource:
 
     def _pack(self, tensors):
         raise NotImplementedError
+
+    def _reader_columns(self, transforms, seed):
+        """``(columns, outputs)`` for a Loader with ``transforms`` ({field: transform}, maybe empty) and
+        ``seed``."""
+        if transforms:
+            return self._with_transforms(transforms, seed)
+        return self._columns(), self._outputs()
 
     def _with_transforms(self, transforms, seed):
         """``(columns, outputs)`` with the given transforms applied ({field: transform}); the fields are

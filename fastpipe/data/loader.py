@@ -45,13 +45,15 @@ def _close_reader(reader):
 class Loader:
     """Batches of an on-disk dataset, read by C++ threads into a fixed arena, as zero-copy tensors.
 
-    A drop-in replacement for ``torch.utils.data.DataLoader`` over :class:`NpyDataset` and
-    :class:`TokenDataset`: ``for batch in Loader(ds, batch_size=256, shuffle=True): ...``.
+    A drop-in replacement for ``torch.utils.data.DataLoader`` over :class:`NpyDataset`,
+    :class:`TokenDataset`, :class:`ImageFolder` and :class:`ImageDataset`:
+    ``for batch in Loader(ds, batch_size=256, shuffle=True): ...``.
 
     Parameters
     ----------
-    dataset : NpyDataset or TokenDataset
-        Other datasets can be converted once with :func:`fastpipe.write_npy`.
+    dataset : NpyDataset, TokenDataset, ImageFolder or ImageDataset
+        Other datasets can be converted once with :func:`fastpipe.write_npy` (tensors) or
+        :func:`fastpipe.write_images` (JPEGs).
     batch_size : int
         Records per batch (>= 1). The last batch may be smaller unless ``drop_last``.
     shuffle : bool
@@ -96,7 +98,14 @@ class Loader:
     transforms : dict, optional
         ``{field: transform}`` (:mod:`fastpipe.transforms`, e.g. ``CropMirrorNormalize``) applied to a
         field of every batch as it is read: a dict dataset's name, or a tuple dataset's position (0 for a
-        single-tensor dataset). Random choices depend on ``seed``, the epoch and the sample only.
+        single-tensor dataset). Random choices depend on ``seed``, the epoch and the sample only. For
+        an image dataset, ``{0: RandomResizedCrop(224)}`` (or ``"image"``) overrides its ``transform``.
+    on_error : {"raise", "replace"}
+        An image that cannot be read or decoded (corrupt, truncated, not a JPEG, deleted): "raise" fails
+        its batch with an error naming the file and why; "replace" substitutes another sample, drawn from
+        (seed, epoch, sample) so runs still reproduce, counted in ``stats()["images_replaced"]`` (the first
+        ones listed in ``stats()["replaced"]``) with one warning. Rows of an image below its crop are not
+        decoded, so damage there shows only in an epoch whose crop reaches it.
 
     DataLoader's other keywords are mapped: ``num_workers`` sets ``num_threads``; ``prefetch_factor``
     sets ``prefetch`` to ``prefetch_factor * max(1, num_workers)`` (DataLoader's batches in flight);
@@ -120,12 +129,14 @@ class Loader:
                  timeout=120.0, sampler=None, generator=None, num_workers=0, pin_memory=False,
                  prefetch_factor=None, persistent_workers=False, collate_fn=None, worker_init_fn=None,
                  batch_sampler=None, multiprocessing_context=None, pin_memory_device="", in_order=True,
-                 transforms=None, when_full="allocate"):
+                 transforms=None, when_full="allocate", on_error="raise"):
         if not isinstance(dataset, ColumnSource):
-            raise TypeError(
-                f"fastpipe.Loader reads NpyDataset and TokenDataset, got {type(dataset).__name__}. Convert a "
-                "map-style dataset once with `ds = fastpipe.write_npy(dataset, out_dir)` and pass that."
-            )
+            hint = ("use fastpipe.ImageFolder(root, transform=fastpipe.transforms.RandomResizedCrop(224)), which "
+                    "reads the same folder" if type(dataset).__name__ == "ImageFolder" else
+                    "convert a map-style dataset once with `ds = fastpipe.write_npy(dataset, out_dir)` (tensors) or "
+                    "`fastpipe.write_images(dataset, out_dir)` (JPEG bytes or paths, and labels) and pass that")
+            raise TypeError(f"fastpipe.Loader reads NpyDataset, TokenDataset, ImageFolder and ImageDataset, got "
+                            f"{type(dataset).__name__}: {hint}")
         for name, value, why in (
             ("collate_fn", collate_fn, "batches are assembled by C++ readers straight into tensors; apply your "
              "transform to the batch in the training loop"),
@@ -137,6 +148,7 @@ class Loader:
                 raise ValueError(f"fastpipe.Loader does not take {name}: {why}")
         self.device, reader_device = _device.resolve(device)
         checks.choice(when_full, "when_full", ("allocate", "error"))
+        checks.choice(on_error, "on_error", ("raise", "replace"))
         batch_size = checks.integer(batch_size, "batch_size", low=1)
         checks.choice(io, "io", IO_MODES)
         checks.choice(shard_remainder, "shard_remainder", REMAINDER_POLICIES)
@@ -191,18 +203,16 @@ class Loader:
         self.epoch = 0
         self._resume = None  # (epoch, batches to skip) from load_state_dict
         self._active = None  # the iterator of the current pass
-        if transforms:
-            if not isinstance(transforms, dict):
-                raise TypeError("transforms must be a dict {field: transform} (field: a dict dataset's name, or a "
-                                f"tuple dataset's position), got {type(transforms).__name__}")
-            columns, outputs = dataset._with_transforms(transforms, self.seed)
-        else:
-            columns, outputs = dataset._columns(), dataset._outputs()
+        if transforms and not isinstance(transforms, dict):
+            raise TypeError("transforms must be a dict {field: transform} (field: a dict dataset's name, or a "
+                            f"tuple dataset's position), got {type(transforms).__name__}")
+        columns, outputs = dataset._reader_columns(dict(transforms or {}), self.seed)
         self.transforms = dict(transforms or {})
+        self.on_error = on_error
         self._reader_args = dict(
             columns=columns, outputs=outputs, batch_size=batch_size,
             num_threads=num_threads, prefetch=prefetch, io=io, pin=pin,
-            device=reader_device, when_full=when_full,
+            device=reader_device, when_full=when_full, on_error=on_error, seed=seed,
         )
         self._open_reader()
         for w in self._reader.warnings():
@@ -342,7 +352,9 @@ class Loader:
             threads), wait_seconds (the training loop blocked waiting for data), wait_fraction
             (wait_seconds / wall_seconds), arena_bytes (the fixed memory budget), prefetch, num_slots,
             slots_leased (batches the program still holds), num_threads, waits (batches the
-            training loop asked for before they were ready).
+            training loop asked for before they were ready), overflow_batches (read outside the arena
+            because the program held every slot), images_replaced and replaced (on_error="replace": how
+            many bad images were substituted, and the first of them: which, why, by what).
         """
         s = self._reader.stats()
         wall = s["wall_seconds"]

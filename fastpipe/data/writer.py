@@ -125,16 +125,18 @@ def _get(dataset, i):
 class _Progress:
     """tqdm when installed, else a line on stderr every few seconds."""
 
-    def __init__(self, total, enabled):
+    def __init__(self, total, enabled, desc="write_npy", unit="records"):
         self._bar = None
         self._enabled = enabled
         self._total = total
         self._done = 0
+        self._desc = desc
+        self._unit = unit
         self._last = time.monotonic()
         if enabled:
             try:
                 from tqdm import tqdm
-                self._bar = tqdm(total=total, unit="rec", desc="write_npy")
+                self._bar = tqdm(total=total, unit=unit, desc=desc)
             except ImportError:
                 pass
 
@@ -144,7 +146,7 @@ class _Progress:
             self._bar.update(n)
         elif self._enabled and (time.monotonic() - self._last > 2 or self._done == self._total):
             self._last = time.monotonic()
-            print(f"write_npy: {self._done}/{self._total} records", file=sys.stderr, flush=True)
+            print(f"{self._desc}: {self._done}/{self._total} {self._unit}", file=sys.stderr, flush=True)
 
     def close(self):
         if self._bar is not None:

@@ -1,0 +1,157 @@
+#include "core/image_column.h"
+
+#include <cstring>
+#include <exception>
+
+#include "core/error.h"
+
+namespace fastpipe {
+namespace {
+
+std::string dims(int h, int w) { return std::to_string(w) + "x" + std::to_string(h); }
+
+[[noreturn]] void bad_image(const ImageSource& src, int64_t i, const std::string& why) {
+  throw Error(ErrorKind::kValue, "image " + src.describe(i) + ": " + why);
+}
+
+// The encoded bytes of record i into ts.encoded.
+int64_t read_encoded(const ImageColumnSpec& spec, const File* packed, int64_t i, ImageThreadState& ts) {
+  const ImageSource& src = *spec.source;
+  int64_t size = 0;
+  std::unique_ptr<File> own;
+  const File* f = packed;
+  int64_t offset = 0;
+  if (src.packed()) {
+    offset = src.offsets[i];
+    size = src.offsets[i + 1] - offset;
+  } else {
+    try {
+      own = std::make_unique<File>(src.path_of(i), IoMode::kPread);
+    } catch (const Error& e) {
+      throw Error(e.kind(), std::string(e.what()) + " (record " + std::to_string(i) + ")", e.error_number());
+    }
+    f = own.get();
+    size = f->size_at_open();
+  }
+  if (size > spec.max_record_bytes)
+    bad_image(src, i, "it is " + std::to_string(size) + " bytes, more than max_record_bytes=" +
+                          std::to_string(spec.max_record_bytes) + " (the per-thread buffer for one encoded image)");
+  ts.encoded.resize(static_cast<size_t>(size));
+  int64_t got = 0;
+  try {
+    got = f->read_at_most(ts.encoded.data(), size, offset);
+  } catch (const Error& e) {
+    throw Error(e.kind(), "image " + src.describe(i) + ": " + e.what(), e.error_number());
+  }
+  if (got < size)
+    throw Error(ErrorKind::kIO, "image " + src.describe(i) + ": only " + std::to_string(got) + " of its " +
+                                    std::to_string(size) + " bytes could be read (the file shrank)");
+  return size;
+}
+
+}  // namespace
+
+std::string ImageSource::path_of(int64_t i) const {
+  return root + "/" + names.substr(static_cast<size_t>(name_offsets[i]),
+                                   static_cast<size_t>(name_offsets[i + 1] - name_offsets[i]));
+}
+
+std::string ImageSource::describe(int64_t i) const {
+  if (!packed()) return "'" + path_of(i) + "'";
+  return "record " + std::to_string(i) + " of '" + packed_path + "' (" + std::to_string(offsets[i + 1] - offsets[i]) +
+         " bytes at offset " + std::to_string(offsets[i]) + ")";
+}
+
+void ImageSource::check() const {
+  const int64_t n = num_records();
+  FP_CHECK_VALUE(static_cast<int64_t>(widths.size()) == n, "image sizes: heights and widths differ in length");
+  for (int64_t i = 0; i < n; ++i)
+    FP_CHECK_VALUE(heights[i] >= 0 && widths[i] >= 0, "image sizes: record " + std::to_string(i) + " has a negative size");
+  if (packed()) {
+    FP_CHECK_VALUE(static_cast<int64_t>(offsets.size()) == n + 1,
+                   "'" + packed_path + "': " + std::to_string(offsets.size()) + " offsets for " + std::to_string(n) +
+                       " records (need records + 1)");
+    FP_CHECK_VALUE(n == 0 || offsets[0] >= 0, "'" + packed_path + "': a negative offset");
+    for (int64_t i = 0; i < n; ++i)
+      FP_CHECK_VALUE(offsets[i + 1] >= offsets[i], "'" + packed_path + "': offsets decrease at record " + std::to_string(i));
+  } else {
+    FP_CHECK_VALUE(static_cast<int64_t>(name_offsets.size()) == n + 1 && (n == 0 || name_offsets[0] == 0) &&
+                       name_offsets[n] == static_cast<int64_t>(names.size()),
+                   "image folder '" + root + "': the file names do not match their offsets");
+    for (int64_t i = 0; i < n; ++i)
+      FP_CHECK_VALUE(name_offsets[i + 1] > name_offsets[i],
+                     "image folder '" + root + "': record " + std::to_string(i) + " has an empty file name");
+  }
+}
+
+std::unique_ptr<File> open_image_column(const ImageColumnSpec& spec) {
+  FP_CHECK_VALUE(spec.source, "an image column needs its source");
+  const ImageSource& src = *spec.source;
+  src.check();
+  const images::ImageTransformParams& p = spec.transform;
+  FP_CHECK_VALUE(p.out_height >= 1 && p.out_width >= 1, "the image transform's output size must be positive");
+  FP_CHECK_VALUE(spec.max_record_bytes >= 1, "max_record_bytes must be positive");
+  if (!jpeg_decoding_built())
+    throw Error(ErrorKind::kState, "fastpipe was built without JPEG support (libjpeg's headers were not found at build "
+                                   "time): install libjpeg62-turbo-dev (Debian/Ubuntu; `make setup` does it) or "
+                                   "libjpeg-turbo-devel, then rebuild with `pip install --no-build-isolation -e .`");
+  if (!src.packed()) return nullptr;
+  auto f = std::make_unique<File>(src.packed_path, IoMode::kPread);
+  const int64_t need = src.offsets.back();
+  FP_CHECK_VALUE(f->size_at_open() >= need, "'" + src.packed_path + "' is " + std::to_string(f->size_at_open()) +
+                                                " bytes but its offsets need " + std::to_string(need) +
+                                                " (was it truncated?)");
+  return f;
+}
+
+void will_need_images(const ImageColumnSpec& spec, const File* packed, const int64_t* idx, int64_t count) {
+  if (!packed) return;
+  const std::vector<int64_t>& off = spec.source->offsets;
+  for (int64_t k = 0; k < count; ++k) packed->will_need(off[idx[k]], off[idx[k] + 1] - off[idx[k]]);
+}
+
+images::Geometry image_sample_geometry(const ImageColumnSpec& spec, int64_t index, int64_t draw, uint64_t epoch) {
+  const ImageSource& src = *spec.source;
+  return images::image_geometry(spec.transform, src.heights[index], src.widths[index], epoch,
+                                static_cast<uint64_t>(draw));
+}
+
+int64_t read_image(const ImageColumnSpec& spec, const File* packed, int64_t i, int64_t draw, uint64_t epoch,
+                   void* out, ImageThreadState& ts) {
+  const ImageSource& src = *spec.source;
+  const int64_t bytes = read_encoded(spec, packed, i, ts);
+  const uint8_t* data = ts.encoded.data();
+  JpegInfo info;
+  std::string why;
+  switch (read_jpeg_info(data, static_cast<size_t>(bytes), &info, &why)) {
+    case JpegParse::kOk: break;
+    case JpegParse::kNeedMore: bad_image(src, i, "truncated: the file ends inside the JPEG header");
+    case JpegParse::kError: bad_image(src, i, why);
+  }
+  why = jpeg_unsupported_reason(info);
+  if (!why.empty()) bad_image(src, i, "unsupported: " + why);
+  if (info.height != src.heights[i] || info.width != src.widths[i]) {
+    bad_image(src, i,
+              src.heights[i] == 0 ? "its header could not be read when the dataset was scanned"
+                                  : "its header says " + dims(info.height, info.width) + " but the dataset recorded " +
+                                        dims(src.heights[i], src.widths[i]) +
+                                        ": the file changed after the dataset was scanned (rescan it)");
+  }
+  if (!jpeg_has_end(data, static_cast<size_t>(bytes), info))
+    bad_image(src, i, "truncated: no end-of-image marker after the image data");
+  const images::Geometry g = image_sample_geometry(spec, i, draw, epoch);
+  const images::Region r = images::taps_region(g);
+  const uint8_t* pixels = nullptr;
+  int64_t stride = 0;
+  if (r.y1 > r.y0 && r.x1 > r.x0) {
+    try {
+      pixels = ts.decoder.decode(data, static_cast<size_t>(bytes), info, g.denom, r, &stride);
+    } catch (const std::runtime_error& e) {
+      bad_image(src, i, std::string("corrupt JPEG data: ") + e.what());
+    }
+  }
+  resample_image(spec.transform, g, pixels, stride, r, out, ts.resample);
+  return bytes;
+}
+
+}  // namespace fastpipe

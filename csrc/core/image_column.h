@@ -1,0 +1,68 @@
+// A column of encoded JPEG images: where each record's bytes live (one packed file, or one file per
+// record), the size its header gave when the dataset was scanned or packed, and how it becomes one
+// fixed-size image of the batch (read, header checked, crop drawn, region decoded, resampled). The
+// arena holds only the decoded outputs; the encoded bytes pass through a per-thread buffer.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "core/file.h"
+#include "core/jpeg_decode.h"
+#include "core/resample.h"
+#include "cuda/image_transform.h"
+
+namespace fastpipe {
+
+struct ImageSource {
+  // ImageDataset: record i is bytes [offsets[i], offsets[i + 1]) of packed_path.
+  std::string packed_path;
+  std::vector<int64_t> offsets;
+  // ImageFolder: record i is the file root + "/" + names[name_offsets[i], name_offsets[i + 1]).
+  std::string root;
+  std::string names;
+  std::vector<int64_t> name_offsets;
+  // Stored sizes, from the headers (0 x 0: the scan could not read one; reading says why).
+  std::vector<int32_t> heights, widths;
+
+  int64_t num_records() const { return static_cast<int64_t>(heights.size()); }
+  bool packed() const { return !packed_path.empty(); }
+  std::string path_of(int64_t i) const;   // ImageFolder: the record's file
+  std::string describe(int64_t i) const;  // for messages: the file, or the record of the packed file
+  // Error(kValue) naming what is inconsistent (sizes, offsets, names).
+  void check() const;
+};
+
+struct ImageColumnSpec {
+  std::shared_ptr<const ImageSource> source;
+  images::ImageTransformParams transform;
+  int64_t max_record_bytes = 64 << 20;  // an encoded image larger than this is an error naming it
+};
+
+// A reader thread's decoder and buffers.
+struct ImageThreadState {
+  JpegDecoder decoder;
+  std::vector<uint8_t> encoded;
+  ResampleScratch resample;
+};
+
+// The packed file of an ImageDataset, opened for pread and checked to hold every record; null for an
+// ImageFolder (its files are opened per record). Error(kValue) for a spec that cannot be read.
+std::unique_ptr<File> open_image_column(const ImageColumnSpec& spec);
+
+// Asks the kernel to start reading these records of a packed file (their decode follows).
+void will_need_images(const ImageColumnSpec& spec, const File* packed, const int64_t* idx, int64_t count);
+
+// Reads record `index`, decodes the region its transform needs and writes the output image to `out`;
+// the crop and flip are drawn for sample `draw` of `epoch` (the record itself, unless it stands in for a
+// bad image). Returns the encoded bytes read. Throws Error naming the record and why: kValue for bad
+// data (not a JPEG, corrupt, truncated, changed since the scan), kIO when reading failed.
+int64_t read_image(const ImageColumnSpec& spec, const File* packed, int64_t index, int64_t draw, uint64_t epoch,
+                   void* out, ImageThreadState& ts);
+
+// The geometry of record `index` (its stored size) drawn for sample `draw` of `epoch`.
+images::Geometry image_sample_geometry(const ImageColumnSpec& spec, int64_t index, int64_t draw, uint64_t epoch);
+
+}  // namespace fastpipe

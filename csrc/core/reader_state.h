@@ -1,0 +1,171 @@
+// The batch reader's internals, shared by the consumer side (batch_reader.cpp: slots, passes, leases)
+// and the reader threads (reader_thread.cpp: what a thread does with a chunk). Not part of the API.
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <exception>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "core/batch_reader.h"
+
+namespace fastpipe {
+
+using Clock = std::chrono::steady_clock;
+
+inline double seconds_since(Clock::time_point t0) {
+  return std::chrono::duration<double>(Clock::now() - t0).count();
+}
+
+// A reader with nothing to do checks for work this often, for this long, before it sleeps until woken.
+constexpr std::chrono::microseconds kPollInterval(100);
+constexpr std::chrono::milliseconds kPollFor(50);
+// Replacements kept for stats(), and substitutes drawn for one bad image before the read fails.
+constexpr size_t kReplaceLogSize = 64;
+constexpr int kMaxSubstitutes = 16;
+
+enum class SlotState { kFree, kFilling, kReady, kLeased };
+
+struct Slot {
+  SlotState state = SlotState::kFree;
+  uint64_t gen = 0;     // pass that filled it
+  int64_t batch = -1;   // batch number within that pass
+  int64_t records = 0;
+  int pending = 0;      // chunks not finished yet
+  std::exception_ptr error;
+};
+
+// Everything the reader threads and the leases share. Leases keep it (and so the arena) alive after
+// the BatchReader is gone.
+struct ReaderState {
+  ReaderOptions opt;
+  std::vector<Column> columns;  // the files read: every column whose records have bytes
+  std::vector<int> column_of_spec;  // per ColumnSpec given: its index in columns, -1 when not read
+  std::vector<OutputLayout> outputs;
+  int64_t num_records = 0;
+  std::vector<std::string> warnings;
+  bool warm_page_cache = false;  // the data fits in memory: readers first queue it all for reading
+  int64_t slot_bytes = 0;
+  int64_t index_offset = 0;  // of the sample indices in a slot (ReaderOptions::index_output)
+  int64_t record_bytes_total = 0;  // payload bytes read per record, all columns
+  int64_t chunk_records = 1;
+  std::unique_ptr<AlignedBuffer> arena;
+  pid_t owner_pid = 0;
+
+  std::mutex mu;
+  std::condition_variable work_cv;   // reader threads: work or stop
+  std::condition_variable ready_cv;  // consumer: a batch finished
+  // Test hooks (BatchReader::set_poison, BatchReader::hold_reads).
+  std::atomic<bool> poison{false};
+  std::atomic<bool> hold_reads{false};
+  int held_reads = 0;
+  std::condition_variable gate_cv;   // readers held before a chunk: released or stopped
+  bool stop = false;
+
+  // Current pass.
+  uint64_t gen = 0;
+  std::shared_ptr<const std::vector<int64_t>> indices;
+  uint64_t epoch = 0;  // of the pass: the transforms' random choices depend on it
+  int64_t num_batches = 0;
+  int64_t consumed = 0;       // batches handed to the consumer
+  int64_t next_batch = 0;     // next batch to dispatch
+  int64_t next_chunk = 0;     // next chunk of next_batch
+  std::vector<int> ring;      // batch b of the pass is in slot ring[b % prefetch] (-1: not assigned)
+  std::exception_ptr failure; // sticky: the pass failed
+  std::vector<Slot> slots;
+  int free_slots = 0;
+  int leased_slots = 0;
+
+  // Statistics.
+  std::atomic<int64_t> bytes_read{0};
+  std::atomic<int64_t> images_replaced{0};  // bad images replaced by others (ReaderOptions::replace_bad_images)
+  std::vector<std::string> replace_log;  // the first kReplaceLogSize of them: which, why, by what
+  std::atomic<int64_t> read_ns{0};
+  int64_t batches_out = 0;
+  int64_t waits = 0;
+  int64_t overflow_batches = 0;
+  double wait_s = 0;
+  double active_s = 0;  // time inside passes: from start() to the last batch taken
+  bool pass_active = false;
+  Clock::time_point pass_t0;
+
+  void end_pass_locked() {
+    if (pass_active) active_s += seconds_since(pass_t0);
+    pass_active = false;
+  }
+
+  ~ReaderState() {
+    if (arena && opt.on_arena_free) opt.on_arena_free(arena->data(), arena->size());
+  }
+
+  char* slot_data(int slot) const { return arena->data() + static_cast<int64_t>(slot) * slot_bytes; }
+  int64_t batch_records(int64_t b) const {
+    const int64_t bs = opt.batch_size;
+    return std::min<int64_t>(bs, static_cast<int64_t>(indices->size()) - b * bs);
+  }
+  int64_t batch_chunks(int64_t b) const { return (batch_records(b) + chunk_records - 1) / chunk_records; }
+
+  bool has_work() const {
+    if (!indices || next_batch >= num_batches || next_batch >= consumed + opt.prefetch) return false;
+    return next_chunk > 0 || free_slots > 0;
+  }
+
+  void release_slot_locked(int s) {
+    Slot& slot = slots[s];
+    slot.state = SlotState::kFree;
+    slot.error = nullptr;
+    ++free_slots;
+  }
+
+  // Waking a sleeping thread costs its waker tens of microseconds on a virtual machine (an
+  // inter-processor interrupt), far more than the rest of next(). So the training thread does not wake
+  // readers while one of them is polling: that reader finds the freed slot within kPollInterval and
+  // wakes the others itself, in a chain. Only when every reader sleeps (the loader sat idle for
+  // kPollFor) does a release or next() wake one. Called with the lock held; returns with it released.
+  int pollers = 0;
+
+  void wake_reader(std::unique_lock<std::mutex>& lk) {
+    const bool wake = pollers == 0 && has_work();
+    lk.unlock();
+    if (wake) work_cv.notify_one();
+  }
+
+  // Reader side: blocks until there is work or the engine stops. At most one reader polls.
+  void wait_for_work(std::unique_lock<std::mutex>& lk) {
+    if (stop || has_work()) return;
+    if (pollers == 0) {
+      ++pollers;
+      const auto until = Clock::now() + kPollFor;
+      while (!stop && !has_work() && Clock::now() < until) work_cv.wait_for(lk, kPollInterval);
+      --pollers;
+    }
+    work_cv.wait(lk, [&] { return stop || has_work(); });
+  }
+};
+
+struct WorkItem {
+  uint64_t gen;
+  int slot;
+  int64_t batch;
+  int64_t first;  // first record of the chunk within the batch
+  int64_t count;
+  std::shared_ptr<const std::vector<int64_t>> indices;
+  uint64_t epoch;
+};
+
+
+// The body of reader thread `thread_index`: fills slots until the reader stops.
+void reader_loop(std::shared_ptr<ReaderState> sp, int thread_index);
+
+// Reads records idx[0, count) into records [first, first + count) of the slot at `base`: image columns
+// first (a bad image replaced by another record when the options say so; every column of that record
+// then comes from the substitute), then the other columns, then the sample indices. Returns the bytes
+// read. Throws the first error (naming the file and record).
+int64_t fill_records(ReaderState& st, const int64_t* idx, int64_t count, char* base, int64_t first, uint64_t epoch,
+                     ThreadBuffers& tb);
+
+}  // namespace fastpipe

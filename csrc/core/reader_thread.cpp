@@ -1,0 +1,187 @@
+#include <algorithm>
+#include <cstring>
+
+#include "core/error.h"
+#include "core/reader_state.h"
+#include "core/trace.h"
+
+namespace fastpipe {
+namespace {
+
+// The record that stands in for bad image `index` at try `attempt` of `epoch`: a pure function, so a
+// run with on_error="replace" reproduces and resumes exactly.
+int64_t substitute(uint64_t seed, uint64_t epoch, int64_t index, int attempt, int64_t n) {
+  const uint64_t bits = transforms::sample_bits(seed ^ 0x5ca1ab1eULL, epoch, static_cast<uint64_t>(index),
+                                                0x100 + static_cast<uint64_t>(attempt));
+  return static_cast<int64_t>(bits % static_cast<uint64_t>(n));
+}
+
+// Every image column of the slot's record `pos`, from `record` (its random crop and flip are those of
+// sample `draw`). Returns the bytes read.
+int64_t read_images_of(ReaderState& st, int64_t record, int64_t draw, int64_t pos, char* base, uint64_t epoch,
+                       ThreadBuffers& tb) {
+  int64_t bytes = 0;
+  for (const Column& c : st.columns) {
+    if (!c.spec.image) continue;
+    const OutputLayout& out = st.outputs[c.first_output];
+    bytes += read_image(*c.spec.image, c.file.get(), record, draw, epoch, base + out.offset + pos * out.record_bytes,
+                        *tb.image);
+  }
+  return bytes;
+}
+
+// The images of chunk record k (the slot's record pos); a bad one is replaced
+// (ReaderOptions::replace_bad_images) by substitutes drawn until one reads, and idx[k] becomes that record.
+int64_t read_images_or_replace(ReaderState& st, int64_t* idx, int64_t k, int64_t pos, char* base, uint64_t epoch,
+                               ThreadBuffers& tb) {
+  const int64_t original = idx[k];
+  try {
+    return read_images_of(st, original, original, pos, base, epoch, tb);
+  } catch (const Error& e) {
+    if (!st.opt.replace_bad_images) throw;
+    const std::string why = e.what();
+    for (int attempt = 0; attempt < kMaxSubstitutes; ++attempt) {
+      const int64_t j = substitute(st.opt.seed, epoch, original, attempt, st.num_records);
+      try {
+        const int64_t bytes = read_images_of(st, j, original, pos, base, epoch, tb);
+        idx[k] = j;
+        std::lock_guard<std::mutex> lk(st.mu);
+        ++st.images_replaced;
+        if (st.replace_log.size() < kReplaceLogSize)
+          st.replace_log.push_back(why + " (sample " + std::to_string(original) + " of epoch " + std::to_string(epoch) +
+                                   " replaced by record " + std::to_string(j) + ")");
+        return bytes;
+      } catch (const Error&) {
+      }
+    }
+    throw Error(ErrorKind::kValue, why + "; on_error='replace' drew " + std::to_string(kMaxSubstitutes) +
+                                       " other records for it and none could be read either");
+  }
+}
+
+void read_chunk(ReaderState& st, const WorkItem& w, ThreadBuffers& tb, int64_t* bytes) {
+  char* base = st.slot_data(w.slot);
+  if (st.opt.before_slot_fill) st.opt.before_slot_fill(w.slot);
+  if (st.poison.load(std::memory_order_relaxed))
+    for (const OutputLayout& out : st.outputs)
+      std::memset(base + out.offset + w.first * out.record_bytes, 0xA5, static_cast<size_t>(w.count * out.record_bytes));
+  *bytes = fill_records(st, w.indices->data() + w.batch * st.opt.batch_size + w.first, w.count, base, w.first, w.epoch,
+                        tb);
+}
+
+// Reader thread t warms the files t, t + threads, ... (gather.h: warm_file).
+void warm_files(ReaderState& st, int thread_index) {
+  auto stopped = [&] {
+    std::lock_guard<std::mutex> lk(st.mu);
+    return st.stop;
+  };
+  for (size_t k = thread_index; k < st.columns.size(); k += st.opt.num_threads)
+    if (st.columns[k].file) warm_file(*st.columns[k].file, stopped);
+}
+
+}  // namespace
+
+int64_t fill_records(ReaderState& st, const int64_t* records, int64_t count, char* base, int64_t first, uint64_t epoch,
+                     ThreadBuffers& tb) {
+  const int64_t n = st.num_records;
+  for (int64_t k = 0; k < count; ++k) {
+    if (records[k] < 0 || records[k] >= n)
+      throw Error(ErrorKind::kValue, "record index " + std::to_string(records[k]) + " is out of range for a dataset of " +
+                                         std::to_string(n) + " records");
+  }
+  std::vector<int64_t>& idx = tb.chunk_index;
+  idx.assign(records, records + count);
+  int64_t bytes = 0;
+  if (tb.image) {
+    for (const Column& c : st.columns)
+      if (c.spec.image) will_need_images(*c.spec.image, c.file.get(), idx.data(), count);
+    for (int64_t k = 0; k < count; ++k) bytes += read_images_or_replace(st, idx.data(), k, first + k, base, epoch, tb);
+  }
+  for (const Column& c : st.columns) {
+    if (c.spec.image) continue;
+    const OutputLayout& out = st.outputs[c.first_output];
+    const int64_t y_delta = c.num_outputs() == 2 ? st.outputs[c.first_output + 1].offset - out.offset : 0;
+    read_records(c, idx.data(), count,
+                 Sink{&c, base + out.offset + first * out.record_bytes, out.record_bytes, y_delta, idx.data(), epoch}, tb);
+    bytes += count * c.spec.record_bytes;
+  }
+  if (st.opt.index_output)
+    std::memcpy(base + st.index_offset + first * 8, idx.data(), static_cast<size_t>(count * 8));
+  return bytes;
+}
+
+void reader_loop(std::shared_ptr<ReaderState> sp, int thread_index) {
+  ReaderState& st = *sp;
+  ThreadBuffers tb = thread_buffers(st.columns, st.chunk_records);
+  if (st.warm_page_cache) warm_files(st, thread_index);
+
+  std::unique_lock<std::mutex> lk(st.mu);
+  for (;;) {
+    st.wait_for_work(lk);
+    if (st.stop) return;
+    WorkItem w;
+    w.gen = st.gen;
+    w.batch = st.next_batch;
+    w.indices = st.indices;
+    w.epoch = st.epoch;
+    const int64_t nchunks = st.batch_chunks(w.batch);
+    int& ring_slot = st.ring[w.batch % st.opt.prefetch];
+    if (st.next_chunk == 0) {
+      int s = 0;
+      while (st.slots[s].state != SlotState::kFree) ++s;
+      Slot& slot = st.slots[s];
+      slot.state = SlotState::kFilling;
+      slot.gen = st.gen;
+      slot.batch = w.batch;
+      slot.records = st.batch_records(w.batch);
+      slot.pending = static_cast<int>(nchunks);
+      slot.error = nullptr;
+      --st.free_slots;
+      ring_slot = s;
+    }
+    w.slot = ring_slot;
+    w.first = st.next_chunk * st.chunk_records;
+    w.count = std::min(st.chunk_records, st.batch_records(w.batch) - w.first);
+    if (++st.next_chunk == nchunks) {
+      st.next_chunk = 0;
+      ++st.next_batch;
+    }
+    const bool more = st.has_work();  // hand the rest to a sleeping reader, whoever is polling
+    if (st.hold_reads.load(std::memory_order_relaxed)) {  // test hook: a stalled read, until released
+      ++st.held_reads;
+      st.gate_cv.wait(lk, [&] { return st.stop || !st.hold_reads; });
+      --st.held_reads;
+      if (st.stop) return;
+    }
+    lk.unlock();
+    if (more) st.work_cv.notify_one();
+
+    std::exception_ptr err;
+    const auto t0 = Clock::now();
+    int64_t bytes = 0;
+    try {
+      trace::Range range("fastpipe::loader.read");
+      read_chunk(st, w, tb, &bytes);
+    } catch (...) {
+      err = std::current_exception();
+    }
+    st.read_ns += std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now() - t0).count();
+    if (!err) st.bytes_read += bytes;
+
+    lk.lock();
+    Slot& slot = st.slots[w.slot];
+    if (err && !slot.error) slot.error = err;
+    if (--slot.pending == 0) {
+      if (slot.gen != st.gen) {
+        st.release_slot_locked(w.slot);  // the pass it belonged to was abandoned
+      } else {
+        slot.state = SlotState::kReady;
+        lk.unlock();
+        st.ready_cv.notify_one();
+        lk.lock();
+      }
+    }
+  }
+}
+
+}  // namespace fastpipe

@@ -1,0 +1,27 @@
+// The CPU side of the JPEG transforms: from a decoded RGB region to the output image in one pass per
+// output row (the antialiased resize, vertical taps then horizontal ones, the flip, the normalisation
+// and the dtype/layout of the batch). The geometry and the taps are image_transform.h's, which the
+// CUDA kernel also uses.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "cuda/image_transform.h"
+
+namespace fastpipe {
+
+// A reader thread's buffers, kept from image to image.
+struct ResampleScratch {
+  std::vector<int> y_first, y_count, x_first, x_count;
+  std::vector<float> y_weights, x_weights;
+  std::vector<float> row;
+};
+
+// Writes one output image (p.out_height x p.out_width x 3 in p's layout and dtype) to `out`. `src` is
+// decoded pixel (region.y0, region.x0), RGB, rows `stride` bytes apart; the region is
+// images::taps_region(g) (nothing is read when it is empty: every output is padding).
+void resample_image(const images::ImageTransformParams& p, const images::Geometry& g, const uint8_t* src,
+                    int64_t stride, const images::Region& region, void* out, ResampleScratch& s);
+
+}  // namespace fastpipe

@@ -1,0 +1,300 @@
+// The JPEG transforms' geometry (fastpipe.transforms.RandomResizedCrop and CenterCrop), shared by the
+// CPU path (reader threads, core/resample.h) and the CUDA path: where a sample's crop lies, whether it
+// is flipped, which DCT scale the decoder may use, and how each output pixel samples the source.
+//
+// - RandomResizedCrop's box is drawn as torchvision draws it (10 tries of area and log-ratio, then the
+//   central fallback), from a counter-based hash of (seed, epoch, sample index, draw) and the image's
+//   stored size: a pure function, known before the image is decoded.
+// - CenterCrop resizes the shorter side (or to a fixed size) and crops the centre, as torchvision's
+//   Resize + CenterCrop do (zero padding where the crop is larger than the resized image).
+// - Resampling is PIL's antialiased bilinear filter (torchvision's resize(antialias=True) follows it):
+//   output o of an axis samples source position in0 + (o + 0.5) * step with a triangle of half-width
+//   max(step, 1), taps clamped to the crop (RandomResizedCrop crops, then resizes) or to the image
+//   (CenterCrop resizes, then crops), weights normalised to sum 1.
+// - The decoder may scale by 1/2, 1/4 or 1/8 in the DCT (libjpeg) where the crop is at least that many
+//   times the output on both axes; the axes are then expressed in the scaled image's pixels.
+//
+// Plain C++ (no torch, no CUDA headers outside nvcc): the CPU tests execute these functions.
+#pragma once
+
+#include <math.h>
+#include <stdint.h>
+
+#include "cuda/host_device.h"
+#include "cuda/transforms.h"
+
+namespace fastpipe::images {
+
+using transforms::OutDtype;
+
+enum class CropMode : int { kRandomResized = 0, kCenter = 1 };
+
+constexpr int kChannels = 3;   // outputs are RGB
+constexpr int kMaxDctDenom = 8;
+
+struct ImageTransformParams {
+  CropMode mode = CropMode::kCenter;
+  int out_height = 0, out_width = 0;
+  // RandomResizedCrop: the box's fraction of the image area in [area_min, area_max], its aspect ratio
+  // (width / height) log-uniform in [ratio_min, ratio_max].
+  double area_min = 0.08, area_max = 1.0;
+  double ratio_min = 3.0 / 4.0, ratio_max = 4.0 / 3.0;
+  // CenterCrop: the image is first resized so that its shorter side is resize_short, or to exactly
+  // resize_height x resize_width; all zero: cropped without a resize.
+  int resize_short = 0, resize_height = 0, resize_width = 0;
+  float mirror = 0.0f;  // probability of a horizontal flip
+  bool out_nhwc = false;
+  OutDtype out_dtype = OutDtype::Float32;
+  // The stored value is v * scale[c] + shift[c], v the resampled pixel in [0, 255] (UInt8: v itself).
+  float scale[kChannels] = {1.0f, 1.0f, 1.0f};
+  float shift[kChannels] = {0.0f, 0.0f, 0.0f};
+  uint64_t seed = 0;
+  int max_dct_denom = kMaxDctDenom;  // 1: always decode at full resolution
+};
+
+// One axis of the resampling. Output o samples source position origin + in0 + (start + o + 0.5) * step
+// (in pixels of the decoded image, pixel p covering [p, p + 1)); its taps are clamped to source pixels
+// [origin, origin + size). Outputs outside [valid_lo, valid_hi) are padding (value 0, no taps). `start`
+// is CenterCrop's first resized pixel, kept apart from in0 so that positions round as PIL's do.
+struct Axis {
+  double in0 = 0.0;
+  double step = 1.0;
+  int start = 0;
+  int origin = 0;
+  int size = 0;
+  int valid_lo = 0, valid_hi = 0;
+};
+
+// Where a sample's output comes from: per axis, in the image decoded at 1 / denom of its size.
+struct Geometry {
+  Axis y, x;
+  bool flip = false;
+  int denom = 1;
+  // RandomResizedCrop's box in the stored image (CenterCrop: the resized image's crop, for reports).
+  int top = 0, left = 0, height = 0, width = 0;
+};
+
+// Source rows [y0, y1) and columns [x0, x1) of the decoded image that the taps read.
+struct Region {
+  int y0 = 0, y1 = 0, x0 = 0, x1 = 0;
+};
+
+// ---- random draws -------------------------------------------------------------------------------
+// Draw numbers: 2 is the flip (as CropMirrorNormalize's); RandomResizedCrop's try t uses 16 + 4t + k.
+constexpr uint64_t kDrawFlip = 2;
+constexpr uint64_t kDrawBox = 16;
+
+// A uniform double in [0, 1) from the top 53 bits.
+FASTPIPE_HD inline double uniform01(uint64_t bits) {
+  return static_cast<double>(bits >> 11) * (1.0 / 9007199254740992.0);
+}
+
+// An integer in [0, n) (n >= 1); the bias of the modulo is below 2**-40 for any image size.
+FASTPIPE_HD inline int below(uint64_t bits, int n) { return static_cast<int>(bits % static_cast<uint64_t>(n)); }
+
+// Python's round(): half to even (rint under the default rounding mode).
+FASTPIPE_HD inline int round_half_even(double v) { return static_cast<int>(rint(v)); }
+
+FASTPIPE_HD inline bool draw_flip(const ImageTransformParams& p, uint64_t epoch, uint64_t index) {
+  const uint32_t r = static_cast<uint32_t>(transforms::sample_bits(p.seed, epoch, index, kDrawFlip) >> 40);
+  return static_cast<float>(r) < p.mirror * 16777216.0f;
+}
+
+// torchvision's RandomResizedCrop.get_params with our draws: sets g's top, left, height, width.
+FASTPIPE_HD inline void random_resized_box(const ImageTransformParams& p, int height, int width, uint64_t epoch,
+                                           uint64_t index, Geometry* g) {
+  const double area = static_cast<double>(height) * width;
+  const double log_lo = log(p.ratio_min), log_hi = log(p.ratio_max);
+  for (int t = 0; t < 10; ++t) {
+    const uint64_t d = kDrawBox + 4 * static_cast<uint64_t>(t);
+    const double target = area * (p.area_min + (p.area_max - p.area_min) *
+                                                   uniform01(transforms::sample_bits(p.seed, epoch, index, d)));
+    const double aspect =
+        exp(log_lo + (log_hi - log_lo) * uniform01(transforms::sample_bits(p.seed, epoch, index, d + 1)));
+    const int w = round_half_even(sqrt(target * aspect));
+    const int h = round_half_even(sqrt(target / aspect));
+    if (0 < w && w <= width && 0 < h && h <= height) {
+      g->top = below(transforms::sample_bits(p.seed, epoch, index, d + 2), height - h + 1);
+      g->left = below(transforms::sample_bits(p.seed, epoch, index, d + 3), width - w + 1);
+      g->height = h;
+      g->width = w;
+      return;
+    }
+  }
+  const double in_ratio = static_cast<double>(width) / height;
+  int w = width, h = height;
+  if (in_ratio < p.ratio_min) {
+    h = round_half_even(w / p.ratio_min);
+  } else if (in_ratio > p.ratio_max) {
+    w = round_half_even(h * p.ratio_max);
+  }
+  g->top = (height - h) / 2;
+  g->left = (width - w) / 2;
+  g->height = h;
+  g->width = w;
+}
+
+// torchvision v2's Resize output size for an image of height x width.
+FASTPIPE_HD inline void resized_size(const ImageTransformParams& p, int height, int width, int* rh, int* rw) {
+  if (p.resize_short > 0) {
+    // _compute_resized_output_size: the shorter side becomes resize_short, the longer int(s * long / short).
+    if (width <= height) {
+      *rw = p.resize_short;
+      *rh = static_cast<int>(static_cast<double>(p.resize_short) * height / width);
+    } else {
+      *rh = p.resize_short;
+      *rw = static_cast<int>(static_cast<double>(p.resize_short) * width / height);
+    }
+  } else if (p.resize_height > 0) {
+    *rh = p.resize_height;
+    *rw = p.resize_width;
+  } else {
+    *rh = height;
+    *rw = width;
+  }
+}
+
+// The centre crop of `out` pixels from `resized` ones (torchvision's center_crop, padding included):
+// output o is resized pixel o + *start; outputs whose pixel is outside [0, resized) are padding.
+FASTPIPE_HD inline void center_axis(int source, int resized, int out, Axis* a, int* start) {
+  if (out > resized) {
+    *start = -((out - resized) / 2);  // center_crop pads (out - resized) // 2 on the leading side
+  } else {
+    *start = round_half_even((resized - out) / 2.0);
+  }
+  a->step = static_cast<double>(source) / resized;
+  a->in0 = 0.0;
+  a->start = *start;
+  a->origin = 0;
+  a->size = source;
+  a->valid_lo = *start < 0 ? -*start : 0;
+  a->valid_hi = resized - *start < out ? resized - *start : out;
+}
+
+// The largest of 1, 2, 4, 8 (up to max_denom) that the source covers on both axes at least that many
+// times: decoding at 1 / denom then still only shrinks.
+FASTPIPE_HD inline int dct_denom(double step_y, double step_x, int max_denom) {
+  const double s = step_y < step_x ? step_y : step_x;
+  int d = 1;
+  while (d * 2 <= max_denom && s >= d * 2) d *= 2;
+  return d;
+}
+
+// An axis of the full-resolution image re-expressed in the image decoded at 1 / denom, whose size on
+// this axis is `scaled` pixels (libjpeg: ceil(full / denom)).
+FASTPIPE_HD inline void scale_axis(Axis* a, int denom, int scaled) {
+  if (denom == 1) return;
+  const double begin = static_cast<double>(a->origin) / denom;
+  const int origin = static_cast<int>(floor(begin));
+  int end = static_cast<int>(ceil(static_cast<double>(a->origin + a->size) / denom));
+  if (end > scaled) end = scaled;
+  a->in0 = begin - origin + a->in0 / denom;
+  a->step /= denom;
+  a->origin = origin;
+  a->size = end - origin;
+}
+
+// Scaled size of one axis of an image decoded at 1 / denom (libjpeg's jdiv_round_up).
+FASTPIPE_HD inline int scaled_size(int full, int denom) { return (full + denom - 1) / denom; }
+
+// The whole geometry of sample `index` in `epoch`, for an image stored as height x width.
+FASTPIPE_HD inline Geometry image_geometry(const ImageTransformParams& p, int height, int width, uint64_t epoch,
+                                           uint64_t index) {
+  Geometry g;
+  g.flip = draw_flip(p, epoch, index);
+  if (p.mode == CropMode::kRandomResized) {
+    random_resized_box(p, height, width, epoch, index, &g);
+    g.y = Axis{0.0, static_cast<double>(g.height) / p.out_height, 0, g.top, g.height, 0, p.out_height};
+    g.x = Axis{0.0, static_cast<double>(g.width) / p.out_width, 0, g.left, g.width, 0, p.out_width};
+  } else {
+    int rh = 0, rw = 0;
+    resized_size(p, height, width, &rh, &rw);
+    center_axis(height, rh, p.out_height, &g.y, &g.top);
+    center_axis(width, rw, p.out_width, &g.x, &g.left);
+    g.height = p.out_height;
+    g.width = p.out_width;
+  }
+  g.denom = dct_denom(g.y.step, g.x.step, p.max_dct_denom);
+  scale_axis(&g.y, g.denom, scaled_size(height, g.denom));
+  scale_axis(&g.x, g.denom, scaled_size(width, g.denom));
+  return g;
+}
+
+// ---- resampling taps ----------------------------------------------------------------------------
+FASTPIPE_HD inline double filter_scale(const Axis& a) { return a.step > 1.0 ? a.step : 1.0; }
+
+// Most taps any output of the axis has (PIL's ksize).
+FASTPIPE_HD inline int max_taps(const Axis& a) { return 2 * static_cast<int>(ceil(filter_scale(a))) + 1; }
+
+// Output o's taps as [lo, hi) relative to the axis's origin (PIL's rounding and clamping); hi <= lo
+// for padding.
+FASTPIPE_HD inline void tap_range(const Axis& a, int o, int* lo, int* hi) {
+  if (o < a.valid_lo || o >= a.valid_hi) {
+    *lo = *hi = 0;
+    return;
+  }
+  const double support = filter_scale(a);
+  const double center = a.in0 + (a.start + o + 0.5) * a.step;
+  int l = static_cast<int>(center - support + 0.5);
+  int h = static_cast<int>(center + support + 0.5);
+  *lo = l < 0 ? 0 : l;
+  *hi = h > a.size ? a.size : h;
+}
+
+// Output o's taps: source pixels a.origin + *first ... of weights w[0, n) (n returned, at most
+// max_taps(a)); PIL's triangle filter, normalised to sum 1 (all zero where every weight is zero).
+FASTPIPE_HD inline int output_taps(const Axis& a, int o, int* first, float* w) {
+  int lo = 0, hi = 0;
+  tap_range(a, o, &lo, &hi);
+  *first = lo;
+  const int n = hi > lo ? hi - lo : 0;
+  const double center = a.in0 + (a.start + o + 0.5) * a.step;
+  const double inv = 1.0 / filter_scale(a);
+  double sum = 0.0;
+  for (int k = 0; k < n; ++k) {
+    const double t = fabs((lo + k - center + 0.5) * inv);
+    sum += t < 1.0 ? 1.0 - t : 0.0;
+  }
+  for (int k = 0; k < n; ++k) {
+    const double t = fabs((lo + k - center + 0.5) * inv);
+    const double v = t < 1.0 ? 1.0 - t : 0.0;
+    w[k] = static_cast<float>(sum != 0.0 ? v / sum : 0.0);
+  }
+  return n;
+}
+
+// The source pixels every output of the geometry reads (empty when all are padding).
+FASTPIPE_HD inline Region taps_region(const Geometry& g) {
+  Region r;
+  int lo = 0, hi = 0;
+  const Axis* axes[2] = {&g.y, &g.x};
+  int* bounds[2][2] = {{&r.y0, &r.y1}, {&r.x0, &r.x1}};
+  for (int k = 0; k < 2; ++k) {
+    const Axis& a = *axes[k];
+    if (a.valid_hi <= a.valid_lo) continue;
+    tap_range(a, a.valid_lo, &lo, &hi);  // taps move monotonically with o
+    *bounds[k][0] = a.origin + lo;
+    tap_range(a, a.valid_hi - 1, &lo, &hi);
+    *bounds[k][1] = a.origin + hi;
+    if (*bounds[k][1] < *bounds[k][0]) *bounds[k][1] = *bounds[k][0];
+  }
+  return r;
+}
+
+// Element offset of output (c, y, x) in one image of the output layout.
+FASTPIPE_HD inline int64_t out_offset(const ImageTransformParams& p, int c, int y, int x) {
+  return p.out_nhwc ? (static_cast<int64_t>(y) * p.out_width + x) * kChannels + c
+                    : (static_cast<int64_t>(c) * p.out_height + y) * p.out_width + x;
+}
+
+FASTPIPE_HD inline int64_t out_image_elements(const ImageTransformParams& p) {
+  return static_cast<int64_t>(p.out_height) * p.out_width * kChannels;
+}
+
+// The value stored for resampled pixel value v of channel c, before the dtype conversion. A plain
+// multiply-add: the decoders differ between the CPU and the GPU anyway, so nothing here is bit-exact.
+FASTPIPE_HD inline float normalized(const ImageTransformParams& p, int c, float v) {
+  return p.out_dtype == OutDtype::UInt8 ? v : v * p.scale[c] + p.shift[c];
+}
+
+}  // namespace fastpipe::images

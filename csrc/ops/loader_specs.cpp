@@ -1,0 +1,264 @@
+// Python bindings of what the datasets and transforms hand the batch reader: column specs, the
+// transforms' parameters, image sources (packed files and folders) and the JPEG header reader.
+#include <pybind11/numpy.h>
+#include <pybind11/stl.h>
+
+#include <string_view>
+
+#include "core/error.h"
+#include "core/gather.h"
+#include "core/image_column.h"
+#include "core/image_scan.h"
+#include "core/jpeg_decode.h"
+#include "ops/bindings.h"
+
+namespace py = pybind11;
+
+namespace fastpipe {
+namespace {
+
+using transforms::CropMirrorNormalizeParams;
+
+// An output dtype's name; uint8 only where the transform produces it (the JPEG transforms).
+transforms::OutDtype parse_out_dtype(const std::string& name, bool allow_uint8) {
+  static const std::pair<const char*, transforms::OutDtype> kOut[] = {{"float32", transforms::OutDtype::Float32},
+                                                                      {"float16", transforms::OutDtype::Float16},
+                                                                      {"bfloat16", transforms::OutDtype::BFloat16},
+                                                                      {"uint8", transforms::OutDtype::UInt8}};
+  for (const auto& [n, d] : kOut)
+    if (name == n && (allow_uint8 || d != transforms::OutDtype::UInt8)) return d;
+  TORCH_CHECK(false, "out_dtype must be float32, float16, bfloat16", allow_uint8 ? " or uint8" : "", ", got ", name);
+}
+
+template <typename T>
+std::vector<T> to_vector(const py::array_t<T, py::array::c_style | py::array::forcecast>& a, const char* what) {
+  TORCH_CHECK(a.ndim() == 1, what, " must be 1-D, got ", a.ndim(), "-D");
+  return std::vector<T>(a.data(), a.data() + a.size());
+}
+
+py::dict info_dict(const JpegInfo& info) {
+  py::dict d;
+  d["height"] = info.height;
+  d["width"] = info.width;
+  d["components"] = info.components;
+  d["precision"] = info.precision;
+  d["process"] = jpeg_process_name(info.sof);
+  d["adobe_transform"] = info.adobe_transform;
+  d["orientation"] = info.orientation;
+  py::list sampling;
+  for (int c = 0; c < info.components && c < 4; ++c) sampling.append(py::make_tuple(info.h_samp[c], info.v_samp[c]));
+  d["sampling"] = sampling;
+  return d;
+}
+
+py::tuple geometry_tuple(const images::Geometry& g) {
+  return py::make_tuple(g.top, g.left, g.height, g.width, g.flip, g.denom);
+}
+
+}  // namespace
+
+void bind_loader_specs(py::module& m) {
+  // CropMirrorNormalize's parameters (cuda/transforms.h), filled by fastpipe/transforms.py.
+  using transforms::CropMirrorNormalizeParams;
+  py::class_<CropMirrorNormalizeParams, std::shared_ptr<CropMirrorNormalizeParams>>(m, "CropMirrorNormalizeParams")
+      .def(py::init([](int in_height, int in_width, int channels, bool in_hwc, int out_height, int out_width,
+                       bool out_nhwc, const std::string& out_dtype, bool random_crop, float mirror,
+                       const std::vector<float>& scale, const std::vector<float>& shift, uint64_t seed) {
+             auto p = std::make_shared<CropMirrorNormalizeParams>();
+             TORCH_CHECK(channels >= 1 && channels <= transforms::kMaxChannels, "channels must be 1 to ",
+                         transforms::kMaxChannels, ", got ", channels);
+             TORCH_CHECK(out_height >= 1 && out_height <= in_height && out_width >= 1 && out_width <= in_width,
+                         "the crop ", out_height, "x", out_width, " must fit in the image ", in_height, "x", in_width);
+             TORCH_CHECK(scale.size() == static_cast<size_t>(channels) && shift.size() == scale.size(),
+                         "scale and shift need one value per channel");
+             const transforms::OutDtype dtype = parse_out_dtype(out_dtype, false);
+             *p = CropMirrorNormalizeParams{in_height, in_width, channels, in_hwc, out_height, out_width, out_nhwc,
+                                            dtype, random_crop, mirror, {}, {}, seed};
+             std::copy(scale.begin(), scale.end(), p->scale);
+             std::copy(shift.begin(), shift.end(), p->shift);
+             return p;
+           }),
+           py::kw_only(), py::arg("in_height"), py::arg("in_width"), py::arg("channels"), py::arg("in_hwc"),
+           py::arg("out_height"), py::arg("out_width"), py::arg("out_nhwc"), py::arg("out_dtype"),
+           py::arg("random_crop"), py::arg("mirror"), py::arg("scale"), py::arg("shift"), py::arg("seed"))
+      .def(
+          "windows",
+          [](const CropMirrorNormalizeParams& p, const std::vector<int64_t>& index, uint64_t epoch) {
+            std::vector<std::tuple<int, int, bool>> out;
+            for (int64_t i : index) {
+              const auto w = transforms::sample_window(p, epoch, static_cast<uint64_t>(i));
+              out.emplace_back(w.y0, w.x0, w.flip);
+            }
+            return out;
+          },
+          py::arg("index"), py::arg("epoch"), "(y0, x0, flip) of each sample of `epoch`: the crop and flip it gets.");
+
+  // A column of records in a file (core/gather.h), built by the datasets with keyword arguments.
+  py::class_<ColumnSpec>(m, "ColumnSpec")
+      .def(py::init([](std::string path, int64_t data_offset, int64_t record_stride, int64_t record_bytes,
+                       int64_t num_records, int token_bytes, bool token_signed,
+                       std::shared_ptr<const CropMirrorNormalizeParams> transform,
+                       std::shared_ptr<const ImageColumnSpec> image) {
+             return ColumnSpec{std::move(path), data_offset,  record_stride,        record_bytes, num_records,
+                               token_bytes,     token_signed, std::move(transform), std::move(image)};
+           }),
+           py::kw_only(), py::arg("path"), py::arg("data_offset"), py::arg("record_stride"), py::arg("record_bytes"),
+           py::arg("num_records"), py::arg("token_bytes") = 0, py::arg("token_signed") = false,
+           py::arg("transform") = nullptr, py::arg("image") = nullptr)
+      .def_readonly("path", &ColumnSpec::path)
+      .def_readonly("data_offset", &ColumnSpec::data_offset)
+      .def_readonly("record_stride", &ColumnSpec::record_stride)
+      .def_readonly("record_bytes", &ColumnSpec::record_bytes)
+      .def_readonly("num_records", &ColumnSpec::num_records);
+
+
+  // The JPEG transforms' parameters (cuda/image_transform.h), filled by fastpipe/transforms.py.
+  using images::ImageTransformParams;
+  py::class_<ImageTransformParams>(m, "ImageTransformParams")
+      .def(py::init([](const std::string& mode, int out_height, int out_width, std::pair<double, double> area,
+                       std::pair<double, double> ratio, int resize_short, int resize_height, int resize_width,
+                       float mirror, bool out_nhwc, const std::string& out_dtype, const std::vector<float>& scale,
+                       const std::vector<float>& shift, uint64_t seed, int max_dct_denom) {
+             ImageTransformParams p;
+             TORCH_CHECK(mode == "random_resized" || mode == "center", "mode must be random_resized or center");
+             p.mode = mode == "center" ? images::CropMode::kCenter : images::CropMode::kRandomResized;
+             TORCH_CHECK(out_height >= 1 && out_width >= 1, "the output size must be positive");
+             TORCH_CHECK(area.first > 0 && area.first <= area.second, "area must be 0 < lo <= hi");
+             TORCH_CHECK(ratio.first > 0 && ratio.first <= ratio.second, "ratio must be 0 < lo <= hi");
+             TORCH_CHECK(scale.size() == images::kChannels && shift.size() == images::kChannels,
+                         "scale and shift need 3 values");
+             TORCH_CHECK(max_dct_denom == 1 || max_dct_denom == 2 || max_dct_denom == 4 || max_dct_denom == 8,
+                         "max_dct_denom must be 1, 2, 4 or 8");
+             p.out_height = out_height;
+             p.out_width = out_width;
+             p.area_min = area.first;
+             p.area_max = area.second;
+             p.ratio_min = ratio.first;
+             p.ratio_max = ratio.second;
+             p.resize_short = resize_short;
+             p.resize_height = resize_height;
+             p.resize_width = resize_width;
+             p.mirror = mirror;
+             p.out_nhwc = out_nhwc;
+             p.out_dtype = parse_out_dtype(out_dtype, true);
+             std::copy(scale.begin(), scale.end(), p.scale);
+             std::copy(shift.begin(), shift.end(), p.shift);
+             p.seed = seed;
+             p.max_dct_denom = max_dct_denom;
+             return p;
+           }),
+           py::kw_only(), py::arg("mode"), py::arg("out_height"), py::arg("out_width"), py::arg("area"),
+           py::arg("ratio"), py::arg("resize_short"), py::arg("resize_height"), py::arg("resize_width"),
+           py::arg("mirror"), py::arg("out_nhwc"), py::arg("out_dtype"), py::arg("scale"), py::arg("shift"),
+           py::arg("seed"), py::arg("max_dct_denom"))
+      .def(
+          "geometry",
+          [](const ImageTransformParams& p, int height, int width, uint64_t epoch, uint64_t index) {
+            TORCH_CHECK(height >= 1 && width >= 1, "the image size must be positive, got ", width, "x", height);
+            return geometry_tuple(images::image_geometry(p, height, width, epoch, index));
+          },
+          py::arg("height"), py::arg("width"), py::arg("epoch"), py::arg("index"),
+          "(top, left, height, width, flip, dct_denom) of sample `index` of `epoch` for an image of that size.");
+
+  // Where an image column's encoded records are (core/image_column.h).
+  py::class_<ImageSource, std::shared_ptr<ImageSource>>(m, "ImageSource")
+      .def_static(
+          "packed",
+          [](std::string path, const py::array_t<int64_t, py::array::c_style | py::array::forcecast>& offsets,
+             const py::array_t<int32_t, py::array::c_style | py::array::forcecast>& heights,
+             const py::array_t<int32_t, py::array::c_style | py::array::forcecast>& widths) {
+            auto s = std::make_shared<ImageSource>();
+            s->packed_path = std::move(path);
+            s->offsets = to_vector(offsets, "offsets");
+            s->heights = to_vector(heights, "heights");
+            s->widths = to_vector(widths, "widths");
+            s->check();
+            return s;
+          },
+          py::arg("path"), py::arg("offsets"), py::arg("heights"), py::arg("widths"))
+      .def_static(
+          "folder",
+          [](std::string root, py::bytes names, const py::array_t<int64_t, py::array::c_style | py::array::forcecast>& offsets,
+             const py::array_t<int32_t, py::array::c_style | py::array::forcecast>& heights,
+             const py::array_t<int32_t, py::array::c_style | py::array::forcecast>& widths) {
+            auto s = std::make_shared<ImageSource>();
+            s->root = std::move(root);
+            s->names = names;
+            s->name_offsets = to_vector(offsets, "name_offsets");
+            s->heights = to_vector(heights, "heights");
+            s->widths = to_vector(widths, "widths");
+            s->check();
+            return s;
+          },
+          py::arg("root"), py::arg("names"), py::arg("name_offsets"), py::arg("heights"), py::arg("widths"))
+      .def_property_readonly("num_records", &ImageSource::num_records)
+      .def("describe", &ImageSource::describe, py::arg("index"));
+
+  py::class_<ImageColumnSpec, std::shared_ptr<ImageColumnSpec>>(m, "ImageColumnSpec")
+      .def(py::init([](std::shared_ptr<const ImageSource> source, const ImageTransformParams& transform,
+                       int64_t max_record_bytes) {
+             auto s = std::make_shared<ImageColumnSpec>();
+             s->source = std::move(source);
+             s->transform = transform;
+             s->max_record_bytes = max_record_bytes;
+             return s;
+           }),
+           py::arg("source"), py::arg("transform"), py::arg("max_record_bytes"))
+      .def(
+          "_read",
+          [](const ImageColumnSpec& spec, int64_t index, uint64_t epoch) {
+            // One record through the whole image path, outside a Loader (tests).
+            TORCH_CHECK(index >= 0 && index < spec.source->num_records(), "index out of range");
+            std::unique_ptr<File> packed = open_image_column(spec);
+            const images::ImageTransformParams& p = spec.transform;
+            static const c10::ScalarType kType[] = {c10::kFloat, c10::kHalf, c10::kBFloat16, c10::kByte};
+            const std::vector<int64_t> shape = p.out_nhwc ? std::vector<int64_t>{p.out_height, p.out_width, 3}
+                                                          : std::vector<int64_t>{3, p.out_height, p.out_width};
+            at::Tensor out = at::empty(shape, at::TensorOptions().dtype(kType[static_cast<int>(p.out_dtype)]));
+            {
+              py::gil_scoped_release nogil;
+              ImageThreadState ts;
+              read_image(spec, packed.get(), index, index, epoch, out.data_ptr(), ts);
+            }
+            return out;
+          },
+          py::arg("index"), py::arg("epoch"));
+
+  m.def(
+      "jpeg_info",
+      [](py::bytes data) {
+        const std::string_view v = data;
+        JpegInfo info;
+        const std::string why = check_jpeg(reinterpret_cast<const uint8_t*>(v.data()), v.size(), &info);
+        if (!why.empty()) throw Error(ErrorKind::kValue, why);
+        return info_dict(info);
+      },
+      py::arg("data"), "The header of an encoded JPEG (ValueError: why it is not one this library decodes).");
+  m.def(
+      "scan_image_files",
+      [](const std::string& root, py::bytes names, const py::array_t<int64_t, py::array::c_style | py::array::forcecast>& offsets,
+         int threads) {
+        const std::string n = names;
+        const std::vector<int64_t> off = to_vector(offsets, "offsets");
+        ImageScan s;
+        {
+          py::gil_scoped_release nogil;
+          s = scan_image_files(root, n, off, threads);
+        }
+        py::dict d;
+        d["heights"] = py::array_t<int32_t>(s.heights.size(), s.heights.data());
+        d["widths"] = py::array_t<int32_t>(s.widths.size(), s.widths.data());
+        d["bytes"] = py::array_t<int64_t>(s.bytes.size(), s.bytes.data());
+        d["bad"] = py::array_t<int64_t>(s.bad.size(), s.bad.data());
+        d["reasons"] = s.reasons;
+        return d;
+      },
+      py::arg("root"), py::arg("names"), py::arg("offsets"), py::arg("threads"),
+      "Headers of files root/names[i]: heights, widths, bytes per file; bad records and why.");
+  py::dict jpeg;
+  jpeg["decode"] = jpeg_decoding_built();
+  jpeg["library"] = jpeg_library_version();
+  m.attr("JPEG") = jpeg;
+}
+
+}  // namespace fastpipe

@@ -1,0 +1,104 @@
+"""JPEG files for the image tests, written with Pillow, and the references they are checked against:
+Pillow's own decode, crop and resize (torchvision's PIL path: ``resized_crop`` and ``Resize`` +
+``CenterCrop`` on PIL images call exactly these).
+
+Content is natural-image-like (smooth colour fields, edges and grain) so that chroma subsampling and
+the antialiasing filter both matter; sizes are awkward on purpose.
+"""
+
+import io
+import os
+
+import numpy as np
+import pytest
+
+PIL = pytest.importorskip("PIL")
+from PIL import Image  # noqa: E402
+
+# The exact path is within one level of Pillow's (which rounds to uint8 between its two resize passes).
+EXACT_TOL = 1.0 + 1e-3  # plus float32 rounding of x / 255 * 255
+
+
+def picture(rng, height, width, grain=10, cells=12):
+    """An RGB uint8 image: a smooth random colour field (a cell per `cells` pixels), a few hard edges and
+    uniform grain of +-`grain` levels."""
+    small = rng.integers(0, 256, (max(2, height // cells), max(2, width // cells), 3), dtype=np.uint8)
+    field = np.asarray(Image.fromarray(small).resize((width, height), Image.BICUBIC), np.int16)
+    yy, xx = np.mgrid[0:height, 0:width]
+    edges = (xx + 2 * yy) % max(3, width // 3) < 2
+    field[edges] = 255 - field[edges]
+    return np.clip(field + rng.integers(-grain, grain + 1, field.shape), 0, 255).astype(np.uint8)
+
+
+def jpeg_bytes(array, mode="RGB", **save):
+    """``array`` (H, W, 3) encoded as a JPEG of ``mode`` (RGB, L for grayscale, CMYK)."""
+    im = Image.fromarray(array).convert(mode)
+    out = io.BytesIO()
+    im.save(out, format="JPEG", quality=save.pop("quality", 90), **save)
+    return out.getvalue()
+
+
+def write(path, data):
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    with open(path, "wb") as f:
+        f.write(data)
+    return path
+
+
+def pil_rgb(data_or_path):
+    """Pillow's decode, as torchvision's ImageFolder loader does it."""
+    src = io.BytesIO(data_or_path) if isinstance(data_or_path, bytes) else data_or_path
+    with Image.open(src) as im:
+        return im.convert("RGB")
+
+
+def reference_resized_crop(im, top, left, height, width, size, flip):
+    """torchvision's resized_crop(img, top, left, height, width, size) + hflip on a PIL image, as float."""
+    out = im.crop((left, top, left + width, top + height)).resize((size[1], size[0]), Image.BILINEAR)
+    if flip:
+        out = out.transpose(Image.FLIP_LEFT_RIGHT)
+    return np.asarray(out, np.float32)
+
+
+def reference_center_crop(im, size, resize):
+    """torchvision v2's Resize(resize) (PIL, antialiased bilinear) + CenterCrop(size), zero padding included."""
+    w, h = im.size
+    if isinstance(resize, int):
+        if w <= h:
+            nw, nh = resize, int(resize * h / w)
+        else:
+            nh, nw = resize, int(resize * w / h)
+        im = im.resize((nw, nh), Image.BILINEAR)
+    elif resize is not None:
+        im = im.resize((resize[1], resize[0]), Image.BILINEAR)
+    a = np.asarray(im, np.float32)
+    oh, ow = size
+    ih, iw = a.shape[:2]
+    if oh > ih or ow > iw:  # torchvision pads (d // 2 before, the rest after), then crops the centre
+        top, left = max(0, (oh - ih) // 2), max(0, (ow - iw) // 2)
+        padded = np.zeros((max(oh, ih), max(ow, iw), 3), np.float32)
+        padded[top:top + ih, left:left + iw] = a
+        a = padded
+        ih, iw = a.shape[:2]
+    top, left = int(round((ih - oh) / 2.0)), int(round((iw - ow) / 2.0))
+    return a[top:top + oh, left:left + ow]
+
+
+def as_hwc_255(x, layout="NCHW"):
+    """A float output image of the loader (values x / 255, no normalisation) as (H, W, 3) in [0, 255]."""
+    x = x.float().numpy() * 255.0
+    return x.transpose(1, 2, 0) if layout == "NCHW" else x
+
+
+def make_tree(root, rng, sizes, classes=("b_class", "a_class")):
+    """An ImageFolder tree: images of the given (height, width) sizes spread over the classes (created in
+    unsorted order, one in a nested folder, one with an upper-case extension), plus a non-image file.
+    Returns the paths written, sorted as torchvision's ImageFolder sorts them."""
+    paths = []
+    for k, (h, w) in enumerate(sizes):
+        cls = classes[k % len(classes)]
+        sub = "nested" if k == 2 else ""
+        ext = ".JPG" if k == 3 else ".jpg"
+        paths.append(write(os.path.join(root, cls, sub, f"img{k:03d}{ext}"), jpeg_bytes(picture(rng, h, w))))
+    write(os.path.join(root, classes[0], "notes.txt"), b"not an image")
+    return paths
