@@ -40,7 +40,7 @@ test-cpu:
 	$(MAKE) test VENV=.venv-cpu REQ=requirements/cpu.txt
 
 # Bounded libFuzzer run (ASan+UBSan) of the .npy parser and the token-file opener; installs clang-14.
-fuzz:
+fuzz: system-deps
 	bash tests/fuzz/run.sh
 
 clean:

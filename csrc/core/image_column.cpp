@@ -147,7 +147,7 @@ int64_t read_image(const ImageColumnSpec& spec, const File* packed, int64_t i, i
     try {
       pixels = ts.decoder.decode(data, static_cast<size_t>(bytes), info, g.denom, r, &stride);
     } catch (const std::runtime_error& e) {
-      bad_image(src, i, std::string("corrupt JPEG data: ") + e.what());
+      bad_image(src, i, std::string("cannot be decoded: ") + e.what());
     }
   }
   resample_image(spec.transform, g, pixels, stride, r, out, ts.resample);

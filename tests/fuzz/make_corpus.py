@@ -1,7 +1,8 @@
 """Writes the fuzzers' seed corpus (tests/fuzz/corpus/): valid and defective .npy files for
-npy_header_fuzz, and token-file inputs (control bytes + file) for token_file_fuzz.
+npy_header_fuzz, token-file inputs (control bytes + file) for token_file_fuzz, and JPEG inputs (control
+bytes + file, written with Pillow) for jpeg_fuzz.
 
-The files are committed, so run.sh needs no numpy; rerun this after changing it
+The files are committed, so run.sh needs neither numpy nor Pillow; rerun this after changing it
 (python3 tests/fuzz/make_corpus.py). Reproducers of fixed bugs are added by hand (named fixed-*) and
 are left alone here.
 """
@@ -15,6 +16,7 @@ import numpy as np
 HERE = os.path.dirname(os.path.abspath(__file__))
 NPY = os.path.join(HERE, "corpus", "npy")
 TOKENS = os.path.join(HERE, "corpus", "tokens")
+JPEG = os.path.join(HERE, "corpus", "jpeg")
 
 # token_file_fuzz's control bytes: flags, dtype index / token_bytes, block_size (see its header).
 NPY_FILE, PREAD, DIRECT, SPEC, SIGNED = 1, 2, 4, 8, 16
@@ -110,8 +112,45 @@ def tokens_corpus():
     }
 
 
+def jpeg_corpus():
+    from PIL import Image
+
+    rng = np.random.default_rng(7)
+    pic = rng.integers(0, 256, (5, 6, 3), dtype=np.uint8)
+    im = Image.fromarray(pic).resize((37, 29), Image.BICUBIC)
+
+    def enc(image, **kw):
+        out = io.BytesIO()
+        image.save(out, format="JPEG", quality=kw.pop("quality", 85), **kw)
+        return out.getvalue()
+
+    exif = Image.Exif()
+    exif[0x0112] = 6
+    base = enc(im)
+    sof = base.index(b"\xff\xc0")
+    # Control bytes (jpeg_fuzz.cpp): transform flags, output height, output width, area/ratio/DCT bits.
+    files = {
+        "baseline_center.bin": b"\x00\x10\x18\x00" + base,
+        "baseline_rrc_flip.bin": b"\x09\x20\x20\x5c" + base,
+        "progressive_resize.bin": b"\x02\x08\x09\x0c" + enc(im, progressive=True),
+        "grayscale_nhwc.bin": b"\x10\x0f\x0f\x00" + enc(im.convert("L")),
+        "cmyk_uint8.bin": b"\x61\x11\x07\x00" + enc(im.convert("CMYK")),
+        "444_bf16.bin": b"\x45\x30\x21\x0c" + enc(im, subsampling=0),
+        "422_fixed_resize.bin": b"\x04\x05\x40\x08" + enc(im, subsampling=1),
+        "restart_markers.bin": b"\x01\x10\x10\x00" + enc(im, restart_marker_blocks=2),
+        "exif_orientation.bin": b"\x00\x08\x08\x00" + enc(im, exif=exif.tobytes()),
+        "one_pixel.bin": b"\x01\x3f\x3f\x0c" + enc(im.resize((1, 1))),
+        "large_dct.bin": b"\x00\x03\x04\x0c" + enc(im.resize((400, 300), Image.BICUBIC)),
+        "truncated.bin": b"\x00\x10\x10\x00" + base[: len(base) * 2 // 3],
+        "header_only.bin": b"\x00\x10\x10\x00" + base[: sof + 19],
+        "lossless_sof3.bin": b"\x00\x10\x10\x00" + base[: sof + 1] + b"\xc3" + base[sof + 2:],
+        "png.bin": b"\x00\x10\x10\x00" + b"\x89PNG\r\n\x1a\n" + bytes(24),
+    }
+    return files
+
+
 def main():
-    for directory, files in ((NPY, npy_corpus()), (TOKENS, tokens_corpus())):
+    for directory, files in ((NPY, npy_corpus()), (TOKENS, tokens_corpus()), (JPEG, jpeg_corpus())):
         os.makedirs(directory, exist_ok=True)
         for name, data in files.items():
             with open(os.path.join(directory, name), "wb") as f:
