@@ -1,6 +1,7 @@
 // The CPU side of the JPEG transforms: from a decoded RGB region to the output image in one pass per
 // output row (the antialiased resize, vertical taps then horizontal ones, the flip, the normalisation
-// and the dtype/layout of the batch). The geometry and the taps are image_transform.h's, which the
+// and the dtype/layout of the batch), vectorised: the vertical taps over the row's values, the
+// horizontal ones a whole pixel at a time, the stores per channel. The geometry and the taps are image_transform.h's, which the
 // CUDA kernel also uses.
 #pragma once
 
@@ -13,9 +14,10 @@ namespace fastpipe {
 
 // A reader thread's buffers, kept from image to image.
 struct ResampleScratch {
-  std::vector<int> y_first, y_count, x_first, x_count;
+  std::vector<int> y_first, x_first;
   std::vector<float> y_weights, x_weights;
-  std::vector<float> row;
+  std::vector<float> region;  // the decoded region as floats
+  std::vector<float> row;     // one output row after its vertical taps, then its three channel planes
 };
 
 // Writes one output image (p.out_height x p.out_width x 3 in p's layout and dtype) to `out`. `src` is
