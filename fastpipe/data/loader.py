@@ -10,7 +10,7 @@ import torch
 
 from fastpipe import _checks as checks
 from fastpipe._ext import _C, build_info
-from fastpipe.data import _device
+from fastpipe.data import _device, torchvision_compat
 from fastpipe.data._source import ColumnSource
 from fastpipe.data.order import REMAINDER_POLICIES, epoch_order, shard, shard_size
 
@@ -53,7 +53,10 @@ class Loader:
     ----------
     dataset : NpyDataset, TokenDataset, ImageFolder or ImageDataset
         Other datasets can be converted once with :func:`fastpipe.write_npy` (tensors) or
-        :func:`fastpipe.write_images` (JPEGs).
+        :func:`fastpipe.write_images` (JPEGs). A torchvision ``ImageFolder`` is taken as it is: the same
+        files are read by :class:`fastpipe.ImageFolder` and its transform pipeline becomes the fused one
+        (RandomResizedCrop or Resize + CenterCrop, RandomHorizontalFlip, ToTensor/ToImage + ToDtype,
+        Normalize; a step without a fused equivalent is an error naming it).
     batch_size : int
         Records per batch (>= 1). The last batch may be smaller unless ``drop_last``.
     shuffle : bool
@@ -130,13 +133,13 @@ class Loader:
                  prefetch_factor=None, persistent_workers=False, collate_fn=None, worker_init_fn=None,
                  batch_sampler=None, multiprocessing_context=None, pin_memory_device="", in_order=True,
                  transforms=None, when_full="allocate", on_error="raise"):
+        if torchvision_compat.is_torchvision_folder(dataset):
+            dataset = torchvision_compat.convert_dataset(dataset)  # the same folder, its transform fused
         if not isinstance(dataset, ColumnSource):
-            hint = ("use fastpipe.ImageFolder(root, transform=fastpipe.transforms.RandomResizedCrop(224)), which "
-                    "reads the same folder" if type(dataset).__name__ == "ImageFolder" else
-                    "convert a map-style dataset once with `ds = fastpipe.write_npy(dataset, out_dir)` (tensors) or "
-                    "`fastpipe.write_images(dataset, out_dir)` (JPEG bytes or paths, and labels) and pass that")
-            raise TypeError(f"fastpipe.Loader reads NpyDataset, TokenDataset, ImageFolder and ImageDataset, got "
-                            f"{type(dataset).__name__}: {hint}")
+            raise TypeError(f"fastpipe.Loader reads NpyDataset, TokenDataset, ImageFolder and ImageDataset (and "
+                            f"torchvision's ImageFolder), got {type(dataset).__name__}: convert a map-style dataset "
+                            f"once with `ds = fastpipe.write_npy(dataset, out_dir)` (tensors) or "
+                            f"`fastpipe.write_images(dataset, out_dir)` (JPEG bytes or paths, and labels) and pass that")
         for name, value, why in (
             ("collate_fn", collate_fn, "batches are assembled by C++ readers straight into tensors; apply your "
              "transform to the batch in the training loop"),

@@ -1,0 +1,121 @@
+"""A torchvision ``ImageFolder`` given to ``fastpipe.Loader`` as it is: the same folder read by
+:class:`fastpipe.ImageFolder`, and its transform pipeline turned into the fused JPEG transform that does
+the same thing (or an error naming the step that has no fused equivalent).
+
+Understood, in torchvision's v1 and v2 spellings: ``Compose``; ``RandomResizedCrop`` and ``Resize`` (+
+``CenterCrop``) with bilinear interpolation and antialiasing; ``CenterCrop``; ``RandomHorizontalFlip``;
+``ToTensor``, ``PILToTensor``, ``ToImage``, ``ToDtype``/``ConvertImageDtype`` to float32, float16 or
+bfloat16 (scaled) or uint8; ``Normalize``.
+"""
+
+import torch
+
+_SUPPORTED = ("Compose, RandomResizedCrop, Resize + CenterCrop, CenterCrop, RandomHorizontalFlip, ToTensor, "
+              "PILToTensor, ToImage, ToDtype/ConvertImageDtype, Normalize")
+
+
+def is_torchvision_folder(dataset):
+    """Whether ``dataset`` is torchvision's ImageFolder (or DatasetFolder of images)."""
+    return any(c.__module__.startswith("torchvision.datasets") and c.__name__ in ("ImageFolder", "DatasetFolder")
+               for c in type(dataset).__mro__)
+
+
+def _steps(transform):
+    if transform is None:
+        return []
+    name = type(transform).__name__
+    if name == "Compose" and type(transform).__module__.startswith("torchvision"):
+        return [s for t in transform.transforms for s in _steps(t)]
+    return [transform]
+
+
+def _refuse(step, why):
+    raise ValueError(f"fastpipe.Loader cannot fuse torchvision's {type(step).__name__} into its JPEG decode "
+                     f"({why}). It fuses {_SUPPORTED}; use fastpipe.ImageFolder with "
+                     f"fastpipe.transforms.RandomResizedCrop/CenterCrop and apply the rest to the batch")
+
+
+def _bilinear_antialiased(step):
+    mode = getattr(step.interpolation, "value", step.interpolation)
+    if mode != "bilinear":
+        _refuse(step, f"interpolation={mode!r}: only bilinear is fused")
+    if step.antialias is False:
+        _refuse(step, "antialias=False: the fused resize is antialiased, as torchvision's default")
+
+
+def convert_transform(transform):
+    """The fused transform (fastpipe.transforms.RandomResizedCrop or CenterCrop) doing what a torchvision
+    pipeline does to a PIL image; ValueError naming the step it cannot fuse."""
+    from fastpipe import transforms as ft
+
+    geometry, resize, mirror, dtype, scaled, mean, std = None, None, 0.0, None, False, None, None
+    for step in _steps(transform):
+        name = type(step).__name__
+        if not type(step).__module__.startswith("torchvision"):
+            _refuse(step, "not a torchvision transform")
+        if geometry is None and name == "Resize":
+            _bilinear_antialiased(step)
+            if getattr(step, "max_size", None) is not None:
+                _refuse(step, "max_size is not supported")
+            size = step.size
+            if isinstance(size, (list, tuple)) and len(size) == 1:
+                size = size[0]
+            resize = tuple(size) if isinstance(size, (list, tuple)) else int(size)
+        elif geometry is None and name == "RandomResizedCrop":
+            if resize is not None:
+                _refuse(step, "a Resize before it")
+            _bilinear_antialiased(step)
+            geometry = ("random", tuple(step.size), tuple(step.scale), tuple(step.ratio))
+        elif geometry is None and name == "CenterCrop":
+            geometry = ("center", tuple(step.size), resize)
+        elif name == "RandomHorizontalFlip":
+            mirror = float(step.p)
+        elif name in ("ToTensor",) and dtype is None:
+            dtype, scaled = torch.float32, True
+        elif name in ("PILToTensor", "ToImage") and dtype is None:
+            dtype = torch.uint8
+        elif name in ("ToDtype", "ConvertImageDtype") and dtype is not None:
+            target = step.dtype
+            if isinstance(target, dict):
+                _refuse(step, "a dtype per input type")
+            if target != torch.uint8 and target not in (torch.float32, torch.float16, torch.bfloat16):
+                _refuse(step, f"dtype {target}")
+            scaled = target != torch.uint8 and (name == "ConvertImageDtype" or step.scale or scaled)
+            if target != torch.uint8 and not scaled:
+                _refuse(step, "an unscaled float conversion (values 0-255): use scale=True")
+            dtype = target
+        elif name == "Normalize" and dtype is not None and dtype != torch.uint8 and mean is None:
+            mean, std = list(step.mean), list(step.std)
+        else:
+            _refuse(step, "not supported here, or not at this place in the pipeline")
+    if geometry is None:
+        raise ValueError("fastpipe.Loader needs the torchvision pipeline to make every image the same size "
+                         "(RandomResizedCrop, or Resize + CenterCrop, or CenterCrop); its images differ in size")
+    if dtype is None:
+        raise ValueError("the torchvision pipeline returns PIL images: end it with ToTensor(), or ToImage() + "
+                         "ToDtype(...), for batches of tensors")
+    common = dict(mean=mean, std=std, out_dtype=dtype, mirror=mirror)
+    if geometry[0] == "random":
+        return ft.RandomResizedCrop(geometry[1], scale=geometry[2], ratio=geometry[3], **common)
+    return ft.CenterCrop(geometry[1], resize=geometry[2], **common)
+
+
+def convert_dataset(dataset):
+    """fastpipe.ImageFolder reading the same files as torchvision's ``dataset``, with its transform fused."""
+    from torchvision.datasets.folder import default_loader
+
+    from fastpipe.data.images import ImageFolder
+
+    if getattr(dataset, "target_transform", None) is not None:
+        raise ValueError("fastpipe.Loader cannot apply a torchvision target_transform: labels are the class "
+                         "indices; map them in the training loop")
+    if getattr(dataset, "loader", default_loader) is not default_loader:
+        raise ValueError("fastpipe.Loader reads torchvision ImageFolders that use the default (PIL) loader; "
+                         "this one has a custom loader")
+    transform = convert_transform(getattr(dataset, "transform", None))
+    ours = ImageFolder(dataset.root, transform=transform)
+    if list(ours.classes) != list(dataset.classes) or ours.samples != [tuple(s) for s in dataset.samples]:
+        raise ValueError(f"fastpipe.ImageFolder('{dataset.root}') lists other files than this torchvision dataset "
+                         "(custom extensions or is_valid_file?): pack its samples with fastpipe.write_images(dataset, "
+                         "out_dir) and read them with fastpipe.ImageDataset")
+    return ours

@@ -1,0 +1,79 @@
+"""torchvision's ImageFolder handed to fastpipe.Loader as it is (the one-line switch): the same files and
+labels, its transform pipeline fused, checked against torchvision's own DataLoader output."""
+
+import numpy as np
+import pytest
+import torch
+
+import fastpipe
+from fastpipe.transforms import CenterCrop, RandomResizedCrop
+
+from jpegs import EXACT_TOL, make_tree
+
+tv = pytest.importorskip("torchvision")
+T1 = tv.transforms
+T2 = pytest.importorskip("torchvision.transforms.v2")
+MEAN, STD = [0.485, 0.456, 0.406], [0.229, 0.224, 0.225]
+pytestmark = pytest.mark.timeout(120, method="thread")
+
+
+@pytest.fixture
+def root(tmp_path, rng):
+    r = tmp_path / "tree"
+    make_tree(str(r), rng, [(75, 100), (100, 75), (61, 89), (40, 40), (90, 30)])
+    return str(r)
+
+
+def test_eval_pipeline_matches_torchvision_dataloader(root):
+    for T in (T1, T2):
+        to_float = [T1.ToTensor()] if T is T1 else [T2.ToImage(), T2.ToDtype(torch.float32, scale=True)]
+        ds = tv.datasets.ImageFolder(root, transform=T.Compose([T.Resize(48), T.CenterCrop(40), *to_float,
+                                                                T.Normalize(MEAN, STD)]))
+        ours = list(fastpipe.Loader(ds, batch_size=2))
+        theirs = list(torch.utils.data.DataLoader(ds, batch_size=2))
+        assert len(ours) == len(theirs)
+        std = torch.tensor(STD).view(1, 3, 1, 1) * 255
+        for (x, y), (rx, ry) in zip(ours, theirs):
+            assert torch.equal(y, ry)
+            assert x.shape == rx.shape and x.dtype == rx.dtype
+            assert float(((x - rx) * std).abs().max()) <= EXACT_TOL  # in levels of 255
+
+
+def test_train_pipeline_becomes_the_fused_transform(root):
+    pipeline = T2.Compose([T2.RandomResizedCrop(32, scale=(0.3, 1.0)), T2.RandomHorizontalFlip(0.25),
+                           T2.ToImage(), T2.ToDtype(torch.bfloat16, scale=True), T2.Normalize(MEAN, STD)])
+    got = [(x.float(), y) for x, y in fastpipe.Loader(tv.datasets.ImageFolder(root, transform=pipeline),
+                                                      batch_size=2, seed=3, shuffle=True)]
+    fused = RandomResizedCrop(32, scale=(0.3, 1.0), mirror=0.25, out_dtype=torch.bfloat16, mean=MEAN, std=STD)
+    want = [(x.float(), y) for x, y in fastpipe.Loader(fastpipe.ImageFolder(root, transform=fused), batch_size=2,
+                                                       seed=3, shuffle=True)]
+    for (a, la), (b, lb) in zip(got, want):
+        assert torch.equal(a, b) and torch.equal(la, lb)
+    x, _ = next(iter(fastpipe.Loader(tv.datasets.ImageFolder(root, transform=T1.Compose(
+        [T1.CenterCrop(20), T1.PILToTensor()])), batch_size=5)))
+    assert x.dtype == torch.uint8 and x.shape == (5, 3, 20, 20)
+    ref = next(iter(fastpipe.Loader(fastpipe.ImageFolder(root, transform=CenterCrop(20, out_dtype=torch.uint8)),
+                                    batch_size=5)))[0]
+    assert torch.equal(x, ref)
+
+
+@pytest.mark.parametrize("pipeline,match", [
+    (lambda: T2.Compose([T2.RandomResizedCrop(32), T2.ColorJitter(0.4), T2.ToImage()]), "ColorJitter"),
+    (lambda: T1.Compose([T1.RandomResizedCrop(32, interpolation=T1.InterpolationMode.NEAREST), T1.ToTensor()]),
+     "interpolation='nearest'"),
+    (lambda: T1.Compose([T1.ToTensor(), T1.Normalize(MEAN, STD)]), "make every image the same size"),
+    (lambda: T1.Compose([T1.RandomResizedCrop(32)]), "returns PIL images"),
+    (lambda: T2.Compose([T2.RandomResizedCrop(32), T2.ToImage(), T2.ToDtype(torch.float32)]), "unscaled float"),
+    (lambda: T1.Compose([T1.CenterCrop(8), lambda im: im, T1.ToTensor()]), "not a torchvision transform"),
+])
+def test_steps_without_a_fused_equivalent_are_named(root, pipeline, match):
+    with pytest.raises(ValueError, match=match):
+        fastpipe.Loader(tv.datasets.ImageFolder(root, transform=pipeline()), batch_size=2)
+
+
+def test_target_transform_and_custom_loader_are_refused(root):
+    t = T1.Compose([T1.CenterCrop(8), T1.ToTensor()])
+    with pytest.raises(ValueError, match="target_transform"):
+        fastpipe.Loader(tv.datasets.ImageFolder(root, transform=t, target_transform=lambda y: y + 1), batch_size=2)
+    with pytest.raises(ValueError, match="custom loader"):
+        fastpipe.Loader(tv.datasets.ImageFolder(root, transform=t, loader=lambda p: p), batch_size=2)
