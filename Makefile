@@ -39,7 +39,7 @@ bench: setup
 test-cpu:
 	$(MAKE) test VENV=.venv-cpu REQ=requirements/cpu.txt
 
-# Bounded libFuzzer run (ASan+UBSan) of the .npy parser and the token-file opener; installs clang-14.
+# Bounded libFuzzer run (ASan+UBSan) of the .npy parser, the token-file opener and the JPEG path; installs clang-14.
 fuzz: system-deps
 	bash tests/fuzz/run.sh
 
