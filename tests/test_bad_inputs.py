@@ -17,7 +17,7 @@ import torch.nn as nn
 import fastpipe
 from fastpipe.nn import FusedConv2d, fuse
 from fastpipe.nn.functional import conv2d_act
-from fastpipe.transforms import CropMirrorNormalize
+from fastpipe.transforms import CenterCrop, CropMirrorNormalize, RandomResizedCrop
 
 N = 12
 NAN, INF = float("nan"), float("inf")
@@ -32,8 +32,15 @@ def env(tmp_path_factory):
     (d / "tokens.bin").write_bytes(rng.integers(0, 50000, 1001, dtype=np.uint16).tobytes())
     ds = fastpipe.NpyDataset({"image": str(d / "image.npy"), "label": str(d / "label.npy")})
     loader = fastpipe.Loader(ds, 4, timeout=30)
+    from PIL import Image
+    for k in range(2):
+        (d / "jpegs" / "c").mkdir(parents=True, exist_ok=True)
+        Image.fromarray(rng.integers(0, 256, (9, 13, 3), dtype=np.uint8)).save(d / "jpegs" / "c" / f"{k}.jpg")
+    (d / "empty").mkdir()
+    jpeg = (d / "jpegs" / "c" / "0.jpg").read_bytes()
     yield types.SimpleNamespace(dir=d, ds=ds, tokens=str(d / "tokens.bin"), loader=loader,
-                                x=torch.randn(2, 4, 9, 9), w=torch.randn(8, 4, 3, 3))
+                                x=torch.randn(2, 4, 9, 9), w=torch.randn(8, 4, 3, 3), jpeg=jpeg,
+                                folder=fastpipe.ImageFolder(str(d / "jpegs"), cache_dir="off"))
     loader.close()
 
 
@@ -47,6 +54,14 @@ def state(e, **changes):
 
 def write(e, dataset, **kw):
     return fastpipe.write_npy(dataset, e.dir / "written", **{"progress": False, **kw})
+
+
+def images(e, **kw):
+    return fastpipe.Loader(e.folder, **{"batch_size": 2, **kw}).close()
+
+
+def write_jpegs(e, source, **kw):
+    return fastpipe.write_images(source, e.dir / "packed", **{"progress": False, **kw})
 
 
 def cmn(**kw):
@@ -186,6 +201,60 @@ CASES = [
     ("cmn-channels-mismatch", lambda e: loader(e, transforms={"image": cmn(mean=[0.1, 0.2])}), ValueError,
      "3 channels but mean has 2 values"),
     ("cmn-label-column", lambda e: loader(e, transforms={"label": cmn()}), TypeError, "takes uint8 images"),
+    # RandomResizedCrop, CenterCrop
+    ("rrc-size-zero", lambda e: RandomResizedCrop(0), ValueError, "size must be at least 1"),
+    ("rrc-size-float", lambda e: RandomResizedCrop(2.5), TypeError, "size must be an int"),
+    ("rrc-size-triple", lambda e: RandomResizedCrop((1, 2, 3)), ValueError, r"size must be an int or \(height"),
+    ("rrc-size-pair-zero", lambda e: RandomResizedCrop((4, 0)), ValueError, r"size\[1\] must be at least 1"),
+    ("rrc-scale-reversed", lambda e: RandomResizedCrop(8, scale=(0.9, 0.1)), ValueError,
+     r"scale must be \(min, max\) with min <= max"),
+    ("rrc-scale-nan", lambda e: RandomResizedCrop(8, scale=(NAN, 1.0)), ValueError, r"scale\[0\] must be a finite"),
+    ("rrc-scale-zero", lambda e: RandomResizedCrop(8, scale=(0, 1.0)), ValueError, r"scale\[0\] must be positive"),
+    ("rrc-scale-str", lambda e: RandomResizedCrop(8, scale="big"), TypeError, r"scale must be a \(min, max\) pair"),
+    ("rrc-ratio-negative", lambda e: RandomResizedCrop(8, ratio=(-1, 2)), ValueError, r"ratio\[0\] must be positive"),
+    ("rrc-mirror-two", lambda e: RandomResizedCrop(8, mirror=2), ValueError, r"mirror must be in \[0.0, 1.0\]"),
+    ("rrc-out_dtype-int32", lambda e: RandomResizedCrop(8, out_dtype=torch.int32), ValueError, "out_dtype must be one of"),
+    ("rrc-mean-without-std", lambda e: RandomResizedCrop(8, mean=0.5), ValueError, "give both mean and std"),
+    ("rrc-mean-uint8", lambda e: RandomResizedCrop(8, mean=0.5, std=0.2, out_dtype=torch.uint8), ValueError,
+     "out_dtype=torch.uint8 keeps pixel values"),
+    ("rrc-mean-two", lambda e: RandomResizedCrop(8, mean=[0.1, 0.2], std=0.2), ValueError, "mean needs 1 or 3 values"),
+    ("rrc-std-zero", lambda e: RandomResizedCrop(8, mean=0.1, std=0), ValueError, r"std\[0\] must be positive"),
+    ("rrc-layout", lambda e: RandomResizedCrop(8, layout="CHW"), ValueError, "layout must be one of"),
+    ("rrc-dct_scaling-str", lambda e: RandomResizedCrop(8, dct_scaling="yes"), TypeError,
+     "dct_scaling must be True or False"),
+    ("cc-resize-zero", lambda e: CenterCrop(8, resize=0), ValueError, "resize must be at least 1"),
+    ("cc-resize-float", lambda e: CenterCrop(8, resize=2.5), TypeError, "resize must be an int"),
+    ("cc-resize-pair-zero", lambda e: CenterCrop(8, resize=(0, 3)), ValueError, r"resize\[0\] must be at least 1"),
+    # ImageFolder, ImageDataset, write_images, and a Loader of images
+    ("folder-missing", lambda e: fastpipe.ImageFolder(str(e.dir / "nope")), FileNotFoundError, "is not a directory"),
+    ("folder-root-int", lambda e: fastpipe.ImageFolder(5), TypeError, "root must be a path"),
+    ("folder-no-classes", lambda e: fastpipe.ImageFolder(str(e.dir / "empty"), cache_dir="off"), FileNotFoundError,
+     "no class folder"),
+    ("folder-transform-cmn", lambda e: fastpipe.ImageFolder(str(e.dir / "jpegs"), transform=cmn(), cache_dir="off"),
+     TypeError, "transform must be fastpipe.transforms.RandomResizedCrop or CenterCrop"),
+    ("folder-max_record_bytes-zero", lambda e: fastpipe.ImageFolder(str(e.dir / "jpegs"), max_record_bytes=0),
+     ValueError, "max_record_bytes must be at least 1"),
+    ("folder-num_threads-zero", lambda e: fastpipe.ImageFolder(str(e.dir / "jpegs"), num_threads=0), ValueError,
+     "num_threads must be at least 1"),
+    ("folder-rescan-str", lambda e: fastpipe.ImageFolder(str(e.dir / "jpegs"), rescan="no"), TypeError,
+     "rescan must be True or False"),
+    ("dataset-not-packed", lambda e: fastpipe.ImageDataset(str(e.dir)), FileNotFoundError, "holds no meta.json"),
+    ("write_images-source-int", lambda e: write_jpegs(e, 5), TypeError, "source must be an image folder's path"),
+    ("write_images-empty", lambda e: write_jpegs(e, []), ValueError, "the source is empty"),
+    ("write_images-quality-zero", lambda e: write_jpegs(e, [(e.jpeg, 0)], quality=0), ValueError,
+     "quality must be at least 1"),
+    ("write_images-label-float", lambda e: write_jpegs(e, [(e.jpeg, 1.5)]), TypeError, "the label must be an int"),
+    ("write_images-label-none", lambda e: write_jpegs(e, [(e.jpeg, None)]), TypeError, "the label must be an int"),
+    ("write_images-decoded-array", lambda e: write_jpegs(e, [(np.zeros((2, 2, 3), np.uint8), 0)]), TypeError,
+     "the image must be its encoded bytes"),
+    ("write_images-item-not-pair", lambda e: write_jpegs(e, [e.jpeg]), TypeError,
+     r"item 0 must be \(encoded bytes or path, label\)"),
+    ("images-on_error", lambda e: images(e, transforms={0: CenterCrop(4)}, on_error="skip"), ValueError,
+     "on_error must be one of"),
+    ("images-no-transform", lambda e: images(e), ValueError, "needs a transform that makes every image the same size"),
+    ("images-label-field", lambda e: images(e, transforms={1: CenterCrop(4)}), KeyError, "is not the image field"),
+    ("images-cmn", lambda e: images(e, transforms={0: cmn()}), TypeError,
+     "must be fastpipe.transforms.RandomResizedCrop or CenterCrop"),
     # FusedConv2d
     ("fused-activation-unknown", lambda e: FusedConv2d(4, 8, 3, activation="swish"), ValueError,
      "activation must be one of"),
