@@ -1,7 +1,9 @@
 """Training suite (the headline): how much faster a training step goes with fastpipe, and where the time goes.
 
 For each model (ResNet-style, MobileNetV2-style) and data set (CIFAR-like, ImageNet-like, generated as
-``.npy`` with labels the images really encode, so the loss can fall), three rows with the same model
+``.npy`` with labels the images really encode, so the loss can fall; and ImageNet from JPEG: a folder of
+JPEG files of those images, decoded with RandomResizedCrop + flip + normalise every step), three rows
+with the same model
 (same seed), steps, optimizer (SGD with momentum) and precision (bf16 autocast on GPU, fp32 on CPU),
 record order (one seeded sampler for both loaders), each row repeated (3 times by default) in
 rotating order and its median repetition kept:
@@ -13,6 +15,10 @@ rotating order and its median repetition kept:
   kernel with ``device="cuda"``) and the model through ``fastpipe.nn.fuse`` (in training mode it fuses
   only chains without a training BatchNorm: the count is reported);
 - **synthetic**: the same loop on one batch already on the device, no loading at all: the limit.
+
+The JPEG case feeds stock with ``torchvision.datasets.ImageFolder`` + a v2 pipeline on PIL images through
+DataLoader, and fastpipe with the very same dataset object handed to ``fastpipe.Loader`` (the one-line
+switch: it reads the folder itself and fuses the pipeline into the decode).
 
 Reported per row: images/s over the timed steps (after warm-up), mean step time, data wait (the share of
 the time the loop spends getting its next batch ready: waiting in ``next()``, and for stock the copy to
@@ -52,13 +58,15 @@ LOSS_AGREES = 0.25  # fastpipe's and stock's final losses within 25% of the firs
 DATASETS = {
     "cifar": {"size": 32, "records": (65536, 8192), "batch": (512, 64)},
     "imagenet": {"size": 224, "records": (8192, 1024), "batch": (256, 16)},
+    "imagenet_jpeg": {"size": 224, "records": (8192, 1024), "batch": (256, 16), "jpeg": True},
 }
+JPEG_SCALE = (0.35, 1.0)  # RandomResizedCrop's area range in the JPEG case: crops keep enough of the class
 QUICK = {"records": 96, "batch": 8, "steps": 4, "warmup": 1}
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--models", default=",".join(_models.MODELS), help="comma-separated: resnet, mobilenet_v2")
-    p.add_argument("--datasets", default=",".join(DATASETS), help="comma-separated: cifar, imagenet")
+    p.add_argument("--datasets", default=",".join(DATASETS), help="comma-separated: cifar, imagenet, imagenet_jpeg")
     p.add_argument("--steps", type=int, default=None, help="timed steps per row (default 100 GPU, 30 CPU)")
     p.add_argument("--warmup", type=int, default=None, help="untimed steps first (default 20 GPU, 3 CPU)")
     p.add_argument("--batch-size", type=int, default=None, help="default: per data set, GPU or CPU")
@@ -129,6 +137,40 @@ def ensure_data(directory, name, records, size, seed=0):
     return paths
 
 
+def ensure_jpeg_data(directory, records, size, seed=0):
+    """``<directory>/train_jpeg_<size>_v1/<class>/<i>.jpg``: the classes' coarse random patterns plus noise
+    (as ensure_data's), 1.1-1.6x the output size with random aspect, JPEG quality 90, in an ImageFolder
+    tree. Reused when its marker file (written last) is there."""
+    from PIL import Image
+
+    out = os.path.join(directory, f"train_jpeg_{size}_v1")
+    done = os.path.join(out, f".complete-{records}")
+    if os.path.exists(done):
+        return {"root": out}
+    rng = np.random.default_rng(seed)
+    coarse = rng.integers(0, 256, (NUM_CLASSES, 8, 8, 3), dtype=np.uint8)
+    for i in range(records):
+        label = int(rng.integers(NUM_CLASSES))
+        h, w = (int(size * rng.uniform(1.1, 1.6)) for _ in range(2))
+        pattern = np.asarray(Image.fromarray(coarse[label]).resize((w, h), Image.NEAREST), np.uint16)
+        noise = rng.integers(0, 256, (h, w, 3), dtype=np.uint16)
+        path = os.path.join(out, f"class{label}", f"{i:06d}.jpg")
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        Image.fromarray(((pattern * 3 + noise) // 4).astype(np.uint8)).save(path, quality=90)
+    open(done, "w").close()
+    return {"root": out}
+
+
+def _jpeg_dataset(paths, size):
+    """torchvision's ImageFolder with a standard training pipeline on PIL images."""
+    import torchvision
+    from torchvision.transforms import v2
+
+    pipeline = v2.Compose([v2.RandomResizedCrop(size, scale=JPEG_SCALE), v2.RandomHorizontalFlip(), v2.ToImage(),
+                           v2.ToDtype(torch.float32, scale=True), v2.Normalize(MEAN, STD)])
+    return torchvision.datasets.ImageFolder(paths["root"], transform=pipeline)
+
+
 class EpochPermutation(torch.utils.data.Sampler):
     """A seeded permutation per epoch, the order both loaders use: their losses then compare step for
     step (only their random flips differ). Loader forwards set_epoch itself; DataLoader's loop calls it."""
@@ -166,6 +208,9 @@ def _stats(device):
 
 def stock_batches(paths, o, batch):
     gpu = o["gpu"]
+    if "root" in paths:
+        yield from stock_jpeg_batches(paths, o, batch)
+        return
     dataset = MemmapSampleDataset(paths["image"], paths["label"])
     sampler = EpochPermutation(len(dataset), o["seed"])
     loader = torch.utils.data.DataLoader(dataset, batch_size=batch, sampler=sampler, drop_last=True,
@@ -180,10 +225,37 @@ def stock_batches(paths, o, batch):
         yield x.contiguous(memory_format=fmt), labels.to(o["device"], non_blocking=True)
 
 
+def stock_jpeg_batches(paths, o, batch):
+    dataset = _jpeg_dataset(paths, o["size"])
+    sampler = EpochPermutation(len(dataset), o["seed"])
+    loader = torch.utils.data.DataLoader(dataset, batch_size=batch, sampler=sampler, drop_last=True,
+                                         num_workers=o["workers"], pin_memory=o["gpu"],
+                                         persistent_workers=o["workers"] > 0)
+    fmt = torch.channels_last if o["gpu"] else torch.contiguous_format
+    for images, labels in _forever(loader, sampler):
+        yield (images.to(o["device"], non_blocking=True).contiguous(memory_format=fmt),
+               labels.to(o["device"], non_blocking=True))
+
+
+def fastpipe_jpeg_batches(paths, o, batch):
+    import fastpipe
+
+    dataset = _jpeg_dataset(paths, o["size"])  # the same torchvision object: the one-line switch
+    loader = fastpipe.Loader(dataset, batch_size=batch, sampler=EpochPermutation(len(dataset), o["seed"]),
+                             drop_last=True, seed=o["seed"], num_workers=o["workers"],
+                             device=str(o["device"]) if o["gpu"] else "cpu")
+    fmt = torch.channels_last if o["gpu"] else torch.contiguous_format
+    for x, y in _forever(loader):
+        yield x.contiguous(memory_format=fmt), y
+
+
 def fastpipe_batches(paths, o, batch):
     import fastpipe
     from fastpipe.transforms import CropMirrorNormalize
 
+    if "root" in paths:
+        yield from fastpipe_jpeg_batches(paths, o, batch)
+        return
     gpu = o["gpu"]
     cmn = CropMirrorNormalize(MEAN, STD, mirror=0.5, in_layout="CHW", layout="NHWC" if gpu else "NCHW",
                               out_dtype=torch.bfloat16 if gpu else torch.float32)
@@ -198,6 +270,13 @@ def fastpipe_batches(paths, o, batch):
 
 def synthetic_batches(paths, o, batch):
     """One batch, made once, already on the device: the loop never waits for data."""
+    if "root" in paths:
+        dataset = _jpeg_dataset(paths, o["size"])
+        x, y = next(iter(torch.utils.data.DataLoader(dataset, batch_size=batch, shuffle=True)))
+        x = x.to(o["device"]).contiguous(memory_format=torch.channels_last if o["gpu"] else torch.contiguous_format)
+        y = y.to(o["device"])
+        while True:
+            yield x, y
     mean, std = _stats(o["device"])
     images = torch.from_numpy(np.load(paths["image"], mmap_mode="r")[:batch].copy())
     x = images.to(o["device"]).float().div_(255).sub_(mean).div_(std)
@@ -304,7 +383,11 @@ def run_case(model_name, data_name, o):
     which = 0 if o["gpu"] else 1
     records = QUICK["records"] if o["quick"] else spec["records"][which]
     batch = o["batch"] or (QUICK["batch"] if o["quick"] else spec["batch"][which])
-    paths = ensure_data(o["data_dir"], data_name, records, spec["size"], o["seed"])
+    if spec.get("jpeg"):
+        paths = ensure_jpeg_data(o["data_dir"], records, spec["size"], o["seed"])
+    else:
+        paths = ensure_data(o["data_dir"], data_name, records, spec["size"], o["seed"])
+    o = {**o, "size": spec["size"]}
     runs = {feed: [] for feed in FEEDS}
     for rep in range(o["reps"]):  # rotating order: a slow spell of a noisy machine hits every feed alike
         for feed in list(FEEDS)[rep % len(FEEDS):] + list(FEEDS)[:rep % len(FEEDS)]:
@@ -387,7 +470,14 @@ def run(args, out):
         bad = [v for v in name.split(",") if v not in known]
         if bad:
             raise SystemExit(f"train {flag}: unknown {bad}; choose from {','.join(known)}")
-    todo = [(m, d) for d in args.datasets.split(",") for m in args.models.split(",")]
+    datasets = args.datasets.split(",")
+    if any(DATASETS[d].get("jpeg") for d in datasets):
+        try:
+            import torchvision  # noqa: F401  (the JPEG case's stock row)
+        except ImportError:
+            datasets = [d for d in datasets if not DATASETS[d].get("jpeg")]
+            out.note("The JPEG case is skipped: its stock row needs torchvision, which is not installed.")
+    todo = [(m, d) for d in datasets for m in args.models.split(",")]
     cases = []
     for m, d in out.progress(todo, desc="train", unit="case"):
         cases.append(run_case(m, d, o))
