@@ -8,7 +8,7 @@ REQ ?= requirements/cuda.txt
 PY := $(VENV)/bin/python
 PYTEST_ARGS ?=
 
-.PHONY: setup system-deps test bench test-cpu fuzz clean
+.PHONY: setup system-deps test bench bench-peers test-cpu fuzz clean
 
 # libjpeg-turbo's headers for JPEG decoding (fastpipe.ImageFolder/ImageDataset): installed from Debian's
 # packages as root (or with sudo) when missing; elsewhere the build says JPEG decoding is OFF and why.
@@ -34,7 +34,23 @@ test: setup
 	$(PY) -m pytest -q $(PYTEST_ARGS)
 
 bench: setup
-	$(PY) -m fastpipe.bench all --suites loader,train --out-dir benchmarks/results --data-dir benchmarks/data
+	$(PY) -m fastpipe.bench all --suites loader,train,images --out-dir benchmarks/results --data-dir benchmarks/data
+
+# The images suite's optional peers (requirements/bench-peers.txt): DALI, and FFCV, which compiles against
+# libturbojpeg and OpenCV: their Debian packages are installed first as root (or with sudo) when missing.
+# The suite skips a peer that does not import, with the reason.
+bench-peers: setup
+	@pkg-config --exists libturbojpeg opencv4 2>/dev/null || { \
+	  if command -v apt-get >/dev/null; then \
+	    echo "installing pkg-config libturbojpeg0-dev libopencv-dev (FFCV's build) ..."; \
+	    SUDO=$$([ "$$(id -u)" = 0 ] || echo sudo); \
+	    { $$SUDO apt-get update -qq && $$SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq \
+	        --no-install-recommends pkg-config libturbojpeg0-dev libopencv-dev; } >/tmp/fastpipe-apt.log 2>&1 || \
+	      { cat /tmp/fastpipe-apt.log >&2; exit 1; }; \
+	  else \
+	    echo "warning: no apt-get: FFCV needs libturbojpeg's and OpenCV's headers and pkg-config files" >&2; \
+	  fi; }
+	$(PY) -m pip install -r requirements/bench-peers.txt
 
 test-cpu:
 	$(MAKE) test VENV=.venv-cpu REQ=requirements/cpu.txt

@@ -1,6 +1,7 @@
-"""fastpipe's benchmark harness: ``python -m fastpipe.bench {loader,conv,train,soak,all}`` (or ``fastpipe-bench``).
+"""fastpipe's benchmark harness: ``python -m fastpipe.bench {loader,images,conv,train,soak,all}``
+(or ``fastpipe-bench``).
 
-Each suite runs fastpipe against stock PyTorch in one process, prints tables, and writes
+Each suite runs fastpipe against stock PyTorch in one process (images: one per loader), prints tables, and writes
 ``<suite>_<tag or hostname>_<date>.json`` (results, options, machine facts), a ``.md`` of the printed
 tables and ``_<plot>.png`` plots (with matplotlib) under ``--out-dir``. See benchmarks/README.md.
 
@@ -32,6 +33,7 @@ import importlib.util
 # name -> one line for --help; `all` runs them in this order.
 SUITES = {
     "loader": "fastpipe.Loader against DataLoader variants, memmap indexing and the single-thread gather bound",
+    "images": "JPEG training pipelines: fastpipe against DataLoader + torchvision (PIL, decode_jpeg), DALI CPU, FFCV",
     "conv": "fused convolutions against eager and torch.compile: layers, per-call overhead, whole models",
     "train": "end-to-end training steps: fastpipe against stock PyTorch and the synthetic-data limit",
     "soak": "a long run with resumes and held batches: memory, fds, threads and arena slots stay flat",

@@ -1,0 +1,222 @@
+"""The images suite's corpus: natural-image-like JPEGs in an ImageFolder tree, and its packed copy.
+
+Crops of matplotlib's bundled sample photo, colour-jittered, sharpened like a camera's output and with
+sensor-like grain, at ImageNet-like sizes and file sizes (a few large ones), written once and reused
+while its marker (corpus.json, written last) is there.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import io
+import json
+import math
+import os
+import shutil
+import sys
+import time
+from typing import NamedTuple
+
+import numpy as np
+
+from fastpipe.bench import common as bc
+
+# The corpus: crops of matplotlib's sample photo, colour-jittered, sharpened like a camera's output and
+# with sensor-like grain, saved as quality-90 4:2:0 JPEGs. GRAIN_SIGMA (grey levels) is tuned so that a
+# 500x375 file is ~95 KB (ImageNet's train images average ~110 KB at ~470x390).
+CLASSES = 10
+SAMPLE_PHOTO = "grace_hopper.jpg"
+JPEG_QUALITY = 90
+GRAIN_SIGMA = 14.0
+GRAIN_CHROMA = 0.35  # share of independent per-channel noise; the rest is luminance grain
+SHARPEN_PERCENT = 150
+LARGE_EVERY = 20  # every 20th image (5%) is large: 1600x1200 and 3000x2000 in turn
+CORPUS_VERSION = 1
+NOISE_TILE = 1024
+
+
+# --------------------------------------------------------------------------------------------------
+# The corpus: generated once, reused while its marker (corpus.json, written last) is there.
+# --------------------------------------------------------------------------------------------------
+class Corpus(NamedTuple):
+    dir: str
+    tree: str  # the ImageFolder tree: tree/class_XX/img_NNNNN.jpg
+    packed: str  # fastpipe.write_images(tree)
+    beton: str  # FFCV's copy (written only when FFCV runs)
+    index: str  # fastpipe.ImageFolder's scan cache
+    facts_path: str
+
+
+def corpus_paths(data_dir: str, n: int, seed: int, grain: float) -> Corpus:
+    d = os.path.join(os.path.abspath(data_dir), f"images_n{n}_seed{seed}_grain{grain:g}_v{CORPUS_VERSION}")
+    return Corpus(d, os.path.join(d, "tree"), os.path.join(d, "packed"), os.path.join(d, "ffcv_q90.beton"),
+                  os.path.join(d, "fastpipe_index"), os.path.join(d, "corpus.json"))
+
+
+def image_shape(i: int, rng) -> tuple[int, int]:
+    """(width, height) of image i: ImageNet's common sizes, and every LARGE_EVERY-th one large."""
+    if i % LARGE_EVERY == LARGE_EVERY // 2:
+        return (1600, 1200) if (i // LARGE_EVERY) % 2 == 0 else (3000, 2000)
+    u = rng.random()
+    if u < 0.45:
+        return 500, 375
+    if u < 0.65:
+        return 375, 500
+    if u < 0.85:
+        return 500, 333
+    return 400 + int(rng.integers(-30, 31)), 400 + int(rng.integers(-30, 31))
+
+
+def size_group(w: int, h: int) -> str:
+    if (w, h) in ((500, 375), (375, 500), (500, 333), (1600, 1200), (3000, 2000)):
+        return f"{w}x{h}"
+    return "~400x400"
+
+
+class _Painter:
+    """Makes the corpus's images from one sample photo; thread-safe (reads shared arrays only)."""
+
+    def __init__(self, grain: float, seed: int):
+        from matplotlib import cbook
+        from PIL import Image
+
+        path = cbook.get_sample_data(SAMPLE_PHOTO, asfileobj=False)
+        with Image.open(path) as im:
+            self.src = im.convert("RGB")
+        self.grain = float(grain)
+        # A tile of unit gaussian noise cut at random offsets: far cheaper than fresh normals per pixel.
+        self.noise = np.random.default_rng([seed, 1 << 20]).standard_normal((NOISE_TILE, NOISE_TILE, 3),
+                                                                           dtype=np.float32)
+
+    def _grain(self, rng, h, w):
+        out = np.empty((h, w, 3), np.float32)
+        for y in range(0, h, NOISE_TILE):
+            for x in range(0, w, NOISE_TILE):
+                hh, ww = min(NOISE_TILE, h - y), min(NOISE_TILE, w - x)
+                oy, ox = int(rng.integers(0, NOISE_TILE - hh + 1)), int(rng.integers(0, NOISE_TILE - ww + 1))
+                out[y:y + hh, x:x + ww] = self.noise[oy:oy + hh, ox:ox + ww]
+        lum = out[..., :1] * math.sqrt(1 - GRAIN_CHROMA ** 2)
+        return self.grain * (lum + GRAIN_CHROMA * out)
+
+    def jpeg(self, i: int, seed: int) -> tuple[bytes, int, int]:
+        from PIL import Image, ImageFilter
+
+        rng = np.random.default_rng([seed, i])
+        w, h = image_shape(i, rng)
+        sw, sh = self.src.size
+        aspect = w / h
+        area = rng.uniform(0.3, 1.0) * sw * sh  # a random crop of the photo at the image's aspect ratio
+        cw = min(sw, math.sqrt(area * aspect))
+        ch = cw / aspect
+        if ch > sh:
+            ch, cw = sh, sh * aspect
+        x0, y0 = rng.uniform(0, sw - cw), rng.uniform(0, sh - ch)
+        im = self.src.resize((w, h), Image.BICUBIC, box=(x0, y0, x0 + cw, y0 + ch))
+        im = im.filter(ImageFilter.UnsharpMask(radius=2, percent=SHARPEN_PERCENT, threshold=0))
+        a = np.asarray(im, dtype=np.float32)
+        if rng.random() < 0.5:
+            a = a[:, ::-1]
+        grey = a.mean(axis=2, keepdims=True)
+        a = grey + (a - grey) * rng.uniform(0.6, 1.4)  # saturation
+        a = (a - 128.0) * rng.uniform(0.75, 1.25) + 128.0 + rng.uniform(-25, 25)  # contrast, brightness
+        a = a * rng.uniform(0.85, 1.15, 3).astype(np.float32)  # white balance
+        a += self._grain(rng, h, w)
+        buf = io.BytesIO()
+        Image.fromarray(np.clip(a, 0, 255).astype(np.uint8)).save(buf, format="JPEG", quality=JPEG_QUALITY,
+                                                                  subsampling="4:2:0")
+        return buf.getvalue(), w, h
+
+
+def image_relpath(i: int) -> str:
+    return os.path.join(f"class_{i % CLASSES:02d}", f"img_{i:05d}.jpg")
+
+
+def corpus_facts(files: list[tuple[int, int, int]], seconds: float, grain: float) -> dict:
+    """Count, size groups, mean KB and bits per pixel from (width, height, bytes) per image."""
+    groups: dict[str, list] = {}
+    for w, h, nbytes in files:
+        groups.setdefault(size_group(w, h), []).append((w * h, nbytes))
+    order = ["500x375", "375x500", "500x333", "~400x400", "1600x1200", "3000x2000"]
+    g = {}
+    for name in order:
+        if name in groups:
+            px = sum(p for p, _ in groups[name])
+            b = sum(x for _, x in groups[name])
+            g[name] = {"count": len(groups[name]), "mean_kb": b / len(groups[name]) / 1e3, "bpp": 8 * b / px}
+    total_b = sum(x for _, _, x in files)
+    total_px = sum(w * h for w, h, _ in files)
+    typical = [x for w, h, x in files if size_group(w, h) not in ("1600x1200", "3000x2000")]
+    return {"count": len(files), "classes": CLASSES, "groups": g, "total_mb": total_b / 1e6,
+            "mean_kb": total_b / len(files) / 1e3,
+            "mean_kb_typical": sum(typical) / len(typical) / 1e3 if typical else float("nan"),
+            "bpp": 8 * total_b / total_px, "generate_seconds": seconds, "grain_sigma": grain,
+            "grain_chroma": GRAIN_CHROMA, "sharpen_percent": SHARPEN_PERCENT, "jpeg_quality": JPEG_QUALITY,
+            "subsampling": "4:2:0", "source_photo": f"matplotlib sample_data/{SAMPLE_PHOTO}",
+            "version": CORPUS_VERSION}
+
+
+def ensure_corpus(c: Corpus, n: int, seed: int, grain: float, threads: int, out) -> dict:
+    """The tree (made when its marker is missing or names another count), its packed copy, and
+    fastpipe.ImageFolder's scan of it (kept under ``c.index``, so that no case process scans)."""
+    import warnings
+
+    import fastpipe
+
+    facts = None
+    try:
+        with open(c.facts_path) as f:
+            facts = json.load(f)
+        if facts.get("count") != n or facts.get("version") != CORPUS_VERSION:
+            facts = None
+    except (OSError, ValueError):
+        pass
+    if facts is None:
+        if os.path.exists(c.facts_path):
+            os.remove(c.facts_path)
+        shutil.rmtree(c.tree, ignore_errors=True)
+        shutil.rmtree(c.packed, ignore_errors=True)
+        shutil.rmtree(c.index, ignore_errors=True)
+        for p in (c.beton, c.beton + ".partial"):
+            if os.path.exists(p):
+                os.remove(p)
+        for k in range(CLASSES):
+            os.makedirs(os.path.join(c.tree, f"class_{k:02d}"), exist_ok=True)
+        out.log(f"  generating {n} JPEGs in {c.tree} ...")
+        t0 = time.perf_counter()
+        painter = _Painter(grain, seed)
+        made = [None] * n
+
+        def one(i):
+            data, w, h = painter.jpeg(i, seed)
+            with open(os.path.join(c.tree, image_relpath(i)), "wb") as f:
+                f.write(data)
+            made[i] = (w, h, len(data))
+
+        # Threads: Pillow's resize, filter and encoder and numpy's big operations release the GIL.
+        with concurrent.futures.ThreadPoolExecutor(max(1, threads)) as pool, \
+                out.progress(total=n, desc="corpus", unit="img") as bar:
+            for fut in [pool.submit(one, i) for i in range(n)]:
+                fut.result()
+                bar.update()
+        os.sync()  # dirty pages cannot be evicted: the cold passes need the files on disk
+        facts = corpus_facts(made, time.perf_counter() - t0, grain)
+        bc.write_json(facts, c.facts_path)  # last: the marker of a whole corpus
+        out.log(f"  generated {n} JPEGs ({facts['total_mb']:.0f} MB) in {facts['generate_seconds']:.1f} s")
+    folder = fastpipe.ImageFolder(c.tree, cache_dir=c.index)
+    packed_ok = False
+    try:
+        with open(os.path.join(c.packed, "meta.json")) as f:
+            packed_ok = json.load(f).get("num_images") == n
+    except (OSError, ValueError):
+        pass
+    if not packed_ok:
+        shutil.rmtree(c.packed, ignore_errors=True)
+        t0 = time.perf_counter()
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            fastpipe.write_images(folder, c.packed, progress=out.show_progress and sys.stderr.isatty())
+        facts["pack_seconds"] = time.perf_counter() - t0
+        os.sync()
+        bc.write_json(facts, c.facts_path)
+    facts["packed_mb"] = os.path.getsize(os.path.join(c.packed, "images.bin")) / 1e6
+    return facts

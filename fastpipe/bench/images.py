@@ -1,0 +1,698 @@
+"""The images suite: JPEG training input pipelines, fastpipe against DataLoader + torchvision, DALI and FFCV.
+
+On a generated corpus of natural-image-like JPEGs (ImageNet-like sizes and file sizes, a few large ones,
+10 classes in an ImageFolder tree; also packed with ``fastpipe.write_images``) every loader produces
+the same training batches: RandomResizedCrop(S) + horizontal flip + float32 + ImageNet normalisation,
+``[B, 3, S, S]`` NCHW float32 and int64 labels, at equal cores (``k`` = the usable CPUs: fastpipe's
+``num_threads``, DataLoader's ``num_workers``, DALI's and FFCV's threads). For each output size S
+(224, 160) and page-cache state (warm: the files read once first; cold: evicted with
+``posix_fadvise(DONTNEED)`` and checked with ``fincore``) it reports images/s, the ratio to
+``DataLoader + torchvision v2 on PIL``, CPU seconds per 1,000 images (threads and worker processes),
+peak RSS and PSS, and the spread of the repetitions.
+
+Every loader runs in a fresh process of its own (``python -m fastpipe.bench.images --case SPEC``), so
+imports, memory and CPU time are its own; a repetition runs all loaders once, in an order rotated each
+repetition. A peer that is not installed (``requirements/bench-peers.txt``) is skipped with the reason.
+benchmarks/README.md says what every row and column means.
+"""
+
+from __future__ import annotations
+
+import gc
+import json
+import math
+import os
+import resource
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import traceback
+from typing import NamedTuple
+
+import numpy as np
+
+from fastpipe.bench import common as bc
+from fastpipe.bench import image_baselines as ib
+from fastpipe.bench.image_corpus import CLASSES, GRAIN_SIGMA, JPEG_QUALITY, Corpus, corpus_paths, ensure_corpus
+from fastpipe.bench.loader import rotated
+
+SIZES = (224, 160)
+STATES = ("warm", "cold")
+BATCH, QUICK_BATCH = 64, 16
+IMAGES, QUICK_IMAGES = 3000, 150
+FULL_REPS = 5
+WARMUP_BATCHES = 3  # untimed batches after building a loader (DALI builds, FFCV compiles here)
+SEED = 0
+
+
+COLD_LIMIT = 0.05  # a cold pass that starts with more of its files cached than this is flagged
+SAMPLE_INTERVAL = 0.1  # seconds between memory samples of the process tree
+CASE_TIMEOUT = {"quick": 600, "full": 3600}  # per case process; a hung loader costs no more than this
+
+
+class LoaderRow(NamedTuple):
+    label: str
+    needs: str | None  # the module that must be importable (None: fastpipe itself)
+    source: str  # which files it reads: "tree", "packed" or "beton"
+    note: str
+
+
+LOADERS = {
+    "fastpipe_folder": LoaderRow("fastpipe ImageFolder (in place)", None, "tree",
+                                 "fastpipe.ImageFolder(tree) + Loader(num_threads=k, "
+                                 "transforms={0: RandomResizedCrop})"),
+    "fastpipe_packed": LoaderRow("fastpipe ImageDataset (packed)", None, "packed",
+                                 "fastpipe.write_images(tree) -> ImageDataset: the original JPEG bytes in one file"),
+    "dl_pil": LoaderRow("DataLoader + v2 on PIL", "torchvision", "tree",
+                        "DataLoader(num_workers=k) + torchvision ImageFolder (PIL) + transforms.v2: the baseline"),
+    "dl_decode_jpeg": LoaderRow("DataLoader + decode_jpeg + v2", "torchvision", "tree",
+                                "DataLoader(num_workers=k) + torchvision.io.decode_jpeg(read_file) + v2 on tensors"),
+    "dali_cpu": LoaderRow("DALI CPU pipeline", "nvidia.dali", "tree",
+                          "DALI readers.file + decoders.image_random_crop + resize + crop_mirror_normalize, "
+                          "device_id=None"),
+    "ffcv": LoaderRow("FFCV (.beton, re-encoded q90)", "ffcv", "beton",
+                      "FFCV Loader over a .beton written with RGBImageField(write_mode='jpg', jpeg_quality=90): "
+                      "FFCV re-encodes every image (it cannot keep the original bytes)"),
+}
+BASELINE = "dl_pil"
+
+
+def add_arguments(p):
+    p.add_argument("--loaders", default=",".join(LOADERS),
+                   help="comma-separated subset of the rows (default: %(default)s)")
+    p.add_argument("--sizes", default=",".join(map(str, SIZES)), help="output sizes S (default: %(default)s)")
+    p.add_argument("--cache", default=",".join(STATES), help="page-cache states: warm, cold (default: %(default)s)")
+    p.add_argument("--reps", type=int, default=None, help=f"repetitions (default {FULL_REPS}; --quick 1)")
+    p.add_argument("--images", type=int, default=None,
+                   help=f"images in the generated corpus (default {IMAGES}; --quick {QUICK_IMAGES})")
+    p.add_argument("--batch-size", type=int, default=None, help=f"default {BATCH} (--quick {QUICK_BATCH})")
+    p.add_argument("--threads", type=int, default=None,
+                   help="k: every loader's threads or worker processes (default: the usable CPUs)")
+    p.add_argument("--grain", type=float, default=GRAIN_SIGMA,
+                   help="sensor grain of the corpus in grey levels (default: %(default)s; sets file sizes)")
+    p.add_argument("--seed", type=int, default=SEED, help="seed of the corpus and of the loaders' shuffles")
+
+
+def usable_cpus() -> int:
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+
+
+def ensure_beton(c: Corpus, threads: int, facts: dict, out, timeout: float) -> str | None:
+    """FFCV's .beton of the tree, written once in a process of its own; None, or why FFCV is skipped."""
+    if not os.path.exists(c.beton):
+        out.log(f"  writing FFCV's {c.beton} (re-encodes every image at q90) ...")
+        res = spawn_case({"action": "write_beton", "tree": c.tree, "beton": c.beton, "threads": threads}, timeout)
+        if "error" in res:
+            return f"writing the .beton failed: {res['error']}"
+        facts["beton_write_seconds"] = res.get("seconds")
+    facts["beton_mb"] = os.path.getsize(c.beton) / 1e6
+    return None
+
+
+# --------------------------------------------------------------------------------------------------
+# The page cache
+# --------------------------------------------------------------------------------------------------
+def source_files(spec: dict, source: str) -> list[str]:
+    if source == "tree":
+        files = []
+        for dirpath, _, names in os.walk(spec["tree"]):
+            files += [os.path.join(dirpath, f) for f in names]
+        return sorted(files)
+    if source == "packed":
+        return sorted(os.path.join(spec["packed"], f) for f in os.listdir(spec["packed"]))
+    return [spec["beton"]]
+
+
+def evict(paths: list[str]) -> None:
+    """Drops the files' clean pages from the page cache (pages a process still maps stay)."""
+    for p in paths:
+        fd = os.open(p, os.O_RDONLY)
+        try:
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        finally:
+            os.close(fd)
+
+
+def warm(paths: list[str]) -> None:
+    buf = bytearray(4 << 20)
+    for p in paths:
+        with open(p, "rb", buffering=0) as f:
+            while f.readinto(buf):
+                pass
+
+
+def cached_fraction(paths: list[str], chunk: int = 400) -> float | None:
+    """Fraction of the files' bytes in the page cache: ``common.page_cache_fraction``'s fincore query,
+    asked for many files per call. None when fincore is missing or fails."""
+    if shutil.which("fincore") is None:
+        return None
+    res = size = 0
+    for i in range(0, len(paths), chunk):
+        part = paths[i:i + chunk]
+        try:
+            p = subprocess.run(["fincore", "--bytes", "--noheadings", "--raw", "-o", "RES,SIZE", *part],
+                               capture_output=True, text=True, timeout=60)
+            rows = [line.split() for line in p.stdout.splitlines() if line.strip()]
+            if len(rows) != len(part):
+                return None
+            res += sum(min(int(r), int(s)) for r, s in rows)  # RES counts whole pages: at most the size
+            size += sum(int(s) for _, s in rows)
+        except (OSError, ValueError, subprocess.SubprocessError):
+            return None
+    return res / size if size else 1.0
+
+
+def prepare_cache(paths: list[str], state: str) -> dict:
+    t0 = time.perf_counter()
+    if state == "cold":
+        evict(paths)
+        frac = cached_fraction(paths)
+        if frac is not None and frac > COLD_LIMIT:  # dirty pages cannot be dropped: write them and retry
+            os.sync()
+            evict(paths)
+            frac = cached_fraction(paths)
+    else:
+        warm(paths)
+        frac = cached_fraction(paths)
+    return {"cached_at_start": frac, "prepare_seconds": time.perf_counter() - t0}
+
+
+# --------------------------------------------------------------------------------------------------
+# One case process: a loader at each size, warm-up, then a timed epoch per cache state.
+# --------------------------------------------------------------------------------------------------
+def _tree_pids(pid: int) -> list[int]:
+    """pid and its descendants (DataLoader's workers), from /proc/<pid>/task/<tid>/children."""
+    out, todo = [], [pid]
+    while todo:
+        p = todo.pop()
+        out.append(p)
+        try:
+            for tid in os.listdir(f"/proc/{p}/task"):
+                with open(f"/proc/{p}/task/{tid}/children") as f:
+                    todo += [int(c) for c in f.read().split()]
+        except OSError:  # gone meanwhile, or no children files in this kernel
+            pass
+    return out
+
+
+def _rss_pss(pid: int) -> tuple[int, int]:
+    rss = pss = 0
+    try:
+        with open(f"/proc/{pid}/statm") as f:
+            rss = int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+        with open(f"/proc/{pid}/smaps_rollup") as f:
+            for line in f:
+                if line.startswith("Pss:"):
+                    pss = int(line.split()[1]) * 1024
+                    break
+    except (OSError, ValueError, IndexError):
+        pass
+    return rss, pss
+
+
+class MemorySampler(threading.Thread):
+    """Peak RSS and PSS summed over this process and its descendants, sampled every SAMPLE_INTERVAL.
+
+    RSS counts a page shared by forked workers once per process; PSS divides it among them, so the sum
+    of PSS is the memory the loader really takes. ``cpu_seconds`` is the sampler's own CPU time (the
+    case subtracts it from the process's)."""
+
+    def __init__(self):
+        super().__init__(daemon=True)
+        self._stop_event = threading.Event()
+        self.peak_rss = self.peak_pss = 0
+        self.cpu_seconds = 0.0
+        self.samples = 0
+
+    def _sample(self):
+        rss = pss = 0
+        for p in _tree_pids(os.getpid()):
+            r, s = _rss_pss(p)
+            rss += r
+            pss += s
+        self.peak_rss = max(self.peak_rss, rss)
+        self.peak_pss = max(self.peak_pss, pss)
+        self.samples += 1
+
+    def run(self):
+        t0 = time.thread_time()
+        self._sample()
+        while not self._stop_event.wait(SAMPLE_INTERVAL):
+            self._sample()
+        self._sample()
+        self.cpu_seconds = time.thread_time() - t0
+
+    def stop(self):
+        self._stop_event.set()
+        self.join()
+
+
+def _cpu(ru) -> float:
+    return ru.ru_utime + ru.ru_stime
+
+
+def check_batch(batch, size: int, b: int, classes: int) -> float:
+    """Checks a batch's shapes, dtypes and labels and reads every pixel (their sum, returned)."""
+    import torch
+
+    x, y = batch[0], batch[1]
+    if tuple(x.shape) != (b, 3, size, size) or x.dtype != torch.float32 or not x.is_contiguous():
+        raise AssertionError(f"images: expected contiguous float32 {(b, 3, size, size)}, got {x.dtype} "
+                             f"{tuple(x.shape)} contiguous={x.is_contiguous()}")
+    if tuple(y.shape) != (b,) or y.dtype != torch.int64:
+        raise AssertionError(f"labels: expected int64 {(b,)}, got {y.dtype} {tuple(y.shape)}")
+    s = float(x.sum())
+    lo, hi = int(y.min()), int(y.max())
+    if not math.isfinite(s) or lo < 0 or hi >= classes:
+        raise AssertionError(f"pixel sum {s}, labels in [{lo}, {hi}] (expected finite, [0, {classes}))")
+    return s
+
+
+def build_pipeline(key: str, spec: dict, size: int):
+    b, k, seed = spec["batch"], spec["threads"], spec["seed"]
+    if key in ("fastpipe_folder", "fastpipe_packed"):
+        import fastpipe
+        from fastpipe.transforms import RandomResizedCrop
+
+        tf = RandomResizedCrop(size, mean=ib.MEAN, std=ib.STD)  # mirror=0.5, float32, NCHW
+        ds = (fastpipe.ImageFolder(spec["tree"], cache_dir=spec["index"]) if key == "fastpipe_folder"
+              else fastpipe.ImageDataset(spec["packed"]))
+        ld = fastpipe.Loader(ds, batch_size=b, shuffle=True, seed=seed, num_threads=k, transforms={0: tf},
+                             drop_last=True)
+        return ib.Pipeline(lambda: iter(ld), len(ld), close=ld.close, info={"io_modes": list(ld.io_modes)})
+    if key == "dl_pil":
+        return ib.dataloader_pil(spec["tree"], size, b, k, seed)
+    if key == "dl_decode_jpeg":
+        return ib.dataloader_decode_jpeg(spec["tree"], size, b, k, seed)
+    if key == "dali_cpu":
+        return ib.dali_cpu(spec["tree"], size, b, k, spec["num_images"], seed)
+    if key == "ffcv":
+        return ib.ffcv_loader(spec["beton"], size, b, k, seed)
+    raise KeyError(key)
+
+
+def timed_pass(p, files: list[str], state: str, spec: dict, size: int) -> dict:
+    """One epoch from iter() to its last batch after the page cache is made warm or cold; the
+    consumer checks every batch and reads every pixel. CPU time: this process's threads (less the
+    memory sampler's) and the worker processes that ended during the pass."""
+    primed = None
+    if state == "cold" and p.read_ahead:  # an untimed cold epoch first (see Pipeline.read_ahead)
+        p.before_evict()
+        evict(files)
+        t0 = time.perf_counter()
+        it = p.epoch()
+        for _ in it:
+            pass
+        p.close_iter(it)
+        del it
+        primed = time.perf_counter() - t0
+    if state == "cold":
+        p.before_evict()
+    gc.collect()
+    cache = prepare_cache(files, state)
+    sampler = MemorySampler()
+    sampler.start()
+    s0, c0 = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    t0 = time.perf_counter()
+    it = p.epoch()
+    images = batches = 0
+    total = 0.0
+    for batch in it:
+        total += check_batch(batch, size, spec["batch"], spec["classes"])
+        images += spec["batch"]
+        batches += 1
+        del batch
+    seconds = time.perf_counter() - t0
+    p.close_iter(it)
+    del it
+    s1, c1 = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    sampler.stop()
+    if batches != p.batches:
+        raise AssertionError(f"an epoch gave {batches} batches, expected {p.batches}")
+    cpu_self = _cpu(s1) - _cpu(s0) - sampler.cpu_seconds
+    cpu_children = _cpu(c1) - _cpu(c0)
+    return {"state": state, "seconds": seconds, "images": images, "batches": batches,
+            "images_per_s": images / seconds, "cpu_self_s": cpu_self, "cpu_children_s": cpu_children,
+            "cpu_s_per_1000": 1000 * (cpu_self + cpu_children) / images,
+            "peak_rss_mib": sampler.peak_rss / 2**20, "peak_pss_mib": sampler.peak_pss / 2**20,
+            "memory_samples": sampler.samples, "pixel_sum": total, "primed_seconds": primed, **cache}
+
+
+def measure_case(spec: dict) -> dict:
+    import torch
+
+    torch.set_num_threads(1)  # the consumer's sums; DataLoader's workers use 1 thread each anyway
+    key = spec["loader"]
+    files = source_files(spec, LOADERS[key].source)
+    res = {"loader": key, "pid": os.getpid(), "sizes": {}, "source_files": len(files),
+           "source_bytes": sum(os.path.getsize(f) for f in files)}
+    for size in spec["sizes"]:
+        entry = res["sizes"][str(size)] = {"passes": {}}
+        p = None
+        try:
+            t0 = time.perf_counter()
+            p = build_pipeline(key, spec, size)
+            entry["build_s"] = time.perf_counter() - t0
+            entry["info"] = p.info
+            t0 = time.perf_counter()
+            it = p.epoch()
+            xs = []
+            for j in range(min(spec["warmup"], p.batches)):
+                batch = next(it)
+                if "first_batch_after_launch_s" not in res:
+                    res["first_batch_after_launch_s"] = time.time() - spec["launched"]
+                check_batch(batch, size, spec["batch"], spec["classes"])
+                x, y = batch[0], batch[1]
+                xs.append((float(x.mean()), float(x.std()), float(x.min()), float(x.max()), int(y.min()),
+                           int(y.max())))
+                del batch, x, y
+            p.close_iter(it)
+            del it
+            entry["warmup_s"] = time.perf_counter() - t0
+            entry["warmup_batches"] = len(xs)
+            entry["pixels"] = {"mean": float(np.mean([v[0] for v in xs])), "std": float(np.mean([v[1] for v in xs])),
+                               "min": min(v[2] for v in xs), "max": max(v[3] for v in xs)}
+            entry["labels"] = [min(v[4] for v in xs), max(v[5] for v in xs)]
+            entry["torch_threads"] = torch.get_num_threads()
+            for state in spec["states"]:
+                entry["passes"][state] = timed_pass(p, files, state, spec, size)
+        except Exception as e:
+            traceback.print_exc()
+            entry["error"] = f"{type(e).__name__}: {str(e).strip().splitlines()[0][:300] if str(e).strip() else ''}"
+        finally:
+            if p is not None:
+                try:
+                    p.close()
+                except Exception:
+                    traceback.print_exc()
+            del p
+            gc.collect()
+    res["ru_maxrss_self_mib"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    res["ru_maxrss_children_mib"] = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024
+    return res
+
+
+def case_main(argv: list[str]) -> int:
+    """``python -m fastpipe.bench.images --case SPEC.json``: runs one case, writes its JSON to spec["result"]."""
+    if len(argv) != 2 or argv[0] != "--case":
+        print("usage: python -m fastpipe.bench.images --case SPEC.json (run by the images suite)", file=sys.stderr)
+        return 2
+    with open(argv[1]) as f:
+        spec = json.load(f)
+    try:
+        if spec["action"] == "write_beton":
+            res = ib.write_beton(spec["tree"], spec["beton"], spec["threads"])
+        else:
+            needs = LOADERS[spec["loader"]].needs
+            try:
+                if needs:
+                    __import__(needs)
+            except Exception as e:  # installed but broken: a skip with the reason, not a failure
+                res = {"skipped": f"import {needs} failed: {type(e).__name__}: {e}"}
+            else:
+                res = measure_case(spec)
+    except Exception as e:
+        traceback.print_exc()
+        res = {"error": f"{type(e).__name__}: {str(e).strip()[:300]}"}
+    bc.write_json(res, spec["result"])
+    sys.stdout.flush()
+    sys.stderr.flush()
+    # DALI's and FFCV's threads and finalizers can make a normal exit slow or noisy; the result is written.
+    os._exit(0)
+
+
+def spawn_case(spec: dict, timeout: float) -> dict:
+    """Runs a case in a fresh interpreter (its own session, so a timeout ends its workers too)."""
+    with tempfile.TemporaryDirectory(prefix="fastpipe-images-case-") as tmp:
+        spec = {**spec, "result": os.path.join(tmp, "result.json"), "launched": time.time()}
+        with open(os.path.join(tmp, "spec.json"), "w") as f:
+            json.dump(spec, f)
+        log = os.path.join(tmp, "log.txt")
+        with open(log, "w") as logf:
+            proc = subprocess.Popen([sys.executable, "-m", "fastpipe.bench.images", "--case",
+                                     os.path.join(tmp, "spec.json")], stdout=logf, stderr=subprocess.STDOUT,
+                                    start_new_session=True)
+            try:
+                rc = proc.wait(timeout=timeout)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+                rc = None
+        with open(log, errors="replace") as f:
+            tail = f.read()[-3000:]
+        try:
+            with open(spec["result"]) as f:
+                res = json.load(f)
+        except (OSError, ValueError):
+            why = f"timed out after {timeout:.0f} s" if rc is None else f"exited with {rc}"
+            lines = [line for line in tail.strip().splitlines() if line.strip()]
+            res = {"error": f"the case process {why}" + (f": {lines[-1][:300]}" if lines else "")}
+        res["log_tail"] = tail
+        return res
+
+
+# --------------------------------------------------------------------------------------------------
+# Summary and report
+# --------------------------------------------------------------------------------------------------
+def _passes(results: dict, key: str, size: int, state: str) -> list:
+    """Per repetition: the pass dict, or None where it is missing."""
+    return [r.get("sizes", {}).get(str(size), {}).get("passes", {}).get(state) for r in results["runs"][key]]
+
+
+def summarize(results: dict, keys: list, sizes: list, states: list) -> dict:
+    rows = {}
+    for size in sizes:
+        for state in states:
+            base = _passes(results, BASELINE, size, state) if BASELINE in results["runs"] else []
+            table = {}
+            for key in keys:
+                if key in results["skipped"]:
+                    table[key] = {"skipped": results["skipped"][key]}
+                    continue
+                ps = _passes(results, key, size, state)
+                good = [p for p in ps if p]
+                if not good:
+                    errs = [r.get("sizes", {}).get(str(size), {}).get("error") or r.get("error") or r.get("skipped")
+                            for r in results["runs"][key]]
+                    table[key] = {"error": next((e for e in errs if e), "no pass completed")}
+                    continue
+                rates = [p["images_per_s"] for p in good]
+                ratios = [p["images_per_s"] / b["images_per_s"] for p, b in zip(ps, base) if p and b]
+                cached = [p["cached_at_start"] for p in good if p["cached_at_start"] is not None]
+                table[key] = {
+                    "images_per_s": bc.median(rates), "images_per_s_best": max(rates),
+                    "spread_pct": bc.spread_pct(rates), "x_vs_baseline": bc.median(ratios),
+                    "cpu_s_per_1000": bc.median([p["cpu_s_per_1000"] for p in good]),
+                    "peak_rss_mib": max(p["peak_rss_mib"] for p in good),
+                    "peak_pss_mib": max(p["peak_pss_mib"] for p in good),
+                    "cached_at_start": bc.median(cached) if cached else None,
+                    "cached_at_start_max": max(cached) if cached else None,
+                    "reps": len(good),
+                }
+            rows[f"{size}_{state}"] = table
+    return rows
+
+
+def pair_ratio(results: dict, a: str, b: str, size: int, state: str) -> float:
+    """Median over repetitions of rate(a) / rate(b) (same repetition: drift cancels)."""
+    pa, pb = (_passes(results, k, size, state) if k in results["runs"] else [] for k in (a, b))
+    return bc.median([x["images_per_s"] / y["images_per_s"] for x, y in zip(pa, pb) if x and y])
+
+
+def _times(v):
+    return "-" if v is None or (isinstance(v, float) and math.isnan(v)) else f"{v:.2f}x"
+
+
+def _pct(v):
+    return "-" if v is None or (isinstance(v, float) and math.isnan(v)) else f"{100 * v:.0f}%"
+
+
+def report(results: dict, keys: list, sizes: list, states: list, out) -> None:
+    k = results["settings"]["threads"]
+    base_label = LOADERS[BASELINE].label
+    for size in sizes:
+        for state in states:
+            table = []
+            rows = results["rows"][f"{size}_{state}"]
+            marks = set()
+            for key in keys:
+                r = rows[key]
+                label = LOADERS[key].label
+                if "skipped" in r:
+                    table.append([label, "skipped: " + r["skipped"][:70]] + [""] * 6)
+                    continue
+                if "error" in r:
+                    table.append([label, "error: " + r["error"][:70]] + [""] * 6)
+                    continue
+                mark = ""
+                if state == "cold" and (r["cached_at_start_max"] or 0) > COLD_LIMIT:
+                    mark = " *" if key == "dali_cpu" else " !"
+                    marks.add(mark)
+                table.append([label + mark, bc.fmt_rate(r["images_per_s"]), _times(r["x_vs_baseline"]),
+                              bc.fmt(r["cpu_s_per_1000"], ".1f"),
+                              bc.fmt(r["peak_rss_mib"], ".0f"), bc.fmt(r["peak_pss_mib"], ".0f"),
+                              _pct(r["spread_pct"] / 100), _pct(r["cached_at_start"])])
+            out.table(["loader", "images/s", f"x vs {base_label}", "CPU s / 1000 img", "peak RSS MiB",
+                       "peak PSS MiB", "spread", "cached at start"], table,
+                      title=f"{size}x{size}, {state} page cache, k={k}, batch {results['settings']['batch']} "
+                            f"(images/s: median of {results['settings']['reps']} repetition(s))")
+            if " !" in marks:
+                out.note(f"! more than {COLD_LIMIT:.0%} of this loader's files were still cached when a cold pass "
+                         "started (pages a process keeps mapped cannot be evicted): its cold figure is flattered")
+            if " *" in marks:
+                out.note("* DALI's file reader keeps up to initial_fill=1024 samples of the next epoch mapped in its "
+                         "shuffle buffer: they stay cached, but were read from the disk during an untimed cold "
+                         "epoch just before, as in steady-state training on data that does not fit in memory")
+        out.bars(f"images_{size}", f"{size}x{size}, k={k}: images/s (median of repetitions)",
+                 {state: {LOADERS[key].label: results["rows"][f"{size}_{state}"][key].get("images_per_s")
+                          for key in keys} for state in states}, "images/s")
+    out.note("Every row yields float32 [B, 3, S, S] NCHW + int64 labels from RandomResizedCrop(S) + flip + "
+             "normalise; 'x vs' is the median of per-repetition ratios; CPU s includes worker processes and "
+             "threads; RSS sums the processes (forked workers share pages, counted once per process), PSS "
+             "divides shared pages among them."
+             + (" FFCV reads images it re-encoded at q90 "
+                f"({results['corpus']['beton_mb']:.0f} MB .beton vs {results['corpus']['total_mb']:.0f} MB of "
+                "original JPEGs), not the original files." if "beton_mb" in results["corpus"] else ""))
+    st = []
+    for key in keys:
+        runs = results["runs"].get(key) or []
+        firsts = [r.get("first_batch_after_launch_s") for r in runs]
+        build = [e.get("build_s") for r in runs for e in r.get("sizes", {}).values()]
+        wu = [e.get("warmup_s") for r in runs for e in r.get("sizes", {}).values()]
+        if key in results["skipped"] or not any(v is not None for v in firsts):
+            continue
+        st.append([LOADERS[key].label, bc.fmt(bc.median(firsts), ".1f"), bc.fmt(bc.median(build), ".2f"),
+                   bc.fmt(bc.median(wu), ".2f")])
+    if st:
+        warmup = results["settings"]["warmup"]
+        out.table(["loader", "launch to first batch s", "build s", f"warm-up s ({warmup} batches)"],
+                  st, title="Start-up (median over processes): interpreter + imports + build + first batch; "
+                            "DALI builds and FFCV JIT-compiles in the warm-up")
+
+
+def headline(results: dict, sizes: list, states: list) -> list[str]:
+    size = 224 if 224 in sizes else sizes[0]
+    state = "warm" if "warm" in states else states[0]
+    k = results["settings"]["threads"]
+    lines = []
+    fp = [key for key in ("fastpipe_folder", "fastpipe_packed") if key in results["runs"]]
+    names = {"fastpipe_folder": "ImageFolder", "fastpipe_packed": "packed"}
+    for peer, what in ((BASELINE, "DataLoader + v2 (PIL)"), ("dali_cpu", "DALI CPU"), ("ffcv", "FFCV")):
+        if not fp:
+            break
+        if peer in results["skipped"]:
+            lines.append(f"fastpipe vs {what}, {size} {state}: skipped ({results['skipped'][peer]})")
+            continue
+        if peer not in results["runs"]:
+            continue
+        parts = [f"{names[key]} {_times(pair_ratio(results, key, peer, size, state))}" for key in fp]
+        rows = results["rows"][f"{size}_{state}"]
+        rates = " and ".join(bc.fmt_rate(rows[key].get("images_per_s")) for key in fp)
+        lines.append(f"fastpipe vs {what}, {size}x{size} {state}, k={k}: {', '.join(parts)} "
+                     f"({rates} vs {bc.fmt_rate(rows[peer].get('images_per_s'))} images/s)")
+    return lines
+
+
+def run(args, out) -> dict:
+    quick = args.quick
+    keys = [s.strip() for s in args.loaders.split(",") if s.strip()]
+    bad = [s for s in keys if s not in LOADERS]
+    if bad or not keys:
+        raise SystemExit(f"images --loaders: unknown {bad}; choose from {','.join(LOADERS)}")
+    try:
+        sizes = [int(s) for s in args.sizes.split(",") if s.strip()]
+    except ValueError:
+        raise SystemExit(f"images --sizes: integers, got {args.sizes!r}") from None
+    states = [s.strip() for s in args.cache.split(",") if s.strip()]
+    if not sizes or any(s < 8 for s in sizes) or not states or any(s not in STATES for s in states):
+        raise SystemExit(f"images: --sizes needs sizes >= 8 and --cache a subset of {','.join(STATES)}")
+    n = args.images or (QUICK_IMAGES if quick else IMAGES)
+    batch = args.batch_size or (QUICK_BATCH if quick else BATCH)
+    k = args.threads or usable_cpus()
+    reps = args.reps or (1 if quick else FULL_REPS)
+    if n < CLASSES or n // batch < 1 or k < 1 or reps < 1:
+        raise SystemExit(f"images: need --images >= {CLASSES} and at least one batch ({n} images, batch {batch})")
+    data_dir = os.path.join(args.data_dir, "quick") if quick else args.data_dir
+    timeout = CASE_TIMEOUT["quick" if quick else "full"]
+
+    facts = out.facts
+    out.log(f"fastpipe images benchmark — {bc.machine_line(facts)}")
+    out.note(f"k = {k} threads or workers for every loader, batch {batch}, sizes {sizes}, cache {states}, "
+             f"{reps} repetition(s), {n} images" + ("; QUICK mode: not figures" if quick else ""))
+    c = corpus_paths(data_dir, n, args.seed, args.grain)
+    corpus = ensure_corpus(c, n, args.seed, args.grain, k, out)
+    facts["data_dir"] = c.dir
+    facts["data_dir_filesystem"] = bc.filesystem_of(c.dir)
+    if facts["usable_cpus"] and os.getloadavg()[0] > 0.5 * facts["usable_cpus"]:
+        out.note(f"NOTE: load average {os.getloadavg()[0]:.1f} on {facts['usable_cpus']} CPUs before starting: "
+                 "other work is running, the numbers will be noisy (see the spread column)")
+
+    skipped = {}
+    for key in keys:
+        needs = LOADERS[key].needs
+        why = ib.peer_missing(needs) if needs else None
+        if why:
+            skipped[key] = why
+    if "ffcv" in keys and "ffcv" not in skipped:
+        why = ensure_beton(c, k, corpus, out, timeout)
+        if why:
+            skipped["ffcv"] = why
+    out.table(["images", "count", "mean KB", "bits/pixel"],
+              [[g, v["count"], bc.fmt(v["mean_kb"], ".1f"), bc.fmt(v["bpp"], ".2f")]
+               for g, v in corpus["groups"].items()]
+              + [["all", corpus["count"], bc.fmt(corpus["mean_kb"], ".1f"), bc.fmt(corpus["bpp"], ".2f")]],
+              title=f"Corpus: {n} JPEGs in {CLASSES} classes from {corpus['source_photo']} (crops, zoom, flips, "
+                    f"colour jitter, sharpening, grain sigma {corpus['grain_sigma']:g}), q{JPEG_QUALITY} 4:2:0; "
+                    f"{corpus['total_mb']:.0f} MB, packed {corpus['packed_mb']:.0f} MB"
+                    + (f", FFCV .beton {corpus['beton_mb']:.0f} MB" if "beton_mb" in corpus else ""))
+    out.note(f"corpus: {c.dir} ({facts['data_dir_filesystem'].get('fstype')}); mean file "
+             f"{corpus['mean_kb_typical']:.0f} KB without the large ones (ImageNet's train images: ~110 KB)")
+    for key, why in skipped.items():
+        out.note(f"skipped {LOADERS[key].label}: {why}")
+
+    active = [key for key in keys if key not in skipped]
+    results = {"settings": {"images": n, "batch": batch, "threads": k, "sizes": sizes, "states": states,
+                            "reps": reps, "warmup": WARMUP_BATCHES if not quick else 2, "seed": args.seed,
+                            "baseline": BASELINE, "cold_limit": COLD_LIMIT, "sample_interval_s": SAMPLE_INTERVAL,
+                            "loaders": {key: LOADERS[key]._asdict() for key in keys}},
+               "corpus": corpus, "skipped": skipped, "runs": {key: [] for key in active}}
+    spec = {"action": "measure", "tree": c.tree, "packed": c.packed, "beton": c.beton, "index": c.index,
+            "num_images": n, "classes": CLASSES, "batch": batch, "threads": k, "seed": args.seed,
+            "warmup": results["settings"]["warmup"]}
+    with out.progress(total=reps * len(active), desc="images", unit="case") as bar:
+        for r in range(reps):
+            for key in rotated(active, r):
+                if key in skipped:  # its import failed in an earlier repetition
+                    bar.update()
+                    continue
+                res = spawn_case({**spec, "loader": key, "sizes": rotated(sizes, r),
+                                  "states": rotated(states, r)}, timeout)
+                if "skipped" in res:
+                    skipped[key] = res["skipped"]
+                errors = [f"{s}: {e['error']}" for s, e in res.get("sizes", {}).items() if "error" in e]
+                if "error" in res or errors:
+                    out.progress_line(f"  {LOADERS[key].label}: {res.get('error') or '; '.join(errors)}\n"
+                                      + res.get("log_tail", "")[-1500:])
+                if "error" not in res and not errors:
+                    res.pop("log_tail", None)  # kept in the JSON only where something went wrong
+                results["runs"][key].append(res)
+                done = [f"{s} {st} {bc.fmt_rate(p['images_per_s'])}/s" for s, e in res.get("sizes", {}).items()
+                        for st, p in e.get("passes", {}).items()]
+                out.progress_line(f"  rep {r + 1}/{reps} {LOADERS[key].label}: {', '.join(done) or 'no pass'}")
+                out.checkpoint(results)
+                bar.update()
+    for key in list(results["runs"]):
+        if key in skipped:
+            del results["runs"][key]
+    results["rows"] = summarize(results, keys, sizes, states)
+    report(results, keys, sizes, states, out)
+    results["headline"] = headline(results, sizes, states)
+    return results
+
+
+if __name__ == "__main__":
+    sys.exit(case_main(sys.argv[1:]))
