@@ -9,7 +9,7 @@
 #   benchmarks/device_check.sh [RESULTS_DIR] [tests|bench|all]     (default: all)
 #
 # RESULTS_DIR (default: $OUT when set, else benchmarks/results/gpu) receives summary.txt, build.log,
-# gpu_tests.log, bench_progress.log, loader_gpu.json/.txt, next_cost_gpu.json/.txt, conv_gpu.json/.txt/.md,
+# gpu_tests.log, bench_progress.log, jpeg_gpu.json/.txt, loader_gpu.json/.txt, next_cost_gpu.json/.txt, conv_gpu.json/.txt/.md,
 # train_gpu_*.json/.md and train_gpu.txt
 # (and conv_gpu_*.png with matplotlib; a benchmark cut short by its limit leaves what it measured). Exit status: non-zero when a prerequisite
 # is missing, the build fails or a test fails (the benchmarks still run after failed tests).
@@ -63,6 +63,9 @@ if ! timeout 150 $PY setup.py build_ext --inplace >"$RESULTS/build.log" 2>&1; th
   exit 1
 fi
 $PY -c 'import fastpipe, json; print("build_info:", json.dumps(fastpipe.build_info()))' | tee -a "$RESULTS/summary.txt"
+$PY -c 'import torch, fastpipe; from fastpipe.data import _device; C = fastpipe._ext._C
+print("jpeg:", C.JPEG, "nvjpeg:", C.nvjpeg_status(torch.cuda.current_device(), _device.nvjpeg_library()))' \
+  | tee -a "$RESULTS/summary.txt"
 
 TESTS_RC=0
 if [ "$PART" != bench ]; then
@@ -124,6 +127,10 @@ grep -A25 "each engine forced" "$RESULTS/conv_engines_bwd_gpu.txt" | head -30
 fi
 
 if [ "$PART" != tests ]; then
+say "benchmark: JPEG decode on a CUDA loader, in the reader threads against nvJPEG (image_decode=device)"
+timeout 90 $PY benchmarks/gpu_jpeg_bench.py --out "$RESULTS/jpeg_gpu.json" >"$RESULTS/jpeg_gpu.txt" \
+  2>>"$RESULTS/bench_progress.log" || say "JPEG benchmark failed or stopped at its time limit"
+cat "$RESULTS/jpeg_gpu.txt"
 say "benchmark: loader H2D and training step against DataLoader"
 timeout 100 $PY benchmarks/gpu_loader_bench.py --out "$RESULTS/loader_gpu.json" >"$RESULTS/loader_gpu.txt" \
   2>>"$RESULTS/bench_progress.log" || { tail -5 "$RESULTS/bench_progress.log"; say "loader benchmark failed or stopped"; }

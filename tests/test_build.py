@@ -46,6 +46,16 @@ def test_build_info_values_consistent():
         assert info["device"] is None
 
 
+def test_jpeg_decoding_is_built_where_libjpeg_is_installed():
+    """Where the build could find libjpeg-turbo (make installs it: make system-deps), JPEG decoding must be
+    in the extension: a missing install step shows here, not as skipped image tests."""
+    import shutil
+    if shutil.which("pkg-config") is None or subprocess.run(["pkg-config", "--exists", "libjpeg"]).returncode:
+        pytest.skip("libjpeg-turbo's development files are not installed here")
+    assert fastpipe._ext._C.JPEG["decode"], fastpipe._ext._C.JPEG
+    assert fastpipe._ext._C.JPEG["library"].startswith("libjpeg")
+
+
 def test_build_info_is_json_serialisable():
     import json
 

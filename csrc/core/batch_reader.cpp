@@ -140,8 +140,8 @@ BatchReader::BatchReader(std::vector<ColumnSpec> columns, ReaderOptions opt) : o
                              "; using buffered reads");
     c.first_output = static_cast<int>(st->outputs.size());
     for (int k = 0; k < c.num_outputs(); ++k) {
-      st->outputs.push_back({offset, c.output_record_bytes()});
-      offset = place_output(offset, c.output_record_bytes(), opt.batch_size);
+      st->outputs.push_back({offset, c.output_record_bytes(k)});
+      offset = place_output(offset, c.output_record_bytes(k), opt.batch_size);
     }
     st->columns.push_back(std::move(c));
   }

@@ -10,7 +10,9 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <vector>
 
+#include "cuda/image_transform.h"
 #include "cuda/transforms.h"
 
 namespace fastpipe {
@@ -41,10 +43,32 @@ struct CropMirrorNormalizeKernel {
   uint64_t epoch = 0;
 };
 
+// The JPEG transforms' last pass for images decoded on the device: record k (descs[k], device memory)
+// decoded whole at staging + k * image_stride becomes output image k of `out`; records decoded on the
+// host (DecodeOn::kHost) are left alone (their outputs are copied).
+struct ResampleImagesKernel {
+  images::ImageTransformParams params;
+  const images::ImageDesc* descs = nullptr;
+  const uint8_t* staging = nullptr;
+  int64_t image_stride = 0;
+  void* out = nullptr;
+  int64_t count = 0;
+};
+
 struct DeviceKernel {
-  enum class Kind { kWidenTokens, kCropMirrorNormalize } kind;
+  enum class Kind { kWidenTokens, kCropMirrorNormalize, kResampleImages } kind;
   WidenTokensKernel widen;
   CropMirrorNormalizeKernel cmn;
+  ResampleImagesKernel resample;
+};
+
+// JPEG images to decode on the device, each whole into interleaved RGB (height * width * 3 bytes at
+// out[k], device memory) from its bitstream in page-locked host memory.
+struct JpegDecodeJob {
+  std::vector<const uint8_t*> data;
+  std::vector<size_t> sizes;
+  std::vector<uint8_t*> out;
+  std::vector<int> heights, widths;
 };
 
 // Every call throws Error(kState) naming the call when the device reports a failure.
@@ -69,6 +93,8 @@ class Device {
 
   virtual void copy_to_device(void* dst, const void* src, size_t bytes, Stream* s) = 0;
   virtual void launch(const DeviceKernel& k, Stream* s) = 0;
+  // Decodes the job's images on s (the bitstreams must stay unchanged until s passes this point).
+  virtual void decode_jpegs(const JpegDecodeJob& job, Stream* s) = 0;
   virtual void record(Event* e, Stream* s) = 0;
   virtual void wait(Stream* s, Event* e) = 0;
   virtual void synchronize(Event* e) = 0;

@@ -65,7 +65,7 @@ struct HostFences {
   }
 };
 
-enum class Conversion { kCopy, kWidenTokens, kCropMirrorNormalize };
+enum class Conversion { kCopy, kWidenTokens, kCropMirrorNormalize, kDecodeImages };
 
 // How column k's host records become device outputs.
 struct Plan {
@@ -77,6 +77,7 @@ struct Plan {
   int token_bytes = 0;
   bool token_signed = false;
   std::shared_ptr<const transforms::CropMirrorNormalizeParams> cmn;
+  std::shared_ptr<const ImageColumnSpec> image;  // kDecodeImages: host outputs desc, encoded, host-decoded
 };
 
 struct Issued {
@@ -108,6 +109,11 @@ struct PipelineState {
   std::vector<OutputLayout> outputs;
   std::vector<Plan> plans;
   int64_t index_offset = -1;  // of the device copy of the sample indices, when a transform needs them
+  // Images decoded on the device land here, record k at k * decoded_stride (one buffer: each batch's
+  // decode and resample run in copy-stream order, so the next decode comes after the last read).
+  uint8_t* decoded = nullptr;
+  int64_t decoded_stride = 0;
+  std::atomic<int64_t> decoded_on_device{0}, decoded_on_host{0};
   Event* overflow_ready = nullptr;
   OverflowFn overflow;
   std::atomic<bool> skip_release_fence{false};
@@ -134,6 +140,7 @@ struct PipelineState {
       device->delete_event(overflow_ready);
     }
     if (arena) device->free(arena);
+    if (decoded) device->free(decoded);
     if (copy) device->delete_stream(copy);
   }
 
@@ -148,6 +155,7 @@ struct PipelineState {
         continue;
       }
       device->copy_to_device(base + p.staging, src, bytes, copy);
+      if (p.kind == Conversion::kDecodeImages) enqueue_decode(p, lease, base);
     }
     if (index_offset >= 0)
       device->copy_to_device(base + index_offset, lease.indices(), static_cast<size_t>(n * 8), copy);
@@ -164,6 +172,10 @@ struct PipelineState {
         k.cmn = CropMirrorNormalizeKernel{*p.cmn, reinterpret_cast<const uint8_t*>(base + p.staging),
                                           base + outputs[p.first_output].offset, n,
                                           reinterpret_cast<const int64_t*>(base + index_offset), lease.epoch()};
+      } else if (p.kind == Conversion::kDecodeImages) {
+        k.kind = DeviceKernel::Kind::kResampleImages;
+        k.resample = ResampleImagesKernel{p.image->transform, reinterpret_cast<const images::ImageDesc*>(base + p.staging),
+                                          decoded, decoded_stride, base + outputs[p.first_output].offset, n};
       } else {
         continue;
       }
@@ -171,6 +183,32 @@ struct PipelineState {
     }
     device->record(ready, copy);
     fences->record(lease.slot(), copy);  // the host slot may be refilled once the copy out of it is done
+  }
+
+  // A batch's images: those the reader left to the device decoded into `decoded` (the resample kernel
+  // takes them from there), those it decoded itself copied to their outputs.
+  void enqueue_decode(const Plan& p, const Lease& lease, char* base) {
+    const auto* descs = reinterpret_cast<const images::ImageDesc*>(lease.data(p.host_output));
+    const auto* encoded = reinterpret_cast<const uint8_t*>(lease.data(p.host_output + 1));
+    const char* host_out = lease.data(p.host_output + 2);
+    const int64_t out_bytes = outputs[p.first_output].record_bytes;
+    char* out = base + outputs[p.first_output].offset;
+    JpegDecodeJob job;
+    for (int64_t k = 0; k < lease.records(); ++k) {
+      const images::ImageDesc& d = descs[k];
+      if (d.on == static_cast<int32_t>(images::DecodeOn::kDevice)) {
+        job.data.push_back(encoded + k * p.image->encoded_budget);
+        job.sizes.push_back(static_cast<size_t>(d.encoded_bytes));
+        job.out.push_back(decoded + k * decoded_stride);
+        job.heights.push_back(d.height);
+        job.widths.push_back(d.width);
+      } else {
+        device->copy_to_device(out + k * out_bytes, host_out + k * out_bytes, static_cast<size_t>(out_bytes), copy);
+      }
+    }
+    if (!job.data.empty()) device->decode_jpegs(job, copy);
+    decoded_on_device += static_cast<int64_t>(job.data.size());
+    decoded_on_host += lease.records() - static_cast<int64_t>(job.data.size());
   }
 };
 
@@ -214,16 +252,25 @@ DevicePipeline::DevicePipeline(std::shared_ptr<Device> device, std::vector<Colum
   device_->bind_thread();
   st.fences = std::make_shared<HostFences>(device_);
 
-  // One plan per column, from its spec: token windows widened, images transformed, the rest copied.
+  // One plan per column, from its spec: token windows widened, images transformed or decoded, the rest
+  // copied (images the reader decodes arrive as their outputs).
   std::vector<Plan> plans(columns.size());
   bool needs_index = false;
+  int host_output = 0;
+  int64_t pixel_budget = 0;
   for (size_t k = 0; k < columns.size(); ++k) {
     Plan& p = plans[k];
-    p.host_output = static_cast<int>(k);
+    p.host_output = host_output;
     p.token_bytes = columns[k].token_bytes;
     p.token_signed = columns[k].token_signed;
     p.cmn = columns[k].cmn;
     p.kind = p.cmn ? Conversion::kCropMirrorNormalize : p.token_bytes ? Conversion::kWidenTokens : Conversion::kCopy;
+    if (columns[k].image && columns[k].image->device_decode) {
+      p.kind = Conversion::kDecodeImages;
+      p.image = columns[k].image;
+      pixel_budget = std::max(pixel_budget, p.image->pixel_budget);
+    }
+    host_output += p.kind == Conversion::kDecodeImages ? kDeviceDecodeOutputs : 1;
     needs_index |= p.kind == Conversion::kCropMirrorNormalize;
   }
 
@@ -266,6 +313,9 @@ DevicePipeline::DevicePipeline(std::shared_ptr<Device> device, std::vector<Colum
       case Conversion::kCropMirrorNormalize:
         add_output(transforms::out_image_elements(*p.cmn) * transforms::out_dtype_bytes(p.cmn->out_dtype));
         break;
+      case Conversion::kDecodeImages:
+        add_output(host[p.host_output + 2].record_bytes);  // the output image, as the host makes it
+        break;
     }
     if (p.kind != Conversion::kCopy) {
       p.staging = offset;
@@ -280,6 +330,10 @@ DevicePipeline::DevicePipeline(std::shared_ptr<Device> device, std::vector<Colum
   st.slot_bytes = std::max<int64_t>(offset, kDeviceAlign);
   const int num_slots = reader_->stats().prefetch + 2;
   st.arena = static_cast<char*>(device_->alloc(static_cast<size_t>(st.slot_bytes * num_slots)));
+  if (pixel_budget > 0) {
+    st.decoded_stride = align_up(pixel_budget * 3, kDeviceAlign);
+    st.decoded = static_cast<uint8_t*>(device_->alloc(static_cast<size_t>(st.decoded_stride * st.batch_size)));
+  }
   st.slots.resize(static_cast<size_t>(num_slots));
   for (DeviceSlot& s : st.slots) s.ready = device_->new_event();
   st.overflow_ready = device_->new_event();
@@ -423,6 +477,8 @@ DeviceStats DevicePipeline::stats() const {
   s.num_slots = static_cast<int>(state_->slots.size());
   s.slots_leased = state_->leased;
   s.overflow_batches = state_->overflow_batches;
+  s.images_decoded_on_device = state_->decoded_on_device.load();
+  s.images_decoded_on_host = state_->decoded_on_host.load();
   return s;
 }
 

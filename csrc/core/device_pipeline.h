@@ -32,6 +32,8 @@ struct DeviceStats {
   int num_slots = 0;
   int slots_leased = 0;
   int64_t overflow_batches = 0;
+  int64_t images_decoded_on_device = 0;  // image_decode="device": records decoded on the device
+  int64_t images_decoded_on_host = 0;    // ... and those the reader threads decoded instead
 };
 
 struct PipelineState;

@@ -198,8 +198,13 @@ std::string Column::io_name() const {
   return file ? io_mode_name(file->mode()) : "closed";
 }
 
-int64_t Column::output_record_bytes() const {
-  if (spec.image) return images::out_image_elements(spec.image->transform) * transforms::out_dtype_bytes(spec.image->transform.out_dtype);
+int64_t Column::output_record_bytes(int output) const {
+  if (spec.image) {
+    const ImageColumnSpec& im = *spec.image;
+    if (im.device_decode && output == 0) return static_cast<int64_t>(sizeof(images::ImageDesc));
+    if (im.device_decode && output == 1) return im.encoded_budget;
+    return images::out_image_elements(im.transform) * transforms::out_dtype_bytes(im.transform.out_dtype);
+  }
   if (!converts()) return spec.record_bytes;
   if (widen) return 8 * (spec.record_bytes / spec.token_bytes - 1);
   return transforms::out_image_elements(*spec.cmn) * transforms::out_dtype_bytes(spec.cmn->out_dtype);

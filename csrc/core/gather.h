@@ -73,8 +73,11 @@ struct Column {
   // How the column is read, for stats: an io mode's name, or "files" for an image folder.
   std::string io_name() const;
   // Outputs in the slot (x and y for token windows) and the bytes of each per record.
-  int num_outputs() const { return converts() && widen ? 2 : 1; }
-  int64_t output_record_bytes() const;
+  int num_outputs() const {
+    if (spec.image) return spec.image->device_decode ? kDeviceDecodeOutputs : 1;
+    return converts() && widen ? 2 : 1;
+  }
+  int64_t output_record_bytes(int output = 0) const;
 };
 
 // Opens a column for reading with `mode` (kMmap, kPread or kDirect) and checks that the file covers

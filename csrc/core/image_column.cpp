@@ -116,12 +116,15 @@ images::Geometry image_sample_geometry(const ImageColumnSpec& spec, int64_t inde
                                 static_cast<uint64_t>(draw));
 }
 
-int64_t read_image(const ImageColumnSpec& spec, const File* packed, int64_t i, int64_t draw, uint64_t epoch,
-                   void* out, ImageThreadState& ts) {
+namespace {
+
+// Record i's bytes read into ts.encoded and its header checked (parsed, decodable, the size the dataset
+// recorded, complete): the bytes, and *info.
+int64_t load_checked(const ImageColumnSpec& spec, const File* packed, int64_t i, ImageThreadState& ts, JpegInfo* out) {
   const ImageSource& src = *spec.source;
   const int64_t bytes = read_encoded(spec, packed, i, ts);
   const uint8_t* data = ts.encoded.data();
-  JpegInfo info;
+  JpegInfo& info = *out;
   std::string why;
   switch (read_jpeg_info(data, static_cast<size_t>(bytes), &info, &why)) {
     case JpegParse::kOk: break;
@@ -139,7 +142,13 @@ int64_t read_image(const ImageColumnSpec& spec, const File* packed, int64_t i, i
   }
   if (!jpeg_has_end(data, static_cast<size_t>(bytes), info))
     bad_image(src, i, "truncated: no end-of-image marker after the image data");
-  const images::Geometry g = image_sample_geometry(spec, i, draw, epoch);
+  return bytes;
+}
+
+// The checked record in ts.encoded decoded (the region geometry g reads) and resampled into `out`.
+void decode_into(const ImageColumnSpec& spec, int64_t i, const JpegInfo& info, int64_t bytes,
+                 const images::Geometry& g, void* out, ImageThreadState& ts) {
+  const uint8_t* data = ts.encoded.data();
   const images::Region r = images::taps_region(g);
   const uint8_t* pixels = nullptr;
   int64_t stride = 0;
@@ -147,10 +156,61 @@ int64_t read_image(const ImageColumnSpec& spec, const File* packed, int64_t i, i
     try {
       pixels = ts.decoder.decode(data, static_cast<size_t>(bytes), info, g.denom, r, &stride);
     } catch (const std::runtime_error& e) {
-      bad_image(src, i, std::string("cannot be decoded: ") + e.what());
+      bad_image(*spec.source, i, std::string("cannot be decoded: ") + e.what());
     }
   }
   resample_image(spec.transform, g, pixels, stride, r, out, ts.resample);
+}
+
+}  // namespace
+
+int64_t read_image(const ImageColumnSpec& spec, const File* packed, int64_t i, int64_t draw, uint64_t epoch,
+                   void* out, ImageThreadState& ts) {
+  JpegInfo info;
+  const int64_t bytes = load_checked(spec, packed, i, ts, &info);
+  decode_into(spec, i, info, bytes, image_sample_geometry(spec, i, draw, epoch), out, ts);
+  return bytes;
+}
+
+const char* host_decode_reason(const ImageColumnSpec& spec, const JpegInfo& info, const images::Geometry& g,
+                               int64_t bytes) {
+  if (info.sof != 0) return "not a baseline JPEG";
+  if (info.components == 3) {
+    const bool chroma_1x1 = info.h_samp[1] == 1 && info.v_samp[1] == 1 && info.h_samp[2] == 1 && info.v_samp[2] == 1;
+    const int h = info.h_samp[0], v = info.v_samp[0];
+    if (!chroma_1x1 || !((h == 1 || h == 2 || h == 4) && (v == 1 || v == 2))) return "nonstandard chroma subsampling";
+  } else if (info.components != 1) {
+    return "not grayscale or YCbCr";
+  }
+  if (bytes > spec.encoded_budget) return "over the encoded budget";
+  if (static_cast<int64_t>(info.height) * info.width > spec.pixel_budget) return "over the pixel budget";
+  if (images::max_taps(g.y) > images::kDeviceTaps || images::max_taps(g.x) > images::kDeviceTaps)
+    return "a shrink of more than 4x";
+  return nullptr;
+}
+
+int64_t read_image_for_device(const ImageColumnSpec& spec, const File* packed, int64_t i, int64_t draw,
+                              uint64_t epoch, images::ImageDesc* desc, uint8_t* encoded, void* out,
+                              ImageThreadState& ts) {
+  JpegInfo info;
+  const int64_t bytes = load_checked(spec, packed, i, ts, &info);
+  images::ImageTransformParams whole = spec.transform;
+  whole.max_dct_denom = 1;  // the device decodes the whole image at full size
+  const ImageSource& src = *spec.source;
+  const images::Geometry g = images::image_geometry(whole, src.heights[i], src.widths[i], epoch,
+                                                    static_cast<uint64_t>(draw));
+  *desc = images::ImageDesc{};
+  desc->height = info.height;
+  desc->width = info.width;
+  desc->encoded_bytes = bytes;
+  if (!host_decode_reason(spec, info, g, bytes)) {
+    desc->on = static_cast<int32_t>(images::DecodeOn::kDevice);
+    desc->geometry = g;
+    std::memcpy(encoded, ts.encoded.data(), static_cast<size_t>(bytes));
+  } else {
+    desc->on = static_cast<int32_t>(images::DecodeOn::kHost);
+    decode_into(spec, i, info, bytes, image_sample_geometry(spec, i, draw, epoch), out, ts);
+  }
   return bytes;
 }
 

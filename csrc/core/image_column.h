@@ -39,7 +39,24 @@ struct ImageColumnSpec {
   std::shared_ptr<const ImageSource> source;
   images::ImageTransformParams transform;
   int64_t max_record_bytes = 64 << 20;  // an encoded image larger than this is an error naming it
+  // Decoded on the device (a CUDA loader with image_decode="device"): the reader hands over per record
+  // its description and its encoded bytes (up to encoded_budget), and decodes on the host only what the
+  // device is not given (device_decodable says which). pixel_budget: the decoded pixels a record may
+  // occupy on the device.
+  bool device_decode = false;
+  int64_t encoded_budget = 0;
+  int64_t pixel_budget = 0;
 };
+
+// The host outputs of a column decoded on the device, per record: its ImageDesc, its encoded bytes
+// (encoded_budget), and its output image when the host decoded it.
+constexpr int kDeviceDecodeOutputs = 3;
+
+// Why record `info` (geometry g at full size, `bytes` encoded) is decoded on the host rather than on the
+// device, or nullptr: the device decoder takes baseline JPEGs, grayscale or YCbCr with standard chroma
+// subsampling, within both budgets and kDeviceTaps taps per axis.
+const char* host_decode_reason(const ImageColumnSpec& spec, const JpegInfo& info, const images::Geometry& g,
+                               int64_t bytes);
 
 // A reader thread's decoder and buffers.
 struct ImageThreadState {
@@ -61,6 +78,12 @@ void will_need_images(const ImageColumnSpec& spec, const File* packed, const int
 // data (not a JPEG, corrupt, truncated, changed since the scan), kIO when reading failed.
 int64_t read_image(const ImageColumnSpec& spec, const File* packed, int64_t index, int64_t draw, uint64_t epoch,
                    void* out, ImageThreadState& ts);
+
+// The same for a column decoded on the device: the record's ImageDesc and encoded bytes, or (when the
+// device does not take it) its output decoded here.
+int64_t read_image_for_device(const ImageColumnSpec& spec, const File* packed, int64_t index, int64_t draw,
+                              uint64_t epoch, images::ImageDesc* desc, uint8_t* encoded, void* out,
+                              ImageThreadState& ts);
 
 // The geometry of record `index` (its stored size) drawn for sample `draw` of `epoch`.
 images::Geometry image_sample_geometry(const ImageColumnSpec& spec, int64_t index, int64_t draw, uint64_t epoch);

@@ -23,9 +23,17 @@ int64_t read_images_of(ReaderState& st, int64_t record, int64_t draw, int64_t po
   int64_t bytes = 0;
   for (const Column& c : st.columns) {
     if (!c.spec.image) continue;
-    const OutputLayout& out = st.outputs[c.first_output];
-    bytes += read_image(*c.spec.image, c.file.get(), record, draw, epoch, base + out.offset + pos * out.record_bytes,
-                        *tb.image);
+    auto at = [&](int k) {
+      const OutputLayout& out = st.outputs[c.first_output + k];
+      return base + out.offset + pos * out.record_bytes;
+    };
+    if (c.spec.image->device_decode) {
+      bytes += read_image_for_device(*c.spec.image, c.file.get(), record, draw, epoch,
+                                     reinterpret_cast<images::ImageDesc*>(at(0)), reinterpret_cast<uint8_t*>(at(1)),
+                                     at(2), *tb.image);
+    } else {
+      bytes += read_image(*c.spec.image, c.file.get(), record, draw, epoch, at(0), *tb.image);
+    }
   }
   return bytes;
 }

@@ -13,6 +13,8 @@
 
 #include "core/error.h"
 #include "core/gather.h"
+#include "core/jpeg_decode.h"
+#include "core/jpeg_header.h"
 
 namespace fastpipe {
 
@@ -69,8 +71,8 @@ struct Stream {
 
 struct SimDevice::Impl {
   std::mutex mu;
-  // fail(): per kind (0 copy, 1 launch), calls still to let through, then calls to fail.
-  int pass[2] = {0, 0}, failing[2] = {0, 0};
+  // fail(): per kind (0 copy, 1 launch, 2 decode), calls still to let through, then calls to fail.
+  int pass[3] = {0, 0, 0}, failing[3] = {0, 0, 0};
 
   void maybe_fail(int kind, const char* call) {
     std::lock_guard<std::mutex> lk(mu);
@@ -147,10 +149,44 @@ void SimDevice::launch(const DeviceKernel& k, Stream* s) {
   s->push([k] { run_kernel_on_host(k); });
 }
 
+void SimDevice::decode_jpegs(const JpegDecodeJob& job, Stream* s) {
+  impl_->maybe_fail(2, "decode_jpegs");
+  // Decoded now with libjpeg, as a device's decoder parses and checks on the host in the call, and
+  // written to the device memory in stream order (the staging it fills may still be read by work queued
+  // before).
+  auto decoded = std::make_shared<std::vector<std::vector<uint8_t>>>(job.data.size());
+  JpegDecoder decoder;
+  for (size_t k = 0; k < job.data.size(); ++k) {
+    JpegInfo info;
+    std::string why;
+    if (read_jpeg_info(job.data[k], job.sizes[k], &info, &why) != JpegParse::kOk || info.height != job.heights[k] ||
+        info.width != job.widths[k])
+      throw Error(ErrorKind::kState, "simulated device: decode_jpegs: image " + std::to_string(k) + " is not the JPEG it "
+                                     "was described as" + (why.empty() ? "" : ": " + why));
+    int64_t stride = 0;
+    const images::Region whole{0, info.height, 0, info.width};
+    const uint8_t* px = nullptr;
+    try {
+      px = decoder.decode(job.data[k], job.sizes[k], info, 1, whole, &stride);
+    } catch (const std::runtime_error& e) {
+      throw Error(ErrorKind::kState, std::string("simulated device: decode_jpegs: image ") + std::to_string(k) +
+                                         " cannot be decoded: " + e.what());
+    }
+    std::vector<uint8_t>& rgb = (*decoded)[k];
+    rgb.resize(static_cast<size_t>(info.height) * info.width * 3);
+    for (int y = 0; y < info.height; ++y)
+      std::memcpy(rgb.data() + static_cast<size_t>(y) * info.width * 3, px + y * stride, static_cast<size_t>(info.width) * 3);
+  }
+  std::vector<uint8_t*> out = job.out;
+  s->push([decoded, out] {
+    for (size_t k = 0; k < out.size(); ++k) std::memcpy(out[k], (*decoded)[k].data(), (*decoded)[k].size());
+  });
+}
+
 void SimDevice::fail(const std::string& what, int count, int after) {
-  if (what != "copy" && what != "launch")
-    throw Error(ErrorKind::kValue, "what must be 'copy' or 'launch', got '" + what + "'");
-  const int kind = what == "copy" ? 0 : 1;
+  if (what != "copy" && what != "launch" && what != "decode")
+    throw Error(ErrorKind::kValue, "what must be 'copy', 'launch' or 'decode', got '" + what + "'");
+  const int kind = what == "copy" ? 0 : what == "launch" ? 1 : 2;
   std::lock_guard<std::mutex> lk(impl_->mu);
   impl_->failing[kind] = count;
   impl_->pass[kind] = after;
@@ -223,6 +259,13 @@ void run_kernel_on_host(const DeviceKernel& k) {
     case DeviceKernel::Kind::kCropMirrorNormalize: {
       const CropMirrorNormalizeKernel& c = k.cmn;
       transforms::crop_mirror_normalize_host(c.params, c.images, c.out, c.count, c.index, c.epoch);
+      return;
+    }
+    case DeviceKernel::Kind::kResampleImages: {
+      const ResampleImagesKernel& r = k.resample;
+      const int64_t total = r.count * images::out_image_elements(r.params);
+      for (int64_t i = 0; i < total; ++i)
+        images::resample_element(r.params, r.descs, r.staging, r.image_stride, r.out, i);
       return;
     }
   }

@@ -30,6 +30,7 @@ class SimDevice : public Device {
   void delete_event(Event* e) override;
   void copy_to_device(void* dst, const void* src, size_t bytes, Stream* s) override;
   void launch(const DeviceKernel& k, Stream* s) override;
+  void decode_jpegs(const JpegDecodeJob& job, Stream* s) override;  // libjpeg, whole images
   void record(Event* e, Stream* s) override;
   void wait(Stream* s, Event* e) override;
   void synchronize(Event* e) override;
@@ -40,7 +41,7 @@ class SimDevice : public Device {
   // Waits until every stream has run everything queued before the call.
   void drain();
   void set_max_delay_us(int us);
-  // Test hook: the next `count` calls of `what` ("copy" or "launch") fail as a device reports a failure
+  // Test hook: the next `count` calls of `what` ("copy", "launch" or "decode") fail as a device reports a failure
   // (Error kState naming the call), after the first `after` of them succeed.
   void fail(const std::string& what, int count, int after);
 

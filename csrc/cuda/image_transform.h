@@ -281,6 +281,46 @@ FASTPIPE_HD inline Region taps_region(const Geometry& g) {
   return r;
 }
 
+// ---- the device decode path ---------------------------------------------------------------------
+// On a GPU the image is decoded whole (nvJPEG, no DCT scaling) and each output element computes its own
+// taps: an image goes there only when every axis has at most kDeviceTaps taps (a shrink of up to 4x);
+// larger shrinks are decoded on the host, where DCT scaling makes them cheap.
+constexpr int kDeviceTaps = 9;
+
+// How record k of a batch reaches its output: decoded on the device (its image at staging + k * pixel
+// budget), decoded on the host (its output already made, copied as is), or not in the batch.
+enum class DecodeOn : int { kDevice = 0, kHost = 1 };
+
+struct ImageDesc {
+  int32_t on = 0;  // DecodeOn
+  int32_t height = 0, width = 0;
+  int64_t encoded_bytes = 0;
+  Geometry geometry;  // denom 1: the whole image is decoded
+};
+
+// The resampled value of channel c at output row oy, column ox before the flip, of an image decoded
+// whole into `image` (RGB, `width` pixels a row): both axes' taps computed here, with the host resample's
+// weights (summed per element, in another order: equal to float rounding). Needs max_taps <= kDeviceTaps.
+FASTPIPE_HD inline float resampled_value(const Geometry& g, const uint8_t* image, int width, int c, int oy, int ox) {
+  float wy[kDeviceTaps], wx[kDeviceTaps];
+  int fy = 0, fx = 0;
+  const int ny = output_taps(g.y, oy, &fy, wy);
+  const int nx = output_taps(g.x, ox, &fx, wx);
+  float acc = 0.0f;
+  for (int i = 0; i < ny; ++i) {
+    const uint8_t* row = image + (static_cast<int64_t>(g.y.origin + fy + i) * width + g.x.origin + fx) * kChannels + c;
+    float h = 0.0f;
+    for (int j = 0; j < nx; ++j) h += wx[j] * static_cast<float>(row[j * kChannels]);
+    acc += wy[i] * h;
+  }
+  return acc;
+}
+
+// Element i of the device resample's output (images of out_image_elements(p) each): the whole body of
+// its kernel, run per element on the GPU and over every element by the simulation.
+FASTPIPE_HD inline void resample_element(const ImageTransformParams& p, const ImageDesc* descs, const uint8_t* staging,
+                                         int64_t image_stride, void* out, int64_t i);
+
 // Element offset of output (c, y, x) in one image of the output layout.
 FASTPIPE_HD inline int64_t out_offset(const ImageTransformParams& p, int c, int y, int x) {
   return p.out_nhwc ? (static_cast<int64_t>(y) * p.out_width + x) * kChannels + c
@@ -295,6 +335,27 @@ FASTPIPE_HD inline int64_t out_image_elements(const ImageTransformParams& p) {
 // multiply-add: the decoders differ between the CPU and the GPU anyway, so nothing here is bit-exact.
 FASTPIPE_HD inline float normalized(const ImageTransformParams& p, int c, float v) {
   return p.out_dtype == OutDtype::UInt8 ? v : v * p.scale[c] + p.shift[c];
+}
+
+FASTPIPE_HD inline void resample_element(const ImageTransformParams& p, const ImageDesc* descs, const uint8_t* staging,
+                                         int64_t image_stride, void* out, int64_t i) {
+  const int64_t per_image = out_image_elements(p);
+  const int64_t n = i / per_image, e = i % per_image;
+  const ImageDesc& d = descs[n];
+  if (d.on != static_cast<int32_t>(DecodeOn::kDevice)) return;
+  int c, y, x;
+  if (p.out_nhwc) {
+    c = static_cast<int>(e % kChannels);
+    x = static_cast<int>(e / kChannels % p.out_width);
+    y = static_cast<int>(e / kChannels / p.out_width);
+  } else {
+    x = static_cast<int>(e % p.out_width);
+    y = static_cast<int>(e / p.out_width % p.out_height);
+    c = static_cast<int>(e / p.out_width / p.out_height);
+  }
+  const int source_x = d.geometry.flip ? p.out_width - 1 - x : x;
+  const float v = resampled_value(d.geometry, staging + n * image_stride, d.width, c, y, source_x);
+  transforms::store(p.out_dtype, out, i, normalized(p, c, v));
 }
 
 }  // namespace fastpipe::images

@@ -2,6 +2,7 @@
 
 #include <cstdint>
 
+#include "cuda/image_transform.h"
 #include "cuda/transforms.h"
 
 namespace fastpipe::cuda {
@@ -46,6 +47,15 @@ __global__ void crop_mirror_normalize_kernel(CropMirrorNormalizeKernel k) {
   }
 }
 
+// One thread per output element; each computes its taps (at most images::kDeviceTaps per axis: the
+// host sends larger shrinks to its own decoder).
+__global__ void resample_images_kernel(ResampleImagesKernel k) {
+  const int64_t total = k.count * images::out_image_elements(k.params);
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < total;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x)
+    images::resample_element(k.params, k.descs, k.staging, k.image_stride, k.out, i);
+}
+
 int blocks_for(int64_t total) {
   const int64_t b = (total + kThreads - 1) / kThreads;
   return static_cast<int>(b < 65535 ? (b > 0 ? b : 1) : 65535);
@@ -81,6 +91,13 @@ cudaError_t launch_crop_mirror_normalize(const CropMirrorNormalizeKernel& k, cud
   if (!k.images || !k.out || !k.index) return cudaErrorInvalidValue;
   crop_mirror_normalize_kernel<<<blocks_for(k.count * transforms::out_image_elements(k.params)), kThreads, 0,
                                  stream>>>(k);
+  return cudaGetLastError();
+}
+
+cudaError_t launch_resample_images(const ResampleImagesKernel& k, cudaStream_t stream) {
+  if (k.count <= 0) return cudaSuccess;
+  if (!k.descs || !k.staging || !k.out) return cudaErrorInvalidValue;
+  resample_images_kernel<<<blocks_for(k.count * images::out_image_elements(k.params)), kThreads, 0, stream>>>(k);
   return cudaGetLastError();
 }
 

@@ -1,6 +1,7 @@
-// The loader's device kernels: token windows widened to int64 and CropMirrorNormalize, one launch per
-// batch, on the pipeline's copy stream. Parameter structs in core/device.h; the per-element code of
-// CropMirrorNormalize is transforms.h's, shared with the CPU path.
+// The loader's device kernels: token windows widened to int64, CropMirrorNormalize, and the JPEG
+// transforms' resample of images decoded on the device, one launch per batch, on the pipeline's copy
+// stream. Parameter structs in core/device.h; the per-element code is transforms.h's and
+// image_transform.h's, which the CPU path and the simulation also run.
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -12,5 +13,6 @@ namespace fastpipe::cuda {
 // Each returns cudaErrorInvalidValue for bad arguments, else the launch's cudaGetLastError().
 cudaError_t launch_widen_tokens(const WidenTokensKernel& k, cudaStream_t stream);
 cudaError_t launch_crop_mirror_normalize(const CropMirrorNormalizeKernel& k, cudaStream_t stream);
+cudaError_t launch_resample_images(const ResampleImagesKernel& k, cudaStream_t stream);
 
 }  // namespace fastpipe::cuda

@@ -136,14 +136,18 @@ FASTPIPE_HD inline uint8_t float_to_uint8(float v) {
   return static_cast<uint8_t>(static_cast<int>(v + 0.5f));
 }
 
-// Writes output element (c, y, x) of an image to `out` (the batch's output, of p.out_dtype).
-FASTPIPE_HD inline void store(const CropMirrorNormalizeParams& p, void* out, int64_t element, float v) {
-  switch (p.out_dtype) {
+// Writes element `element` of `out` (a batch's output, of dtype t).
+FASTPIPE_HD inline void store(OutDtype t, void* out, int64_t element, float v) {
+  switch (t) {
     case OutDtype::Float32: static_cast<float*>(out)[element] = v; return;
     case OutDtype::Float16: static_cast<uint16_t*>(out)[element] = float_to_half_bits(v); return;
     case OutDtype::BFloat16: static_cast<uint16_t*>(out)[element] = float_to_bfloat16_bits(v); return;
     case OutDtype::UInt8: static_cast<uint8_t*>(out)[element] = float_to_uint8(v); return;
   }
+}
+
+FASTPIPE_HD inline void store(const CropMirrorNormalizeParams& p, void* out, int64_t element, float v) {
+  store(p.out_dtype, out, element, v);
 }
 
 FASTPIPE_HD inline int out_dtype_bytes(OutDtype t) {

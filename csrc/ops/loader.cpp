@@ -202,7 +202,7 @@ struct DeviceChoice {
   at::Device tensors{at::kCPU};         // the device of the batch tensors
 };
 
-DeviceChoice choose_device(const py::object& device) {
+DeviceChoice choose_device(const py::object& device, const std::string& nvjpeg = "") {
   DeviceChoice c;
   if (device.is_none()) return c;
   if (py::isinstance<SimDevice>(device)) {
@@ -212,7 +212,7 @@ DeviceChoice choose_device(const py::object& device) {
   }
   const int index = device.cast<int>();
 #ifdef FASTPIPE_WITH_CUDA
-  c.device = make_cuda_device(index);
+  c.device = make_cuda_device(index, nvjpeg);
   c.tensors = at::Device(at::kCUDA, static_cast<c10::DeviceIndex>(index));
   return c;
 #else
@@ -253,8 +253,9 @@ class PyReader {
  public:
   PyReader(std::vector<ColumnSpec> columns, const std::vector<std::pair<std::string, std::vector<int64_t>>>& outputs,
            int64_t batch_size, int num_threads, int prefetch, const std::string& io, const py::object& pin,
-           const py::object& device, const std::string& when_full, const std::string& on_error, uint64_t seed)
-      : choice_(choose_device(device)) {
+           const py::object& device, const std::string& when_full, const std::string& on_error, uint64_t seed,
+           const std::string& nvjpeg)
+      : choice_(choose_device(device, nvjpeg)) {
     TORCH_CHECK(when_full == "allocate" || when_full == "error", "when_full must be 'allocate' or 'error', got '",
                 when_full, "'");
     TORCH_CHECK(on_error == "raise" || on_error == "replace", "on_error must be 'raise' or 'replace', got '", on_error,
@@ -339,6 +340,8 @@ class PyReader {
       d["device_slots"] = ds.num_slots;
       d["device_slots_leased"] = ds.slots_leased;
       d["overflow_batches"] = ds.overflow_batches;
+      d["images_decoded_on_device"] = ds.images_decoded_on_device;
+      d["images_decoded_on_host"] = ds.images_decoded_on_host;
     }
     return d;
   }
@@ -568,10 +571,11 @@ void bind_loader(py::module& m) {
   py::class_<PyReader>(m, "BatchReader")
       .def(py::init<std::vector<ColumnSpec>, const std::vector<std::pair<std::string, std::vector<int64_t>>>&,
                     int64_t, int, int, const std::string&, const py::object&, const py::object&, const std::string&,
-                    const std::string&, uint64_t>(),
+                    const std::string&, uint64_t, const std::string&>(),
            py::arg("columns"), py::arg("outputs"), py::arg("batch_size"), py::arg("num_threads"), py::arg("prefetch"),
            py::arg("io"), py::arg("pin") = py::none(), py::arg("device") = py::none(),
-           py::arg("when_full") = "allocate", py::arg("on_error") = "raise", py::arg("seed") = 0)
+           py::arg("when_full") = "allocate", py::arg("on_error") = "raise", py::arg("seed") = 0,
+           py::arg("nvjpeg") = "")
       .def("start", &PyReader::start, py::arg("indices"), py::arg("drop_last"), py::arg("epoch"))
       .def("next", &PyReader::next, py::arg("timeout"))
       .def("stats", &PyReader::stats)

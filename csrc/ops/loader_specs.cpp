@@ -11,6 +11,11 @@
 #include "core/image_scan.h"
 #include "core/jpeg_decode.h"
 #include "ops/bindings.h"
+#ifdef FASTPIPE_WITH_CUDA
+#include <cuda_runtime_api.h>
+
+#include "ops/cuda/nvjpeg.h"
+#endif
 
 namespace py = pybind11;
 
@@ -196,14 +201,20 @@ void bind_loader_specs(py::module& m) {
 
   py::class_<ImageColumnSpec, std::shared_ptr<ImageColumnSpec>>(m, "ImageColumnSpec")
       .def(py::init([](std::shared_ptr<const ImageSource> source, const ImageTransformParams& transform,
-                       int64_t max_record_bytes) {
+                       int64_t max_record_bytes, bool device_decode, int64_t encoded_budget, int64_t pixel_budget) {
+             TORCH_CHECK(!device_decode || (encoded_budget > 0 && pixel_budget > 0),
+                         "a column decoded on the device needs positive encoded and pixel budgets");
              auto s = std::make_shared<ImageColumnSpec>();
              s->source = std::move(source);
              s->transform = transform;
              s->max_record_bytes = max_record_bytes;
+             s->device_decode = device_decode;
+             s->encoded_budget = encoded_budget;
+             s->pixel_budget = pixel_budget;
              return s;
            }),
-           py::arg("source"), py::arg("transform"), py::arg("max_record_bytes"))
+           py::arg("source"), py::arg("transform"), py::arg("max_record_bytes"), py::arg("device_decode") = false,
+           py::arg("encoded_budget") = 0, py::arg("pixel_budget") = 0)
       .def(
           "_read",
           [](const ImageColumnSpec& spec, int64_t index, uint64_t epoch) {
@@ -259,6 +270,31 @@ void bind_loader_specs(py::module& m) {
   jpeg["decode"] = jpeg_decoding_built();
   jpeg["library"] = jpeg_library_version();
   m.attr("JPEG") = jpeg;
+  m.def(
+      "nvjpeg_status",
+      [](int device, const std::string& path) -> py::tuple {
+#ifdef FASTPIPE_WITH_CUDA
+        // Loads and initialises nvJPEG on `device` (then releases it): "" and the backend, or why not.
+        int previous = 0;
+        if (cudaGetDevice(&previous) != cudaSuccess || cudaSetDevice(device) != cudaSuccess) {
+          cudaGetLastError();
+          return py::make_tuple(false, "cannot select cuda:" + std::to_string(device));
+        }
+        std::string why;
+        auto decoder = cuda::make_jpeg_decoder(path, &why);
+        const bool ok = decoder != nullptr;
+        const std::string backend = ok ? decoder->backend() : "";
+        decoder.reset();
+        cudaSetDevice(previous);  // the caller's current device is left as it was
+        return py::make_tuple(ok, ok ? backend : why);
+#else
+        (void)device;
+        (void)path;
+        return py::make_tuple(false, std::string("fastpipe was built without CUDA"));
+#endif
+      },
+      py::arg("device"), py::arg("path") = "",
+      "(True, backend) when nvJPEG loads and initialises on `device`, else (False, why).");
 }
 
 }  // namespace fastpipe

@@ -20,6 +20,7 @@ const bool nvtx_installed = (trace::install(&kNvtx), true);
 
 constexpr const char* kCopy = "fastpipe::loader.copy";
 constexpr const char* kTransform = "fastpipe::loader.transform";
+constexpr const char* kDecode = "fastpipe::loader.decode";
 
 }  // namespace
 
@@ -33,6 +34,12 @@ void TracedDevice::launch(const DeviceKernel& k, Stream* s) {
   RECORD_FUNCTION(kTransform, std::vector<c10::IValue>());
   trace::Range range(kTransform);
   inner_->launch(k, s);
+}
+
+void TracedDevice::decode_jpegs(const JpegDecodeJob& job, Stream* s) {
+  RECORD_FUNCTION(kDecode, std::vector<c10::IValue>());
+  trace::Range range(kDecode);
+  inner_->decode_jpegs(job, s);
 }
 
 }  // namespace fastpipe

@@ -6,6 +6,7 @@ batches are CPU tensors. Tests use it to exercise the pipeline's ordering on mac
 """
 
 import contextlib
+import os
 
 import torch
 
@@ -45,6 +46,42 @@ def resolve(device):
                            "False); use device='cpu'")
     index = dev.index if dev.index is not None else torch.cuda.current_device()  # "cuda": the current one
     return torch.device("cuda", index), index
+
+
+def nvjpeg_library():
+    """The path of nvJPEG's library in the nvidia-nvjpeg wheel when it is installed, else "" (the
+    dynamic loader's search)."""
+    import importlib.util
+
+    for package in ("nvidia.cu13", "nvidia.nvjpeg"):
+        try:
+            spec = importlib.util.find_spec(package)
+        except ModuleNotFoundError:
+            continue
+        for root in (spec.submodule_search_locations or []) if spec else []:
+            path = os.path.join(root, "lib", "libnvjpeg.so.13")
+            if os.path.exists(path):
+                return path
+    return ""
+
+
+def image_decoder(image_decode, reader_device):
+    """Whether a Loader decodes JPEGs on its device: ``image_decode`` ("auto", "host" or "device"; "auto" is
+    $FASTPIPE_IMAGE_DECODE, else "host": the device path is off until its tests have passed on a GPU).
+    RuntimeError when "device" cannot be honoured here."""
+    if image_decode == "auto":
+        image_decode = os.environ.get("FASTPIPE_IMAGE_DECODE", "host")
+        if image_decode not in ("host", "device"):
+            raise ValueError(f"FASTPIPE_IMAGE_DECODE must be 'host' or 'device', got {image_decode!r}")
+    if image_decode == "host":
+        return False
+    if reader_device is None:
+        raise ValueError("image_decode='device' decodes JPEGs on the Loader's GPU: it needs device='cuda'")
+    if isinstance(reader_device, int):
+        ok, why = _C.nvjpeg_status(reader_device, nvjpeg_library())
+        if not ok:
+            raise RuntimeError(f"image_decode='device': {why}; image_decode='host' decodes on the CPU")
+    return True
 
 
 def pin_device(pin_memory_device=""):

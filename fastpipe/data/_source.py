@@ -13,6 +13,7 @@ class ColumnSource:
 
     _len = 0
     _unit = "records"
+    _decodes_images = False  # JPEG records: the Loader's image_decode applies
 
     def __len__(self):
         return self._len
@@ -33,9 +34,9 @@ class ColumnSource:
     def _pack(self, tensors):
         raise NotImplementedError
 
-    def _reader_columns(self, transforms, seed):
+    def _reader_columns(self, transforms, seed, device_decode=False):
         """``(columns, outputs)`` for a Loader with ``transforms`` ({field: transform}, maybe empty) and
-        ``seed``."""
+        ``seed``; ``device_decode``: images are decoded on the Loader's device (image datasets only)."""
         if transforms:
             return self._with_transforms(transforms, seed)
         return self._columns(), self._outputs()

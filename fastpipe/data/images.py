@@ -25,7 +25,7 @@ from fastpipe.data._source import ColumnSource
 # torchvision's ImageFolder extensions: the same files, in the same order, with the same labels.
 IMG_EXTENSIONS = (".jpg", ".jpeg", ".png", ".ppm", ".bmp", ".pgm", ".tif", ".tiff", ".webp")
 DEFAULT_MAX_RECORD_BYTES = 64 << 20
-_INDEX_FORMAT = "fastpipe.ImageFolder/1"
+_INDEX_FORMAT = "fastpipe.ImageFolder/2"
 _PACKED_FORMAT = "fastpipe.ImageDataset/1"
 _CACHE_ENV = "FASTPIPE_IMAGE_CACHE"
 
@@ -60,6 +60,7 @@ class _Images(ColumnSource):
     """
 
     _unit = "images"
+    _decodes_images = True
 
     def _init_common(self, transform, max_record_bytes):
         self.transform = _check_transform(transform, "transform")
@@ -74,7 +75,7 @@ class _Images(ColumnSource):
         """The label of every sample (as torchvision's ``targets``)."""
         return np.load(self._labels_path, mmap_mode="r").tolist()
 
-    def _reader_columns(self, transforms, seed):
+    def _reader_columns(self, transforms, seed, device_decode=False):
         transform = self.transform
         for field, t in transforms.items():
             if field not in (0, "image"):
@@ -85,7 +86,15 @@ class _Images(ColumnSource):
             raise ValueError(f"{type(self).__name__} needs a transform that makes every image the same size (its "
                              f"images differ): pass transform=fastpipe.transforms.RandomResizedCrop(224) or "
                              f"CenterCrop(224, resize=256) to the dataset, or transforms={{0: ...}} to the Loader")
-        image = _C.ImageColumnSpec(self._source, transform._image_params(seed), self.max_record_bytes)
+        budgets = {}
+        if device_decode:
+            # Per record in the host slot and on the device: twice the mean, so that most records fit
+            # (those that do not are decoded on the host).
+            pixels = self.image_sizes[:, 0].astype(np.int64) * self.image_sizes[:, 1]
+            budgets = dict(device_decode=True,
+                           encoded_budget=int(min(self.max_record_bytes, max(256 << 10, 2 * self._mean_bytes()))),
+                           pixel_budget=int(max(512 * 512, 2 * pixels.mean())))
+        image = _C.ImageColumnSpec(self._source, transform._image_params(seed), self.max_record_bytes, **budgets)
         n = len(self)
         columns = [_C.ColumnSpec(path=self._where, data_offset=0, record_stride=0, record_bytes=0, num_records=n,
                                  image=image),
@@ -113,6 +122,9 @@ class _Images(ColumnSource):
 
     def _bad_reason(self, i):
         return "its header could not be read"
+
+    def _mean_bytes(self):
+        raise NotImplementedError
 
 
 class ImageFolder(_Images):
@@ -184,6 +196,7 @@ class ImageFolder(_Images):
         self._labels_path = os.path.join(index_dir, "labels.npy")
         self._where = self.root
         self.bad = [(i, self._path(i), why) for i, why in index["bad"]]
+        self._file_bytes = index["bytes"]
         self._source = _C.ImageSource.folder(self.root, self._names, self._name_offsets, index["heights"],
                                              index["widths"])
         if self.bad:
@@ -199,6 +212,9 @@ class ImageFolder(_Images):
 
     def _bad_reason(self, i):
         return dict((j, why) for j, _, why in self.bad).get(i, "its header could not be read")
+
+    def _mean_bytes(self):
+        return float(np.maximum(self._file_bytes, 0).mean())
 
     @property
     def samples(self):
@@ -252,6 +268,10 @@ class ImageDataset(_Images):
         self._labels_path = os.path.join(self.path, "labels.npy")
         self._where = os.path.join(self.path, "images.bin")
         self._source = _C.ImageSource.packed(self._where, offsets, heights, widths)
+        self._offsets = offsets
+
+    def _mean_bytes(self):
+        return float(self._offsets[-1] - self._offsets[0]) / max(1, self._len)
 
     def __repr__(self):
         return (f"ImageDataset('{self.path}': {self._len} images, {len(self.classes)} classes, "
@@ -285,6 +305,7 @@ def _scan(root, threads):
     scan = _C.scan_image_files(root, blob, offsets, threads)
     return {"root": root, "classes": classes, "dirs": dirs, "names": blob, "name_offsets": offsets,
             "labels": np.asarray(labels, np.int64), "heights": scan["heights"], "widths": scan["widths"],
+            "bytes": scan["bytes"],
             "bad": [(int(i), why) for i, why in zip(scan["bad"], scan["reasons"])]}
 
 
@@ -303,7 +324,7 @@ def _load_index(index_dir, root):
         with open(os.path.join(index_dir, "names.bin"), "rb") as f:
             names = f.read()
         index = dict(meta, names=names, bad=[tuple(b) for b in meta["bad"]])
-        for k in ("name_offsets", "heights", "widths"):
+        for k in ("name_offsets", "heights", "widths", "bytes"):
             index[k] = np.load(os.path.join(index_dir, f"{k}.npy"))
         if len(index["name_offsets"]) != meta["num_images"] + 1 or int(index["name_offsets"][-1]) != len(names):
             return None
@@ -333,7 +354,7 @@ def _save_index(index, index_dir):
 def _write_index(index, folder):
     with open(os.path.join(folder, "names.bin"), "wb") as f:
         f.write(index["names"])
-    for k in ("name_offsets", "heights", "widths", "labels"):
+    for k in ("name_offsets", "heights", "widths", "labels", "bytes"):
         np.save(os.path.join(folder, f"{k}.npy"), index[k])
     meta = {"format": _INDEX_FORMAT, "root": index["root"], "classes": index["classes"], "dirs": index["dirs"],
             "num_images": len(index["name_offsets"]) - 1, "bad": index["bad"]}

@@ -109,6 +109,13 @@ class Loader:
         (seed, epoch, sample) so runs still reproduce, counted in ``stats()["images_replaced"]`` (the first
         ones listed in ``stats()["replaced"]``) with one warning. Rows of an image below its crop are not
         decoded, so damage there shows only in an epoch whose crop reaches it.
+    image_decode : {"auto", "host", "device"}
+        Where a CUDA loader decodes JPEGs: "host" in the reader threads (then the decoded batch is
+        copied), "device" with nvJPEG on the GPU (its hardware JPEG engines where it has them), the reader
+        threads decoding only what nvJPEG is not given (progressive or unusual JPEGs, images over the
+        per-record budgets, shrinks of more than 4x, which DCT scaling makes cheap on the CPU). "auto"
+        is $FASTPIPE_IMAGE_DECODE, else "host": the device path stays off until its tests have passed
+        on a GPU. A corrupt image that only nvJPEG finds fails its batch (on_error cannot replace it).
 
     DataLoader's other keywords are mapped: ``num_workers`` sets ``num_threads``; ``prefetch_factor``
     sets ``prefetch`` to ``prefetch_factor * max(1, num_workers)`` (DataLoader's batches in flight);
@@ -132,7 +139,7 @@ class Loader:
                  timeout=120.0, sampler=None, generator=None, num_workers=0, pin_memory=False,
                  prefetch_factor=None, persistent_workers=False, collate_fn=None, worker_init_fn=None,
                  batch_sampler=None, multiprocessing_context=None, pin_memory_device="", in_order=True,
-                 transforms=None, when_full="allocate", on_error="raise"):
+                 transforms=None, when_full="allocate", on_error="raise", image_decode="auto"):
         if torchvision_compat.is_torchvision_folder(dataset):
             dataset = torchvision_compat.convert_dataset(dataset)  # the same folder, its transform fused
         if not isinstance(dataset, ColumnSource):
@@ -152,6 +159,7 @@ class Loader:
         self.device, reader_device = _device.resolve(device)
         checks.choice(when_full, "when_full", ("allocate", "error"))
         checks.choice(on_error, "on_error", ("raise", "replace"))
+        checks.choice(image_decode, "image_decode", ("auto", "host", "device"))
         batch_size = checks.integer(batch_size, "batch_size", low=1)
         checks.choice(io, "io", IO_MODES)
         checks.choice(shard_remainder, "shard_remainder", REMAINDER_POLICIES)
@@ -209,13 +217,17 @@ class Loader:
         if transforms and not isinstance(transforms, dict):
             raise TypeError("transforms must be a dict {field: transform} (field: a dict dataset's name, or a "
                             f"tuple dataset's position), got {type(transforms).__name__}")
-        columns, outputs = dataset._reader_columns(dict(transforms or {}), self.seed)
+        if image_decode == "device" and not dataset._decodes_images:
+            raise ValueError(f"image_decode='device' decodes JPEG images; {type(dataset).__name__} has none")
+        device_decode = dataset._decodes_images and _device.image_decoder(image_decode, reader_device)
+        columns, outputs = dataset._reader_columns(dict(transforms or {}), self.seed, device_decode)
         self.transforms = dict(transforms or {})
         self.on_error = on_error
         self._reader_args = dict(
             columns=columns, outputs=outputs, batch_size=batch_size,
             num_threads=num_threads, prefetch=prefetch, io=io, pin=pin,
             device=reader_device, when_full=when_full, on_error=on_error, seed=seed,
+            nvjpeg=_device.nvjpeg_library() if isinstance(reader_device, int) else "",
         )
         self._open_reader()
         for w in self._reader.warnings():

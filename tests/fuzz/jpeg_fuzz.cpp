@@ -18,15 +18,11 @@
 #include "core/jpeg_header.h"
 #include "core/resample.h"
 #include "cuda/image_transform.h"
+#include "fuzz_check.h"
 
 using namespace fastpipe;
 
 namespace {
-
-#define CHECK(cond)                 \
-  do {                              \
-    if (!(cond)) __builtin_trap(); \
-  } while (0)
 
 // Larger images are parsed but not decoded: a progressive one holds all its coefficients (fuzzing is
 // about our code, not libjpeg's appetite for memory).

@@ -12,17 +12,13 @@
 #include "core/error.h"
 #include "core/npy.h"
 #include "fuzz_file.h"
+#include "fuzz_check.h"
 
 using fastpipe::Error;
 using fastpipe::ErrorKind;
 using fastpipe::NpyHeader;
 
 namespace {
-
-#define CHECK(cond)                 \
-  do {                              \
-    if (!(cond)) __builtin_trap(); \
-  } while (0)
 
 // What a caller may rely on when a header is accepted: the data lies inside the file, its size is
 // exactly itemsize * prod(shape) without overflow, and the dtype is one of the table's.

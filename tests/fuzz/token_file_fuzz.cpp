@@ -29,15 +29,11 @@
 #include "core/gather.h"
 #include "core/npy.h"
 #include "fuzz_file.h"
+#include "fuzz_check.h"
 
 using namespace fastpipe;
 
 namespace {
-
-#define CHECK(cond)                 \
-  do {                              \
-    if (!(cond)) __builtin_trap(); \
-  } while (0)
 
 constexpr size_t kControl = 4;
 constexpr size_t kSpecFields = 4;

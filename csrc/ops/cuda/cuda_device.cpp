@@ -3,10 +3,12 @@
 #include <c10/cuda/CUDAStream.h>
 #include <cuda_runtime_api.h>
 
+#include <mutex>
 #include <string>
 
 #include "core/error.h"
 #include "cuda/loader_kernels.h"
+#include "ops/cuda/nvjpeg.h"
 
 namespace fastpipe {
 namespace {
@@ -23,7 +25,7 @@ cudaEvent_t raw(Event* e) { return reinterpret_cast<cudaEvent_t>(e); }
 
 class CudaDevice : public Device {
  public:
-  explicit CudaDevice(int index) : index_(index) {}
+  CudaDevice(int index, std::string nvjpeg_path) : index_(index), nvjpeg_path_(std::move(nvjpeg_path)) {}
 
   void bind_thread() override { check(cudaSetDevice(index_), "cudaSetDevice"); }
 
@@ -67,7 +69,19 @@ class CudaDevice : public Device {
       case DeviceKernel::Kind::kCropMirrorNormalize:
         check(cuda::launch_crop_mirror_normalize(k.cmn, raw(s)), "CropMirrorNormalize kernel");
         return;
+      case DeviceKernel::Kind::kResampleImages:
+        check(cuda::launch_resample_images(k.resample, raw(s)), "JPEG resample kernel");
+        return;
     }
+  }
+  void decode_jpegs(const JpegDecodeJob& job, Stream* s) override {
+    std::unique_lock<std::mutex> lk(decoder_mu_);
+    if (!decoder_ && why_no_decoder_.empty()) {
+      decoder_ = cuda::make_jpeg_decoder(nvjpeg_path_, &why_no_decoder_);  // once, on first use
+    }
+    if (!decoder_) throw Error(ErrorKind::kState, "GPU JPEG decoding is unavailable: " + why_no_decoder_);
+    lk.unlock();
+    decoder_->decode(job, raw(s));
   }
   void record(Event* e, Stream* s) override { check(cudaEventRecord(raw(e), raw(s)), "cudaEventRecord"); }
   void wait(Stream* s, Event* e) override { check(cudaStreamWaitEvent(raw(s), raw(e), 0), "cudaStreamWaitEvent"); }
@@ -84,17 +98,21 @@ class CudaDevice : public Device {
 
  private:
   int index_;
+  std::string nvjpeg_path_;
+  std::mutex decoder_mu_;
+  std::unique_ptr<cuda::JpegBatchDecoder> decoder_;
+  std::string why_no_decoder_;
 };
 
 }  // namespace
 
-std::shared_ptr<Device> make_cuda_device(int index) {
+std::shared_ptr<Device> make_cuda_device(int index, const std::string& nvjpeg_path) {
   int count = 0;
   check(cudaGetDeviceCount(&count), "cudaGetDeviceCount");
   if (index < 0 || index >= count)
     throw Error(ErrorKind::kValue, "device cuda:" + std::to_string(index) + " does not exist (this machine has " +
                                        std::to_string(count) + " CUDA device(s))");
-  return std::make_shared<CudaDevice>(index);
+  return std::make_shared<CudaDevice>(index, nvjpeg_path);
 }
 
 }  // namespace fastpipe

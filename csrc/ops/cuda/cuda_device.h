@@ -4,12 +4,14 @@
 #pragma once
 
 #include <memory>
+#include <string>
 
 #include "core/device.h"
 
 namespace fastpipe {
 
-std::shared_ptr<Device> make_cuda_device(int index);
+// `nvjpeg_path`: the nvJPEG library to load on the first JPEG decode ("": the usual names).
+std::shared_ptr<Device> make_cuda_device(int index, const std::string& nvjpeg_path = "");
 
 // A stream of torch's (torch.cuda.Stream.cuda_stream) as a Stream of the CUDA device.
 inline Stream* cuda_stream_handle(uintptr_t cuda_stream) { return reinterpret_cast<Stream*>(cuda_stream); }

@@ -1,0 +1,161 @@
+#include "ops/cuda/nvjpeg.h"
+
+#include <dlfcn.h>
+
+#include <mutex>
+#include <vector>
+
+#include "core/error.h"
+
+#if __has_include(<nvjpeg.h>)
+#include <nvjpeg.h>
+#define FASTPIPE_HAVE_NVJPEG 1
+#endif
+
+namespace fastpipe::cuda {
+
+#ifdef FASTPIPE_HAVE_NVJPEG
+
+namespace {
+
+const char* status_name(nvjpegStatus_t s) {
+  switch (s) {
+    case NVJPEG_STATUS_SUCCESS: return "success";
+    case NVJPEG_STATUS_NOT_INITIALIZED: return "not initialized";
+    case NVJPEG_STATUS_INVALID_PARAMETER: return "invalid parameter";
+    case NVJPEG_STATUS_BAD_JPEG: return "bad JPEG";
+    case NVJPEG_STATUS_JPEG_NOT_SUPPORTED: return "JPEG not supported";
+    case NVJPEG_STATUS_ALLOCATOR_FAILURE: return "allocator failure";
+    case NVJPEG_STATUS_EXECUTION_FAILED: return "execution failed";
+    case NVJPEG_STATUS_ARCH_MISMATCH: return "architecture mismatch";
+    case NVJPEG_STATUS_INTERNAL_ERROR: return "internal error";
+    case NVJPEG_STATUS_IMPLEMENTATION_NOT_SUPPORTED: return "implementation not supported";
+    case NVJPEG_STATUS_INCOMPLETE_BITSTREAM: return "incomplete bitstream";
+  }
+  return "unknown status";
+}
+
+std::string failed(const char* call, nvjpegStatus_t s) {
+  return std::string(call) + " failed: " + status_name(s) + " (status " + std::to_string(static_cast<int>(s)) + ")";
+}
+
+// The entry points used, resolved from the library loaded at run time.
+struct Api {
+  decltype(&nvjpegCreateEx) create_ex = nullptr;
+  decltype(&nvjpegDestroy) destroy = nullptr;
+  decltype(&nvjpegGetHardwareDecoderInfo) hardware_info = nullptr;
+  decltype(&nvjpegJpegStateCreate) state_create = nullptr;
+  decltype(&nvjpegJpegStateDestroy) state_destroy = nullptr;
+  decltype(&nvjpegDecodeBatchedInitialize) batched_initialize = nullptr;
+  decltype(&nvjpegDecodeBatched) batched = nullptr;
+};
+
+template <typename F>
+bool resolve(void* lib, const char* name, F* fn, std::string* why_not) {
+  *fn = reinterpret_cast<F>(dlsym(lib, name));
+  if (!*fn) *why_not = std::string("the loaded nvJPEG has no ") + name;
+  return *fn != nullptr;
+}
+
+// The library stays loaded for the process: decoders may be destroyed at interpreter exit, after which
+// unloading it under live CUDA state is not worth the risk.
+void* load_library(const std::string& path, std::string* why_not) {
+  const std::vector<std::string> names = path.empty() ? std::vector<std::string>{"libnvjpeg.so.13", "libnvjpeg.so"}
+                                                      : std::vector<std::string>{path};
+  std::string errors;
+  for (const std::string& n : names) {
+    if (void* lib = dlopen(n.c_str(), RTLD_NOW | RTLD_LOCAL)) return lib;
+    const char* e = dlerror();
+    errors += (errors.empty() ? "" : "; ") + std::string(e ? e : n);
+  }
+  *why_not = "nvJPEG could not be loaded (" + errors + "); `pip install nvidia-nvjpeg` provides it";
+  return nullptr;
+}
+
+class NvjpegDecoder final : public JpegBatchDecoder {
+ public:
+  NvjpegDecoder(const Api& api, nvjpegHandle_t handle, nvjpegJpegState_t state, std::string backend)
+      : api_(api), handle_(handle), state_(state), backend_(std::move(backend)) {}
+  ~NvjpegDecoder() override {
+    // Destructors never throw: a failure here leaks the handle, which the process end reclaims.
+    api_.state_destroy(state_);
+    api_.destroy(handle_);
+  }
+
+  void decode(const JpegDecodeJob& job, cudaStream_t stream) override {
+    const int n = static_cast<int>(job.data.size());
+    if (n == 0) return;
+    std::vector<nvjpegImage_t> out(static_cast<size_t>(n));
+    for (int k = 0; k < n; ++k) {
+      out[k] = nvjpegImage_t{};
+      out[k].channel[0] = job.out[k];
+      out[k].pitch[0] = static_cast<size_t>(job.widths[k]) * 3;
+    }
+    std::lock_guard<std::mutex> lk(mu_);  // one decode state: batches decode one at a time
+    nvjpegStatus_t s = api_.batched_initialize(handle_, state_, n, 1, NVJPEG_OUTPUT_RGBI);
+    if (s != NVJPEG_STATUS_SUCCESS) throw Error(ErrorKind::kState, failed("nvjpegDecodeBatchedInitialize", s));
+    s = api_.batched(handle_, state_, job.data.data(), job.sizes.data(), out.data(), stream);
+    if (s != NVJPEG_STATUS_SUCCESS)
+      throw Error(ErrorKind::kState, failed("nvjpegDecodeBatched", s) + " for a batch of " + std::to_string(n) +
+                                         " images on the " + backend_ + " backend");
+  }
+
+  const std::string& backend() const override { return backend_; }
+
+ private:
+  Api api_;
+  nvjpegHandle_t handle_;
+  nvjpegJpegState_t state_;
+  std::string backend_;
+  std::mutex mu_;
+};
+
+}  // namespace
+
+std::unique_ptr<JpegBatchDecoder> make_jpeg_decoder(const std::string& path, std::string* why_not) {
+  void* lib = load_library(path, why_not);
+  if (!lib) return nullptr;
+  Api api;
+  if (!resolve(lib, "nvjpegCreateEx", &api.create_ex, why_not) || !resolve(lib, "nvjpegDestroy", &api.destroy, why_not) ||
+      !resolve(lib, "nvjpegGetHardwareDecoderInfo", &api.hardware_info, why_not) ||
+      !resolve(lib, "nvjpegJpegStateCreate", &api.state_create, why_not) ||
+      !resolve(lib, "nvjpegJpegStateDestroy", &api.state_destroy, why_not) ||
+      !resolve(lib, "nvjpegDecodeBatchedInitialize", &api.batched_initialize, why_not) ||
+      !resolve(lib, "nvjpegDecodeBatched", &api.batched, why_not))
+    return nullptr;
+  nvjpegHandle_t handle = nullptr;
+  nvjpegStatus_t s = api.create_ex(NVJPEG_BACKEND_DEFAULT, nullptr, nullptr, NVJPEG_FLAGS_DEFAULT, &handle);
+  if (s != NVJPEG_STATUS_SUCCESS) {
+    *why_not = failed("nvjpegCreateEx", s);
+    return nullptr;
+  }
+  unsigned engines = 0, cores = 0;
+  std::string backend = "default";
+  if (api.hardware_info(handle, &engines, &cores) == NVJPEG_STATUS_SUCCESS && engines > 0) {
+    nvjpegHandle_t hw = nullptr;
+    if (api.create_ex(NVJPEG_BACKEND_HARDWARE, nullptr, nullptr, NVJPEG_FLAGS_DEFAULT, &hw) == NVJPEG_STATUS_SUCCESS) {
+      api.destroy(handle);
+      handle = hw;
+      backend = "hardware";
+    }
+  }
+  nvjpegJpegState_t state = nullptr;
+  s = api.state_create(handle, &state);
+  if (s != NVJPEG_STATUS_SUCCESS) {
+    api.destroy(handle);
+    *why_not = failed("nvjpegJpegStateCreate", s);
+    return nullptr;
+  }
+  return std::make_unique<NvjpegDecoder>(api, handle, state, backend);
+}
+
+#else  // built without nvjpeg.h
+
+std::unique_ptr<JpegBatchDecoder> make_jpeg_decoder(const std::string&, std::string* why_not) {
+  *why_not = "fastpipe was built without nvjpeg.h (the nvidia-nvjpeg wheel, in requirements/cuda.txt, provides it)";
+  return nullptr;
+}
+
+#endif
+
+}  // namespace fastpipe::cuda

@@ -1,0 +1,28 @@
+// nvJPEG, loaded at run time (dlopen of libnvjpeg.so.13: the nvidia-nvjpeg wheel's, or the system's) so
+// that the extension imports without it: batched decode of whole images into interleaved RGB on a
+// stream, on the GPU's hardware JPEG engines where nvjpegGetHardwareDecoderInfo reports some (A100,
+// H100, H200), else nvJPEG's default (hybrid) backend, whose Huffman stage runs in the calling thread.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <memory>
+#include <string>
+
+#include "core/device.h"
+
+namespace fastpipe::cuda {
+
+class JpegBatchDecoder {
+ public:
+  virtual ~JpegBatchDecoder() = default;
+  // Throws Error(kState) naming the nvJPEG call and its status.
+  virtual void decode(const JpegDecodeJob& job, cudaStream_t stream) = 0;
+  virtual const std::string& backend() const = 0;  // "hardware" or "default"
+};
+
+// A decoder for the current CUDA device, from the library at `path` ("" : the usual names); null with
+// *why_not set when nvJPEG cannot be loaded or initialised, or this build has no nvjpeg.h.
+std::unique_ptr<JpegBatchDecoder> make_jpeg_decoder(const std::string& path, std::string* why_not);
+
+}  // namespace fastpipe::cuda

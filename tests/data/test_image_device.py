@@ -1,0 +1,140 @@
+"""JPEGs decoded on the device (Loader(device="cuda", image_decode="device")): on the simulated device
+(core/sim_device.h) the whole path runs on the CPU: the reader threads hand over each record's encoded
+bytes and geometry (decoding themselves only what the device is not given), the simulated decoder
+(libjpeg, whole images) fills the staging in stream order, and the resample kernel's per-element code
+(image_transform.h: resample_element) makes the outputs. Checked against the host path, which sums the
+same weights in another order; on a GPU (the gpu tests) nvJPEG's decode differs from libjpeg's a little.
+"""
+
+import warnings
+
+import numpy as np
+import pytest
+import torch
+
+import fastpipe
+from fastpipe.data import _device
+from fastpipe.transforms import CenterCrop, RandomResizedCrop
+
+from jpegs import jpeg_bytes, picture, write
+
+pytestmark = pytest.mark.timeout(180, method="thread")
+IMAGENET = dict(mean=(0.485, 0.456, 0.406), std=(0.229, 0.224, 0.225))
+# Summing the taps per element instead of row by row changes float32 rounding only.
+FLOAT_TOL = 2e-5
+
+
+@pytest.fixture
+def folder(tmp_path, rng):
+    root = tmp_path / "t"
+    for k, (h, w) in enumerate([(75, 100), (100, 75), (61, 89), (40, 40), (90, 31), (120, 160)]):
+        write(str(root / f"c{k % 2}" / f"{k}.jpg"), jpeg_bytes(picture(rng, h, w), subsampling=k % 3))
+    return fastpipe.ImageFolder(str(root), cache_dir="off")
+
+
+def host_batches(ds, transform, **kw):
+    ld = fastpipe.Loader(ds, batch_size=4, transforms={0: transform}, timeout=60, **kw)
+    return [(x.float().numpy().copy(), y.numpy().copy()) for x, y in ld]
+
+
+def device_batches(ds, transform, sim_delay=100, fail=None, **kw):
+    with _device.simulated(max_delay_us=sim_delay, seed=7) as sim:
+        if fail:
+            sim._fail(*fail)
+        ld = fastpipe.Loader(ds, batch_size=4, transforms={0: transform}, timeout=60, device="cuda",
+                             image_decode="device", **kw)
+        out = []
+        for x, y in ld:
+            sim.synchronize(sim.consumer_stream())
+            out.append((x.float().numpy().copy(), y.numpy().copy()))
+        stats = ld.stats()
+        del ld
+        sim.drain()
+    return out, stats
+
+
+@pytest.mark.parametrize("transform", [
+    RandomResizedCrop(48, dct_scaling=False, **IMAGENET),
+    RandomResizedCrop((33, 21), scale=(0.5, 1.0), layout="NHWC", dct_scaling=False),
+    CenterCrop(40, resize=44, out_dtype=torch.bfloat16, dct_scaling=False, **IMAGENET),
+    CenterCrop(120, dct_scaling=False),  # larger than some images: padding
+], ids=["rrc", "rrc-nhwc", "center-bf16", "center-pad"])
+def test_device_decode_matches_the_host_path(folder, transform):
+    host = host_batches(folder, transform, seed=5, shuffle=True)
+    dev, stats = device_batches(folder, transform, seed=5, shuffle=True)
+    # Every record one way or the other (shrinks of more than 4x, e.g. to 21 columns, stay on the host).
+    assert stats["images_decoded_on_device"] + stats["images_decoded_on_host"] == len(folder)
+    assert stats["images_decoded_on_device"] >= len(folder) // 2
+    tol = 1e-2 if transform.out_dtype == torch.bfloat16 else FLOAT_TOL * 255  # values are normalised
+    for (a, la), (b, lb) in zip(host, dev):
+        np.testing.assert_array_equal(la, lb)
+        np.testing.assert_allclose(b, a, atol=tol, rtol=0 if transform.out_dtype != torch.bfloat16 else 1e-2)
+
+
+def test_records_the_device_is_not_given_are_decoded_on_the_host(tmp_path, rng):
+    root = tmp_path / "t"
+    pic = picture(rng, 60, 80)
+    kinds = {"baseline": jpeg_bytes(pic), "progressive": jpeg_bytes(pic, progressive=True),
+             "cmyk": jpeg_bytes(pic, mode="CMYK"), "gray": jpeg_bytes(pic, mode="L"),
+             "big": jpeg_bytes(picture(rng, 1100, 1000)), "baseline2": jpeg_bytes(picture(rng, 50, 70))}
+    for name, data in kinds.items():
+        write(str(root / "c" / f"{name}.jpg"), data)
+    ds = fastpipe.ImageFolder(str(root), cache_dir="off")
+    # The big one is over the pixel budget (twice the mean) and shrinks more than 4x to 32x32.
+    t = CenterCrop(32, resize=36, dct_scaling=False)
+    host = host_batches(ds, t)
+    dev, stats = device_batches(ds, t)
+    assert stats["images_decoded_on_device"] == 3  # baseline, baseline2, gray
+    assert stats["images_decoded_on_host"] == 3    # progressive, cmyk, big
+    for (a, _), (b, _) in zip(host, dev):
+        np.testing.assert_allclose(b, a, atol=FLOAT_TOL * 255)
+
+
+def test_a_failing_device_decode_reaches_the_loop_at_its_batch(folder):
+    t = CenterCrop(24, resize=30, dct_scaling=False)
+    with pytest.raises(RuntimeError, match="decode_jpegs failed"):
+        device_batches(folder, t, fail=("decode", 1, 1))
+
+
+def test_device_decode_needs_a_device_and_images(folder, tmp_path):
+    t = CenterCrop(24)
+    with pytest.raises(ValueError, match="image_decode='device' decodes JPEGs on the Loader's GPU"):
+        fastpipe.Loader(folder, batch_size=2, transforms={0: t}, image_decode="device")
+    np.save(tmp_path / "x.npy", np.zeros((4, 3), np.float32))
+    with _device.simulated():
+        with pytest.raises(ValueError, match="NpyDataset has none"):
+            fastpipe.Loader(fastpipe.NpyDataset(str(tmp_path / "x.npy")), batch_size=2, device="cuda",
+                            image_decode="device")
+
+
+def test_the_environment_chooses_auto(folder, monkeypatch):
+    t = CenterCrop(24, resize=30, dct_scaling=False)
+    monkeypatch.setenv("FASTPIPE_IMAGE_DECODE", "device")
+    with _device.simulated() as sim:
+        ld = fastpipe.Loader(folder, batch_size=3, transforms={0: t}, device="cuda")
+        for _ in ld:
+            pass
+        assert ld.stats()["images_decoded_on_device"] == len(folder)
+        del ld
+        sim.drain()
+    monkeypatch.setenv("FASTPIPE_IMAGE_DECODE", "gpu")
+    with pytest.raises(ValueError, match="FASTPIPE_IMAGE_DECODE must be"):
+        with _device.simulated():
+            fastpipe.Loader(folder, batch_size=3, transforms={0: t}, device="cuda")
+
+
+@pytest.mark.gpu
+def test_nvjpeg_decode_on_a_gpu_is_close_to_the_host_path(folder):
+    ok, why = fastpipe._ext._C.nvjpeg_status(torch.cuda.current_device(), _device.nvjpeg_library())
+    if not ok:
+        pytest.skip(f"nvJPEG unavailable: {why}")
+    t = RandomResizedCrop(48, dct_scaling=False)
+    host = host_batches(folder, t, seed=5)
+    ld = fastpipe.Loader(folder, batch_size=4, transforms={0: t}, seed=5, device="cuda", image_decode="device")
+    dev = [(x.float().cpu().numpy(), y.cpu().numpy()) for x, y in ld]
+    assert ld.stats()["images_decoded_on_device"] == len(folder)
+    diff = np.abs(np.concatenate([b for b, _ in dev]) - np.concatenate([a for a, _ in host])) * 255
+    # nvJPEG's IDCT and chroma upsampling are not libjpeg's: a level or two on average.
+    assert diff.mean() < 2.0 and np.percentile(diff, 99) < 16, (diff.mean(), np.percentile(diff, 99))
+    for (_, la), (_, lb) in zip(host, dev):
+        np.testing.assert_array_equal(la, lb)
