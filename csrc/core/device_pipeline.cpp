@@ -115,6 +115,7 @@ struct PipelineState {
   int64_t decoded_stride = 0;
   std::atomic<int64_t> decoded_on_device{0}, decoded_on_host{0};
   Event* overflow_ready = nullptr;
+  Event* overflow_alloc = nullptr;  // the consumer's stream when an overflow buffer was allocated
   OverflowFn overflow;
   std::atomic<bool> skip_release_fence{false};
 
@@ -127,6 +128,9 @@ struct PipelineState {
   ~PipelineState() {
     if (getpid() != owner_pid || !device) return;  // a forked child must not touch the device
     device->bind_thread();
+    // Batches issued and never taken go first: an overflow one's memory is freed after the copy stream's
+    // work (it is recorded on it), so the stream must still exist then.
+    issued.clear();
     for (DeviceSlot& s : slots) {  // every copy and every use of the arena finished before it goes
       if (s.ready) device->synchronize(s.ready);
       for (size_t k = 0; k < s.released; ++k) device->synchronize(s.release[k]);
@@ -139,6 +143,7 @@ struct PipelineState {
       device->synchronize(overflow_ready);
       device->delete_event(overflow_ready);
     }
+    if (overflow_alloc) device->delete_event(overflow_alloc);
     if (arena) device->free(arena);
     if (decoded) device->free(decoded);
     if (copy) device->delete_stream(copy);
@@ -337,6 +342,7 @@ DevicePipeline::DevicePipeline(std::shared_ptr<Device> device, std::vector<Colum
   st.slots.resize(static_cast<size_t>(num_slots));
   for (DeviceSlot& s : st.slots) s.ready = device_->new_event();
   st.overflow_ready = device_->new_event();
+  st.overflow_alloc = device_->new_event();
   st.copy = device_->new_stream();
 }
 
@@ -396,6 +402,12 @@ bool DevicePipeline::issue(bool block, double timeout_s, const std::function<voi
                       "Loader with a larger prefetch (slots = prefetch + 2), or use when_full='allocate'.");
     lk.unlock();
     OverflowBuffer buf = st.overflow(st.slot_bytes, st.copy);
+    // The allocator may hand back memory that work already queued on the consumer's stream still reads
+    // (a caching allocator reuses a block at once for the stream it is allocated on): the copy into it
+    // waits for that work.
+    Stream* consumer = device_->consumer_stream();
+    device_->record(st.overflow_alloc, consumer);
+    device_->wait(st.copy, st.overflow_alloc);
     lk.lock();
     item.base = buf.data;
     item.overflow = std::move(buf.keep);
@@ -407,7 +419,13 @@ bool DevicePipeline::issue(bool block, double timeout_s, const std::function<voi
   } catch (const Error&) {
     // A copy or kernel the device refused. The batch fails at its own turn, after the batches issued
     // before it (never silently: the reader has moved past it), and its slot is free again (work queued
-    // into it before the failure runs before any later copy into it: the copy stream is in order).
+    // into it before the failure runs before any later copy into it: the copy stream is in order). The
+    // copies queued before the failure still read the host slot: it is fenced as after a whole batch
+    // (unless the device refuses that too; then nothing can order them).
+    try {
+      st.fences->record(lease->slot(), st.copy);
+    } catch (const Error&) {
+    }
     if (item.slot >= 0) st.slots[item.slot].state = DeviceSlot::State::kFree;
     item.slot = -1;
     item.overflow.reset();

@@ -9,6 +9,7 @@
 #include <mutex>
 #include <random>
 #include <thread>
+#include <unordered_map>
 #include <vector>
 
 #include "core/error.h"
@@ -31,6 +32,8 @@ struct Stream {
   std::deque<std::function<void()>> queue;
   bool busy = false;
   bool stop = false;
+  bool deleted = false;  // delete_stream() was called: queuing more is a use after free on a GPU
+  std::function<void(const std::string&)> misuse;
   std::atomic<int> max_delay_us{0};
   std::mt19937_64 rng;
   std::thread worker;
@@ -56,10 +59,13 @@ struct Stream {
   }
 
   void push(std::function<void()> op) {
+    bool was_deleted;
     {
       std::lock_guard<std::mutex> lk(mu);
-      queue.push_back(std::move(op));
+      was_deleted = deleted;
+      queue.push_back(std::move(op));  // still run: the simulation's memory outlives its streams
     }
+    if (was_deleted) misuse("work queued on a deleted stream");
     cv.notify_all();
   }
 
@@ -89,9 +95,31 @@ struct SimDevice::Impl {
   Stream* consumer = nullptr;
   int max_delay_us = 0;
   uint64_t seed = 0;
+  // What a GPU would not survive (queuing on a deleted stream, ...), for tests to assert there was none.
+  std::vector<std::string> misuses;
+  // The overflow allocator's pool: blocks by size, reusable as soon as they are back (torch's caching
+  // allocator reuses a block at once for the stream it was allocated on).
+  std::unordered_map<size_t, std::vector<void*>> pool;
+  std::unordered_map<const void*, size_t> pinned;  // page-locked host ranges, by start
+
+  bool is_pinned(const void* p, size_t bytes) {
+    std::lock_guard<std::mutex> lk(mu);
+    const auto* c = static_cast<const char*>(p);
+    for (const auto& [start, n] : pinned) {
+      const auto* s0 = static_cast<const char*>(start);
+      if (c >= s0 && c + bytes <= s0 + n) return true;
+    }
+    return false;
+  }
+
+  void report(const std::string& what) {
+    std::lock_guard<std::mutex> lk(mu);
+    misuses.push_back(what);
+  }
 
   Stream* make_stream() {
     auto s = std::make_unique<Stream>();
+    s->misuse = [this](const std::string& what) { report(what); };
     s->max_delay_us = max_delay_us;
     s->rng.seed(seed + streams.size());
     Stream* raw = s.get();
@@ -116,6 +144,8 @@ SimDevice::~SimDevice() {
     s->cv.notify_all();
   }
   for (auto& s : impl_->streams) s->worker.join();
+  for (auto& [bytes, blocks] : impl_->pool)  // after the streams: their queued frees return blocks here
+    for (void* p : blocks) std::free(p);
 }
 
 void* SimDevice::alloc(size_t bytes) {
@@ -131,7 +161,34 @@ Stream* SimDevice::new_stream() {
   return impl_->make_stream();
 }
 
-void SimDevice::delete_stream(Stream* s) { s->drain(); }  // joined with the device (streams are few)
+void SimDevice::delete_stream(Stream* s) {
+  s->drain();  // the thread is joined with the device (streams are few); the stream is dead from here
+  std::lock_guard<std::mutex> lk(s->mu);
+  s->deleted = true;
+}
+
+void* SimDevice::pool_alloc(size_t bytes) {
+  {
+    std::lock_guard<std::mutex> lk(impl_->mu);
+    auto it = impl_->pool.find(bytes);
+    if (it != impl_->pool.end() && !it->second.empty()) {
+      void* p = it->second.back();
+      it->second.pop_back();
+      return p;
+    }
+  }
+  return alloc(bytes);
+}
+
+void SimDevice::pool_free(void* p, size_t bytes) {
+  std::lock_guard<std::mutex> lk(impl_->mu);
+  impl_->pool[bytes].push_back(p);
+}
+
+std::vector<std::string> SimDevice::misuses() const {
+  std::lock_guard<std::mutex> lk(impl_->mu);
+  return impl_->misuses;
+}
 
 Stream* SimDevice::consumer_stream() { return impl_->consumer; }
 
@@ -139,9 +196,28 @@ Event* SimDevice::new_event() { return new Event; }
 
 void SimDevice::delete_event(Event* e) { delete e; }
 
+void SimDevice::pin(void* host, size_t bytes) {
+  std::lock_guard<std::mutex> lk(impl_->mu);
+  impl_->pinned[host] = bytes;
+}
+
+void SimDevice::unpin(void* host) {
+  std::lock_guard<std::mutex> lk(impl_->mu);
+  impl_->pinned.erase(host);
+}
+
 void SimDevice::copy_to_device(void* dst, const void* src, size_t bytes, Stream* s) {
   impl_->maybe_fail(0, "copy_to_device");
-  s->push([=] { std::memcpy(dst, src, bytes); });
+  Impl* impl = impl_.get();
+  s->push([=] {
+    // An asynchronous copy reads its source when the stream gets there: by then it must still be
+    // page-locked (unpinned memory may be gone: the copy is skipped and reported).
+    if (!impl->is_pinned(src, bytes)) {
+      impl->report("a copy read host memory that is no longer page-locked (unpinned or freed)");
+      return;
+    }
+    std::memcpy(dst, src, bytes);
+  });
 }
 
 void SimDevice::launch(const DeviceKernel& k, Stream* s) {

@@ -8,6 +8,7 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "core/device.h"
 
@@ -21,8 +22,8 @@ class SimDevice : public Device {
   void bind_thread() override {}
   void* alloc(size_t bytes) override;
   void free(void* p) override;
-  void pin(void*, size_t) override {}
-  void unpin(void*) override {}
+  void pin(void* host, size_t bytes) override;  // remembered: copies check their source is page-locked
+  void unpin(void* host) override;
   Stream* new_stream() override;
   void delete_stream(Stream* s) override;
   Stream* consumer_stream() override;
@@ -41,6 +42,12 @@ class SimDevice : public Device {
   // Waits until every stream has run everything queued before the call.
   void drain();
   void set_max_delay_us(int us);
+  // The overflow allocator's model of torch's caching allocator: a block given back is handed out again
+  // at once, whatever streams still read it, unless the caller waits for them (stream-ordered frees).
+  void* pool_alloc(size_t bytes);
+  void pool_free(void* p, size_t bytes);
+  // What the program did that a GPU would not survive (work queued on a deleted stream, ...).
+  std::vector<std::string> misuses() const;
   // Test hook: the next `count` calls of `what` ("copy", "launch" or "decode") fail as a device reports a failure
   // (Error kState naming the call), after the first `after` of them succeed.
   void fail(const std::string& what, int count, int after);

@@ -223,14 +223,18 @@ DeviceChoice choose_device(const py::object& device, const std::string& nvjpeg =
 }
 
 // Overflow memory for a batch when every device slot is held (when_full="allocate"): torch's caching
-// allocator on a GPU (freed by torch, stream-ordered: the copy stream is recorded on it); on the
-// simulation, memory freed on the consumer stream, as the caching allocator would.
+// allocator on a GPU, allocated on the consumer's current stream and with the copy stream recorded, so
+// that torch frees it stream-ordered for both. On the simulation, a pool that behaves the same way: a
+// block is handed out again once the copy stream passes the point where its batch died, whatever the
+// consumer's stream, which it was allocated on, still has queued (the pipeline orders its copy after
+// that stream's work).
 OverflowFn overflow_allocator(const DeviceChoice& c) {
   if (c.sim) {
     std::shared_ptr<SimDevice> sim = c.sim;
-    return [sim](int64_t bytes, Stream*) {
-      char* p = static_cast<char*>(sim->alloc(static_cast<size_t>(bytes)));
-      std::shared_ptr<void> keep(p, [sim](void* q) { sim->enqueue(sim->consumer_stream(), [sim, q] { sim->free(q); }); });
+    return [sim](int64_t bytes, Stream* copy) {
+      const size_t n = static_cast<size_t>(bytes);
+      char* p = static_cast<char*>(sim->pool_alloc(n));
+      std::shared_ptr<void> keep(p, [sim, copy, n](void* q) { sim->enqueue(copy, [sim, q, n] { sim->pool_free(q, n); }); });
       return OverflowBuffer{p, keep};
     };
   }
@@ -564,7 +568,8 @@ void bind_loader(py::module& m) {
           py::arg("stream"))
       .def("drain", &SimDevice::drain, py::call_guard<py::gil_scoped_release>())
       .def("set_max_delay_us", &SimDevice::set_max_delay_us, py::arg("us"))
-      .def("_fail", &SimDevice::fail, py::arg("what"), py::arg("count") = 1, py::arg("after") = 0);
+      .def("_fail", &SimDevice::fail, py::arg("what"), py::arg("count") = 1, py::arg("after") = 0)
+      .def("misuses", &SimDevice::misuses);
 
   m.def("record_stream", &record_stream, py::arg("tensor"), py::arg("stream"));
 

@@ -205,6 +205,62 @@ def test_held_batches_never_change_and_overflow_when_every_slot_is_held(sim, dat
     del keep
 
 
+def test_overflow_batches_wait_for_the_consumer_stream(dataset_factory, fp):
+    """Every slot held: the next batches go to memory that the allocator hands out again as soon as the
+    copy stream is past their batch's death (torch's caching allocator, the block allocated on the
+    consumer's stream), while the slow consumer stream still reads the previous overflow batch. The copy
+    into such memory must wait for the consumer stream's queued work (issue 20, defect 1)."""
+    ds, arrays, _ = dataset_factory(200, {"x": ("uint8", (64,))})
+    ref = fp.epoch(fp.loader(ds, 8, shuffle=True, seed=3))
+    with _device.simulated(max_delay_us=50, seed=4) as sim:
+        ld = fp.loader(ds, 8, shuffle=True, seed=3, prefetch=1, device="cuda")
+        it = iter(ld)
+        held = [next(it) for _ in range(3)]  # every device slot
+        with pytest.warns(UserWarning, match="holds every one of the 3 arena slots"):
+            got = race(sim, it, 3000)
+        assert ld.stats()["overflow_batches"] >= len(got) - 2
+        assert fp.same_batches(ref[:3], [host(sim, b) for b in held])
+        assert fp.same_batches(ref[3:], got)
+        del held, it, ld
+        gc.collect()
+        sim.drain()
+        assert sim.misuses() == []
+
+
+def test_teardown_releases_issued_batches_before_the_copy_stream(dataset_factory, fp):
+    """Overflow batches issued ahead and never taken: the pipeline's end must release them (their memory
+    is freed after the copy stream's work) before it destroys that stream (issue 20, defect 4)."""
+    ds, arrays, _ = dataset_factory(120, {"x": ("uint8", (32,))})
+    with _device.simulated(max_delay_us=50, seed=8) as sim:
+        ld = fp.loader(ds, 8, prefetch=1, device="cuda")
+        it = iter(ld)
+        held = [next(it) for _ in range(3)]
+        with pytest.warns(UserWarning, match="holds every one"):
+            held.append(next(it))  # an overflow batch, and the next ones issued behind it
+        del it, ld, held
+        gc.collect()
+        sim.drain()
+        assert sim.misuses() == []
+
+
+def test_a_batch_whose_copy_fails_still_fences_the_copies_before_it(dataset_factory, fp):
+    """The second copy of a batch fails: the first is already queued and reads the host slot later. The
+    slot must be fenced all the same, or closing the loader unpins (and frees) the arena under that copy
+    (issue 20, defect 5); the simulation reports a copy from memory no longer page-locked."""
+    ds, arrays, _ = dataset_factory(64, {"x": ("uint8", (16,)), "y": ("int32", (3,))})
+    with _device.simulated(max_delay_us=20000, seed=9) as sim:
+        sim._fail("copy", count=1, after=1)
+        ld = fp.loader(ds, 8, prefetch=1, device="cuda")
+        with pytest.raises(RuntimeError, match="copy_to_device failed"):
+            for _ in ld:
+                pass
+        ld.close()
+        del ld
+        gc.collect()
+        sim.drain()
+        assert sim.misuses() == []
+
+
 def test_resume_and_state_on_the_device(sim, dataset_factory, fp):
     ds, arrays, _ = dataset_factory(101, {"x": ("uint8", (9,))})
     ref = epoch(sim, fp.loader(ds, 8, shuffle=True, seed=5, device="cuda"))
