@@ -76,7 +76,11 @@ class Device {
  public:
   virtual ~Device() = default;
 
-  virtual void bind_thread() = 0;  // makes this device current in the calling thread
+  // Makes this device current in the calling thread and returns the one that was (DeviceGuard pairs
+  // it with restore_current).
+  virtual int make_current() = 0;
+  // Makes `previous` current again. Never throws: it runs in destructors.
+  virtual void restore_current(int previous) noexcept = 0;
 
   virtual void* alloc(size_t bytes) = 0;  // device memory
   virtual void free(void* p) = 0;
@@ -99,6 +103,21 @@ class Device {
   virtual void wait(Stream* s, Event* e) = 0;
   virtual void synchronize(Event* e) = 0;
   virtual bool query(Event* e) = 0;  // the event's last record completed (or it was never recorded)
+};
+
+// The device current in the calling thread for the guard's life, then the thread's previous one again:
+// the loader's entry points run on the program's threads, whose current device they must leave as they
+// found it (a torch.empty(device="cuda") after next() must not land on the loader's GPU).
+class DeviceGuard {
+ public:
+  explicit DeviceGuard(Device& d) : d_(d), previous_(d.make_current()) {}
+  ~DeviceGuard() { d_.restore_current(previous_); }
+  DeviceGuard(const DeviceGuard&) = delete;
+  DeviceGuard& operator=(const DeviceGuard&) = delete;
+
+ private:
+  Device& d_;
+  int previous_;
 };
 
 // The host version of each kernel, for devices whose memory the host can address (the simulation).

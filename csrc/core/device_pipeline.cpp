@@ -53,7 +53,7 @@ struct HostFences {
       if (static_cast<size_t>(slot) < events.size() && recorded[slot]) e = events[slot];
     }
     if (e) {
-      device->bind_thread();
+      DeviceGuard guard(*device);
       device->synchronize(e);
     }
   }
@@ -127,7 +127,7 @@ struct PipelineState {
 
   ~PipelineState() {
     if (getpid() != owner_pid || !device) return;  // a forked child must not touch the device
-    device->bind_thread();
+    DeviceGuard guard(*device);
     // Batches issued and never taken go first: an overflow one's memory is freed after the copy stream's
     // work (it is recorded on it), so the stream must still exist then.
     issued.clear();
@@ -226,7 +226,7 @@ DeviceBatch::~DeviceBatch() {
   PipelineState& st = *state_;
   if (getpid() != st.owner_pid) return;  // a forked child never reuses the parent's slots
   if (slot_ < 0) return;                 // overflow: its allocator frees it, stream-ordered
-  st.device->bind_thread();
+  DeviceGuard guard(*st.device);
   std::lock_guard<std::mutex> lk(st.mu);
   DeviceSlot& s = st.slots[slot_];
   s.released = 0;
@@ -254,7 +254,7 @@ DevicePipeline::DevicePipeline(std::shared_ptr<Device> device, std::vector<Colum
   st.owner_pid = getpid();
   st.overflow = std::move(overflow);
   st.batch_size = options.batch_size;
-  device_->bind_thread();
+  DeviceGuard guard(*device_);
   st.fences = std::make_shared<HostFences>(device_);
 
   // One plan per column, from its spec: token windows widened, images transformed or decoded, the rest
@@ -285,12 +285,12 @@ DevicePipeline::DevicePipeline(std::shared_ptr<Device> device, std::vector<Colum
   options.raw_outputs = true;
   options.index_output = needs_index;
   options.on_arena_alloc = [dev](void* p, size_t n) {
-    dev->bind_thread();
+    DeviceGuard guard(*dev);
     dev->pin(p, n);
   };
   options.on_arena_free = [dev, fences, owner](void* p, size_t) {
     if (getpid() != owner) return;
-    dev->bind_thread();
+    DeviceGuard guard(*dev);
     fences->wait_all();  // no copy out of the arena may still be in flight when it is unpinned and freed
     dev->unpin(p);
   };
@@ -437,7 +437,7 @@ bool DevicePipeline::issue(bool block, double timeout_s, const std::function<voi
 
 std::shared_ptr<DeviceBatch> DevicePipeline::next(double timeout_s, const std::function<void()>& poll) {
   PipelineState& st = *state_;
-  device_->bind_thread();
+  DeviceGuard guard(*device_);
   bool have;
   {
     std::lock_guard<std::mutex> lk(st.mu);
@@ -479,7 +479,7 @@ void DevicePipeline::close() {
   if (!reader_) return;
   reader_->close();
   if (getpid() == state_->owner_pid) {
-    device_->bind_thread();
+    DeviceGuard guard(*device_);
     state_->fences->wait_all();
   }
 }

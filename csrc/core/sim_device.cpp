@@ -95,6 +95,7 @@ struct SimDevice::Impl {
   Stream* consumer = nullptr;
   int max_delay_us = 0;
   uint64_t seed = 0;
+  int index = 1;
   // What a GPU would not survive (queuing on a deleted stream, ...), for tests to assert there was none.
   std::vector<std::string> misuses;
   // The overflow allocator's pool: blocks by size, reusable as soon as they are back (torch's caching
@@ -129,9 +130,14 @@ struct SimDevice::Impl {
   }
 };
 
-SimDevice::SimDevice(int max_delay_us, uint64_t seed) : impl_(std::make_unique<Impl>()) {
+namespace {
+thread_local int tl_current_device = 0;
+}  // namespace
+
+SimDevice::SimDevice(int max_delay_us, uint64_t seed, int index) : impl_(std::make_unique<Impl>()) {
   impl_->max_delay_us = max_delay_us;
   impl_->seed = seed;
+  impl_->index = index;
   impl_->consumer = impl_->make_stream();
 }
 
@@ -147,6 +153,16 @@ SimDevice::~SimDevice() {
   for (auto& [bytes, blocks] : impl_->pool)  // after the streams: their queued frees return blocks here
     for (void* p : blocks) std::free(p);
 }
+
+int SimDevice::make_current() {
+  const int previous = tl_current_device;
+  tl_current_device = impl_->index;
+  return previous;
+}
+
+void SimDevice::restore_current(int previous) noexcept { tl_current_device = previous; }
+
+int SimDevice::current_device() { return tl_current_device; }
 
 void* SimDevice::alloc(size_t bytes) {
   void* p = std::aligned_alloc(256, (std::max<size_t>(bytes, 1) + 255) / 256 * 256);

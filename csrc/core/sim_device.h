@@ -16,10 +16,13 @@ namespace fastpipe {
 
 class SimDevice : public Device {
  public:
-  SimDevice(int max_delay_us, uint64_t seed);
+  // `index`: the device number it plays; each thread's current device starts at 0 (as CUDA's does).
+  SimDevice(int max_delay_us, uint64_t seed, int index = 1);
   ~SimDevice() override;  // drains every stream
 
-  void bind_thread() override {}
+  int make_current() override;
+  void restore_current(int previous) noexcept override;
+  static int current_device();  // the calling thread's
   void* alloc(size_t bytes) override;
   void free(void* p) override;
   void pin(void* host, size_t bytes) override;  // remembered: copies check their source is page-locked

@@ -107,12 +107,12 @@ class PinnedArena {
 
   void install(ReaderOptions& opt, const std::shared_ptr<PinnedArena>& self) {
     opt.on_arena_alloc = [self](void* p, size_t n) {
-      self->device_->bind_thread();
+      DeviceGuard guard(*self->device_);
       self->device_->pin(p, n);
     };
     opt.on_arena_free = [self](void* p, size_t) {
       if (getpid() != self->owner_) return;
-      self->device_->bind_thread();
+      DeviceGuard guard(*self->device_);
       self->wait_all();
       self->device_->unpin(p);
     };
@@ -136,7 +136,7 @@ class PinnedArena {
 
   void released(int slot) {
     if (getpid() != owner_) return;
-    device_->bind_thread();
+    DeviceGuard guard(*device_);
     std::lock_guard<std::mutex> lk(mu_);
     grow(slot);
     std::vector<Stream*> streams{device_->consumer_stream()};
@@ -156,7 +156,7 @@ class PinnedArena {
       wait.assign(events_[slot].begin(), events_[slot].begin() + static_cast<long>(recorded_[slot]));
     }
     if (wait.empty()) return;
-    device_->bind_thread();
+    DeviceGuard guard(*device_);
     for (Event* e : wait) device_->synchronize(e);
   }
 
@@ -531,8 +531,12 @@ void bind_loader(py::module& m) {
   // The CPU simulation of a device (core/sim_device.h), for tests: Loader(device="cuda") under
   // fastpipe.data._device.simulated(). Streams are handles (ints) as torch's cuda_stream values are.
   py::class_<SimDevice, std::shared_ptr<SimDevice>>(m, "SimDevice")
-      .def(py::init([](int max_delay_us, uint64_t seed) { return std::make_shared<SimDevice>(max_delay_us, seed); }),
-           py::arg("max_delay_us") = 0, py::arg("seed") = 0)
+      .def(py::init([](int max_delay_us, uint64_t seed, int index) {
+             return std::make_shared<SimDevice>(max_delay_us, seed, index);
+           }),
+           py::arg("max_delay_us") = 0, py::arg("seed") = 0, py::arg("index") = 1)
+      .def_static("current_device", &SimDevice::current_device,
+                  "The calling thread's current (simulated) device: 0 until something makes one current.")
       .def("consumer_stream", [](SimDevice& d) { return reinterpret_cast<uintptr_t>(d.consumer_stream()); })
       .def("new_stream", [](SimDevice& d) { return reinterpret_cast<uintptr_t>(d.new_stream()); })
       .def(

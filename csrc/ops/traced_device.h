@@ -13,7 +13,8 @@ class TracedDevice final : public Device {
  public:
   explicit TracedDevice(std::shared_ptr<Device> inner) : inner_(std::move(inner)) {}
 
-  void bind_thread() override { inner_->bind_thread(); }
+  int make_current() override { return inner_->make_current(); }
+  void restore_current(int previous) noexcept override { inner_->restore_current(previous); }
   void* alloc(size_t bytes) override { return inner_->alloc(bytes); }
   void free(void* p) override { inner_->free(p); }
   void pin(void* host, size_t bytes) override { inner_->pin(host, bytes); }

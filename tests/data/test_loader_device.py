@@ -261,6 +261,48 @@ def test_a_batch_whose_copy_fails_still_fences_the_copies_before_it(dataset_fact
         assert sim.misuses() == []
 
 
+def test_every_entry_point_leaves_the_current_device_alone(dataset_factory, fp):
+    """The simulated device plays device 1 while the thread's current device is 0: building a loader,
+    taking, holding and dropping batches, record_stream, an overflow batch, a pinned CPU loader and close
+    must leave the caller's current device as it was (issue 20, defect 2: torch.empty(device="cuda")
+    would land on the loader's GPU)."""
+    ds, arrays, _ = dataset_factory(48, {"x": ("uint8", (8,))})
+    SimDevice = fastpipe._ext._C.SimDevice
+    assert SimDevice.current_device() == 0
+    with _device.simulated(max_delay_us=50, seed=10) as sim:
+        steps = []
+
+        def check(what):
+            steps.append((what, SimDevice.current_device()))
+
+        ld = fp.loader(ds, 8, prefetch=1, device="cuda")
+        check("Loader()")
+        it = iter(ld)
+        held = [next(it) for _ in range(3)]
+        check("next()")
+        fastpipe.record_stream(held[0]["x"], sim.new_stream())
+        check("record_stream()")
+        with pytest.warns(UserWarning, match="holds every one"):
+            held.append(next(it))
+        check("next() into overflow")
+        del held
+        gc.collect()
+        check("dropping batches")
+        ld.close()
+        check("close()")
+        pinned = fp.loader(ds, 8, pin_memory=True)
+        check("Loader(pin_memory=True)")
+        for b in pinned:
+            del b
+        check("pinned batches")
+        pinned.close()
+        del ld, pinned
+        gc.collect()
+        check("destruction")
+        sim.drain()
+    assert [w for w, current in steps if current != 0] == []
+
+
 def test_resume_and_state_on_the_device(sim, dataset_factory, fp):
     ds, arrays, _ = dataset_factory(101, {"x": ("uint8", (9,))})
     ref = epoch(sim, fp.loader(ds, 8, shuffle=True, seed=5, device="cuda"))

@@ -27,7 +27,15 @@ class CudaDevice : public Device {
  public:
   CudaDevice(int index, std::string nvjpeg_path) : index_(index), nvjpeg_path_(std::move(nvjpeg_path)) {}
 
-  void bind_thread() override { check(cudaSetDevice(index_), "cudaSetDevice"); }
+  int make_current() override {
+    int previous = -1;
+    check(cudaGetDevice(&previous), "cudaGetDevice");
+    if (previous != index_) check(cudaSetDevice(index_), "cudaSetDevice");
+    return previous;
+  }
+  void restore_current(int previous) noexcept override {
+    if (previous >= 0 && previous != index_ && cudaSetDevice(previous) != cudaSuccess) cudaGetLastError();
+  }
 
   void* alloc(size_t bytes) override {
     void* p = nullptr;
