@@ -31,8 +31,12 @@ struct HostFences {
   HostFences(std::shared_ptr<Device> d) : device(std::move(d)), owner_pid(getpid()) {}
   ~HostFences() {
     if (getpid() != owner_pid) return;  // a forked child must not touch the device
-    for (Event* e : events)
-      if (e) device->delete_event(e);
+    try {
+      for (Event* e : events)
+        if (e) device->delete_event(e);
+    } catch (const std::exception& e) {
+      report_teardown_failure("deleting the loader's host-slot fences", e.what());
+    }
   }
 
   void record(int slot, Stream* s) {
@@ -127,6 +131,14 @@ struct PipelineState {
 
   ~PipelineState() {
     if (getpid() != owner_pid || !device) return;  // a forked child must not touch the device
+    try {
+      teardown();
+    } catch (const std::exception& e) {
+      report_teardown_failure("releasing the loader's device arena", e.what());
+    }
+  }
+
+  void teardown() {
     DeviceGuard guard(*device);
     // Batches issued and never taken go first: an overflow one's memory is freed after the copy stream's
     // work (it is recorded on it), so the stream must still exist then.
@@ -226,18 +238,23 @@ DeviceBatch::~DeviceBatch() {
   PipelineState& st = *state_;
   if (getpid() != st.owner_pid) return;  // a forked child never reuses the parent's slots
   if (slot_ < 0) return;                 // overflow: its allocator frees it, stream-ordered
-  DeviceGuard guard(*st.device);
-  std::lock_guard<std::mutex> lk(st.mu);
-  DeviceSlot& s = st.slots[slot_];
-  s.released = 0;
-  if (!st.skip_release_fence) {
-    for (Stream* stream : streams_) {
-      if (s.released == s.release.size()) s.release.push_back(st.device->new_event());
-      st.device->record(s.release[s.released++], stream);
+  try {
+    DeviceGuard guard(*st.device);
+    std::lock_guard<std::mutex> lk(st.mu);
+    DeviceSlot& s = st.slots[slot_];
+    s.released = 0;
+    if (!st.skip_release_fence) {
+      for (Stream* stream : streams_) {
+        if (s.released == s.release.size()) s.release.push_back(st.device->new_event());
+        st.device->record(s.release[s.released++], stream);
+      }
     }
+    s.state = DeviceSlot::State::kFree;
+    --st.leased;
+  } catch (const std::exception& e) {
+    // The release cannot be fenced: the slot stays taken (never reused) rather than raced.
+    report_teardown_failure("releasing a device batch", e.what());
   }
-  s.state = DeviceSlot::State::kFree;
-  --st.leased;
 }
 
 char* DeviceBatch::data(int output) const { return base_ + state_->outputs[output].offset; }
@@ -290,9 +307,13 @@ DevicePipeline::DevicePipeline(std::shared_ptr<Device> device, std::vector<Colum
   };
   options.on_arena_free = [dev, fences, owner](void* p, size_t) {
     if (getpid() != owner) return;
-    DeviceGuard guard(*dev);
-    fences->wait_all();  // no copy out of the arena may still be in flight when it is unpinned and freed
-    dev->unpin(p);
+    try {
+      DeviceGuard guard(*dev);
+      fences->wait_all();  // no copy out of the arena may still be in flight when it is unpinned and freed
+      dev->unpin(p);
+    } catch (const std::exception& e) {
+      report_teardown_failure("unpinning the loader's host arena", e.what());
+    }
   };
   options.before_slot_fill = [fences](int slot) { fences->wait(slot); };
   reader_ = std::make_unique<BatchReader>(std::move(columns), std::move(options));
@@ -478,9 +499,12 @@ std::shared_ptr<DeviceBatch> DevicePipeline::next(double timeout_s, const std::f
 void DevicePipeline::close() {
   if (!reader_) return;
   reader_->close();
-  if (getpid() == state_->owner_pid) {
+  if (getpid() != state_->owner_pid) return;
+  try {  // a device that failed (a sticky error) cannot be waited for: reported, and close() goes on
     DeviceGuard guard(*device_);
     state_->fences->wait_all();
+  } catch (const std::exception& e) {
+    report_teardown_failure("waiting for the loader's copies at close()", e.what());
   }
 }
 

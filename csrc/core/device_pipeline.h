@@ -79,7 +79,8 @@ class DevicePipeline {
   void start(std::vector<int64_t> indices, bool drop_last, uint64_t epoch);
   // The next batch, ready on the consumer's stream when it returns (nullptr at the pass's end).
   std::shared_ptr<DeviceBatch> next(double timeout_s, const std::function<void()>& poll);
-  // Waits for the copies in flight and stops the reader. Batches handed out stay valid.
+  // Waits for the copies in flight and stops the reader. Batches handed out stay valid. Never throws: a
+  // device failure here is reported once (report_teardown_failure).
   void close();
 
   // Device outputs: per column one (copies and transforms) or two (token windows: x, y).

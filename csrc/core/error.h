@@ -2,7 +2,9 @@
 // torch-facing layer maps the kind onto a Python exception type.
 #pragma once
 
+#include <atomic>
 #include <cerrno>
+#include <cstdio>
 #include <cstring>
 #include <stdexcept>
 #include <string>
@@ -34,6 +36,18 @@ class Error : public std::runtime_error {
               what + ": " + std::strerror(err) + " (errno " + std::to_string(err) + ") [" + file + ":" +
                   std::to_string(line) + "]",
               err);
+}
+
+// A failure in a destructor or another teardown path (a sticky device error after a device-side assert,
+// interpreter shutdown): reported once on stderr and never thrown, which would end the process; what
+// could not be released is left as it is (leaked).
+inline void report_teardown_failure(const char* where, const char* what) noexcept {
+  static std::atomic<bool> reported{false};
+  if (!reported.exchange(true))
+    std::fprintf(stderr,
+                 "fastpipe: %s failed (%s); what it would have released is left as it is. Later teardown failures "
+                 "are not reported.\n",
+                 where, what);
 }
 
 }  // namespace fastpipe

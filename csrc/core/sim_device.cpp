@@ -77,8 +77,8 @@ struct Stream {
 
 struct SimDevice::Impl {
   std::mutex mu;
-  // fail(): per kind (0 copy, 1 launch, 2 decode), calls still to let through, then calls to fail.
-  int pass[3] = {0, 0, 0}, failing[3] = {0, 0, 0};
+  // fail(): per kind (kFailKinds), calls still to let through, then calls to fail.
+  int pass[7] = {}, failing[7] = {};
 
   void maybe_fail(int kind, const char* call) {
     std::lock_guard<std::mutex> lk(mu);
@@ -102,6 +102,7 @@ struct SimDevice::Impl {
   // allocator reuses a block at once for the stream it was allocated on).
   std::unordered_map<size_t, std::vector<void*>> pool;
   std::unordered_map<const void*, size_t> pinned;  // page-locked host ranges, by start
+  std::vector<std::unique_ptr<Event>> events;       // every event made, freed with the device
 
   bool is_pinned(const void* p, size_t bytes) {
     std::lock_guard<std::mutex> lk(mu);
@@ -132,6 +133,8 @@ struct SimDevice::Impl {
 
 namespace {
 thread_local int tl_current_device = 0;
+// The calls fail() can make fail, by kind (Impl::pass and failing are indexed alike).
+constexpr const char* kFailKinds[7] = {"copy", "launch", "decode", "record", "wait", "synchronize", "free"};
 }  // namespace
 
 SimDevice::SimDevice(int max_delay_us, uint64_t seed, int index) : impl_(std::make_unique<Impl>()) {
@@ -170,7 +173,11 @@ void* SimDevice::alloc(size_t bytes) {
   return p;
 }
 
-void SimDevice::free(void* p) { std::free(p); }
+void SimDevice::free(void* p) {
+  impl_->maybe_fail(6, "free");
+  drain();  // as cudaFree, which waits for the device's work: nothing queued may still write there
+  std::free(p);
+}
 
 Stream* SimDevice::new_stream() {
   std::lock_guard<std::mutex> lk(impl_->mu);
@@ -208,9 +215,15 @@ std::vector<std::string> SimDevice::misuses() const {
 
 Stream* SimDevice::consumer_stream() { return impl_->consumer; }
 
-Event* SimDevice::new_event() { return new Event; }
+Event* SimDevice::new_event() {
+  std::lock_guard<std::mutex> lk(impl_->mu);
+  impl_->events.push_back(std::make_unique<Event>());
+  return impl_->events.back().get();
+}
 
-void SimDevice::delete_event(Event* e) { delete e; }
+// As cudaEventDestroy, which may be called while records of the event are queued: the event lives on
+// (until the device goes) for the streams that still reach it.
+void SimDevice::delete_event(Event*) {}
 
 void SimDevice::pin(void* host, size_t bytes) {
   std::lock_guard<std::mutex> lk(impl_->mu);
@@ -276,15 +289,18 @@ void SimDevice::decode_jpegs(const JpegDecodeJob& job, Stream* s) {
 }
 
 void SimDevice::fail(const std::string& what, int count, int after) {
-  if (what != "copy" && what != "launch" && what != "decode")
-    throw Error(ErrorKind::kValue, "what must be 'copy', 'launch' or 'decode', got '" + what + "'");
-  const int kind = what == "copy" ? 0 : what == "launch" ? 1 : 2;
+  int kind = 0;
+  while (kind < 7 && what != kFailKinds[kind]) ++kind;
+  if (kind == 7)
+    throw Error(ErrorKind::kValue, "what must be copy, launch, decode, record, wait, synchronize or free, got '" +
+                                       what + "'");
   std::lock_guard<std::mutex> lk(impl_->mu);
   impl_->failing[kind] = count;
   impl_->pass[kind] = after;
 }
 
 void SimDevice::record(Event* e, Stream* s) {
+  impl_->maybe_fail(3, "record");
   uint64_t gen;
   {
     std::lock_guard<std::mutex> lk(e->mu);
@@ -300,6 +316,7 @@ void SimDevice::record(Event* e, Stream* s) {
 }
 
 void SimDevice::wait(Stream* s, Event* e) {
+  impl_->maybe_fail(4, "wait");
   uint64_t target;
   {
     std::lock_guard<std::mutex> lk(e->mu);
@@ -312,6 +329,7 @@ void SimDevice::wait(Stream* s, Event* e) {
 }
 
 void SimDevice::synchronize(Event* e) {
+  impl_->maybe_fail(5, "synchronize");
   std::unique_lock<std::mutex> lk(e->mu);
   const uint64_t target = e->recorded;
   e->cv.wait(lk, [&] { return e->completed >= target; });

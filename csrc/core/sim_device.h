@@ -51,7 +51,8 @@ class SimDevice : public Device {
   void pool_free(void* p, size_t bytes);
   // What the program did that a GPU would not survive (work queued on a deleted stream, ...).
   std::vector<std::string> misuses() const;
-  // Test hook: the next `count` calls of `what` ("copy", "launch" or "decode") fail as a device reports a failure
+  // Test hook: the next `count` calls of `what` (copy, launch, decode, record, wait, synchronize, free)
+  // fail as a device reports a failure
   // (Error kState naming the call), after the first `after` of them succeed.
   void fail(const std::string& what, int count, int after);
 

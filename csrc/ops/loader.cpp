@@ -101,8 +101,12 @@ class PinnedArena {
   explicit PinnedArena(std::shared_ptr<Device> device) : device_(std::move(device)), owner_(getpid()) {}
   ~PinnedArena() {
     if (getpid() != owner_) return;
-    for (auto& slot : events_)
-      for (Event* e : slot) device_->delete_event(e);
+    try {
+      for (auto& slot : events_)
+        for (Event* e : slot) device_->delete_event(e);
+    } catch (const std::exception& e) {
+      report_teardown_failure("deleting the pinned arena's events", e.what());
+    }
   }
 
   void install(ReaderOptions& opt, const std::shared_ptr<PinnedArena>& self) {
@@ -112,9 +116,13 @@ class PinnedArena {
     };
     opt.on_arena_free = [self](void* p, size_t) {
       if (getpid() != self->owner_) return;
-      DeviceGuard guard(*self->device_);
-      self->wait_all();
-      self->device_->unpin(p);
+      try {
+        DeviceGuard guard(*self->device_);
+        self->wait_all();
+        self->device_->unpin(p);
+      } catch (const std::exception& e) {
+        report_teardown_failure("unpinning the loader's arena", e.what());
+      }
     };
     opt.on_slot_release = [self](int slot) { self->released(slot); };
     opt.before_slot_fill = [self](int slot) { self->before_fill(slot); };
@@ -134,18 +142,23 @@ class PinnedArena {
     recorded_.resize(slot + 1, 0);
   }
 
+  // From a batch's last reference going (a destructor): a device failure is reported, never thrown.
   void released(int slot) {
     if (getpid() != owner_) return;
-    DeviceGuard guard(*device_);
-    std::lock_guard<std::mutex> lk(mu_);
-    grow(slot);
-    std::vector<Stream*> streams{device_->consumer_stream()};
-    streams.insert(streams.end(), extra_[slot].begin(), extra_[slot].end());
-    extra_[slot].clear();
-    auto& events = events_[slot];
-    while (events.size() < streams.size()) events.push_back(device_->new_event());
-    for (size_t k = 0; k < streams.size(); ++k) device_->record(events[k], streams[k]);
-    recorded_[slot] = streams.size();
+    try {
+      DeviceGuard guard(*device_);
+      std::lock_guard<std::mutex> lk(mu_);
+      grow(slot);
+      std::vector<Stream*> streams{device_->consumer_stream()};
+      streams.insert(streams.end(), extra_[slot].begin(), extra_[slot].end());
+      extra_[slot].clear();
+      auto& events = events_[slot];
+      while (events.size() < streams.size()) events.push_back(device_->new_event());
+      for (size_t k = 0; k < streams.size(); ++k) device_->record(events[k], streams[k]);
+      recorded_[slot] = streams.size();
+    } catch (const std::exception& e) {
+      report_teardown_failure("fencing a pinned batch's release", e.what());
+    }
   }
 
   void before_fill(int slot) {

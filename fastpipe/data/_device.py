@@ -104,5 +104,11 @@ def record_stream(tensor, stream):
     does for memory torch allocated (which does not cover the Loader's arena). ``stream`` is a
     ``torch.cuda.Stream`` (or, under simulation, a stream handle of the simulated device).
     """
-    handle = stream.cuda_stream if hasattr(stream, "cuda_stream") else int(stream)
+    if hasattr(stream, "cuda_stream"):
+        if tensor.is_cuda and stream.device != tensor.device:
+            raise ValueError(f"record_stream: the stream is on {stream.device} but the batch is on {tensor.device}; "
+                             f"a batch can only be used on streams of its own device")
+        handle = stream.cuda_stream
+    else:
+        handle = int(stream)
     _C.record_stream(tensor, handle)

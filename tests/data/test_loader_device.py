@@ -303,6 +303,53 @@ def test_every_entry_point_leaves_the_current_device_alone(dataset_factory, fp):
     assert [w for w, current in steps if current != 0] == []
 
 
+@pytest.mark.parametrize("fails", [("record",), ("synchronize", "free"), ("record", "synchronize", "free")])
+def test_device_failures_at_teardown_end_the_process_normally(tmp_path, fp, fails):
+    """A sticky device error (a device-side assert in the model) makes every later call fail, also those a
+    batch's release, close() and the loader's destruction make: they must report it once and leak, never
+    throw out of a destructor (std::terminate) (issue 20, defect 3)."""
+    np.save(tmp_path / "x.npy", np.arange(400, dtype=np.int32).reshape(100, 4))
+    proc = fp.run_python(f"""
+        import gc, fastpipe
+        from fastpipe.data import _device
+        with _device.simulated(max_delay_us=50) as sim:
+            ld = fastpipe.Loader(fastpipe.NpyDataset({str(tmp_path / "x.npy")!r}), batch_size=8, device="cuda",
+                                 prefetch=1)
+            it = iter(ld)
+            held = [next(it) for _ in range(2)]
+            for what in {fails!r}:
+                sim._fail(what, count=1000)
+            del held     # the releases' events
+            ld.close()   # waits for the copies in flight
+            del it, ld
+            gc.collect()  # the arena's release
+            pinned = fastpipe.Loader(fastpipe.NpyDataset({str(tmp_path / "x.npy")!r}), batch_size=8,
+                                     pin_memory=True)
+            for b in pinned:
+                del b
+            del pinned
+            gc.collect()
+        print("END")
+    """)
+    assert proc.returncode == 0 and proc.stdout.strip() == "END", fp.describe_exit(proc)
+    assert proc.stderr.count("fastpipe:") == 1 and "failed (simulated device:" in proc.stderr, proc.stderr
+
+
+def test_record_stream_on_another_devices_stream_is_refused():
+    """Recording a batch's release on another device's stream would fail at the release (a destructor):
+    refused at once, naming both devices."""
+    class Batch:  # what record_stream looks at first: a CUDA tensor's device
+        is_cuda = True
+        device = torch.device("cuda", 0)
+
+    class OtherDeviceStream:
+        device = torch.device("cuda", 1)
+        cuda_stream = 0
+
+    with pytest.raises(ValueError, match="the stream is on cuda:1 but the batch is on cuda:0"):
+        fastpipe.record_stream(Batch(), OtherDeviceStream())
+
+
 def test_resume_and_state_on_the_device(sim, dataset_factory, fp):
     ds, arrays, _ = dataset_factory(101, {"x": ("uint8", (9,))})
     ref = epoch(sim, fp.loader(ds, 8, shuffle=True, seed=5, device="cuda"))
