@@ -38,25 +38,7 @@ struct Stream {
   std::mt19937_64 rng;
   std::thread worker;
 
-  void run() {
-    std::unique_lock<std::mutex> lk(mu);
-    for (;;) {
-      cv.wait(lk, [&] { return stop || !queue.empty(); });
-      if (queue.empty()) return;  // stopped and drained
-      std::function<void()> op = std::move(queue.front());
-      queue.pop_front();
-      busy = true;
-      const int max_us = max_delay_us.load();
-      const int delay = max_us > 0 ? static_cast<int>(rng() % static_cast<uint64_t>(max_us + 1)) : 0;
-      lk.unlock();
-      if (delay) std::this_thread::sleep_for(std::chrono::microseconds(delay));
-      op();
-      op = nullptr;  // its captures may need other locks to go (a tensor's Python object, the GIL): not ours
-      lk.lock();
-      busy = false;
-      cv.notify_all();
-    }
-  }
+  void run();
 
   void push(std::function<void()> op) {
     bool was_deleted;
@@ -133,9 +115,32 @@ struct SimDevice::Impl {
 
 namespace {
 thread_local int tl_current_device = 0;
+thread_local bool tl_stream_worker = false;  // the calling thread runs a stream's queue
 // The calls fail() can make fail, by kind (Impl::pass and failing are indexed alike).
 constexpr const char* kFailKinds[7] = {"copy", "launch", "decode", "record", "wait", "synchronize", "free"};
 }  // namespace
+
+void Stream::run() {
+  tl_stream_worker = true;
+  std::unique_lock<std::mutex> lk(mu);
+  for (;;) {
+    cv.wait(lk, [&] { return stop || !queue.empty(); });
+    if (queue.empty()) return;  // stopped and drained
+    std::function<void()> op = std::move(queue.front());
+    queue.pop_front();
+    busy = true;
+    const int max_us = max_delay_us.load();
+    const int delay = max_us > 0 ? static_cast<int>(rng() % static_cast<uint64_t>(max_us + 1)) : 0;
+    lk.unlock();
+    if (delay) std::this_thread::sleep_for(std::chrono::microseconds(delay));
+    op();
+    op = nullptr;  // its captures may need other locks to go (a tensor's Python object, the GIL): not ours
+    lk.lock();
+    busy = false;
+    cv.notify_all();
+  }
+}
+
 
 SimDevice::SimDevice(int max_delay_us, uint64_t seed, int index) : impl_(std::make_unique<Impl>()) {
   impl_->max_delay_us = max_delay_us;
@@ -175,7 +180,9 @@ void* SimDevice::alloc(size_t bytes) {
 
 void SimDevice::free(void* p) {
   impl_->maybe_fail(6, "free");
-  drain();  // as cudaFree, which waits for the device's work: nothing queued may still write there
+  // As cudaFree, which waits for the device's work: nothing queued may still write there. Called from a
+  // stream's own work (a stream-ordered free, as cudaFreeAsync) it is ordered already.
+  if (!tl_stream_worker) drain();
   std::free(p);
 }
 

@@ -6,4 +6,5 @@
 namespace fastpipe {
 void bind_loader(pybind11::module& m);
 void bind_loader_specs(pybind11::module& m);
+void bind_loader_test_hooks(pybind11::module& m);
 }  // namespace fastpipe

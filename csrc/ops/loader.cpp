@@ -4,14 +4,11 @@
 #include <pybind11/numpy.h>
 #include <pybind11/stl.h>
 
-#include <chrono>
-#include <thread>
 
 #include "core/batch_reader.h"
 #include "core/device_pipeline.h"
 #include "core/dtypes.h"
 #include "core/error.h"
-#include "core/fault.h"
 #include "core/npy.h"
 #include "core/sim_device.h"
 #include "ops/bindings.h"
@@ -541,53 +538,6 @@ void bind_loader(py::module& m) {
   m.def("_default_num_threads", &default_num_threads, py::arg("cores"), py::arg("any_direct"));
   m.def("_default_prefetch", &default_prefetch, py::arg("batch_bytes"));
 
-  // The CPU simulation of a device (core/sim_device.h), for tests: Loader(device="cuda") under
-  // fastpipe.data._device.simulated(). Streams are handles (ints) as torch's cuda_stream values are.
-  py::class_<SimDevice, std::shared_ptr<SimDevice>>(m, "SimDevice")
-      .def(py::init([](int max_delay_us, uint64_t seed, int index) {
-             return std::make_shared<SimDevice>(max_delay_us, seed, index);
-           }),
-           py::arg("max_delay_us") = 0, py::arg("seed") = 0, py::arg("index") = 1)
-      .def_static("current_device", &SimDevice::current_device,
-                  "The calling thread's current (simulated) device: 0 until something makes one current.")
-      .def("consumer_stream", [](SimDevice& d) { return reinterpret_cast<uintptr_t>(d.consumer_stream()); })
-      .def("new_stream", [](SimDevice& d) { return reinterpret_cast<uintptr_t>(d.new_stream()); })
-      .def(
-          "copy",
-          [](SimDevice& d, uintptr_t stream, at::Tensor dst, const at::Tensor& src) {
-            // Reads src's memory when the stream gets there, as a kernel would: src itself may be freed
-            // by then (that is the point), dst is the test's and stays.
-            TORCH_CHECK(dst.is_contiguous() && src.is_contiguous() && dst.nbytes() == src.nbytes(),
-                        "copy: contiguous tensors of equal size");
-            const void* from = src.data_ptr();
-            const size_t n = src.nbytes();
-            d.enqueue(reinterpret_cast<Stream*>(stream), [dst, from, n] { std::memcpy(dst.data_ptr(), from, n); });
-          },
-          py::arg("stream"), py::arg("dst"), py::arg("src"))
-      .def(
-          "sleep",
-          [](SimDevice& d, uintptr_t stream, int us) {
-            d.enqueue(reinterpret_cast<Stream*>(stream), [us] { std::this_thread::sleep_for(std::chrono::microseconds(us)); });
-          },
-          py::arg("stream"), py::arg("us"))
-      .def(
-          "synchronize",
-          [](SimDevice& d, uintptr_t stream) {
-            // The host waits for the stream's work so far (torch.cuda.Stream.synchronize).
-            Event* e = d.new_event();
-            d.record(e, reinterpret_cast<Stream*>(stream));
-            {
-              py::gil_scoped_release nogil;
-              d.synchronize(e);
-            }
-            d.delete_event(e);
-          },
-          py::arg("stream"))
-      .def("drain", &SimDevice::drain, py::call_guard<py::gil_scoped_release>())
-      .def("set_max_delay_us", &SimDevice::set_max_delay_us, py::arg("us"))
-      .def("_fail", &SimDevice::fail, py::arg("what"), py::arg("count") = 1, py::arg("after") = 0)
-      .def("misuses", &SimDevice::misuses);
-
   m.def("record_stream", &record_stream, py::arg("tensor"), py::arg("stream"));
 
   py::class_<PyReader>(m, "BatchReader")
@@ -610,26 +560,6 @@ void bind_loader(py::module& m) {
       .def("_held_reads", &PyReader::held_reads)
       .def("_skip_release_fence", &PyReader::set_skip_release_fence, py::arg("on"));
 
-  // Test hooks (core/fault.h): faults in the file layer's reads, for tests/data/test_loader_faults.py.
-  m.def(
-      "_fault_arm",
-      [](const std::string& kind, const std::string& path, int64_t every, int64_t after, int64_t limit,
-         uint64_t seed) {
-        static const std::pair<const char*, fault::Kind> kKinds[] = {
-            {"eintr", fault::Kind::kEintr}, {"eagain", fault::Kind::kEagain}, {"short", fault::Kind::kShort},
-            {"eio", fault::Kind::kEio}};
-        for (const auto& [name, k] : kKinds) {
-          if (kind == name) {
-            fault::arm(fault::Plan{k, path, every, after, limit, seed});
-            return;
-          }
-        }
-        throw py::value_error("fault kind must be eintr, eagain, short or eio, got '" + kind + "'");
-      },
-      py::arg("kind"), py::arg("path") = "", py::arg("every") = 1, py::arg("after") = 0, py::arg("limit") = -1,
-      py::arg("seed") = 0);
-  m.def("_fault_disarm", &fault::disarm);
-  m.def("_fault_count", &fault::injected);
 }
 
 }  // namespace fastpipe

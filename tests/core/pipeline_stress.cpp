@@ -50,9 +50,12 @@ void run(const std::string& path, int max_delay_us, bool overflow, bool canary =
   opt.prefetch = 1;
   OverflowFn alloc = nullptr;
   if (overflow) {
-    alloc = [sim](int64_t bytes, Stream*) {
-      char* p = static_cast<char*>(sim->alloc(static_cast<size_t>(bytes)));
-      std::shared_ptr<void> keep(p, [sim](void* q) { sim->enqueue(sim->consumer_stream(), [sim, q] { sim->free(q); }); });
+    // The loader's model of torch's caching allocator (csrc/ops/loader.cpp): a block is reused once the
+    // copy stream is past its batch's death, whatever the consumer stream still has queued.
+    alloc = [sim](int64_t bytes, Stream* copy) {
+      const size_t n = static_cast<size_t>(bytes);
+      char* p = static_cast<char*>(sim->pool_alloc(n));
+      std::shared_ptr<void> keep(p, [sim, copy, n](void* q) { sim->enqueue(copy, [sim, q, n] { sim->pool_free(q, n); }); });
       return OverflowBuffer{p, keep};
     };
   }
