@@ -25,6 +25,7 @@ sys.path.insert(1, str(pathlib.Path(__file__).resolve().parents[1]))  # an in-pl
 
 import fastpipe  # noqa: E402
 from fastpipe.bench import image_corpus  # noqa: E402
+from fastpipe.bench.common import progress_bar  # noqa: E402
 from fastpipe.data import _device  # noqa: E402
 from fastpipe.transforms import RandomResizedCrop  # noqa: E402
 
@@ -32,10 +33,15 @@ MEAN, STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
 
 
 class _Quiet:
+    """What ensure_corpus uses of the harness's Report: its log lines, no progress bars."""
+
     show_progress = False
 
     def log(self, *a):
         print(*a, file=sys.stderr)
+
+    def progress(self, iterable=None, **kw):
+        return progress_bar(iterable, enabled=False, **kw)
 
 
 def run_mode(ds, mode, batch, threads, epochs, device, sync):
