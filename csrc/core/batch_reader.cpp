@@ -109,6 +109,7 @@ BatchReader::BatchReader(std::vector<ColumnSpec> columns, ReaderOptions opt) : o
   st->owner_pid = owner_pid_;
 
   int64_t total_data = 0;
+  int64_t record_bytes_total = 0;  // fixed-size bytes read per record, all columns: sizes the chunks
   bool decodes = false;
   for (const ColumnSpec& c : columns) {
     total_data += c.num_records * c.record_bytes;
@@ -132,7 +133,7 @@ BatchReader::BatchReader(std::vector<ColumnSpec> columns, ReaderOptions opt) : o
       continue;
     }
     st->column_of_spec.push_back(static_cast<int>(st->columns.size()));
-    st->record_bytes_total += s.record_bytes;
+    record_bytes_total += s.record_bytes;
     const IoMode mode = choose_mode(opt.io, s.record_bytes, total_data, mem);
     Column c = open_column(std::move(s), mode, opt.raw_outputs);
     if (c.file && !c.file->fallback_reason().empty())
@@ -170,7 +171,7 @@ BatchReader::BatchReader(std::vector<ColumnSpec> columns, ReaderOptions opt) : o
     opt.num_threads = default_num_threads(usable_cores(), any_direct);
   }
   st->opt = opt;
-  st->chunk_records = chunk_records(opt.batch_size, opt.num_threads, st->record_bytes_total, decodes);
+  st->chunk_records = chunk_records(opt.batch_size, opt.num_threads, record_bytes_total, decodes);
 
   // One allocation for every slot; touched now so that the first batches do not pay page faults.
   st->arena = std::make_unique<AlignedBuffer>(static_cast<size_t>(st->slot_bytes * opt.num_slots));

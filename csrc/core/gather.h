@@ -90,7 +90,7 @@ struct ThreadBuffers {
   std::unique_ptr<AlignedBuffer> bounce;   // O_DIRECT
   std::unique_ptr<AlignedBuffer> scratch;  // records read with pread before they are converted
   std::unique_ptr<ImageThreadState> image;  // the JPEG decoder and its buffers
-  std::vector<int64_t> chunk_index;  // the chunk's record numbers, after replacing bad images
+  std::vector<int64_t> chunk_index;  // with images: the chunk's record numbers, after replacing bad ones
   std::vector<int64_t> offsets;
   std::vector<int64_t> order;
 };

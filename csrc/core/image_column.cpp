@@ -162,16 +162,8 @@ void decode_into(const ImageColumnSpec& spec, int64_t i, const JpegInfo& info, i
   resample_image(spec.transform, g, pixels, stride, r, out, ts.resample);
 }
 
-}  // namespace
-
-int64_t read_image(const ImageColumnSpec& spec, const File* packed, int64_t i, int64_t draw, uint64_t epoch,
-                   void* out, ImageThreadState& ts) {
-  JpegInfo info;
-  const int64_t bytes = load_checked(spec, packed, i, ts, &info);
-  decode_into(spec, i, info, bytes, image_sample_geometry(spec, i, draw, epoch), out, ts);
-  return bytes;
-}
-
+// Why a record (its header, its geometry at full size, its encoded bytes) is decoded on the host rather
+// than on the device, or nullptr.
 const char* host_decode_reason(const ImageColumnSpec& spec, const JpegInfo& info, const images::Geometry& g,
                                int64_t bytes) {
   if (info.sof != 0) return "not a baseline JPEG";
@@ -187,6 +179,16 @@ const char* host_decode_reason(const ImageColumnSpec& spec, const JpegInfo& info
   if (images::max_taps(g.y) > images::kDeviceTaps || images::max_taps(g.x) > images::kDeviceTaps)
     return "a shrink of more than 4x";
   return nullptr;
+}
+
+}  // namespace
+
+int64_t read_image(const ImageColumnSpec& spec, const File* packed, int64_t i, int64_t draw, uint64_t epoch,
+                   void* out, ImageThreadState& ts) {
+  JpegInfo info;
+  const int64_t bytes = load_checked(spec, packed, i, ts, &info);
+  decode_into(spec, i, info, bytes, image_sample_geometry(spec, i, draw, epoch), out, ts);
+  return bytes;
 }
 
 int64_t read_image_for_device(const ImageColumnSpec& spec, const File* packed, int64_t i, int64_t draw,

@@ -52,11 +52,6 @@ struct ImageColumnSpec {
 // (encoded_budget), and its output image when the host decoded it.
 constexpr int kDeviceDecodeOutputs = 3;
 
-// Why record `info` (geometry g at full size, `bytes` encoded) is decoded on the host rather than on the
-// device, or nullptr: the device decoder takes baseline JPEGs, grayscale or YCbCr with standard chroma
-// subsampling, within both budgets and kDeviceTaps taps per axis.
-const char* host_decode_reason(const ImageColumnSpec& spec, const JpegInfo& info, const images::Geometry& g,
-                               int64_t bytes);
 
 // A reader thread's decoder and buffers.
 struct ImageThreadState {
@@ -79,8 +74,9 @@ void will_need_images(const ImageColumnSpec& spec, const File* packed, const int
 int64_t read_image(const ImageColumnSpec& spec, const File* packed, int64_t index, int64_t draw, uint64_t epoch,
                    void* out, ImageThreadState& ts);
 
-// The same for a column decoded on the device: the record's ImageDesc and encoded bytes, or (when the
-// device does not take it) its output decoded here.
+// The same for a column decoded on the device: the record's ImageDesc and encoded bytes, or its output
+// decoded here when the device decoder does not take it (not baseline, not grayscale or YCbCr with
+// standard chroma subsampling, over the byte or pixel budget, more than kDeviceTaps taps on an axis).
 int64_t read_image_for_device(const ImageColumnSpec& spec, const File* packed, int64_t index, int64_t draw,
                               uint64_t epoch, images::ImageDesc* desc, uint8_t* encoded, void* out,
                               ImageThreadState& ts);

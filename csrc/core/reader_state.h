@@ -51,7 +51,6 @@ struct ReaderState {
   bool warm_page_cache = false;  // the data fits in memory: readers first queue it all for reading
   int64_t slot_bytes = 0;
   int64_t index_offset = 0;  // of the sample indices in a slot (ReaderOptions::index_output)
-  int64_t record_bytes_total = 0;  // payload bytes read per record, all columns
   int64_t chunk_records = 1;
   std::unique_ptr<AlignedBuffer> arena;
   pid_t owner_pid = 0;

@@ -97,24 +97,26 @@ int64_t fill_records(ReaderState& st, const int64_t* records, int64_t count, cha
       throw Error(ErrorKind::kValue, "record index " + std::to_string(records[k]) + " is out of range for a dataset of " +
                                          std::to_string(n) + " records");
   }
-  std::vector<int64_t>& idx = tb.chunk_index;
-  idx.assign(records, records + count);
+  const int64_t* idx = records;
   int64_t bytes = 0;
   if (tb.image) {
+    // A bad image may be replaced by another record: the other columns then read that one.
+    tb.chunk_index.assign(records, records + count);
+    int64_t* chunk = tb.chunk_index.data();
     for (const Column& c : st.columns)
-      if (c.spec.image) will_need_images(*c.spec.image, c.file.get(), idx.data(), count);
-    for (int64_t k = 0; k < count; ++k) bytes += read_images_or_replace(st, idx.data(), k, first + k, base, epoch, tb);
+      if (c.spec.image) will_need_images(*c.spec.image, c.file.get(), chunk, count);
+    for (int64_t k = 0; k < count; ++k) bytes += read_images_or_replace(st, chunk, k, first + k, base, epoch, tb);
+    idx = chunk;
   }
   for (const Column& c : st.columns) {
     if (c.spec.image) continue;
     const OutputLayout& out = st.outputs[c.first_output];
     const int64_t y_delta = c.num_outputs() == 2 ? st.outputs[c.first_output + 1].offset - out.offset : 0;
-    read_records(c, idx.data(), count,
-                 Sink{&c, base + out.offset + first * out.record_bytes, out.record_bytes, y_delta, idx.data(), epoch}, tb);
+    read_records(c, idx, count,
+                 Sink{&c, base + out.offset + first * out.record_bytes, out.record_bytes, y_delta, idx, epoch}, tb);
     bytes += count * c.spec.record_bytes;
   }
-  if (st.opt.index_output)
-    std::memcpy(base + st.index_offset + first * 8, idx.data(), static_cast<size_t>(count * 8));
+  if (st.opt.index_output) std::memcpy(base + st.index_offset + first * 8, idx, static_cast<size_t>(count * 8));
   return bytes;
 }
 

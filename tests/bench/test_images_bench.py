@@ -4,17 +4,18 @@ import glob
 import importlib.util
 import json
 import os
+import shutil
 
 import numpy as np
 import pytest
 
 from fastpipe.bench import cli
 from fastpipe.bench import image_baselines as ib
-from fastpipe.bench import image_corpus
+from fastpipe.bench import image_corpus, image_measure
 from fastpipe.bench import images
 
 HAS_TORCHVISION = importlib.util.find_spec("torchvision") is not None
-HAS_FINCORE = images.shutil.which("fincore") is not None
+HAS_FINCORE = shutil.which("fincore") is not None
 
 
 class _Out:
@@ -67,12 +68,12 @@ def test_evict_and_warm_move_files_out_of_and_into_the_page_cache(tmp_path):
         p.write_bytes(os.urandom(1 << 20))
         paths.append(str(p))
     os.sync()
-    images.warm(paths)
-    assert images.cached_fraction(paths) > 0.95
-    images.evict(paths)
+    image_measure.warm(paths)
+    assert image_measure.cached_fraction(paths) > 0.95
+    image_measure.evict(paths)
     if images.bc.filesystem_of(str(tmp_path)).get("fstype") in ("tmpfs", "ramfs"):
         pytest.skip("a RAM filesystem keeps its files in memory")
-    assert images.cached_fraction(paths) < 0.05
+    assert image_measure.cached_fraction(paths) < 0.05
 
 
 def test_a_missing_peer_is_named_not_imported():
