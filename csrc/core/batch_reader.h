@@ -51,8 +51,10 @@ struct ReaderOptions {
   // after it is allocated and before it is freed (e.g. to page-lock it). on_slot_release: in the thread
   // that drops the last reference to a batch (e.g. to record an event after the copies queued from
   // it). before_slot_fill: in a reader thread before it writes into a slot (e.g. to wait for that event).
+  // on_arena_free returns false when copies out of the arena could not be waited for (a failed device):
+  // the arena is then left allocated (leaked) rather than freed under them.
   std::function<void(void*, size_t)> on_arena_alloc;
-  std::function<void(void*, size_t)> on_arena_free;
+  std::function<bool(void*, size_t)> on_arena_free;
   std::function<void(int)> on_slot_release;
   std::function<void(int)> before_slot_fill;
 };

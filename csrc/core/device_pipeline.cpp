@@ -306,13 +306,15 @@ DevicePipeline::DevicePipeline(std::shared_ptr<Device> device, std::vector<Colum
     dev->pin(p, n);
   };
   options.on_arena_free = [dev, fences, owner](void* p, size_t) {
-    if (getpid() != owner) return;
+    if (getpid() != owner) return true;
     try {
       DeviceGuard guard(*dev);
       fences->wait_all();  // no copy out of the arena may still be in flight when it is unpinned and freed
       dev->unpin(p);
+      return true;
     } catch (const std::exception& e) {
       report_teardown_failure("unpinning the loader's host arena", e.what());
+      return false;
     }
   };
   options.before_slot_fill = [fences](int slot) { fences->wait(slot); };

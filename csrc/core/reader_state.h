@@ -98,7 +98,8 @@ struct ReaderState {
   }
 
   ~ReaderState() {
-    if (arena && opt.on_arena_free) opt.on_arena_free(arena->data(), arena->size());
+    if (arena && opt.on_arena_free && !opt.on_arena_free(arena->data(), arena->size()))
+      static_cast<void>(arena.release());  // it may still be read: leaked
   }
 
   char* slot_data(int slot) const { return arena->data() + static_cast<int64_t>(slot) * slot_bytes; }

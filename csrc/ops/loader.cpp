@@ -112,13 +112,15 @@ class PinnedArena {
       self->device_->pin(p, n);
     };
     opt.on_arena_free = [self](void* p, size_t) {
-      if (getpid() != self->owner_) return;
+      if (getpid() != self->owner_) return true;
       try {
         DeviceGuard guard(*self->device_);
         self->wait_all();
         self->device_->unpin(p);
+        return true;
       } catch (const std::exception& e) {
         report_teardown_failure("unpinning the loader's arena", e.what());
+        return false;
       }
     };
     opt.on_slot_release = [self](int slot) { self->released(slot); };
