@@ -12,6 +12,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "core/error.h"
 #include "cuda/image_transform.h"
 #include "cuda/transforms.h"
 
@@ -71,6 +72,12 @@ struct JpegDecodeJob {
   std::vector<int> heights, widths;
 };
 
+// How a thread's calls interact with graph captures (CUDA's cudaStreamCaptureMode, same values). Under
+// kCaptureGlobal (every thread's default) a call that may synchronize (a host wait, an allocation,
+// page-locking) fails, and invalidates the capture, while any thread captures in global mode (torch.cuda.graph's
+// default); under kCaptureThreadLocal only the thread's own captures forbid it.
+enum CaptureMode : int { kCaptureGlobal = 0, kCaptureThreadLocal = 1, kCaptureRelaxed = 2 };
+
 // Every call throws Error(kState) naming the call when the device reports a failure.
 class Device {
  public:
@@ -103,22 +110,44 @@ class Device {
   virtual void wait(Stream* s, Event* e) = 0;
   virtual void synchronize(Event* e) = 0;
   virtual bool query(Event* e) = 0;  // the event's last record completed (or it was never recorded)
+
+  // Whether work queued on s now goes into a graph being captured rather than running.
+  virtual bool capturing(Stream* s) = 0;
+  // Sets the calling thread's CaptureMode; returns the previous one. Never throws: it runs in destructors.
+  virtual int exchange_capture_mode(int mode) noexcept = 0;
 };
 
 // The device current in the calling thread for the guard's life, then the thread's previous one again:
 // the loader's entry points run on the program's threads, whose current device they must leave as they
-// found it (a torch.empty(device="cuda") after next() must not land on the loader's GPU).
+// found it (a torch.empty(device="cuda") after next() must not land on the loader's GPU). For the same
+// span the thread is in kCaptureThreadLocal mode: the loader's host waits (reader threads block on
+// fences), allocations and page-locking never touch a stream being captured, so they must not invalidate
+// a graph that the training thread captures meanwhile (torch.compile's CUDA graphs, torch.cuda.graph); the
+// calling thread's own capture still forbids them. Every device call of the loader runs under one.
 class DeviceGuard {
  public:
-  explicit DeviceGuard(Device& d) : d_(d), previous_(d.make_current()) {}
-  ~DeviceGuard() { d_.restore_current(previous_); }
+  explicit DeviceGuard(Device& d)
+      : d_(d), previous_(d.make_current()), mode_(d.exchange_capture_mode(kCaptureThreadLocal)) {}
+  ~DeviceGuard() {
+    d_.exchange_capture_mode(mode_);
+    d_.restore_current(previous_);
+  }
   DeviceGuard(const DeviceGuard&) = delete;
   DeviceGuard& operator=(const DeviceGuard&) = delete;
 
  private:
   Device& d_;
   int previous_;
+  int mode_;
 };
+
+// The loader's teardown waits for its copies before it frees their memory; in the thread that is
+// capturing a graph (the loader dropped inside a capture) a host wait would invalidate the capture: it
+// throws instead, so that the teardown reports it and leaves that memory allocated.
+inline void refuse_teardown_in_capture(Device& d) {
+  if (d.capturing(d.consumer_stream()))
+    throw Error(ErrorKind::kState, "the loader was closed while the current stream captures a graph");
+}
 
 // The host version of each kernel, for devices whose memory the host can address (the simulation).
 void run_kernel_on_host(const DeviceKernel& k);

@@ -96,10 +96,13 @@ struct Issued {
 }  // namespace
 
 struct DeviceSlot {
-  enum class State { kFree, kIssued, kLeased } state = State::kFree;
+  // kReleasing: its batch was dropped while a stream it was used on was capturing a graph; the release
+  // fences are recorded once the capture is over.
+  enum class State { kFree, kIssued, kLeased, kReleasing } state = State::kFree;
   Event* ready = nullptr;
   std::vector<Event*> release;  // per stream the last batch in it was used on
   size_t released = 0;          // entries of `release` its last batch recorded
+  std::vector<Stream*> releasing;  // kReleasing: the streams to fence
 };
 
 struct PipelineState {
@@ -127,6 +130,7 @@ struct PipelineState {
   std::vector<DeviceSlot> slots;
   std::deque<Issued> issued;
   int leased = 0;
+  int releasing = 0;  // slots kReleasing
   int64_t overflow_batches = 0;
 
   ~PipelineState() {
@@ -140,9 +144,16 @@ struct PipelineState {
 
   void teardown() {
     DeviceGuard guard(*device);
+    refuse_teardown_in_capture(*device);
     // Batches issued and never taken go first: an overflow one's memory is freed after the copy stream's
     // work (it is recorded on it), so the stream must still exist then.
     issued.clear();
+    {
+      std::lock_guard<std::mutex> lk(mu);
+      finish_releases();
+      if (releasing)  // what a graph still being captured may use cannot be freed: leaked (reported)
+        throw Error(ErrorKind::kState, "a batch was dropped during a graph capture that has not ended");
+    }
     for (DeviceSlot& s : slots) {  // every copy and every use of the arena finished before it goes
       if (s.ready) device->synchronize(s.ready);
       for (size_t k = 0; k < s.released; ++k) device->synchronize(s.release[k]);
@@ -159,6 +170,41 @@ struct PipelineState {
     if (arena) device->free(arena);
     if (decoded) device->free(decoded);
     if (copy) device->delete_stream(copy);
+  }
+
+  // A dropped batch's slot is reused after the work queued so far on every stream it was used on: an
+  // event per stream, which the copy into the slot waits for. A stream capturing a graph cannot take one
+  // (it would be a node of the graph, which nothing that runs completes): the slot waits, kReleasing,
+  // until the capture is over (as torch's caching allocator defers a block freed during a capture).
+  // With mu held.
+  void release_slot(DeviceSlot& s, const std::vector<Stream*>& streams) {
+    if (!skip_release_fence) {
+      for (Stream* stream : streams) {
+        if (!device->capturing(stream)) continue;
+        if (s.state != DeviceSlot::State::kReleasing) ++releasing;
+        s.state = DeviceSlot::State::kReleasing;
+        s.releasing = streams;
+        return;
+      }
+    }
+    s.released = 0;
+    if (!skip_release_fence) {
+      for (Stream* stream : streams) {
+        if (s.released == s.release.size()) s.release.push_back(device->new_event());
+        device->record(s.release[s.released++], stream);
+      }
+    }
+    if (s.state == DeviceSlot::State::kReleasing) --releasing;
+    s.releasing.clear();
+    s.state = DeviceSlot::State::kFree;
+  }
+
+  // The releases deferred by a capture that has ended since. With mu held.
+  void finish_releases() {
+    for (DeviceSlot& s : slots) {
+      if (!releasing) return;
+      if (s.state == DeviceSlot::State::kReleasing) release_slot(s, std::vector<Stream*>(s.releasing));
+    }
   }
 
   // Queues batch `lease`'s copy and conversions into `base` on the copy stream, then `ready`.
@@ -241,15 +287,7 @@ DeviceBatch::~DeviceBatch() {
   try {
     DeviceGuard guard(*st.device);
     std::lock_guard<std::mutex> lk(st.mu);
-    DeviceSlot& s = st.slots[slot_];
-    s.released = 0;
-    if (!st.skip_release_fence) {
-      for (Stream* stream : streams_) {
-        if (s.released == s.release.size()) s.release.push_back(st.device->new_event());
-        st.device->record(s.release[s.released++], stream);
-      }
-    }
-    s.state = DeviceSlot::State::kFree;
+    st.release_slot(st.slots[slot_], streams_);
     --st.leased;
   } catch (const std::exception& e) {
     // The release cannot be fenced: the slot stays taken (never reused) rather than raced.
@@ -309,6 +347,7 @@ DevicePipeline::DevicePipeline(std::shared_ptr<Device> device, std::vector<Colum
     if (getpid() != owner) return true;
     try {
       DeviceGuard guard(*dev);
+      refuse_teardown_in_capture(*dev);
       fences->wait_all();  // no copy out of the arena may still be in flight when it is unpinned and freed
       dev->unpin(p);
       return true;
@@ -388,6 +427,7 @@ bool DevicePipeline::issue(bool block, double timeout_s, const std::function<voi
   int slot = -1;
   {
     std::lock_guard<std::mutex> lk(st.mu);
+    st.finish_releases();
     for (size_t s = 0; s < st.slots.size() && slot < 0; ++s)
       if (st.slots[s].state == DeviceSlot::State::kFree) slot = static_cast<int>(s);
   }
@@ -461,6 +501,14 @@ bool DevicePipeline::issue(bool block, double timeout_s, const std::function<voi
 std::shared_ptr<DeviceBatch> DevicePipeline::next(double timeout_s, const std::function<void()>& poll) {
   PipelineState& st = *state_;
   DeviceGuard guard(*device_);
+  Stream* consumer = device_->consumer_stream();
+  // The wait for the batch's copy would become a node of the graph and its slot be read at every replay,
+  // long after it was reused.
+  if (device_->capturing(consumer))
+    throw Error(ErrorKind::kState,
+                "next() was called while the current CUDA stream is capturing a graph: take batches from the "
+                "Loader outside the capture and copy them into the graph's static inputs "
+                "(static_x.copy_(batch['x']) before graph.replay())");
   bool have;
   {
     std::lock_guard<std::mutex> lk(st.mu);
@@ -478,7 +526,6 @@ std::shared_ptr<DeviceBatch> DevicePipeline::next(double timeout_s, const std::f
       ++st.leased;
     }
   }
-  Stream* consumer = device_->consumer_stream();
   device_->wait(consumer, item.ready);
   auto batch =
       std::make_shared<DeviceBatch>(state_, item.slot, item.base, item.records, consumer, std::move(item.overflow));
@@ -504,6 +551,7 @@ void DevicePipeline::close() {
   if (getpid() != state_->owner_pid) return;
   try {  // a device that failed (a sticky error) cannot be waited for: reported, and close() goes on
     DeviceGuard guard(*device_);
+    refuse_teardown_in_capture(*device_);
     state_->fences->wait_all();
   } catch (const std::exception& e) {
     report_teardown_failure("waiting for the loader's copies at close()", e.what());

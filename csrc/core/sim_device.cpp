@@ -24,6 +24,7 @@ struct Event {
   std::condition_variable cv;
   uint64_t recorded = 0;   // records made
   uint64_t completed = 0;  // records a stream reached
+  bool captured = false;   // its last record went into a graph being captured, not into a stream's work
 };
 
 struct Stream {
@@ -57,6 +58,14 @@ struct Stream {
   }
 };
 
+// A graph capture begun on `stream` by the thread `owner` (begin_capture).
+struct Capture {
+  Stream* stream;
+  std::thread::id owner;
+  int mode;
+  std::string invalidated;  // why, once a call invalidated it
+};
+
 struct SimDevice::Impl {
   std::mutex mu;
   // fail(): per kind (kFailKinds), calls still to let through, then calls to fail.
@@ -85,6 +94,49 @@ struct SimDevice::Impl {
   std::unordered_map<size_t, std::vector<void*>> pool;
   std::unordered_map<const void*, size_t> pinned;  // page-locked host ranges, by start
   std::vector<std::unique_ptr<Event>> events;       // every event made, freed with the device
+  std::vector<Capture> captures;                    // in progress
+
+  Capture* capture_of(Stream* s) {  // with mu held
+    for (Capture& c : captures)
+      if (c.stream == s) return &c;
+    return nullptr;
+  }
+
+  bool capturing(Stream* s) {
+    std::lock_guard<std::mutex> lk(mu);
+    return capture_of(s) != nullptr;
+  }
+
+  // A capture the calling thread's call would break: a call that does so fails (and invalidates it).
+  void refuse(Capture& c, const std::string& why) {  // with mu held
+    if (c.invalidated.empty()) c.invalidated = why;
+    misuses.push_back(why);
+    throw Error(ErrorKind::kState, "simulated device: " + why + " (cudaErrorStreamCaptureUnsupported)");
+  }
+
+  // CUDA's rule for a potentially unsafe call (one that may synchronize: a host wait, an allocation,
+  // page-locking): forbidden by the thread's own capture unless the thread is relaxed, and by another
+  // thread's global-mode capture while the calling thread is in global mode.
+  void unsafe_call(const char* call, int thread_mode);
+
+  // The host cannot wait for a node of a graph (CUDA: invalid to synchronize or query a captured event).
+  void host_wait_on(Event* e) {
+    bool captured;
+    {
+      std::lock_guard<std::mutex> lk(e->mu);
+      captured = e->captured;
+    }
+    if (!captured) return;
+    report("the host waited for an event recorded in a graph capture");
+    throw Error(ErrorKind::kState, "simulated device: host wait for an event recorded in a graph capture");
+  }
+
+  // The loader's copies and kernels go to its own stream, never into a graph being captured (a replay
+  // would repeat them into a slot long since reused).
+  void loader_work(const char* call, Stream* s) {
+    std::lock_guard<std::mutex> lk(mu);
+    if (Capture* c = capture_of(s)) refuse(*c, std::string(call) + " queued into a graph being captured");
+  }
 
   bool is_pinned(const void* p, size_t bytes) {
     std::lock_guard<std::mutex> lk(mu);
@@ -114,11 +166,24 @@ struct SimDevice::Impl {
 };
 
 namespace {
+thread_local int tl_capture_mode = kCaptureGlobal;
 thread_local int tl_current_device = 0;
 thread_local bool tl_stream_worker = false;  // the calling thread runs a stream's queue
 // The calls fail() can make fail, by kind (Impl::pass and failing are indexed alike).
 constexpr const char* kFailKinds[7] = {"copy", "launch", "decode", "record", "wait", "synchronize", "free"};
 }  // namespace
+
+void SimDevice::Impl::unsafe_call(const char* call, int thread_mode) {
+  if (thread_mode == kCaptureRelaxed) return;
+  std::lock_guard<std::mutex> lk(mu);
+  for (Capture& c : captures) {
+    const bool own = c.owner == std::this_thread::get_id();
+    if (own && c.mode != kCaptureRelaxed)
+      refuse(c, std::string(call) + " in the thread that is capturing a graph");
+    if (!own && c.mode == kCaptureGlobal && thread_mode == kCaptureGlobal)
+      refuse(c, std::string(call) + " in another thread, in global capture mode, while a graph is captured");
+  }
+}
 
 void Stream::run() {
   tl_stream_worker = true;
@@ -173,6 +238,7 @@ void SimDevice::restore_current(int previous) noexcept { tl_current_device = pre
 int SimDevice::current_device() { return tl_current_device; }
 
 void* SimDevice::alloc(size_t bytes) {
+  impl_->unsafe_call("alloc", tl_capture_mode);
   void* p = std::aligned_alloc(256, (std::max<size_t>(bytes, 1) + 255) / 256 * 256);
   if (!p) throw Error(ErrorKind::kState, "simulated device: out of memory for " + std::to_string(bytes) + " bytes");
   return p;
@@ -180,6 +246,7 @@ void* SimDevice::alloc(size_t bytes) {
 
 void SimDevice::free(void* p) {
   impl_->maybe_fail(6, "free");
+  if (!tl_stream_worker) impl_->unsafe_call("free", tl_capture_mode);  // a stream's own free is stream-ordered
   // As cudaFree, which waits for the device's work: nothing queued may still write there. Called from a
   // stream's own work (a stream-ordered free, as cudaFreeAsync) it is ordered already.
   if (!tl_stream_worker) drain();
@@ -233,17 +300,20 @@ Event* SimDevice::new_event() {
 void SimDevice::delete_event(Event*) {}
 
 void SimDevice::pin(void* host, size_t bytes) {
+  impl_->unsafe_call("pin", tl_capture_mode);
   std::lock_guard<std::mutex> lk(impl_->mu);
   impl_->pinned[host] = bytes;
 }
 
 void SimDevice::unpin(void* host) {
+  impl_->unsafe_call("unpin", tl_capture_mode);
   std::lock_guard<std::mutex> lk(impl_->mu);
   impl_->pinned.erase(host);
 }
 
 void SimDevice::copy_to_device(void* dst, const void* src, size_t bytes, Stream* s) {
   impl_->maybe_fail(0, "copy_to_device");
+  impl_->loader_work("copy_to_device", s);
   Impl* impl = impl_.get();
   s->push([=] {
     // An asynchronous copy reads its source when the stream gets there: by then it must still be
@@ -258,11 +328,13 @@ void SimDevice::copy_to_device(void* dst, const void* src, size_t bytes, Stream*
 
 void SimDevice::launch(const DeviceKernel& k, Stream* s) {
   impl_->maybe_fail(1, "launch");
+  impl_->loader_work("launch", s);
   s->push([k] { run_kernel_on_host(k); });
 }
 
 void SimDevice::decode_jpegs(const JpegDecodeJob& job, Stream* s) {
   impl_->maybe_fail(2, "decode_jpegs");
+  impl_->loader_work("decode_jpegs", s);
   // Decoded now with libjpeg, as a device's decoder parses and checks on the host in the call, and
   // written to the device memory in stream order (the staging it fills may still be read by work queued
   // before).
@@ -308,10 +380,16 @@ void SimDevice::fail(const std::string& what, int count, int after) {
 
 void SimDevice::record(Event* e, Stream* s) {
   impl_->maybe_fail(3, "record");
+  if (impl_->capturing(s)) {  // a node of the graph: nothing that runs now completes it
+    std::lock_guard<std::mutex> lk(e->mu);
+    e->captured = true;
+    return;
+  }
   uint64_t gen;
   {
     std::lock_guard<std::mutex> lk(e->mu);
     gen = ++e->recorded;
+    e->captured = false;
   }
   s->push([e, gen] {
     {
@@ -325,9 +403,23 @@ void SimDevice::record(Event* e, Stream* s) {
 void SimDevice::wait(Stream* s, Event* e) {
   impl_->maybe_fail(4, "wait");
   uint64_t target;
+  bool captured;
   {
     std::lock_guard<std::mutex> lk(e->mu);
     target = e->recorded;
+    captured = e->captured;
+  }
+  {
+    // A captured stream may wait only for events of its own capture (a dependency inside the graph);
+    // work that runs now cannot wait for a node of a graph.
+    std::lock_guard<std::mutex> lk(impl_->mu);
+    Capture* c = impl_->capture_of(s);
+    if (c && !captured) impl_->refuse(*c, "a stream being captured waited for an event recorded outside the capture");
+    if (c) return;
+    if (captured) {
+      impl_->misuses.push_back("a stream waited for an event recorded in a graph capture");
+      throw Error(ErrorKind::kState, "simulated device: wait for an event recorded in a graph capture");
+    }
   }
   s->push([e, target] {
     std::unique_lock<std::mutex> lk(e->mu);
@@ -337,17 +429,46 @@ void SimDevice::wait(Stream* s, Event* e) {
 
 void SimDevice::synchronize(Event* e) {
   impl_->maybe_fail(5, "synchronize");
+  impl_->unsafe_call("synchronize", tl_capture_mode);
+  impl_->host_wait_on(e);
   std::unique_lock<std::mutex> lk(e->mu);
   const uint64_t target = e->recorded;
   e->cv.wait(lk, [&] { return e->completed >= target; });
 }
 
 bool SimDevice::query(Event* e) {
+  impl_->unsafe_call("query", tl_capture_mode);
+  impl_->host_wait_on(e);
   std::lock_guard<std::mutex> lk(e->mu);
   return e->completed >= e->recorded;
 }
 
 void SimDevice::enqueue(Stream* s, std::function<void()> fn) { s->push(std::move(fn)); }
+
+bool SimDevice::capturing(Stream* s) { return impl_->capturing(s); }
+
+int SimDevice::exchange_capture_mode(int mode) noexcept {
+  const int previous = tl_capture_mode;
+  tl_capture_mode = mode;
+  return previous;
+}
+
+void SimDevice::begin_capture(Stream* s, int mode) {
+  std::lock_guard<std::mutex> lk(impl_->mu);
+  if (impl_->capture_of(s)) throw Error(ErrorKind::kValue, "begin_capture: the stream is capturing already");
+  impl_->captures.push_back(Capture{s, std::this_thread::get_id(), mode, ""});
+}
+
+std::string SimDevice::end_capture(Stream* s) {
+  std::lock_guard<std::mutex> lk(impl_->mu);
+  for (auto it = impl_->captures.begin(); it != impl_->captures.end(); ++it) {
+    if (it->stream != s) continue;
+    std::string why = it->invalidated;
+    impl_->captures.erase(it);
+    return why;
+  }
+  throw Error(ErrorKind::kValue, "end_capture: the stream is not capturing");
+}
 
 void SimDevice::drain() {
   std::vector<Stream*> all;

@@ -39,6 +39,15 @@ class SimDevice : public Device {
   void wait(Stream* s, Event* e) override;
   void synchronize(Event* e) override;
   bool query(Event* e) override;
+  bool capturing(Stream* s) override;
+  int exchange_capture_mode(int mode) noexcept override;
+
+  // A graph capture on s by the calling thread (CaptureMode), as torch.cuda.graph begins one: until
+  // end_capture, work queued on s is not run, an event recorded on it completes with nothing that runs,
+  // and the calls CUDA forbids during a capture fail and invalidate it. end_capture returns why the
+  // capture was invalidated ("" when it is valid).
+  void begin_capture(Stream* s, int mode);
+  std::string end_capture(Stream* s);
 
   // Queues fn on s (runs in the stream's worker, after the stream's earlier work and a random delay).
   void enqueue(Stream* s, std::function<void()> fn);

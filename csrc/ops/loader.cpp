@@ -10,6 +10,7 @@
 #include "core/dtypes.h"
 #include "core/error.h"
 #include "core/npy.h"
+#include "core/pinned_arena.h"
 #include "core/sim_device.h"
 #include "ops/bindings.h"
 #include "ops/traced_device.h"
@@ -87,104 +88,6 @@ c10::ScalarType parse_dtype(const std::string& name) {
   if (!d) throw Error(ErrorKind::kValue, "unsupported dtype '" + name + "'");
   return scalar_type(d->id);
 }
-
-// pin_memory=True: the arena page-locked, so that batch.to("cuda", non_blocking=True) is a true
-// asynchronous copy. A pinned batch may still be the source of such a copy when the program drops it:
-// its release records an event on the pin device's current stream and on every stream record_stream
-// named for it, and the reader waits for those before writing into the slot again; the arena is
-// unpinned only after all of them completed. A forked child never touches the device.
-class PinnedArena {
- public:
-  explicit PinnedArena(std::shared_ptr<Device> device) : device_(std::move(device)), owner_(getpid()) {}
-  ~PinnedArena() {
-    if (getpid() != owner_) return;
-    try {
-      for (auto& slot : events_)
-        for (Event* e : slot) device_->delete_event(e);
-    } catch (const std::exception& e) {
-      report_teardown_failure("deleting the pinned arena's events", e.what());
-    }
-  }
-
-  void install(ReaderOptions& opt, const std::shared_ptr<PinnedArena>& self) {
-    opt.on_arena_alloc = [self](void* p, size_t n) {
-      DeviceGuard guard(*self->device_);
-      self->device_->pin(p, n);
-    };
-    opt.on_arena_free = [self](void* p, size_t) {
-      if (getpid() != self->owner_) return true;
-      try {
-        DeviceGuard guard(*self->device_);
-        self->wait_all();
-        self->device_->unpin(p);
-        return true;
-      } catch (const std::exception& e) {
-        report_teardown_failure("unpinning the loader's arena", e.what());
-        return false;
-      }
-    };
-    opt.on_slot_release = [self](int slot) { self->released(slot); };
-    opt.before_slot_fill = [self](int slot) { self->before_fill(slot); };
-  }
-
-  void used_on(int slot, Stream* s) {
-    std::lock_guard<std::mutex> lk(mu_);
-    grow(slot);
-    extra_[slot].push_back(s);
-  }
-
- private:
-  void grow(int slot) {
-    if (static_cast<size_t>(slot) < events_.size()) return;
-    events_.resize(slot + 1);
-    extra_.resize(slot + 1);
-    recorded_.resize(slot + 1, 0);
-  }
-
-  // From a batch's last reference going (a destructor): a device failure is reported, never thrown.
-  void released(int slot) {
-    if (getpid() != owner_) return;
-    try {
-      DeviceGuard guard(*device_);
-      std::lock_guard<std::mutex> lk(mu_);
-      grow(slot);
-      std::vector<Stream*> streams{device_->consumer_stream()};
-      streams.insert(streams.end(), extra_[slot].begin(), extra_[slot].end());
-      extra_[slot].clear();
-      auto& events = events_[slot];
-      while (events.size() < streams.size()) events.push_back(device_->new_event());
-      for (size_t k = 0; k < streams.size(); ++k) device_->record(events[k], streams[k]);
-      recorded_[slot] = streams.size();
-    } catch (const std::exception& e) {
-      report_teardown_failure("fencing a pinned batch's release", e.what());
-    }
-  }
-
-  void before_fill(int slot) {
-    std::vector<Event*> wait;
-    {
-      std::lock_guard<std::mutex> lk(mu_);
-      grow(slot);
-      wait.assign(events_[slot].begin(), events_[slot].begin() + static_cast<long>(recorded_[slot]));
-    }
-    if (wait.empty()) return;
-    DeviceGuard guard(*device_);
-    for (Event* e : wait) device_->synchronize(e);
-  }
-
-  void wait_all() {
-    std::lock_guard<std::mutex> lk(mu_);
-    for (size_t s = 0; s < events_.size(); ++s)
-      for (size_t k = 0; k < recorded_[s]; ++k) device_->synchronize(events_[s][k]);
-  }
-
-  std::shared_ptr<Device> device_;
-  pid_t owner_;
-  std::mutex mu_;
-  std::vector<std::vector<Event*>> events_;   // per slot: one per stream of its last release
-  std::vector<std::vector<Stream*>> extra_;   // per slot: streams record_stream named for its batch
-  std::vector<size_t> recorded_;              // per slot: events its last release recorded
-};
 
 // A CPU batch's tensors hold its lease through their storage's context (record_stream finds it there).
 struct LeaseRef {

@@ -60,7 +60,23 @@ void bind_loader_test_hooks(py::module& m) {
       .def("drain", &SimDevice::drain, py::call_guard<py::gil_scoped_release>())
       .def("set_max_delay_us", &SimDevice::set_max_delay_us, py::arg("us"))
       .def("_fail", &SimDevice::fail, py::arg("what"), py::arg("count") = 1, py::arg("after") = 0)
-      .def("misuses", &SimDevice::misuses);
+      .def("misuses", &SimDevice::misuses)
+      .def(
+          "begin_capture",
+          [](SimDevice& d, uintptr_t stream, const std::string& mode) {
+            static const std::pair<const char*, int> kModes[] = {
+                {"global", kCaptureGlobal}, {"thread_local", kCaptureThreadLocal}, {"relaxed", kCaptureRelaxed}};
+            for (const auto& [name, m] : kModes)
+              if (mode == name) return d.begin_capture(reinterpret_cast<Stream*>(stream), m);
+            throw py::value_error("mode must be global, thread_local or relaxed (torch.cuda.graph's "
+                                  "capture_error_mode), got '" + mode + "'");
+          },
+          py::arg("stream"), py::arg("mode") = "global",
+          "A graph capture on the stream by the calling thread, as torch.cuda.graph begins one.")
+      .def(
+          "end_capture",
+          [](SimDevice& d, uintptr_t stream) { return d.end_capture(reinterpret_cast<Stream*>(stream)); },
+          py::arg("stream"), "Ends the stream's capture: why it was invalidated, '' when it is valid.");
 
   // Test hooks (core/fault.h): faults in the file layer's reads, for tests/data/test_loader_faults.py.
   m.def(

@@ -31,6 +31,8 @@ class TracedDevice final : public Device {
   void wait(Stream* s, Event* e) override { inner_->wait(s, e); }
   void synchronize(Event* e) override { inner_->synchronize(e); }
   bool query(Event* e) override { return inner_->query(e); }
+  bool capturing(Stream* s) override { return inner_->capturing(s); }
+  int exchange_capture_mode(int mode) noexcept override { return inner_->exchange_capture_mode(mode); }
 
  private:
   std::shared_ptr<Device> inner_;

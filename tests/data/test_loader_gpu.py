@@ -163,3 +163,46 @@ def test_pin_memory_on_a_side_stream_with_record_stream(tmp_path, fp):
         del b
     torch.cuda.synchronize()
     assert torch.cat(got).cpu().numpy().tobytes() == x.tobytes()
+
+
+@pytest.mark.parametrize("kind", ["device", "pinned"])
+def test_graphs_captured_between_batches_stay_valid(dataset_factory, fp, kind):
+    """The training thread captures CUDA graphs (global mode, torch.cuda.graph's default) right after it
+    takes a batch, while the reader threads refill the slots it freed and block on their fences: no
+    capture may fail, and each replay computes what the same kernels compute eagerly (issue 20, defect 6;
+    test_loader_capture.py plays it on the simulated device)."""
+    ds, arrays, _ = dataset_factory(1_500, {"x": ("float32", (512,))})
+    kw = dict(device="cuda") if kind == "device" else dict(pin_memory=True)
+    ld = fp.loader(ds, 32, shuffle=True, seed=3, prefetch=2, num_threads=2, drop_last=True, **kw)
+    static_x = torch.zeros(32, 512, device="cuda")
+
+    def steps(x):
+        for _ in range(200):  # a capture long enough for the readers to work meanwhile
+            x = x * 0.5 + 1.0
+        return x
+
+    captures = 0
+    for step, b in enumerate(ld):
+        static_x.copy_(b["x"].to("cuda", non_blocking=True))
+        del b
+        if step % 3:
+            continue
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g):
+            out = steps(static_x)
+        g.replay()
+        assert torch.equal(out, steps(static_x.clone()))
+        captures += 1
+    assert captures >= 10
+
+
+def test_next_inside_a_capture_is_refused_and_loses_no_batch(dataset_factory, fp):
+    ds, arrays, _ = dataset_factory(200, {"x": ("int32", (8,))})
+    it = iter(fp.loader(ds, 16, device="cuda"))
+    seen = [host(next(it))]
+    g = torch.cuda.CUDAGraph()
+    with pytest.raises(RuntimeError, match="capturing a graph: take batches from the Loader outside"):
+        with torch.cuda.graph(g):
+            next(it)
+    seen += [host(b) for b in it]
+    assert sorted(fp.verify(seen, arrays).tolist()) == list(range(200))

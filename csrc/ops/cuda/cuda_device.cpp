@@ -13,6 +13,11 @@
 namespace fastpipe {
 namespace {
 
+static_assert(int{cudaStreamCaptureModeGlobal} == kCaptureGlobal &&
+                  int{cudaStreamCaptureModeThreadLocal} == kCaptureThreadLocal &&
+                  int{cudaStreamCaptureModeRelaxed} == kCaptureRelaxed,
+              "CaptureMode (core/device.h) passes cudaStreamCaptureMode's values through");
+
 void check(cudaError_t err, const char* what) {
   if (err != cudaSuccess) {
     cudaGetLastError();  // clear it: the error is reported here, not by the next unrelated call
@@ -102,6 +107,19 @@ class CudaDevice : public Device {
     }
     check(err, "cudaEventQuery");
     return true;
+  }
+  bool capturing(Stream* s) override {
+    cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
+    check(cudaStreamIsCapturing(raw(s), &status), "cudaStreamIsCapturing");
+    return status != cudaStreamCaptureStatusNone;  // an invalidated capture has not ended either
+  }
+  int exchange_capture_mode(int mode) noexcept override {
+    auto m = static_cast<cudaStreamCaptureMode>(mode);
+    if (cudaThreadExchangeStreamCaptureMode(&m) != cudaSuccess) {
+      cudaGetLastError();
+      return mode;  // unchanged: restoring it later is a no-op
+    }
+    return static_cast<int>(m);
   }
 
  private:
