@@ -8,7 +8,7 @@ REQ ?= requirements/cuda.txt
 PY := $(VENV)/bin/python
 PYTEST_ARGS ?=
 
-.PHONY: setup system-deps test bench bench-peers test-cpu fuzz clean
+.PHONY: setup system-deps test bench bench-peers test-cpu fuzz rehearse-device clean
 
 # libjpeg-turbo's headers for JPEG decoding (fastpipe.ImageFolder/ImageDataset): installed from Debian's
 # packages as root (or with sudo) when missing; elsewhere the build says JPEG decoding is OFF and why.
@@ -58,6 +58,12 @@ test-cpu:
 # Bounded libFuzzer run (ASan+UBSan) of the .npy parser, the token-file opener and the JPEG path; installs clang-14.
 fuzz: system-deps
 	bash tests/fuzz/run.sh
+
+# benchmarks/device_check.sh rehearsed without a GPU, against the GPU machine's torch (2.11.0+cu130).
+rehearse-device:
+	@test -x .venv-torch211/bin/python || $(PYTHON) -m venv .venv-torch211
+	.venv-torch211/bin/python -m pip install -q -r requirements/device-rehearsal.txt
+	PYTHON=$(CURDIR)/.venv-torch211/bin/python bash benchmarks/device_check.sh "" rehearse
 
 clean:
 	rm -rf build fastpipe/*.so *.egg-info

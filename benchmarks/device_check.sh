@@ -1,25 +1,45 @@
 #!/usr/bin/env bash
-# GPU check of fastpipe, one command: check the prerequisites, build the extension in place, run the GPU
-# tests, run the GPU benchmarks (loader and fused convolutions), print one short table. Made for a GPU
-# machine without internet access whose python3 has torch, pytest, setuptools, ninja and pybind11 (CuPy
-# optional), with nvcc on PATH. Each stage has a time limit: the tests part ends within about 8 minutes
-# (build included), the bench part within about 7 once built; `all` needs both (more than one 10-minute
-# device call: run them as two calls).
+# GPU check of fastpipe, in parts ordered by what they are worth when the lent time runs out: build (for
+# this GPU's arch only), the loader's GPU tests, the conv engines' GPU tests and validation runs,
+# compute-sanitizer, benchmarks. Each part has a time limit under 7 minutes, writes its logs as it goes
+# (a part cut short loses nothing already written) and appends its line to summary.txt when it ends.
+# Made for a GPU machine without internet access whose python3 has torch, pytest (pytest-xdist to run
+# tests in parallel), setuptools, ninja and numpy, with nvcc on PATH.
 #
-#   benchmarks/device_check.sh [RESULTS_DIR] [tests|bench|all]     (default: all)
+#   benchmarks/device_check.sh [RESULTS_DIR] [PARTS]
 #
-# RESULTS_DIR (default: $OUT when set, else benchmarks/results/gpu) receives summary.txt, build.log,
-# gpu_tests.log, bench_progress.log, jpeg_gpu.json/.txt, loader_gpu.json/.txt, next_cost_gpu.json/.txt, conv_gpu.json/.txt/.md,
-# train_gpu_*.json/.md and train_gpu.txt
-# (and conv_gpu_*.png with matplotlib; a benchmark cut short by its limit leaves what it measured). Exit status: non-zero when a prerequisite
-# is missing, the build fails or a test fails (the benchmarks still run after failed tests).
+# PARTS: a comma-separated list of build, loader, conv, sanitize, bench; or tests (build,loader,conv:
+# about 7 minutes), rest (sanitize,bench: about 7.5 minutes; the build must be there), all (the
+# default); or rehearse: on a machine WITHOUT a GPU, every step that needs none (a copy of the tree
+# built with $PYTHON, e.g. torch 2.11.0+cu130 from `make rehearse-device`, for sm_90; GPU tests collected
+# and skipped; sanitizer and benchmark entry points checked), each part timed.
+# RESULTS_DIR (default: $OUT when set, else benchmarks/results/gpu; /tmp/fastpipe-device-rehearsal for
+# the rehearsal) receives summary.txt (machine facts,
+# then one line per part: status and seconds), <part>.log, the tests' and sanitizers' logs and the
+# benchmarks' .json/.txt/.md. Exit status: non-zero when a prerequisite is missing, the build fails, a
+# test fails, or a sanitizer reports errors or runs out of time.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
-RESULTS=${1:-${OUT:-benchmarks/results/gpu}}
-PART=${2:-all}
-case "$PART" in tests|bench|all) ;; *) echo "device_check: the part must be tests, bench or all, got '$PART'" >&2; exit 2;; esac
+PARTS=${2:-all}
+DEFAULT_RESULTS=benchmarks/results/gpu
+[ "$PARTS" = rehearse ] && DEFAULT_RESULTS=/tmp/fastpipe-device-rehearsal  # it holds a copy of the tree
+RESULTS=${1:-${OUT:-$DEFAULT_RESULTS}}
+case "$PARTS" in
+  all) PARTS=build,loader,conv,sanitize,bench ;;
+  tests) PARTS=build,loader,conv ;;
+  rest) PARTS=sanitize,bench ;;
+esac
+REHEARSE=0
+if [ "$PARTS" = rehearse ]; then REHEARSE=1; PARTS=build,loader,conv,sanitize,bench; fi
+for p in ${PARTS//,/ }; do
+  case "$p" in build|loader|conv|sanitize|bench) ;;
+    *) echo "device_check: parts are build, loader, conv, sanitize, bench, tests, rest, all or rehearse; got '$p'" >&2
+       exit 2 ;;
+  esac
+done
 mkdir -p "$RESULTS"
+RESULTS=$(cd "$RESULTS" && pwd)
 export PYTHONUNBUFFERED=1
 T0=$(date +%s)
 say() { echo "[device_check +$(($(date +%s) - T0))s] $*"; }
@@ -27,10 +47,21 @@ fail() { echo "device_check: $*" >&2; exit 2; }
 
 # Prerequisites, each with a clear line when missing.
 command -v "$PY" >/dev/null || fail "no $PY"
-for mod in torch pytest setuptools ninja pybind11 numpy; do
+for mod in torch pytest setuptools ninja numpy; do
   $PY -c "import $mod" 2>/dev/null || fail "python module '$mod' is missing ($PY -m pip install $mod)"
 done
-$PY -c 'import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)' || fail "torch sees no CUDA device"
+if [ "$REHEARSE" = 1 ]; then
+  # The rehearsal builds and runs in a copy of the tree (tracked and untracked files), so that the
+  # checkout's own extension, built against another torch, stays as it is.
+  TREE="$RESULTS/tree"
+  rm -rf "$TREE" && mkdir -p "$TREE"
+  git ls-files -co --exclude-standard -z | tar --null -T - -cf - 2>/dev/null | tar -xf - -C "$TREE"
+  cd "$TREE"
+  CAP=${FASTPIPE_CUDA_ARCHS:-9.0}
+else
+  $PY -c 'import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)' || fail "torch sees no CUDA device"
+  CAP=$($PY -c 'import torch; print("%d.%d" % torch.cuda.get_device_capability())')
+fi
 # The toolkit: CUDA_HOME from nvcc's real location when unset (nvcc may be a link or a wrapper).
 if [ -z "${CUDA_HOME:-}" ]; then
   NVCC=$(command -v nvcc) || fail "no nvcc on PATH and CUDA_HOME unset"
@@ -42,124 +73,175 @@ if [ -z "${CUDA_HOME:-}" ]; then
 fi
 export PATH="$CUDA_HOME/bin:$PATH"
 NVCC_MAJOR=$("$CUDA_HOME/bin/nvcc" --version | sed -n 's/.*release \([0-9]*\)\..*/\1/p')
-TORCH_MAJOR=$($PY -c 'import torch; print(torch.version.cuda.split(".")[0])')
+TORCH_MAJOR=$($PY -c 'import torch; print((torch.version.cuda or "none").split(".")[0])')
 [ "$NVCC_MAJOR" = "$TORCH_MAJOR" ] || fail "nvcc is CUDA $NVCC_MAJOR but torch was built with CUDA $TORCH_MAJOR: extensions must match"
 # Compile for this GPU only (fewer passes than the default list), and fail rather than build CPU-only.
-CAP=$($PY -c 'import torch; print("%d.%d" % torch.cuda.get_device_capability())')
-export FASTPIPE_CUDA=1 FASTPIPE_CUDA_ARCHS=${FASTPIPE_CUDA_ARCHS:-$CAP}
-export TORCH_CUDA_ARCH_LIST=$FASTPIPE_CUDA_ARCHS
-
+export FASTPIPE_CUDA=1 FASTPIPE_CUDA_ARCHS=$CAP TORCH_CUDA_ARCH_LIST=$CAP
+export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"  # the in-place build, from any script
+XDIST=""
+$PY -c "import xdist" 2>/dev/null && XDIST="-n ${TEST_WORKERS:-6}"
+SUMMARY="$RESULTS/summary.txt"
 {
-  echo "gpu: $(nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>/dev/null)"
+  echo "device_check $(date -u +%FT%TZ): parts $PARTS$([ "$REHEARSE" = 1 ] && echo ' (rehearsal, no GPU)')"
+  echo "gpu: $(nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>/dev/null || echo none)"
   echo "torch: $($PY -c 'import torch; print(torch.__version__, "cuda", torch.version.cuda, "cudnn", torch.backends.cudnn.version())')"
-  echo "nvcc: $("$CUDA_HOME/bin/nvcc" --version | tail -1); CUDA_HOME=$CUDA_HOME; archs $FASTPIPE_CUDA_ARCHS"
-  echo "python: $($PY --version 2>&1); host: $(nproc) cores; cupy: $($PY -c 'import cupy; print(cupy.__version__)' 2>/dev/null || echo none)"
-} | tee "$RESULTS/summary.txt"
+  echo "nvcc: $("$CUDA_HOME/bin/nvcc" --version | tail -1); CUDA_HOME=$CUDA_HOME; arch $CAP"
+  echo "python: $($PY --version 2>&1); host: $(nproc) cores; pytest-xdist: ${XDIST:-no}; cupy: $($PY -c 'import cupy; print(cupy.__version__)' 2>/dev/null || echo none)"
+} | tee "$SUMMARY"
 
-say "building in place (log: $RESULTS/build.log)"
-if ! timeout 150 $PY setup.py build_ext --inplace >"$RESULTS/build.log" 2>&1; then
-  tail -40 "$RESULTS/build.log"
-  say "BUILD FAILED"
-  exit 1
-fi
-$PY -c 'import fastpipe, json; print("build_info:", json.dumps(fastpipe.build_info()))' | tee -a "$RESULTS/summary.txt"
-$PY -c 'import torch, fastpipe; from fastpipe.data import _device; C = fastpipe._ext._C
+RC=0
+# run_part NAME LIMIT_S: part_NAME in a shell of its own, stopped (with all it started) at the limit; its
+# output in NAME.log and on the terminal as it goes.
+run_part() {
+  local name=$1 limit=$2 t=$(date +%s) rc
+  say "part $name (limit ${limit}s, log: $RESULTS/$name.log)"
+  timeout --kill-after=10 "$limit" bash -c "part_$name" > >(tee "$RESULTS/$name.log") 2>&1
+  rc=$?
+  local status=ok
+  [ "$rc" = 0 ] || status="FAILED (exit $rc$([ "$rc" = 124 ] && echo ': out of time'))"
+  [ "$rc" = 0 ] || RC=1
+  echo "part $name: $status in $(($(date +%s) - t)) s" | tee -a "$SUMMARY"
+  [ "$rc" = 0 ]
+}
+
+# pytest over the GPU tests of some paths; the rehearsal collects them and checks they skip cleanly.
+gpu_tests() {  # log name, seconds, paths...
+  local log=$1 limit=$2; shift 2
+  if [ "$REHEARSE" = 1 ]; then
+    $PY -m pytest "$@" -m gpu -q -p no:cacheprovider -o addopts="" --collect-only >"$RESULTS/$log.collect" 2>&1 || return 1
+    echo "collected: $(tail -1 "$RESULTS/$log.collect")"
+    timeout "$limit" $PY -m pytest "$@" -m gpu -q -p no:cacheprovider -o addopts="" $XDIST >"$RESULTS/$log" 2>&1
+  else
+    FASTPIPE_REQUIRE_GPU=1 timeout "$limit" $PY -m pytest "$@" -m gpu -q -p no:cacheprovider -o addopts="" $XDIST \
+      >"$RESULTS/$log" 2>&1
+  fi
+  local rc=$?
+  tail -3 "$RESULTS/$log"
+  grep -E "^(FAILED|ERROR)" "$RESULTS/$log" | head -20
+  return $rc
+}
+
+part_build() {
+  if ! timeout $((300 * SCALE)) $PY setup.py build_ext --inplace >"$RESULTS/build_ext.log" 2>&1; then
+    tail -40 "$RESULTS/build_ext.log"
+    return 1
+  fi
+  $PY -c 'import fastpipe, json; print("build_info:", json.dumps(fastpipe.build_info()))' | tee -a "$SUMMARY"
+  if [ "$REHEARSE" = 0 ]; then
+    $PY -c 'import torch, fastpipe; from fastpipe.data import _device; C = fastpipe._ext._C
 print("jpeg:", C.JPEG, "nvjpeg:", C.nvjpeg_status(torch.cuda.current_device(), _device.nvjpeg_library()))' \
-  | tee -a "$RESULTS/summary.txt"
+      | tee -a "$SUMMARY"
+  fi
+  # Register spills in the hot kernels (issue 12 asks for none): ptxas's report for this GPU's arch.
+  local sm=${CAP/./} cu
+  for cu in csrc/cuda/depthwise.cu csrc/cuda/epilogue.cu; do
+    "$CUDA_HOME/bin/nvcc" -std=c++17 -O3 --use_fast_math -Icsrc -gencode "arch=compute_$sm,code=sm_$sm" -Xptxas -v \
+      -c "$cu" -o /dev/null 2>&1 | grep -c "[1-9][0-9]* bytes spill" | sed "s|^|spilling kernels in $cu: |" | tee -a "$SUMMARY"
+  done
+  return 0
+}
 
-TESTS_RC=0
-if [ "$PART" != bench ]; then
-# Register spills in the hot kernels (issue 12 asks for none): ptxas's report for this GPU's arch.
-SM=${CAP/./}
-for cu in csrc/cuda/depthwise.cu csrc/cuda/epilogue.cu; do
-  "$CUDA_HOME/bin/nvcc" -std=c++17 -O3 --use_fast_math -Icsrc -gencode "arch=compute_$SM,code=sm_$SM" -Xptxas -v \
-    -c "$cu" -o /dev/null 2>&1 | grep -c "[1-9][0-9]* bytes spill" | sed "s|^|spilling kernels in $cu: |" | tee -a "$RESULTS/summary.txt"
-done
+part_loader() {
+  gpu_tests loader_tests.log 240 tests/data tests/test_batch_size.py tests/test_monitor.py tests/test_build.py
+  return $?
+}
 
-say "GPU tests (log: $RESULTS/gpu_tests.log)"
-FASTPIPE_REQUIRE_GPU=1 timeout 100 $PY -m pytest tests -m gpu -q -p no:cacheprovider -o addopts="" >"$RESULTS/gpu_tests.log" 2>&1
-TESTS_RC=$?
-tail -5 "$RESULTS/gpu_tests.log"
-grep -E "^(FAILED|ERROR)" "$RESULTS/gpu_tests.log" | head -20
-echo "gpu tests: $(tail -1 "$RESULTS/gpu_tests.log")" >>"$RESULTS/summary.txt"
+part_conv() {
+  gpu_tests conv_tests.log 240 tests/nn
+  local rc=$?
+  if [ "$REHEARSE" = 0 ]; then
+    # The validation figures of the engines not yet validated (issue 12): every engine forced on every
+    # row, forward, with the engine that really ran; after the tests, so a failing engine is known first.
+    timeout 60 $PY benchmarks/conv_bench.py --device cuda --batch 32 --dtype fp16 fp32 --mode fwd --reps 5 --no-compile \
+      --force-engines --out "$RESULTS/conv_engines_gpu.json" >"$RESULTS/conv_engines_gpu.txt" 2>&1 ||
+      echo "forced-engine benchmark failed or stopped at its time limit"
+    grep -A40 "each engine forced" "$RESULTS/conv_engines_gpu.txt" | head -45
+    # The depthwise backward kernels (forced with the forward ones) against aten.convolution_backward.
+    timeout 45 $PY benchmarks/conv_bench.py --device cuda --batch 32 --dtype fp16 fp32 --mode fwdbwd --rows dw --reps 5 \
+      --no-compile --force-engines --out "$RESULTS/conv_engines_bwd_gpu.json" >"$RESULTS/conv_engines_bwd_gpu.txt" 2>&1 ||
+      echo "forced-engine backward benchmark failed or stopped at its time limit"
+    grep -A25 "each engine forced" "$RESULTS/conv_engines_bwd_gpu.txt" | head -30
+  else
+    $PY benchmarks/conv_bench.py --help >/dev/null || rc=1
+  fi
+  return $rc
+}
 
-# compute-sanitizer over a slice of the kernel tests and the device loader's tests (it slows kernels ~100x),
-# where the toolkit has it. Without torch's caching allocator every tensor is its own cudaMalloc, so an
-# out-of-bounds access or a read of memory never written is caught at the tensor, not inside a cached block.
-SANITIZER="$CUDA_HOME/bin/compute-sanitizer"
-if [ -x "$SANITIZER" ]; then
-  sanitize() {  # tool, log name, pytest arguments
+# compute-sanitizer over slices of the kernel tests and the device loader's tests (it slows kernels
+# ~100x), all at once (the host has the cores). Without torch's caching allocator every tensor is its own
+# cudaMalloc, so an out-of-bounds access or a read of memory never written is caught at the tensor. A
+# run that ends by its time limit has checked nothing to the end: it fails the part.
+part_sanitize() {
+  local sanitizer="$CUDA_HOME/bin/compute-sanitizer" rc=0
+  if [ ! -x "$sanitizer" ]; then
+    echo "compute-sanitizer: not in $CUDA_HOME/bin"
+    [ "$REHEARSE" = 1 ] && echo "(the rehearsal's toolkit lacks it; the GPU machine's has it)" | tee -a "$SUMMARY"
+    [ "$REHEARSE" = 1 ] && return 0
+    return 1
+  fi
+  local runs=(
+    "memcheck depthwise tests/nn/test_depthwise_kernel.py -k float32"
+    "initcheck depthwise tests/nn/test_depthwise_kernel.py -k float32"
+    "racecheck depthwise_backward tests/nn/test_depthwise_backward.py -k gpu"
+    "memcheck depthwise_backward tests/nn/test_depthwise_backward.py -k gpu"
+    "memcheck gemm1x1 tests/nn/test_gemm1x1.py -k float32"
+    "memcheck loader tests/data/test_loader_gpu.py"
+    "initcheck loader tests/data/test_loader_gpu.py"
+  )
+  local pids=() names=() run
+  for run in "${runs[@]}"; do
+    set -- $run
     local tool=$1 name=$2; shift 2
-    PYTORCH_NO_CUDA_MEMORY_CACHING=1 timeout 30 "$SANITIZER" --tool "$tool" --error-exitcode 9 \
-      $PY -m pytest -m gpu -q -x -p no:cacheprovider -o addopts="" "$@" >"$RESULTS/sanitizer_${name}_$tool.log" 2>&1
-    local rc=$?
-    [ "$rc" = 9 ] && TESTS_RC=9  # the sanitizer found errors: the check fails
-    echo "compute-sanitizer $tool over $name: exit $rc ($(grep -c 'ERROR SUMMARY: 0 errors' \
-      "$RESULTS/sanitizer_${name}_$tool.log") clean summaries; exit 124: out of time)" | tee -a "$RESULTS/summary.txt"
-  }
-  for tool in memcheck racecheck initcheck; do
-    sanitize "$tool" depthwise tests/nn/test_depthwise_kernel.py -k "float32 and (channels_last or nchw)"
+    local log="$RESULTS/sanitizer_${name}_$tool.log"
+    if [ "$REHEARSE" = 1 ]; then
+      echo "would run: compute-sanitizer --tool $tool pytest -m gpu $*"
+      continue
+    fi
+    PYTORCH_NO_CUDA_MEMORY_CACHING=1 timeout 300 "$sanitizer" --tool "$tool" --error-exitcode 9 \
+      $PY -m pytest -m gpu -q -x -p no:cacheprovider -o addopts="" "$@" >"$log" 2>&1 &
+    pids+=($!); names+=("$tool over $name")
   done
-  for tool in memcheck racecheck; do  # racecheck: the weight-gradient kernel's shared-memory tree
-    sanitize "$tool" depthwise_backward tests/nn/test_depthwise_backward.py -k "gpu and float32"
+  if [ "$REHEARSE" = 1 ]; then
+    "$sanitizer" --version | tail -1
+  fi
+  local k
+  for k in "${!pids[@]}"; do
+    wait "${pids[$k]}"; local r=$?
+    [ "$r" = 0 ] || rc=1
+    local what="clean"
+    [ "$r" = 9 ] && what="ERRORS FOUND"
+    [ "$r" = 124 ] && what="OUT OF TIME (checked nothing to the end)"
+    [ "$r" != 0 ] && [ "$r" != 9 ] && [ "$r" != 124 ] && what="tests failed (exit $r)"
+    echo "compute-sanitizer ${names[$k]}: $what" | tee -a "$SUMMARY"
   done
-  for tool in memcheck initcheck; do
-    sanitize "$tool" loader tests/data/test_loader_gpu.py
-  done
-else
-  echo "compute-sanitizer: not in $CUDA_HOME/bin, skipped" | tee -a "$RESULTS/summary.txt"
-fi
+  return $rc
+}
 
-# The validation figures of the engines not yet validated (issue 12): every engine forced on every row,
-# forward, with the engine that really ran; after the tests, so a failing engine is known first.
-say "benchmark: each CUDA conv engine forced vs eager (fwd, batch 32, fp16 fp32)"
-timeout 60 $PY benchmarks/conv_bench.py --device cuda --batch 32 --dtype fp16 fp32 --mode fwd --reps 5 --no-compile \
-  --force-engines --out "$RESULTS/conv_engines_gpu.json" >"$RESULTS/conv_engines_gpu.txt" \
-  2>>"$RESULTS/bench_progress.log" || say "forced-engine benchmark failed or stopped at its time limit"
-grep -A40 "each engine forced" "$RESULTS/conv_engines_gpu.txt" | head -45
-# The depthwise backward kernels (forced with the forward ones) against aten.convolution_backward.
-say "benchmark: depthwise rows forward + backward, each engine forced (batch 32, fp16 fp32)"
-timeout 45 $PY benchmarks/conv_bench.py --device cuda --batch 32 --dtype fp16 fp32 --mode fwdbwd --rows dw --reps 5 \
-  --no-compile --force-engines --out "$RESULTS/conv_engines_bwd_gpu.json" >"$RESULTS/conv_engines_bwd_gpu.txt" \
-  2>>"$RESULTS/bench_progress.log" || say "forced-engine backward benchmark failed or stopped at its time limit"
-grep -A25 "each engine forced" "$RESULTS/conv_engines_bwd_gpu.txt" | head -30
+# bench_step SECONDS NAME COMMAND...: one benchmark, its output in NAME.txt; stopped at its limit.
+bench_step() {
+  local limit=$1 name=$2; shift 2
+  if [ "$REHEARSE" = 1 ]; then
+    "$@" --help >/dev/null 2>&1 && echo "$name: entry point ok" || { echo "$name: entry point FAILED"; return 1; }
+    return 0
+  fi
+  say "benchmark $name (limit ${limit}s)"
+  timeout "$limit" "$@" >"$RESULTS/$name.txt" 2>>"$RESULTS/bench_progress.log" || say "$name failed or stopped at its limit"
+  return 0
+}
 
-fi
-
-if [ "$PART" != tests ]; then
-say "benchmark: JPEG decode on a CUDA loader, in the reader threads against nvJPEG (image_decode=device)"
-timeout 90 $PY benchmarks/gpu_jpeg_bench.py --out "$RESULTS/jpeg_gpu.json" >"$RESULTS/jpeg_gpu.txt" \
-  2>>"$RESULTS/bench_progress.log" || say "JPEG benchmark failed or stopped at its time limit"
-cat "$RESULTS/jpeg_gpu.txt"
-say "benchmark: loader H2D and training step against DataLoader"
-timeout 100 $PY benchmarks/gpu_loader_bench.py --out "$RESULTS/loader_gpu.json" >"$RESULTS/loader_gpu.txt" \
-  2>>"$RESULTS/bench_progress.log" || { tail -5 "$RESULTS/bench_progress.log"; say "loader benchmark failed or stopped"; }
-cat "$RESULTS/loader_gpu.txt"
-timeout 30 $PY benchmarks/next_cost_bench.py --batches 2000 --device cpu,cuda --out "$RESULTS/next_cost_gpu.json" \
-  >"$RESULTS/next_cost_gpu.txt" 2>>"$RESULTS/bench_progress.log" || say "next() cost benchmark failed or stopped"
-cat "$RESULTS/next_cost_gpu.txt"
-
-# Every row against eager: both batch sizes, dtypes, layouts, forward and forward+backward.
-say "benchmark: fused conv vs eager, batch 32 128, bf16 fp16 fp32, nchw channels_last, fwd fwdbwd"
-timeout 70 $PY benchmarks/conv_bench.py --device cuda --batch 32 128 --dtype bf16 fp16 fp32 --reps 5 --no-compile \
-  --out "$RESULTS/conv_gpu.json" >"$RESULTS/conv_gpu.txt" 2>>"$RESULTS/bench_progress.log" || {
-  tail -5 "$RESULTS/bench_progress.log"; say "conv benchmark failed or stopped at its time limit"; }
-
-# The harness's headline on the GPU: training steps, stock DataLoader vs fastpipe vs the synthetic limit.
-say "benchmark: training suite (resnet, mobilenet_v2 on CIFAR- and ImageNet-like data)"
-timeout 100 $PY -m fastpipe.bench train --steps 40 --warmup 10 --reps 1 --no-progress --tag gpu \
-  --out-dir "$RESULTS" --data-dir /tmp/fastpipe-bench-data >"$RESULTS/train_gpu.txt" 2>>"$RESULTS/bench_progress.log" || {
-  tail -5 "$RESULTS/bench_progress.log"; say "training benchmark failed or stopped at its time limit"; }
-grep -A8 "^ratios" "$RESULTS/train_gpu.txt"
-
-say "soak on the GPU loader: memory, fds, threads, slots and CUDA memory stay flat"
-timeout 60 $PY -m fastpipe.bench soak --device cuda --batches 5000 --no-progress --tag gpu --out-dir "$RESULTS" \
-  --data-dir /tmp/fastpipe-bench-data 2>>"$RESULTS/bench_progress.log" | tail -9 || say "soak failed or stopped"
-
-fi
-
-say "summary"
-$PY - "$RESULTS" <<'PYEOF' | tee -a "$RESULTS/summary.txt"
+part_bench() {
+  local rc=0
+  bench_step 100 loader_gpu $PY benchmarks/gpu_loader_bench.py --out "$RESULTS/loader_gpu.json" || rc=1
+  bench_step 70 conv_gpu $PY benchmarks/conv_bench.py --device cuda --batch 32 128 --dtype bf16 fp16 fp32 --reps 5 \
+    --no-compile --out "$RESULTS/conv_gpu.json" || rc=1
+  bench_step 60 jpeg_gpu $PY benchmarks/gpu_jpeg_bench.py --out "$RESULTS/jpeg_gpu.json" || rc=1
+  bench_step 90 train_gpu $PY -m fastpipe.bench train --steps 40 --warmup 10 --reps 1 --no-progress --tag gpu \
+    --out-dir "$RESULTS" --data-dir /tmp/fastpipe-bench-data || rc=1
+  bench_step 30 next_cost_gpu $PY benchmarks/next_cost_bench.py --batches 2000 --device cpu,cuda \
+    --out "$RESULTS/next_cost_gpu.json" || rc=1
+  bench_step 40 soak_gpu $PY -m fastpipe.bench soak --device cuda --batches 5000 --no-progress --tag gpu \
+    --out-dir "$RESULTS" --data-dir /tmp/fastpipe-bench-data || rc=1
+  $PY - "$RESULTS" <<'PYEOF' | tee -a "$SUMMARY"
 import json, pathlib, sys
 results = pathlib.Path(sys.argv[1])
 path = results / "loader_gpu.json"
@@ -179,11 +261,22 @@ else:
     layers = doc["results"]["layers"]
     worst = min(layers["rows"], key=lambda r: r["speedup"])
     done = "" if layers["complete"] else " (cut short)"
-    print(f"\nconv_gpu.json: {len(layers['rows'])} rows in {doc['seconds']} s{done}; slowest row vs eager: "
+    print(f"conv_gpu.json: {len(layers['rows'])} rows in {doc['seconds']} s{done}; slowest row vs eager: "
           f"{worst['speedup']:.2f}x ({worst['row']}, {worst['dtype']} b{worst['batch']} {worst['layout']} {worst['mode']})")
-    print(f"{'config':36s} {'family':13s} {'fused/eager':>11s}")
     for s in layers["summary"]:
-        print(f"{s['config']:36s} {s['family']:13s} {s['speedup']:10.2f}x")
+        print(f"  {s['config']:36s} {s['family']:13s} {s['speedup']:10.2f}x")
 PYEOF
-say "done; tests exit status $TESTS_RC"
-exit $TESTS_RC
+  return $rc
+}
+
+# The rehearsal's machine has a few cores where the GPU machine has 16: its limits are scaled (the times
+# it reports are what to compare).
+SCALE=${LIMIT_SCALE:-$([ "$REHEARSE" = 1 ] && echo 8 || echo 1)}
+export PY RESULTS REHEARSE CAP XDIST SUMMARY T0 SCALE
+export -f say gpu_tests bench_step part_build part_loader part_conv part_sanitize part_bench
+declare -A LIMIT=([build]=330 [loader]=270 [conv]=400 [sanitize]=330 [bench]=420)
+for p in ${PARTS//,/ }; do
+  run_part "$p" "$((LIMIT[$p] * SCALE))" || { [ "$p" = build ] && { say "the build failed: nothing else can run"; exit 1; }; }
+done
+say "done; exit status $RC"
+exit $RC

@@ -12,15 +12,19 @@ batch ready are timed (the reader's ``waits`` counter says which waited). Prints
 import argparse
 import json
 import os
+import pathlib
 import statistics
+import sys
 import tempfile
 import time
 
 import numpy as np
 import torch
 
-import fastpipe
-from fastpipe.data import _device
+sys.path.insert(1, str(pathlib.Path(__file__).resolve().parents[1]))  # an in-place build works too
+
+import fastpipe  # noqa: E402
+from fastpipe.data import _device  # noqa: E402
 
 
 def timed_calls(loader, batches, sync=None):
