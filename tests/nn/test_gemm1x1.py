@@ -4,10 +4,13 @@ dimensions, where the bias and residual go, which activations need the epilogue 
 the host through a model of cuBLASLt's column-major semantics on every build; the engine itself on a GPU
 (gpu-marked), forced, against float64 references on awkward channel counts and image sizes."""
 
+import subprocess
+
 import pytest
 import torch
 import torch.nn.functional as F
 
+import fastpipe
 import fastpipe.nn as fnn
 from conv_ref import run_engines
 from fastpipe.nn.functional import conv2d_act
@@ -48,6 +51,23 @@ def test_the_plan_through_a_model_of_cublaslt(shape, bias, residual):
         want = reference(x, w, b, r, fn)
         assert got.is_contiguous(memory_format=torch.channels_last), name
         torch.testing.assert_close(got, want, rtol=1e-6, atol=1e-6, msg=lambda m: f"{name}: {m}")
+
+
+@pytest.mark.skipif(not fastpipe.build_info()["cuda"], reason="built without CUDA kernels")
+def test_cublaslt_is_taken_only_from_the_copy_torch_loaded(tmp_path):
+    """The engine passes torch's cuBLASLt handle: a library that this process has not loaded is declined with
+    the reason, never loaded (a second copy would not own that handle); torch's own copy is used."""
+    src = tmp_path / "lt.c"
+    src.write_text("int cublasLtMatmul(void) { return 0; }\n")
+    lib = tmp_path / "libnot_loaded_lt.so"
+    subprocess.run(["cc", "-shared", "-fPIC", str(src), "-o", str(lib)], check=True)
+    why = torch.ops.fastpipe._gemm1x1_cublaslt_lookup(str(lib))
+    with open("/proc/self/maps") as f:
+        loaded = str(lib) in f.read()
+    assert not loaded, "the lookup loaded a library torch had not loaded"
+    assert why.startswith(f"{lib} is not loaded in this process") and "torch's cuBLASLt handle" in why, why
+    major = torch.version.cuda.split(".")[0]
+    assert torch.ops.fastpipe._gemm1x1_cublaslt_lookup(f"libcublasLt.so.{major}") == ""
 
 
 @pytest.mark.gpu

@@ -302,6 +302,12 @@ bool capturing() {
 }  // namespace
 }  // namespace fastpipe::conv
 
+TORCH_LIBRARY_FRAGMENT(fastpipe, m) {
+  // Test hook: the gemm1x1 engine's cuBLASLt lookup in the library `soname` (why it declines, or "").
+  m.def("_gemm1x1_cublaslt_lookup(str soname) -> str",
+        [](c10::string_view soname) { return fastpipe::cuda::cublaslt_missing_from(std::string(soname)); });
+}
+
 TORCH_LIBRARY_IMPL(fastpipe, CUDA, m) {
   m.impl("conv2d_act", &fastpipe::conv::conv2d_act);
   m.impl("_conv2d_act_train", &fastpipe::conv::conv2d_act_train);
