@@ -15,8 +15,10 @@ import fastpipe.nn as fnn
 from conv_ref import run_engines
 from fastpipe.nn.functional import conv2d_act
 
-# (batch, in_channels, out_channels, height, width)
-SHAPES = [(2, 3, 10, 7, 13), (1, 59, 3, 1, 1), (3, 10, 59, 13, 7), (2, 64, 24, 5, 5), (1, 1, 1, 1, 2)]
+# (batch, in_channels, out_channels, height, width). GEMM m = out_channels, n = batch x pixels, k = in_channels:
+# the last four have a dimension of 1 (n, m and k; m, n and k), where cuBLASLt's epilogues may not be used.
+SHAPES = [(2, 3, 10, 7, 13), (3, 10, 59, 13, 7), (2, 64, 24, 5, 5),
+          (1, 59, 3, 1, 1), (2, 8, 1, 5, 3), (3, 1, 7, 4, 5), (1, 1, 1, 1, 2)]
 ACTIVATIONS = [("identity", {}, lambda t: t), ("relu", {}, torch.relu),
                ("gelu", {"approximate": "tanh"}, lambda t: F.gelu(t, approximate="tanh")),
                ("gelu", {}, F.gelu), ("silu", {}, F.silu), ("hardswish", {}, F.hardswish),
@@ -51,6 +53,24 @@ def test_the_plan_through_a_model_of_cublaslt(shape, bias, residual):
         want = reference(x, w, b, r, fn)
         assert got.is_contiguous(memory_format=torch.channels_last), name
         torch.testing.assert_close(got, want, rtol=1e-6, atol=1e-6, msg=lambda m: f"{name}: {m}")
+
+
+@pytest.mark.parametrize("activation,lt_bias,lt_plain", [("relu", "relu_bias", "relu"), ("gelu_tanh", "gelu_bias", "gelu"),
+                                                      ("identity", "bias", "default"),
+                                                      ("silu", "bias +activation after", "default +activation after")])
+def test_the_plan_keeps_cublaslt_epilogues_off_gemms_with_a_dimension_of_1(activation, lt_bias, lt_plain):
+    """As torch's addmm (isInputCompliesAddmmCudaLt): cuBLASLt's bias or activation epilogue only where every
+    operand has 2 rows and 2 columns or more; otherwise a plain GEMM and the epilogue kernel after it."""
+    def plan(batch, spatial, c_in, c_out, bias):
+        return torch.ops.fastpipe._gemm1x1_plan(batch, spatial, c_in, c_out, bias, False, activation, [])
+
+    assert plan(2, 9, 8, 16, True) == lt_bias
+    assert plan(2, 9, 8, 16, False) == lt_plain
+    after = "default" + (" +activation after" if activation != "identity" else "")
+    for b, s, c_in, c_out in [(1, 1, 8, 16), (2, 9, 8, 1), (2, 9, 1, 16), (1, 1, 1, 1)]:
+        assert plan(b, s, c_in, c_out, False) == after, (b, s, c_in, c_out)
+        with_bias = "default +bias after" + (" +activation after" if activation != "identity" else "")
+        assert plan(b, s, c_in, c_out, True) == with_bias, (b, s, c_in, c_out)
 
 
 @pytest.mark.skipif(not fastpipe.build_info()["cuda"], reason="built without CUDA kernels")

@@ -259,9 +259,10 @@ at::Tensor gemm1x1_run(const ConvArgs& a) {
   const auto stream = at::cuda::getCurrentCUDAStream();
   const std::string err = cuda::run_gemm1x1(p, at::cuda::getCurrentCUDABlasLtHandle(), stream);
   TORCH_CHECK(err.empty(), "fastpipe gemm1x1 engine: ", err);
-  if (p.plan.activation_after) {
-    FASTPIPE_CHECK_LAUNCH(cuda::launch_epilogue(epilogue_params(out, a), num_sms(), stream),
-                          "fastpipe conv epilogue kernel");
+  if (p.plan.bias_after || p.plan.activation_after) {
+    cuda::EpilogueParams e = epilogue_params(out, a);
+    e.bias = p.plan.bias_after ? p.bias : nullptr;
+    FASTPIPE_CHECK_LAUNCH(cuda::launch_epilogue(e, num_sms(), stream), "fastpipe conv epilogue kernel");
   }
   return out;
 }
