@@ -3,7 +3,8 @@
 //
 // Where things live (csrc/ops): conv_act.cpp the schemas of every fastpipe op, the argument checks and
 // the CPU registrations; activations.{h,cpp} the activations in ATen; conv_tuner.{h,cpp} the engines
-// and the per-key choice among them; cpu/ the oneDNN engine; cuda/ the CUDA engines and kernels'
+// and the per-key choice among them (conv_tuner_state.h its state, conv_engine_cache.cpp the cache's
+// report and persistence); cpu/ the oneDNN engine; cuda/ the CUDA engines and kernels'
 // glue; autograd/ and autocast/ those dispatch keys.
 #pragma once
 

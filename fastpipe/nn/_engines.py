@@ -7,8 +7,10 @@ eager only when at least 3% faster. The environment variable FASTPIPE_CONV_ENGIN
 overrides the choice (read once, when fastpipe loads; ``use_conv_engine`` changes it at run time); an engine that cannot run a call (e.g. oneDNN on float16 or
 bfloat16 where this CPU lacks the instructions torch's oneDNN needs for them) falls back to eager with
 one UserWarning naming the engine, the dtype and why; one of another device type falls back silently.
-An engine that throws on a key (forced or while being timed) is not tried on that key again: eager
-runs, with one warning that carries the error. A candidate's first output for a key is also compared
+A forced engine that throws fails the call with its error, completed with the engine's name and the
+call (eager's result in its place would hide the failure); forcing runs the named engine even on a key
+where timing dropped it. While timing, a candidate that throws on a key is not tried on that key again:
+eager runs, with one warning that carries the error. A candidate's first output for a key is also compared
 with eager's (within the dtype's rounding, relative to the output's largest magnitude; TF32's where
 cuDNN may use it): one that disagrees is treated the same way, with a warning saying by how much. An
 engine whose kernels have not yet passed their tests on real hardware of its device (the CUDA

@@ -171,27 +171,39 @@ def test_auto_choice_on_a_cpu_without_the_dtype_never_tries_onednn(onednn_dtypes
 
 
 @pytest.mark.skipif(not HAS_ONEDNN, reason="torch without oneDNN")
-@pytest.mark.parametrize("forced", [False, True], ids=["auto", "forced"])
-def test_a_declared_engine_that_throws_is_remembered_for_its_key(onednn_dtypes, forced):
-    """A candidate that declares a dtype it cannot run (float64 here, which oneDNN refuses) throws once:
-    the call still succeeds on eager, one warning names the engine and the error, and the key never
-    tries it again. This is also what the dtype tests rely on to notice a wrong declaration."""
+def test_a_declared_engine_that_throws_is_remembered_for_its_key(onednn_dtypes):
+    """A candidate that declares a dtype it cannot run (float64 here, which oneDNN refuses) throws once
+    while timed: the call still succeeds on eager, one warning names the engine and the error, and the
+    key never tries it again. This is also what the dtype tests rely on to notice a wrong declaration."""
     onednn_dtypes({"float32", "float64"})
     call = call_with(torch.float64, residual=False)
-    with fnn.use_conv_engine("onednn" if forced else "auto"):
-        out, ran, warned = engine_warnings(call)
-        assert "onednn" in ran and ran[-1] == "eager", ran
-        assert len(warned) == 1 and "conv engine 'onednn' failed on cpu Double" in warned[0], warned
-        for _ in range(2):
-            again, ran, warned = engine_warnings(call)
-            assert ran == ["eager"] and warned == [], "a failed candidate was tried again on the same key"
-        if forced:
-            _, ran, _ = engine_warnings(call_with(torch.float32, residual=False))
-            assert ran == ["onednn"], "another key is not affected"
+    out, ran, warned = engine_warnings(call)
+    assert "onednn" in ran and ran[-1] == "eager", ran
+    assert len(warned) == 1 and "conv engine 'onednn' failed on cpu Double" in warned[0], warned
+    for _ in range(2):
+        again, ran, warned = engine_warnings(call)
+        assert ran == ["eager"] and warned == [], "a failed candidate was tried again on the same key"
     torch.testing.assert_close(out, again)
-    if not forced:
-        (line,) = fnn.conv_engine_cache()
-        assert "-> eager" in line and "onednn=failed" in line, line
+    (line,) = fnn.conv_engine_cache()
+    assert "-> eager" in line and "onednn=failed" in line, line
+
+
+@pytest.mark.skipif(not HAS_ONEDNN, reason="torch without oneDNN")
+def test_a_forced_engine_that_throws_fails_the_call(onednn_dtypes):
+    """Forcing never hides a failure behind eager's result: the call raises oneDNN's own error, completed
+    with the engine's name and the call, on every call of the key; another key still runs oneDNN."""
+    onednn_dtypes({"float32", "float64"})
+    call = call_with(torch.float64, residual=False)
+    with fnn.use_conv_engine("onednn"):
+        for _ in range(2):
+            with pytest.raises(RuntimeError) as e:
+                run_engines(call)
+            message = str(e.value)
+            assert "conv engine 'onednn', forced by FASTPIPE_CONV_ENGINE, failed on cpu Double" in message, message
+            assert not message.startswith("fastpipe"), f"oneDNN's own error comes first: {message}"
+        _, ran, warned = engine_warnings(call_with(torch.float32, residual=False))
+        assert ran == ["onednn"] and warned == [], "another key is not affected"
+    assert fnn.conv_engine_cache() == []  # forced calls are never timed
 
 
 @pytest.fixture
@@ -217,9 +229,9 @@ def test_a_candidate_whose_output_disagrees_with_eager_is_dropped_for_its_key(pe
         again, ran, warned = engine_warnings(call)
         assert ran == ["eager"] and warned == [], "a wrong candidate was tried again on the same key"
     torch.testing.assert_close(out, again)
-    with fnn.use_conv_engine("onednn"):  # remembered like a failure: even forcing it runs eager on this key
+    with fnn.use_conv_engine("onednn"):  # dropped by the timing only: forcing runs what it names
         _, ran, _ = engine_warnings(call)
-        assert ran == ["eager"], ran
+        assert ran == ["onednn"], ran
 
 
 @pytest.mark.skipif(not HAS_ONEDNN, reason="torch without oneDNN")
