@@ -18,6 +18,11 @@ engine whose kernels have not yet passed their tests on real hardware of its dev
 only run where FASTPIPE_CONV_ENGINE names it. The profiler shows the engine each call ran as
 ``fastpipe::conv_engine.<name>``.
 
+On CUDA the activation's backward and the bias gradient run as ATen's ops until fastpipe's one-pass
+kernel for them has passed its tests on a GPU: FASTPIPE_CONV_ACT_BACKWARD=kernel (read at the first
+backward; ``use_conv_act_backward`` changes it at run time) runs the kernel, which the profiler shows as
+``fastpipe::conv_act_backward.kernel``.
+
 The backward of the convolution (after the activation's backward) is chosen the same way, per key of
 its own: eager is ``aten.convolution_backward``; ``conv_engines(device, backward=True)`` lists the rest
 (the ``depthwise`` kernels' backward on CUDA; on the CPU the same code as a model of the GPU's blocks,
@@ -52,7 +57,7 @@ from fastpipe._ext import build_info
 
 
 __all__ = ["conv_engines", "conv_engine_cache", "clear_conv_engine_cache", "use_conv_engine",
-           "save_conv_engine_choices", "load_conv_engine_choices"]
+           "use_conv_act_backward", "save_conv_engine_choices", "load_conv_engine_choices"]
 
 log = logging.getLogger(__name__)
 _FORMAT = 2  # 2: keys of 30 fields (forward or backward)
@@ -84,6 +89,18 @@ def use_conv_engine(name):
         yield
     finally:
         torch.ops.fastpipe._conv_engine_force(old)
+
+
+@contextlib.contextmanager
+def use_conv_act_backward(name):
+    """Runs the CUDA backward's activation gradient and bias gradient with ``name`` for the block,
+    process-wide: "aten" (ATen's ops, the default) or "kernel" (fastpipe's one-pass kernel, not yet
+    validated on a GPU), as FASTPIPE_CONV_ACT_BACKWARD does for the whole process."""
+    old = torch.ops.fastpipe._conv_act_backward_force(str(name))
+    try:
+        yield
+    finally:
+        torch.ops.fastpipe._conv_act_backward_force(old)
 
 
 def _default_cache_path():

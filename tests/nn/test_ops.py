@@ -103,6 +103,44 @@ def test_gradients_match_reference(device, act, act_kwargs, layout):
             check_error(f"{engine} grad {name}", o, f, t, torch.float32)
 
 
+ACT_BACKWARD_KERNEL = "fastpipe::conv_act_backward.kernel"  # the profiler label of the CUDA kernel's runs
+
+
+def act_backward_ran(fn):
+    """(fn's result, whether fastpipe's CUDA activation-backward kernel ran in it)."""
+    with torch.autograd.profiler.profile() as prof:
+        out = fn()
+    return out, any(e.name == ACT_BACKWARD_KERNEL for e in prof.function_events)
+
+
+def test_the_activation_backward_kernel_is_off_until_validated(fp):
+    """The CUDA activation-backward kernel has not run on a GPU yet: ATen's ops are the default; the
+    setting (FASTPIPE_CONV_ACT_BACKWARD, use_conv_act_backward) turns it on and refuses other values."""
+    assert torch.ops.fastpipe._conv_act_backward_force("aten") == "aten", "the kernel is on by default"
+    with fnn.use_conv_act_backward("kernel"):
+        assert torch.ops.fastpipe._conv_act_backward_force("kernel") == "kernel"
+    assert torch.ops.fastpipe._conv_act_backward_force("aten") == "aten"
+    with pytest.raises(RuntimeError, match="the activation backward's setting must be 'aten' or 'kernel', got 'on'"):
+        torch.ops.fastpipe._conv_act_backward_force("on")
+    code = "import torch, fastpipe.nn; print(torch.ops.fastpipe._conv_act_backward_force('aten'))"
+    proc = fp.run_python(code, env={"FASTPIPE_CONV_ACT_BACKWARD": "kernel"})
+    assert proc.returncode == 0 and proc.stdout.strip() == "kernel", fp.describe_exit(proc)
+    proc = fp.run_python(code, env={"FASTPIPE_CONV_ACT_BACKWARD": "fast"})
+    assert proc.returncode != 0 and "FASTPIPE_CONV_ACT_BACKWARD must be 'aten' or 'kernel', got 'fast'" in proc.stderr
+
+
+@pytest.mark.gpu
+def test_a_cuda_training_backward_runs_aten_by_default():
+    """Unforced, a CUDA training step's activation backward is ATen's (the kernel is not validated yet)."""
+    x, w, b, _, conv = make_inputs(SMALL, torch.float32, "cuda", "nchw")
+    x.requires_grad_()
+    _, ran = act_backward_ran(lambda: conv2d_act(x, w, b, **conv, activation="silu").sum().backward())
+    assert not ran
+    with fnn.use_conv_act_backward("kernel"):
+        _, ran = act_backward_ran(lambda: conv2d_act(x, w, b, **conv, activation="silu").sum().backward())
+    assert ran
+
+
 # (N, C, H, W) for the backward op: NCHW planes with H*W a multiple of 8 or not; NHWC rows with C a
 # multiple of 8 or not; few channels over many rows (many splits of the CUDA bias reduction).
 BACKWARD_SHAPES = [(2, 59, 7, 7), (3, 64, 8, 8), (1, 5, 3, 1), (32, 3, 64, 64), (4, 960, 7, 7)]
@@ -113,15 +151,19 @@ BACKWARD_SHAPES = [(2, 59, 7, 7), (3, 64, 8, 8), (1, 5, 3, 1), (32, 3, 64, 64), 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16], ids=str)
 @pytest.mark.parametrize("layout", [torch.contiguous_format, torch.channels_last], ids=["nchw", "nhwc"])
 def test_activation_backward_op(device, act, act_kwargs, dtype, layout):
-    """_conv2d_act_backward (the CUDA kernel; ATen on the CPU) against autograd through the eager
-    activation, error vs error, with the bias-gradient reduction."""
+    """_conv2d_act_backward (on CUDA fastpipe's kernel, enabled for the test and asserted to run; ATen on
+    the CPU) against autograd through the eager activation, error vs error, with the bias-gradient
+    reduction."""
     name, act_args = _activations.resolve(act, act_kwargs)
     eager = lambda t: eager_activation(t, act, act_kwargs)  # noqa: E731
     for shape in BACKWARD_SHAPES if device == "cuda" else BACKWARD_SHAPES[:3]:
         z = torch.randn(shape, device=device).to(dtype).contiguous(memory_format=layout)
         g = torch.randn(shape, device=device).to(dtype).contiguous(memory_format=layout)
         saved = eager(z) if grad_from_output(name, act_args) else z
-        grad_in, grad_bias = torch.ops.fastpipe._conv2d_act_backward(g, saved, name, act_args, True)
+        with fnn.use_conv_act_backward("kernel"):
+            (grad_in, grad_bias), ran = act_backward_ran(
+                lambda: torch.ops.fastpipe._conv2d_act_backward(g, saved, name, act_args, True))
+        assert ran == (device == "cuda"), f"the activation-backward kernel ran: {ran}"
         assert grad_in.is_contiguous(memory_format=layout) and grad_bias.dtype == dtype
         # torch's own: autograd through the eager activation at dtype; the reference: the same in float64
         zz = z.detach().requires_grad_()
