@@ -9,7 +9,7 @@ from torch.autograd import profiler
 
 import fastpipe
 import fastpipe.nn as fnn
-from conv_ref import engine_can_run, run_engines
+from conv_ref import conv_call, engine_can_run, run_engines
 from fastpipe.nn.functional import conv2d_act
 
 HAS_ONEDNN = torch.backends.mkldnn.is_available()
@@ -33,6 +33,25 @@ def test_engine_names():
     assert ("onednn" in cpu) == HAS_ONEDNN
     assert fnn.conv_engines("cuda") == (
         ["eager", "epilogue", "cudnn_fused", "depthwise", "depthwise_tiled", "gemm1x1"] if fastpipe.build_info()["cuda"] else [])
+
+
+def test_every_engine_has_an_expectation_in_the_tests():
+    """conv_ref.engine_can_run, which the forcing tests assert the engine that ran against, knows every engine
+    of every device type, forward and backward: a new engine without an expectation fails here, on any
+    machine, rather than in every forced GPU test on the first GPU run. Each engine also runs some call
+    (an expectation that never holds would make those assertions vacuous)."""
+    devices = ["cpu"] + (["cuda"] if fastpipe.build_info()["cuda"] else [])
+    cl = torch.channels_last
+    calls = [conv_call(torch.randn(2, 8, 9, 9), torch.randn(8, 1, 3, 3), dict(padding=1, groups=8), "relu"),
+             conv_call(torch.randn(2, 8, 9, 9).to(memory_format=cl), torch.randn(4, 8, 1, 1).to(memory_format=cl),
+                       {}, "relu")]
+    for device in devices:
+        for backward in (False, True):
+            for name in fnn.conv_engines(device, backward=backward):
+                runs = [engine_can_run(name, torch.float32, c._replace(device=device), backward) for c in calls]
+                assert any(runs), f"{device} {'backward ' if backward else ''}engine {name} runs none of the calls"
+    with pytest.raises(AssertionError, match="no expectation for engine 'new_engine'"):
+        engine_can_run("new_engine", torch.float32, calls[0])
 
 
 INF = float("inf")

@@ -13,6 +13,7 @@ from conv_ref import (
     CUDA,
     DEVICES,
     check_error,
+    conv_call,
     eager_activation,
     eager_conv_act,
     engines,
@@ -93,7 +94,8 @@ def test_gradients_match_reference(device, act, act_kwargs, layout):
         with fnn.use_conv_engine(engine):
             (out, ours), ran = run_engines(lambda: grads(
                 x, w, b, r, lambda x, w, b, r: conv2d_act(x, w, b, **conv, activation=act, residual=r, **act_kwargs)))
-        assert ran == [expected_engine(engine, torch.float32)], f"forced {engine}, ran {ran}"
+        want = expected_engine(engine, torch.float32, conv_call(x, w, conv, act))
+        assert ran == [want], f"forced {engine}, ran {ran}"
         eager = lambda x, w, b, r: eager_conv_act(x, w, b, **conv, act=act, act_kwargs=act_kwargs, residual=r)  # noqa: E731
         _, torch_own = grads(x, w, b, r, eager)
         _, ref = grads(to64(x), to64(w), to64(b), to64(r), eager)
@@ -223,10 +225,12 @@ def test_torch_compile_fullgraph(device):
     compiled = torch.compile(model, fullgraph=True, backend="aot_eager")  # fullgraph: a graph break raises
     ref = stock(x)
     (g_ref,) = torch.autograd.grad(ref.sum(), x)
+    y = torch.empty(2, 8, 10, 10, device=device).to(memory_format=torch.channels_last)
+    calls = [conv_call(x, model.a.weight, dict(padding=1), "silu"), conv_call(y, model.b.weight, dict(padding=1), "relu6")]
     for engine in engines(device):
         with fnn.use_conv_engine(engine):
             out, ran = run_engines(lambda: compiled(x))
-            assert ran == [expected_engine(engine, torch.float32)] * 2, ran
+            assert ran == [expected_engine(engine, torch.float32, call) for call in calls], ran
             torch.testing.assert_close(out, ref)
             assert out.is_contiguous(memory_format=torch.channels_last)
             (g,) = torch.autograd.grad(out.sum(), x)
@@ -240,26 +244,27 @@ def test_torch_compile_fullgraph(device):
     [("cpu", torch.bfloat16), pytest.param("cuda", torch.float16, marks=[pytest.mark.gpu, CUDA]),
      pytest.param("cuda", torch.bfloat16, marks=[pytest.mark.gpu, CUDA])],
 )
-@pytest.mark.parametrize("engine", ["eager", "onednn", "epilogue"])
-def test_autocast(device, dtype, engine):
-    if engine not in engines(device):
-        pytest.skip(f"{engine} is not an engine of {device}")
+def test_autocast(device, dtype):
+    """Every engine of the device under autocast (no skip: a gpu-marked case must run on a GPU)."""
     conv = fnn.FusedConv2d(10, 12, 3, padding=1, activation="gelu").to(device)
     ref_conv = nn.Conv2d(10, 12, 3, padding=1).to(device)
     ref_conv.load_state_dict(conv.state_dict())
     x = torch.randn(2, 10, 9, 9, device=device)
     r = torch.randn(2, 12, 9, 9, device=device)
-    with torch.autocast(device, dtype=dtype), fnn.use_conv_engine(engine), warnings.catch_warnings():
-        warnings.simplefilter("ignore")  # a forced engine that cannot run the dtype here says so
-        out, ran = run_engines(lambda: conv(x, residual=r))
-        torch_own = nn.functional.gelu(ref_conv(x) + r.to(dtype))
-    assert ran == [expected_engine(engine, dtype)], ran
-    assert out.dtype == dtype and torch_own.dtype == dtype
-    ref = nn.functional.gelu(nn.functional.conv2d(to64(x.to(dtype)), to64(conv.weight.to(dtype)),
-                                                  to64(conv.bias.to(dtype)), padding=1) + to64(r.to(dtype)))
-    check_error("autocast", out, ref, torch_own, dtype)
-    out.float().sum().backward()
-    assert conv.weight.grad.dtype == torch.float32 and conv.bias.grad.dtype == torch.float32
+    call = conv_call(x.to(dtype), conv.weight.to(dtype), dict(padding=1), "gelu")
+    for engine in engines(device):
+        conv.zero_grad()
+        with torch.autocast(device, dtype=dtype), fnn.use_conv_engine(engine), warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # a forced engine that cannot run the dtype here says so
+            out, ran = run_engines(lambda: conv(x, residual=r))
+            torch_own = nn.functional.gelu(ref_conv(x) + r.to(dtype))
+        assert ran == [expected_engine(engine, dtype, call)], (engine, ran)
+        assert out.dtype == dtype and torch_own.dtype == dtype
+        ref = nn.functional.gelu(nn.functional.conv2d(to64(x.to(dtype)), to64(conv.weight.to(dtype)),
+                                                      to64(conv.bias.to(dtype)), padding=1) + to64(r.to(dtype)))
+        check_error(f"autocast {engine}", out, ref, torch_own, dtype)
+        out.float().sum().backward()
+        assert conv.weight.grad.dtype == torch.float32 and conv.bias.grad.dtype == torch.float32
 
 
 @pytest.mark.gpu
