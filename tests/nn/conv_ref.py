@@ -2,6 +2,7 @@
 error-versus-error check (ours <= 2 x torch's own error at that dtype + a small atol)."""
 
 import collections
+import math
 
 import pytest
 import torch
@@ -107,6 +108,32 @@ def make_inputs(shape, dtype, device, layout, bias=True, residual=False, seed=0)
         x, weight = x.contiguous(memory_format=fmt), weight.contiguous(memory_format=fmt)
         r = None if r is None else r.contiguous(memory_format=fmt)
     return x, weight, b, r, conv
+
+
+# ---- poisoned CUDA memory ----------------------------------------------------------------------------
+def poison_cuda_allocations(*shapes, dtype, count=4):
+    """Fills the free CUDA memory that the next allocations of tensors of ``shapes`` (in ``dtype``) will get
+    with NaN, so that an element a kernel never writes shows as NaN instead of a stale value.
+
+    torch's caching allocator serves a request from the best-fitting free block of its pool (requests up to
+    1 MiB from the small pool, larger ones from the large pool, sizes rounded to 512 bytes): poison in one
+    big block would sit in the large pool, away from small outputs. So the poison is allocated at the
+    outputs' own sizes, ``count`` blocks each (an op may allocate several of a size), after returning the
+    cache's free segments to the driver, then filled and freed together; freeing restores the free list,
+    so the op's allocations take the same blocks. Checks (without allocating) that the next allocation of
+    each size lands in the poison."""
+    numels = [math.prod(shape) for shape in shapes]
+    torch.cuda.synchronize()
+    torch.cuda.empty_cache()
+    blocks = [torch.full((n,), float("nan"), dtype=dtype, device="cuda") for n in numels for _ in range(count)]
+    poisoned = [(b.data_ptr(), b.data_ptr() + b.numel() * b.element_size()) for b in blocks]
+    del blocks
+    for n in numels:
+        probe = torch.empty(n, dtype=dtype, device="cuda")  # no kernel: the poison stays as it is
+        start, end = probe.data_ptr(), probe.data_ptr() + probe.numel() * probe.element_size()
+        del probe
+        assert any(lo <= start and end <= hi for lo, hi in poisoned), (
+            f"the next allocation of {n} x {dtype} is not in the poisoned blocks: the poison would not show")
 
 
 # ---- which engine runs -------------------------------------------------------------------------------
