@@ -209,6 +209,7 @@ TORCH_LIBRARY(fastpipe, m) {
   m.def("_conv_engine_export(str device) -> str[]", &fastpipe::conv::engine_export);
   m.def("_conv_engine_import(str[] lines) -> int", &fastpipe::conv::engine_import);
   m.def("_conv_engine_perturb_check(str name, float amount) -> ()", &fastpipe::conv::engine_perturb_check);
+  m.def("_conv_engine_time_unvalidated(bool on) -> bool", &fastpipe::conv::engine_time_unvalidated);
   m.def("_conv_pick_engine(float[] fastest, float[] ratio) -> int", &fastpipe::conv::pick_engine_op);
   // The CUDA backward's activation gradient: "aten" or fastpipe's "kernel"; returns the previous setting.
   m.def("_conv_act_backward_force(str setting) -> str", &fastpipe::conv::act_backward_force);

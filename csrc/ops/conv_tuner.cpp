@@ -268,7 +268,8 @@ Choice tune(TunerState& st, const ConvArgs& a, const DeviceCandidates& dev) {
   // A candidate's first output is checked against eager's: one that disagrees is remembered as failed.
   std::vector<size_t> eligible{0};
   for (size_t i = 1; i < cands.size(); ++i) {
-    if (cands[i].validated && cands[i].why_not(a) == nullptr && !failed_before(st, i, a)) eligible.push_back(i);
+    const bool timeable = cands[i].validated || st.time_unvalidated.load();
+    if (timeable && cands[i].why_not(a) == nullptr && !failed_before(st, i, a)) eligible.push_back(i);
   }
   std::vector<size_t> live;
   std::string failures;
@@ -460,6 +461,12 @@ std::string engine_force(c10::string_view name) {
   st.forced = std::string(name);
   st.forcing = !st.forced.empty() && st.forced != "auto";
   return old;
+}
+
+bool engine_time_unvalidated(bool on) {
+  TunerState& st = tuner_state();
+  engine_clear();  // choices made under the other setting
+  return st.time_unvalidated.exchange(on);
 }
 
 int64_t pick_engine_op(at::ArrayRef<double> fastest, at::ArrayRef<double> ratio) {

@@ -70,6 +70,8 @@ struct TunerState {
   std::unordered_map<Key, uint64_t, KeyHash> failed;
   std::atomic<bool> any_failed{false};
   std::unordered_set<std::string> warned;  // warnings already given (each is given once)
+  // Test hook (engine_time_unvalidated): unvalidated candidates are timed too.
+  std::atomic<bool> time_unvalidated{false};
 };
 
 // The process's one state (never destroyed: engines may run during interpreter shutdown).
