@@ -267,21 +267,41 @@ def test_autocast(device, dtype):
         assert conv.weight.grad.dtype == torch.float32 and conv.bias.grad.dtype == torch.float32
 
 
+# (shape, layout): a 3x3 NCHW convolution (eager, epilogue, cudnn_fused run it) and a 1x1 channels_last one
+# (gemm1x1 too); K = 576 and 64 products per output, where TF32's 10-bit mantissa shows.
+TF32_CASES = {"3x3": ((4, 64, 16, 16, 64, 3, 1, 1, 1, 1), "nchw"),
+              "1x1": ((4, 64, 16, 16, 64, 1, 1, 0, 1, 1), "channels_last")}
+TF32_ENGINES = {"eager", "epilogue", "cudnn_fused", "gemm1x1"}  # cuDNN or cuBLASLt: TF32 where allowed
+
+
 @pytest.mark.gpu
 @CUDA
-def test_tf32_setting_is_honoured():
-    x, w, b, _, conv = make_inputs((4, 64, 16, 16, 64, 3, 1, 1, 1, 1), torch.float32, "cuda", "nchw")
+@pytest.mark.parametrize("case", TF32_CASES)
+def test_tf32_setting_is_honoured(case):
+    """torch.backends.cudnn.allow_tf32 both ways, on every engine that runs the call (asserted): without
+    TF32 float32-accurate; with it, the engines on cuDNN or cuBLASLt use TF32 (their error grows like
+    eager's, which shows the setting took effect here) and stay within TF32's error, 2 x cuDNN's own."""
+    shape, layout = TF32_CASES[case]
+    x, w, b, _, conv = make_inputs(shape, torch.float32, "cuda", layout)
     ref = eager_conv_act(to64(x), to64(w), to64(b), **conv, act="relu", act_kwargs={})
     old = torch.backends.cudnn.allow_tf32
     try:
-        errors = {}
+        errors, ran = {}, {}
         for allow in (False, True):
             torch.backends.cudnn.allow_tf32 = allow
             for engine in engines("cuda"):
                 with fnn.use_conv_engine(engine):
-                    errors[allow, engine] = (conv2d_act(x, w, b, **conv).double() - ref).abs().max().item()
-        print(errors)
-        for engine in engines("cuda"):
-            assert errors[False, engine] < 1e-4, "float32 without TF32 must be float32-accurate"
+                    out, ran[engine] = run_engines(lambda: conv2d_act(x, w, b, **conv, activation="relu"))
+                errors[allow, engine] = (out.double() - ref).abs().max().item()
     finally:
         torch.backends.cudnn.allow_tf32 = old
+    print({k: f"{v:.2e}" for k, v in errors.items()})
+    call = conv_call(x, w, conv, "relu")
+    for engine in engines("cuda"):
+        assert ran[engine] == [expected_engine(engine, torch.float32, call)], (engine, ran[engine])
+    assert errors[True, "eager"] > 10 * errors[False, "eager"], "cuDNN did not use TF32 here: nothing is compared"
+    for engine in engines("cuda"):
+        assert errors[False, engine] < 1e-4, f"{engine}: float32 without TF32 must be float32-accurate"
+        assert errors[True, engine] <= 2 * errors[True, "eager"] + 1e-4, f"{engine}: beyond TF32's error"
+        if ran[engine] == [engine] and engine in TF32_ENGINES:
+            assert errors[True, engine] > 10 * errors[False, engine], f"{engine} ignores TF32 where allowed"
