@@ -60,17 +60,58 @@ def _gpu_missing():
     return None
 
 
+def _gpu_required():
+    return os.environ.get("FASTPIPE_REQUIRE_GPU") == "1"
+
+
 def pytest_runtest_setup(item):
-    """`gpu` tests skip without a GPU or without the CUDA kernels, each test module's own skips aside;
-    under FASTPIPE_REQUIRE_GPU=1 (the device script) that is an error, so a GPU run cannot pass by
-    skipping."""
+    """`gpu` tests skip without a GPU or without the CUDA kernels; under FASTPIPE_REQUIRE_GPU=1 (the device
+    script) that is an error, so a GPU run cannot pass by skipping."""
     if item.get_closest_marker("gpu") is None:
         return
     why = _gpu_missing()
-    if why and os.environ.get("FASTPIPE_REQUIRE_GPU") == "1":
+    if why and _gpu_required():
         pytest.fail(f"FASTPIPE_REQUIRE_GPU=1 but this test {why}", pytrace=False)
     if why:
         pytest.skip(why)
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    """Under FASTPIPE_REQUIRE_GPU=1 every skip of a `gpu` test is a failure, however it was written: a
+    skipif mark (on the test, its parameter or its module: those skip before pytest_runtest_setup above
+    runs), pytest.skip() or importorskip() inside the test."""
+    outcome = yield
+    report = outcome.get_result()
+    if not (report.skipped and _gpu_required() and item.get_closest_marker("gpu") is not None):
+        return
+    if hasattr(report, "wasxfail"):
+        return  # an expected failure, not a skip
+    reason = report.longrepr[2] if isinstance(report.longrepr, tuple) else str(report.longrepr)
+    report.outcome = "failed"
+    report.longrepr = f"FASTPIPE_REQUIRE_GPU=1 but this gpu test was skipped: {reason}"
+
+
+# Modules skipped whole at collection (pytest.skip with allow_module_level, a module-level importorskip)
+# under FASTPIPE_REQUIRE_GPU=1: their gpu tests would vanish unseen, so the run fails, after the other tests
+# have run (a collection error would stop the whole run).
+_SKIPPED_MODULES = []
+
+
+def pytest_collectreport(report):
+    if report.skipped and _gpu_required():
+        reason = report.longrepr[2] if isinstance(report.longrepr, tuple) else str(report.longrepr)
+        _SKIPPED_MODULES.append(f"FASTPIPE_REQUIRE_GPU=1 but {report.nodeid} was skipped whole: {reason}")
+
+
+def pytest_terminal_summary(terminalreporter):
+    for line in _SKIPPED_MODULES:
+        terminalreporter.write_line(line, red=True)
+
+
+def pytest_sessionfinish(session, exitstatus):
+    if _SKIPPED_MODULES and exitstatus == pytest.ExitCode.OK:
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
 
 
 @pytest.fixture(autouse=True)

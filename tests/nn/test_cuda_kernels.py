@@ -6,10 +6,10 @@ import torch
 import torch.nn.functional as F
 
 import fastpipe.nn as fnn
-from conv_ref import CUDA, engines, run_engines
+from conv_ref import engines, run_engines
 from fastpipe.nn.functional import conv2d_act
 
-pytestmark = [pytest.mark.gpu, CUDA]
+pytestmark = pytest.mark.gpu
 
 def test_misaligned_and_strided_operands():
     x = torch.randn(2, 10, 9, 9, device="cuda")

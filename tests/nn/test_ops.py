@@ -10,7 +10,6 @@ import fastpipe.nn as fnn
 from conv_ref import (
     ACT_IDS,
     ACTIVATIONS,
-    CUDA,
     DEVICES,
     check_error,
     conv_call,
@@ -241,8 +240,8 @@ def test_torch_compile_fullgraph(device):
 
 @pytest.mark.parametrize(
     "device,dtype",
-    [("cpu", torch.bfloat16), pytest.param("cuda", torch.float16, marks=[pytest.mark.gpu, CUDA]),
-     pytest.param("cuda", torch.bfloat16, marks=[pytest.mark.gpu, CUDA])],
+    [("cpu", torch.bfloat16), pytest.param("cuda", torch.float16, marks=pytest.mark.gpu),
+     pytest.param("cuda", torch.bfloat16, marks=pytest.mark.gpu)],
 )
 def test_autocast(device, dtype):
     """Every engine of the device under autocast (no skip: a gpu-marked case must run on a GPU)."""
@@ -275,7 +274,6 @@ TF32_ENGINES = {"eager", "epilogue", "cudnn_fused", "gemm1x1"}  # cuDNN or cuBLA
 
 
 @pytest.mark.gpu
-@CUDA
 @pytest.mark.parametrize("case", TF32_CASES)
 def test_tf32_setting_is_honoured(case):
     """torch.backends.cudnn.allow_tf32 both ways, on every engine that runs the call (asserted): without
