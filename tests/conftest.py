@@ -60,17 +60,68 @@ def _gpu_missing():
     return None
 
 
+def _gpu_required():
+    return os.environ.get("FASTPIPE_REQUIRE_GPU") == "1"
+
+
 def pytest_runtest_setup(item):
-    """`gpu` tests skip without a GPU or without the CUDA kernels, each test module's own skips aside;
-    under FASTPIPE_REQUIRE_GPU=1 (the device script) that is an error, so a GPU run cannot pass by
-    skipping."""
+    """`gpu` tests skip without a GPU or without the CUDA kernels; under FASTPIPE_REQUIRE_GPU=1 (the device
+    script) that is an error, so a GPU run cannot pass by skipping."""
     if item.get_closest_marker("gpu") is None:
         return
     why = _gpu_missing()
-    if why and os.environ.get("FASTPIPE_REQUIRE_GPU") == "1":
+    if why and _gpu_required():
         pytest.fail(f"FASTPIPE_REQUIRE_GPU=1 but this test {why}", pytrace=False)
     if why:
         pytest.skip(why)
+
+
+def _skip_reason(report):
+    return report.longrepr[2] if isinstance(report.longrepr, tuple) else str(report.longrepr)
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    """Under FASTPIPE_REQUIRE_GPU=1 every skip of a `gpu` test is a failure, however it was written: a
+    skipif mark (on the test, its parameter or its module: those skip before pytest_runtest_setup above
+    runs) or pytest.skip() inside the test. Only pytest.importorskip's skips stay skips: an optional Python
+    package (CuPy, pynvml) missing is the machine's choice, not a broken GPU setup."""
+    outcome = yield
+    report = outcome.get_result()
+    if not (report.skipped and _gpu_required() and item.get_closest_marker("gpu") is not None):
+        return
+    if hasattr(report, "wasxfail") or "could not import" in _skip_reason(report):
+        return  # an expected failure, or an optional package that is not installed
+    reason = _skip_reason(report)
+    report.outcome = "failed"
+    report.longrepr = f"FASTPIPE_REQUIRE_GPU=1 but this gpu test was skipped: {reason}"
+
+
+# Modules with gpu tests skipped whole at collection (pytest.skip with allow_module_level) under
+# FASTPIPE_REQUIRE_GPU=1: their gpu tests would vanish unseen, so the run fails, after the other tests
+# have run (a collection error would stop the whole run). A module without gpu tests may skip.
+_SKIPPED_MODULES = []
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_make_collect_report(collector):
+    outcome = yield
+    report = outcome.get_result()
+    if not (report.skipped and _gpu_required() and isinstance(collector, pytest.Module)):
+        return
+    reason = _skip_reason(report)
+    if "mark.gpu" in collector.path.read_text() and "could not import" not in reason:
+        _SKIPPED_MODULES.append(f"FASTPIPE_REQUIRE_GPU=1 but {report.nodeid} was skipped whole: {reason}")
+
+
+def pytest_terminal_summary(terminalreporter):
+    for line in _SKIPPED_MODULES:
+        terminalreporter.write_line(line, red=True)
+
+
+def pytest_sessionfinish(session, exitstatus):
+    if _SKIPPED_MODULES and exitstatus == pytest.ExitCode.OK:
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
 
 
 @pytest.fixture(autouse=True)

@@ -91,22 +91,72 @@ def test_import_without_gpu_in_fresh_process():
     assert proc.returncode == 0, f"rc={proc.returncode}\n{proc.stdout}\n{proc.stderr}"
 
 
+# Every way a test may be skipped for lack of a GPU: (file, content); then the skips that stay skips under
+# FASTPIPE_REQUIRE_GPU=1: a CPU test's, a module without gpu tests, a missing optional package.
+SKIP_STYLES = {
+    "test_marked.py": "import pytest\n\n@pytest.mark.gpu\ndef test_on_gpu():\n    pass\n",
+    "test_module_skipif.py": ("import pytest\n\npytestmark = [pytest.mark.gpu, pytest.mark.skipif(True, reason='no GPU "
+                              "here')]\n\ndef test_module_marked():\n    pass\n"),
+    "test_param_skipif.py": ("import pytest\n\n@pytest.mark.parametrize('device', [pytest.param('cuda', marks=["
+                             "pytest.mark.gpu, pytest.mark.skipif(True, reason='no GPU here')])])\n"
+                             "def test_param(device):\n    pass\n"),
+    "test_skip_inside.py": ("import pytest\n\n@pytest.mark.gpu\ndef test_skips_itself():\n"
+                            "    pytest.skip('no GPU here')\n"),
+    "test_module_skipped.py": ("import pytest\n\npytest.skip('no GPU here', allow_module_level=True)\n\n"
+                               "@pytest.mark.gpu\ndef test_never_collected():\n    pass\n"),
+    "test_cpu.py": "import pytest\n\ndef test_cpu_skip():\n    pytest.skip('a CPU test may skip')\n",
+    "test_cpu_module_skipped.py": ("import pytest\n\npytest.skip('a module without gpu tests may skip', "
+                                   "allow_module_level=True)\n\ndef test_cpu():\n    pass\n"),
+    "test_optional_package.py": ("import pytest\n\n@pytest.mark.gpu\ndef test_needs_a_package():\n"
+                                 "    pytest.importorskip('fastpipe_no_such_package')\n"),
+}
+
+
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the skip of a machine without a GPU")
-@pytest.mark.parametrize("require", ["0", "1"])
-def test_gpu_tests_skip_without_a_gpu_unless_a_gpu_is_required(tmp_path, require):
-    """The `gpu` marker alone decides (tests/conftest.py): skipped here, an error where the device
-    script requires a GPU, so a GPU run cannot pass by skipping everything."""
+@pytest.mark.parametrize("require,gpu", [("0", False), ("1", False), ("1", True)],
+                         ids=["skip", "required", "required-broken-setup"])
+def test_gpu_tests_skip_without_a_gpu_unless_a_gpu_is_required(tmp_path, require, gpu):
+    """tests/conftest.py: here every gpu test skips; where the device script requires a GPU, every skip of
+    a gpu test is a failure however the skip is written (the gpu marker; a skipif on the module or a
+    parameter, which runs before the marker's hook; a skip inside the test; a module skipped whole fails
+    the run), so a GPU run cannot pass by skipping. `gpu`: the marker's own check passes, as on a GPU
+    machine whose tests skip for another reason (a broken setup). A CPU test's skip stays a skip, and so
+    does a gpu test's pytest.importorskip (an optional package, such as CuPy, is not a GPU setup)."""
     tests = os.path.dirname(os.path.abspath(__file__))
     (tmp_path / "conftest.py").write_text(
         "import importlib.util\n"
         f"spec = importlib.util.spec_from_file_location('suite_conftest', {os.path.join(tests, 'conftest.py')!r})\n"
         "suite = importlib.util.module_from_spec(spec)\nspec.loader.exec_module(suite)\n"
-        "pytest_runtest_setup = suite.pytest_runtest_setup\n")
-    (tmp_path / "test_marked.py").write_text("import pytest\n\n@pytest.mark.gpu\ndef test_on_gpu():\n    pass\n")
-    proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-rs", str(tmp_path)],
+        + ("suite._gpu_missing = lambda: None\n" if gpu else "")
+        + "".join(f"{hook} = suite.{hook}\n" for hook in ("pytest_runtest_setup", "pytest_runtest_makereport",
+                                                          "pytest_make_collect_report", "pytest_terminal_summary",
+                                                          "pytest_sessionfinish")))
+    for name, content in SKIP_STYLES.items():
+        (tmp_path / name).write_text(content)
+    proc = subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-rA", "-o", "addopts=",
+                           "-W", "ignore::pytest.PytestUnknownMarkWarning", str(tmp_path)],
                           capture_output=True, text=True, timeout=120, cwd=tmp_path,
                           env={**os.environ, "FASTPIPE_REQUIRE_GPU": require})
-    if require == "1":
-        assert proc.returncode == 1 and "FASTPIPE_REQUIRE_GPU=1 but this test needs a CUDA device" in proc.stdout, proc.stdout
+    out = proc.stdout
+    if require == "0":
+        assert proc.returncode == 0 and "8 skipped" in out and "needs a CUDA device" in out, out
+        return
+    assert proc.returncode == 1, out
+    failed = {"test_module_skipif.py::test_module_marked": "this gpu test was skipped: Skipped: no GPU here",
+              "test_param_skipif.py::test_param[cuda]": "this gpu test was skipped: Skipped: no GPU here",
+              "test_skip_inside.py::test_skips_itself": ("this gpu test was skipped: Skipped: no GPU here" if gpu
+                                                         else "this test needs a CUDA device")}
+    if gpu:
+        assert re.search(r"^PASSED test_marked.py::test_on_gpu$", out, re.M), out
     else:
-        assert proc.returncode == 0 and "1 skipped" in proc.stdout and "needs a CUDA device" in proc.stdout, proc.stdout
+        failed["test_marked.py::test_on_gpu"] = "this test needs a CUDA device"
+    for test, why in failed.items():
+        assert re.search(rf"^(FAILED|ERROR) {re.escape(test)} ", out, re.M), f"{test} not failed:\n{out}"
+        assert f"FASTPIPE_REQUIRE_GPU=1 but {why}" in out, out
+    assert "FASTPIPE_REQUIRE_GPU=1 but test_module_skipped.py was skipped whole: Skipped: no GPU here" in out, out
+    assert re.search(r"^SKIPPED \[1\] test_cpu.py:\d+: a CPU test may skip$", out, re.M), out
+    assert re.search(r"^SKIPPED \[1\] test_cpu_module_skipped.py:\d+: a module without gpu tests may skip$", out,
+                     re.M), out
+    assert "test_cpu_module_skipped.py was skipped whole" not in out, out
+    if gpu:
+        assert re.search(r"^SKIPPED \[1\] test_optional_package.py:\d+: could not import", out, re.M), out

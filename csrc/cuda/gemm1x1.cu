@@ -11,8 +11,8 @@
 namespace fastpipe::cuda {
 namespace {
 
-// The cuBLASLt entry points, from the library torch loaded (or loads) for its own matmuls: linking it
-// would make the whole extension fail to load on a machine whose CUDA libraries live elsewhere.
+// The cuBLASLt entry points, from the library torch loaded for its own matmuls: linking it would make the
+// whole extension fail to load on a machine whose CUDA libraries live elsewhere.
 struct LtApi {
   decltype(&cublasLtMatmulDescCreate) desc_create = nullptr;
   decltype(&cublasLtMatmulDescDestroy) desc_destroy = nullptr;
@@ -27,33 +27,35 @@ struct LtApi {
   std::string missing;
 };
 
-const LtApi& lt() {
-  static const LtApi api = [] {
-    LtApi a;
-    const std::string soname = "libcublasLt.so." + std::to_string(CUBLAS_VER_MAJOR);
-    void* lib = dlopen(soname.c_str(), RTLD_NOW | RTLD_NOLOAD);  // torch's copy, when it is loaded
-    if (!lib) lib = dlopen(soname.c_str(), RTLD_NOW | RTLD_LOCAL);
-    if (!lib) {
-      const char* why = dlerror();
-      a.missing = soname + " cannot be loaded: " + (why ? why : "not found");
-      return a;
-    }
-    auto get = [&](auto& fn, const char* name) {
-      fn = reinterpret_cast<std::remove_reference_t<decltype(fn)>>(dlsym(lib, name));
-      if (!fn && a.missing.empty()) a.missing = std::string(name) + " is not in " + soname;
-    };
-    get(a.desc_create, "cublasLtMatmulDescCreate");
-    get(a.desc_destroy, "cublasLtMatmulDescDestroy");
-    get(a.desc_set, "cublasLtMatmulDescSetAttribute");
-    get(a.layout_create, "cublasLtMatrixLayoutCreate");
-    get(a.layout_destroy, "cublasLtMatrixLayoutDestroy");
-    get(a.pref_create, "cublasLtMatmulPreferenceCreate");
-    get(a.pref_destroy, "cublasLtMatmulPreferenceDestroy");
-    get(a.pref_set, "cublasLtMatmulPreferenceSetAttribute");
-    get(a.heuristic, "cublasLtMatmulAlgoGetHeuristic");
-    get(a.matmul, "cublasLtMatmul");
+// Only a copy this process has already loaded (RTLD_NOLOAD): the engine passes torch's cuBLASLt handle,
+// which belongs to torch's copy and means nothing to a second one.
+LtApi lookup(const std::string& soname) {
+  LtApi a;
+  void* lib = dlopen(soname.c_str(), RTLD_NOW | RTLD_NOLOAD);
+  if (!lib) {
+    a.missing = soname + " is not loaded in this process (torch loads it with its CUDA libraries); fastpipe does "
+                "not load a second copy, which would not own torch's cuBLASLt handle";
     return a;
-  }();
+  }
+  auto get = [&](auto& fn, const char* name) {
+    fn = reinterpret_cast<std::remove_reference_t<decltype(fn)>>(dlsym(lib, name));
+    if (!fn && a.missing.empty()) a.missing = std::string(name) + " is not in " + soname;
+  };
+  get(a.desc_create, "cublasLtMatmulDescCreate");
+  get(a.desc_destroy, "cublasLtMatmulDescDestroy");
+  get(a.desc_set, "cublasLtMatmulDescSetAttribute");
+  get(a.layout_create, "cublasLtMatrixLayoutCreate");
+  get(a.layout_destroy, "cublasLtMatrixLayoutDestroy");
+  get(a.pref_create, "cublasLtMatmulPreferenceCreate");
+  get(a.pref_destroy, "cublasLtMatmulPreferenceDestroy");
+  get(a.pref_set, "cublasLtMatmulPreferenceSetAttribute");
+  get(a.heuristic, "cublasLtMatmulAlgoGetHeuristic");
+  get(a.matmul, "cublasLtMatmul");
+  return a;
+}
+
+const LtApi& lt() {
+  static const LtApi api = lookup("libcublasLt.so." + std::to_string(CUBLAS_VER_MAJOR));
   return api;
 }
 
@@ -107,6 +109,10 @@ std::string failed(const char* call, cublasStatus_t s) {
 
 std::string cublaslt_missing() {
   return lt().missing;
+}
+
+std::string cublaslt_missing_from(const std::string& soname) {
+  return lookup(soname).missing;
 }
 
 std::string run_gemm1x1(const Gemm1x1Params& p, void* handle, cudaStream_t stream) {

@@ -1,5 +1,6 @@
 // The cuBLASLt call of the 1x1-convolution GEMM (gemm1x1.h has the plan). cuBLASLt is looked up at run time
-// in the library torch has loaded, so the extension does not link it and loads where it is missing.
+// in the library torch has loaded, so the extension does not link it and loads where it is missing; where
+// torch has not loaded it the engine declines (it never loads a copy of its own).
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -27,6 +28,8 @@ struct Gemm1x1Params {
 
 // Why cuBLASLt cannot be used in this process (empty when it can).
 std::string cublaslt_missing();
+// The same lookup in the library `soname` (a test hook: a library the process has not loaded is declined).
+std::string cublaslt_missing_from(const std::string& soname);
 
 // Queues the GEMM on `stream` with `handle` (a cublasLtHandle_t). Returns "" or what failed: no algorithm
 // for these operands ("unsupported: ..."), or the failing cuBLASLt call and its status.

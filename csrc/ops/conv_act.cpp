@@ -6,6 +6,10 @@
 #include <c10/core/DeviceGuard.h>
 #include <torch/library.h>
 
+#include <atomic>
+#include <cstdlib>
+#include <string>
+
 #include "ops/activations.h"
 #include "ops/conv_tuner.h"
 #include "ops/cpu/conv_onednn.h"
@@ -100,6 +104,20 @@ std::tuple<at::Tensor, at::Tensor> conv2d_act_backward_cpu(const at::Tensor& gra
   return act_backward_aten(grad_out, saved, check_backward_args(grad_out, saved, activation, act_args), bias_grad);
 }
 
+bool act_backward_setting(c10::string_view setting, const char* what) {
+  TORCH_CHECK(setting == "aten" || setting == "kernel", what, " must be 'aten' or 'kernel', got '", setting, "'");
+  return setting == "kernel";
+}
+
+// An invalid FASTPIPE_CONV_ACT_BACKWARD fails every backward call that reads it (the initialiser reruns).
+std::atomic<bool>& act_backward_kernel() {
+  static std::atomic<bool> on{[] {
+    const char* env = std::getenv("FASTPIPE_CONV_ACT_BACKWARD");
+    return env != nullptr && *env != '\0' && act_backward_setting(env, "FASTPIPE_CONV_ACT_BACKWARD");
+  }()};
+  return on;
+}
+
 #ifndef FASTPIPE_WITH_CUDA
 void no_cuda_kernels(const c10::OperatorHandle& op, torch::jit::Stack*) {
   TORCH_CHECK(false, op.schema().name(),
@@ -109,6 +127,15 @@ void no_cuda_kernels(const c10::OperatorHandle& op, torch::jit::Stack*) {
 #endif
 
 }  // namespace
+
+bool act_backward_kernel_on() {
+  return act_backward_kernel().load();
+}
+
+std::string act_backward_force(c10::string_view setting) {
+  const bool on = act_backward_setting(setting, "the activation backward's setting");
+  return act_backward_kernel().exchange(on) ? "kernel" : "aten";
+}
 
 at::Tensor conv2d_act(FASTPIPE_CONV_ACT_PARAMS) {
   const ConvArgs a = make_args(FASTPIPE_CONV_ACT_ARGS);
@@ -182,7 +209,10 @@ TORCH_LIBRARY(fastpipe, m) {
   m.def("_conv_engine_export(str device) -> str[]", &fastpipe::conv::engine_export);
   m.def("_conv_engine_import(str[] lines) -> int", &fastpipe::conv::engine_import);
   m.def("_conv_engine_perturb_check(str name, float amount) -> ()", &fastpipe::conv::engine_perturb_check);
+  m.def("_conv_engine_time_unvalidated(bool on) -> bool", &fastpipe::conv::engine_time_unvalidated);
   m.def("_conv_pick_engine(float[] fastest, float[] ratio) -> int", &fastpipe::conv::pick_engine_op);
+  // The CUDA backward's activation gradient: "aten" or fastpipe's "kernel"; returns the previous setting.
+  m.def("_conv_act_backward_force(str setting) -> str", &fastpipe::conv::act_backward_force);
   // The dtypes the CPU oneDNN engine declares on this CPU, and the test hook that overrides them.
   m.def("_conv_onednn_dtypes() -> str[]", &fastpipe::conv::onednn_dtype_names);
   m.def("_conv_onednn_dtypes_override(str[]? dtypes) -> ()", &fastpipe::conv::onednn_dtypes_override_op);

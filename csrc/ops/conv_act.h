@@ -3,7 +3,8 @@
 //
 // Where things live (csrc/ops): conv_act.cpp the schemas of every fastpipe op, the argument checks and
 // the CPU registrations; activations.{h,cpp} the activations in ATen; conv_tuner.{h,cpp} the engines
-// and the per-key choice among them; cpu/ the oneDNN engine; cuda/ the CUDA engines and kernels'
+// and the per-key choice among them (conv_tuner_state.h its state, conv_engine_cache.cpp the cache's
+// report and persistence); cpu/ the oneDNN engine; cuda/ the CUDA engines and kernels'
 // glue; autograd/ and autocast/ those dispatch keys.
 #pragma once
 
@@ -12,6 +13,7 @@
 
 #include <array>
 #include <optional>
+#include <string>
 #include <tuple>
 
 #include "cuda/activation.h"
@@ -77,5 +79,12 @@ ConvActTrainRet conv2d_act_train(FASTPIPE_CONV_ACT_PARAMS);
 // Checks the backward op's arguments and returns the parsed activation.
 ActSpec check_backward_args(const at::Tensor& grad_out, const at::Tensor& saved, c10::string_view activation,
                             at::ArrayRef<double> act_args);
+
+// Whether the CUDA backward op runs fastpipe's one-pass activation-gradient + bias-gradient kernel, else ATen's
+// ops. "aten" until the kernel has passed its tests on a GPU (as the unvalidated engines run only when
+// forced): FASTPIPE_CONV_ACT_BACKWARD=kernel (read at the first backward) or act_backward_force("kernel")
+// turns it on. act_backward_force returns the previous setting.
+bool act_backward_kernel_on();
+std::string act_backward_force(c10::string_view setting);
 
 }  // namespace fastpipe::conv

@@ -20,8 +20,21 @@
 #include <unordered_set>
 
 #include "ops/activations.h"
+#include "ops/conv_tuner_state.h"
 
 namespace fastpipe::conv {
+
+TunerState& tuner_state() {
+  static TunerState* state = [] {
+    auto* s = new TunerState;
+    const char* env = std::getenv("FASTPIPE_CONV_ENGINE");
+    s->forced = env ? env : "";
+    s->forcing = !s->forced.empty() && s->forced != "auto";
+    return s;
+  }();
+  return *state;
+}
+
 namespace {
 
 const char* always(const ConvArgs&) { return nullptr; }
@@ -44,72 +57,6 @@ EngineOut run_eager_backward(const ConvArgs& a) {
 }
 
 constexpr double kSwitchMargin = 1.03;  // a candidate replaces eager only when at least 3% faster
-
-// The candidates of one device type for forward calls, or for backward ones.
-struct DeviceCandidates {
-  DeviceHooks hooks{};
-  std::vector<Candidate> candidates;  // [0] is eager
-  // Per candidate, the profiler's name: "fastpipe::conv_engine.<name>", or "fastpipe::conv_engine_backward.<name>".
-  std::vector<std::string> labels;
-
-  // Runs candidate i under a profiler label, so that a trace (and the tests) show which engine ran.
-  EngineOut run(size_t i, const ConvArgs& a) const {
-    RECORD_FUNCTION(labels[i].c_str(), std::vector<c10::IValue>());
-    const Candidate& c = candidates[i];
-    return c.run ? EngineOut{c.run(a), {}, {}} : c.run_backward(a);
-  }
-};
-
-// Where a device type's forward or backward candidates are kept.
-size_t slot(c10::DeviceType type, bool backward) {
-  return static_cast<size_t>(type) * 2 + backward;
-}
-constexpr size_t kSlots = static_cast<size_t>(c10::DeviceType::COMPILE_TIME_MAX_DEVICE_TYPES) * 2;
-
-using Key = std::array<int64_t, 30>;
-struct KeyHash {
-  size_t operator()(const Key& k) const {
-    size_t h = 0;
-    for (int64_t v : k) h = h * 1000003u ^ std::hash<int64_t>{}(v);
-    return h;
-  }
-};
-
-struct Choice {
-  size_t index;
-  std::string report;
-  bool timed;  // candidates were compared (else eager alone could run: nothing worth keeping across runs)
-};
-
-struct TunerState {
-  std::mutex mutex;
-  std::unordered_map<size_t, DeviceCandidates> devices;  // by slot()
-  // The same, indexed without a lock on the hot path: devices register during static initialisation only.
-  std::array<const DeviceCandidates*, kSlots> by_slot{};
-  std::unordered_map<Key, Choice, KeyHash> cache;
-  // Bumped whenever a cached choice may become wrong (clear, override): threads' lookup caches check it.
-  std::atomic<uint64_t> generation{1};
-  // The engine FASTPIPE_CONV_ENGINE names (read once at load; _conv_engine_force changes it), guarded
-  // by `mutex`; `forcing` lets calls skip it without the lock when it is "auto".
-  std::string forced;
-  std::atomic<bool> forcing{false};
-  // Candidates that threw on a key (bit i: candidate i), never tried on it again; `any_failed` lets
-  // the forced path skip building the key while nothing ever failed.
-  std::unordered_map<Key, uint64_t, KeyHash> failed;
-  std::atomic<bool> any_failed{false};
-  std::unordered_set<std::string> warned;  // warnings already given (each is given once)
-};
-
-TunerState& tuner_state() {
-  static TunerState* state = [] {
-    auto* s = new TunerState;  // never destroyed: engines may run during interpreter shutdown
-    const char* env = std::getenv("FASTPIPE_CONV_ENGINE");
-    s->forced = env ? env : "";
-    s->forcing = !s->forced.empty() && s->forced != "auto";
-    return s;
-  }();
-  return *state;
-}
 
 // A thread's recent choices, so that a call whose key was seen finds its engine without the lock.
 struct RecentChoice {
@@ -321,7 +268,8 @@ Choice tune(TunerState& st, const ConvArgs& a, const DeviceCandidates& dev) {
   // A candidate's first output is checked against eager's: one that disagrees is remembered as failed.
   std::vector<size_t> eligible{0};
   for (size_t i = 1; i < cands.size(); ++i) {
-    if (cands[i].validated && cands[i].why_not(a) == nullptr && !failed_before(st, i, a)) eligible.push_back(i);
+    const bool timeable = cands[i].validated || st.time_unvalidated.load();
+    if (timeable && cands[i].why_not(a) == nullptr && !failed_before(st, i, a)) eligible.push_back(i);
   }
   std::vector<size_t> live;
   std::string failures;
@@ -417,7 +365,7 @@ Selection select_engine(const ConvArgs& a) {
                                a.input.device().type(), " (", why, "): eager runs instead"));
         return eager;
       }
-      return i > 0 && failed_before(st, i, a) ? eager : Selection{dev, i, true};
+      return Selection{dev, i, true};  // even one the timing dropped for this key: forcing runs what it names
     }
     std::set<std::string> names;  // besides eager, which every device has
     {
@@ -456,16 +404,19 @@ Selection select_engine(const ConvArgs& a) {
   return Selection{dev, index, false};
 }
 
-// Runs the selected engine. A forced engine that throws is remembered for the key and eager runs
-// instead (the auto path already dropped throwing candidates while timing).
+// Runs the selected engine. A forced engine that throws fails the call, its error (and type: an
+// out-of-memory error stays one) completed with the engine's name and the call: eager's result in its
+// place would hide the failure from whoever forced it. (Timing already dropped candidates that throw.)
 EngineOut run_selected(const ConvArgs& a) {
   const Selection s = select_engine(a);
   if (!s.forced || s.index == 0) return s.dev->run(s.index, a);
   try {
     return s.dev->run(s.index, a);
-  } catch (const c10::Error& e) {
-    note_failure(tuner_state(), *s.dev, s.index, a, e.what_without_backtrace());
-    return s.dev->run(0, a);
+  } catch (c10::Error& e) {
+    e.add_context(c10::str("fastpipe: conv engine '", s.dev->candidates[s.index].name,
+                           "', forced by FASTPIPE_CONV_ENGINE, failed on ", describe(a),
+                           "; FASTPIPE_CONV_ENGINE=auto or eager runs the call without it"));
+    throw;
   }
 }
 
@@ -493,73 +444,6 @@ std::vector<std::string> engine_names(c10::string_view device, bool backward) {
   return names;
 }
 
-std::vector<std::string> engine_cache() {
-  TunerState& st = tuner_state();
-  std::lock_guard<std::mutex> lock(st.mutex);
-  std::vector<std::string> lines;
-  for (const auto& [key, choice] : st.cache) lines.push_back(choice.report);
-  std::sort(lines.begin(), lines.end());
-  return lines;
-}
-
-// "<key fields, comma-separated>\t<engine>\t<report>" per cached choice of `device` type's keys.
-std::vector<std::string> engine_export(c10::string_view device) {
-  const auto type = static_cast<int64_t>(c10::Device(std::string(device)).type());
-  TunerState& st = tuner_state();
-  std::lock_guard<std::mutex> lock(st.mutex);
-  std::vector<std::string> lines;
-  for (const auto& [key, choice] : st.cache) {
-    if (key[0] != type || !choice.timed) continue;
-    std::ostringstream s;
-    for (size_t i = 0; i < key.size(); ++i) s << (i ? "," : "") << key[i];
-    s << '\t' << st.devices.at(slot(static_cast<c10::DeviceType>(type), key[1])).candidates[choice.index].name << '\t'
-      << choice.report;
-    lines.push_back(s.str());
-  }
-  std::sort(lines.begin(), lines.end());
-  return lines;
-}
-
-int64_t engine_import(std::vector<std::string> lines) {
-  TunerState& st = tuner_state();
-  std::lock_guard<std::mutex> lock(st.mutex);
-  int64_t added = 0;
-  for (const std::string& line : lines) {
-    const size_t tab1 = line.find('\t');
-    const size_t tab2 = tab1 == std::string::npos ? tab1 : line.find('\t', tab1 + 1);
-    TORCH_CHECK(tab2 != std::string::npos, "engine choice '", line, "' is not '<key>\\t<engine>\\t<report>'");
-    Key key{};
-    std::istringstream fields(line.substr(0, tab1));
-    std::string field;
-    size_t n = 0;
-    while (std::getline(fields, field, ',')) {
-      TORCH_CHECK(n < key.size(), "engine choice '", line, "' has more than ", key.size(), " key fields");
-      size_t used = 0;
-      try {
-        key[n++] = std::stoll(field, &used);
-      } catch (const std::exception&) {
-        used = 0;
-      }
-      TORCH_CHECK(used == field.size() && !field.empty(), "engine choice '", line, "': key field '", field,
-                  "' is not an integer");
-    }
-    TORCH_CHECK(n == key.size(), "engine choice '", line, "' has ", n, " key fields, expected ", key.size());
-    // Engines of a device type this build lacks, or renamed since, are skipped: those keys are timed anew.
-    if (key[0] < 0 || key[0] >= static_cast<int64_t>(c10::DeviceType::COMPILE_TIME_MAX_DEVICE_TYPES) ||
-        (key[1] != 0 && key[1] != 1))
-      continue;
-    auto dev = st.devices.find(slot(static_cast<c10::DeviceType>(key[0]), key[1]));
-    if (dev == st.devices.end()) continue;
-    const std::string name = line.substr(tab1 + 1, tab2 - tab1 - 1);
-    const auto& cands = dev->second.candidates;
-    auto it = std::find_if(cands.begin(), cands.end(), [&](const Candidate& c) { return name == c.name; });
-    if (it == cands.end()) continue;
-    added += st.cache.emplace(key, Choice{static_cast<size_t>(it - cands.begin()), line.substr(tab2 + 1) + " [saved]", true})
-                 .second;
-  }
-  return added;
-}
-
 void engine_clear() {
   TunerState& st = tuner_state();
   std::lock_guard<std::mutex> lock(st.mutex);
@@ -577,6 +461,12 @@ std::string engine_force(c10::string_view name) {
   st.forced = std::string(name);
   st.forcing = !st.forced.empty() && st.forced != "auto";
   return old;
+}
+
+bool engine_time_unvalidated(bool on) {
+  TunerState& st = tuner_state();
+  engine_clear();  // choices made under the other setting
+  return st.time_unvalidated.exchange(on);
 }
 
 int64_t pick_engine_op(at::ArrayRef<double> fastest, at::ArrayRef<double> ratio) {

@@ -75,6 +75,9 @@ std::string engine_force(c10::string_view name);
 std::vector<std::string> engine_export(c10::string_view device);
 int64_t engine_import(std::vector<std::string> lines);
 int64_t pick_engine_op(at::ArrayRef<double> fastest, at::ArrayRef<double> ratio);
+// Test hook: with `on`, the candidates not yet validated are timed too (as if validated), so that a GPU test
+// can make a new key timeable; forgets every choice. Returns the previous setting.
+bool engine_time_unvalidated(bool on);
 // Test hook: adds `amount` to engine `name`'s output where the tuner checks it against eager's (the
 // choice's output check; 0 turns it off). Calls outside the tuner's check are untouched.
 void engine_perturb_check(c10::string_view name, double amount);

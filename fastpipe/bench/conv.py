@@ -222,11 +222,17 @@ def measure_row(row, opts, dtype_name, batch, layout, mode, timer):
             return timer(runs[name], inner)
 
     fnn.clear_conv_engine_cache()
-    for name in runs:  # warm-up: compilation, cuDNN plans, FusedConv2d's engine timing
-        for _ in range(2):
-            timed(name, 1)
-    engines = sorted({line.split(" -> ")[1].split()[0] for line in fnn.conv_engine_cache()})
     ran = {}
+    for name in list(runs):  # warm-up: compilation, cuDNN plans, FusedConv2d's engine timing
+        try:
+            for _ in range(2):
+                timed(name, 1)
+        except RuntimeError as e:  # a forced engine that throws fails the call: reported, not timed
+            if name not in forcing:
+                raise
+            ran[forcing.pop(name)] = ["failed: " + str(e).splitlines()[0]]
+            del runs[name]
+    engines = sorted({line.split(" -> ")[1].split()[0] for line in fnn.conv_engine_cache()})
     for name, engine in forcing.items():
         with fnn.use_conv_engine(engine):
             ran[engine] = engines_ran(runs[name])
@@ -248,9 +254,10 @@ def measure_row(row, opts, dtype_name, batch, layout, mode, timer):
     if "compile" in times:
         result["speedup_vs_compile"] = times["compile"] / times["fused"]
         result["compile_speedup"] = times["eager"] / times["compile"]
-    if forcing:
-        result["forced"] = {engine: {"speedup": times["eager"] / times[name], "ran": ran[engine]}
-                            for name, engine in forcing.items()}
+    if opts["force_engines"]:
+        result["forced"] = {engine: {"speedup": times["eager"] / times[f"forced:{engine}"]
+                                     if f"forced:{engine}" in times else None, "ran": ran[engine]}
+                            for engine in fnn.conv_engines(device)[1:]}
     return result
 
 

@@ -5,7 +5,8 @@
 - :func:`fuse`: rewrites Conv2d → BatchNorm2d → activation → add chains of a model into FusedConv2d.
 - :func:`conv_engines`, :func:`conv_engine_cache`, :func:`clear_conv_engine_cache`,
   :func:`use_conv_engine`, :func:`save_conv_engine_choices`, :func:`load_conv_engine_choices`: the
-  per-call-key engine choice (env FASTPIPE_CONV_ENGINE; kept from run to run in FASTPIPE_CONV_CACHE).
+  per-call-key engine choice (env FASTPIPE_CONV_ENGINE; kept from run to run in FASTPIPE_CONV_CACHE);
+  :func:`use_conv_act_backward`: the CUDA activation backward's kernel (env FASTPIPE_CONV_ACT_BACKWARD).
 """
 
 from fastpipe.nn import functional
@@ -15,6 +16,7 @@ from fastpipe.nn._engines import (
     conv_engines,
     load_conv_engine_choices,
     save_conv_engine_choices,
+    use_conv_act_backward,
     use_conv_engine,
 )
 from fastpipe.nn.fuse import FusedChain, FuseReport, fuse
@@ -30,6 +32,7 @@ __all__ = [
     "conv_engine_cache",
     "clear_conv_engine_cache",
     "use_conv_engine",
+    "use_conv_act_backward",
     "save_conv_engine_choices",
     "load_conv_engine_choices",
 ]

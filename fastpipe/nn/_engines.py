@@ -7,14 +7,21 @@ eager only when at least 3% faster. The environment variable FASTPIPE_CONV_ENGIN
 overrides the choice (read once, when fastpipe loads; ``use_conv_engine`` changes it at run time); an engine that cannot run a call (e.g. oneDNN on float16 or
 bfloat16 where this CPU lacks the instructions torch's oneDNN needs for them) falls back to eager with
 one UserWarning naming the engine, the dtype and why; one of another device type falls back silently.
-An engine that throws on a key (forced or while being timed) is not tried on that key again: eager
-runs, with one warning that carries the error. A candidate's first output for a key is also compared
+A forced engine that throws fails the call with its error, completed with the engine's name and the
+call (eager's result in its place would hide the failure); forcing runs the named engine even on a key
+where timing dropped it. While timing, a candidate that throws on a key is not tried on that key again:
+eager runs, with one warning that carries the error. A candidate's first output for a key is also compared
 with eager's (within the dtype's rounding, relative to the output's largest magnitude; TF32's where
 cuDNN may use it): one that disagrees is treated the same way, with a warning saying by how much. An
 engine whose kernels have not yet passed their tests on real hardware of its device (the CUDA
 ``epilogue`` engine, until a GPU run is recorded under benchmarks/results/) is never chosen by timing,
 only run where FASTPIPE_CONV_ENGINE names it. The profiler shows the engine each call ran as
 ``fastpipe::conv_engine.<name>``.
+
+On CUDA the activation's backward and the bias gradient run as ATen's ops until fastpipe's one-pass
+kernel for them has passed its tests on a GPU: FASTPIPE_CONV_ACT_BACKWARD=kernel (read at the first
+backward; ``use_conv_act_backward`` changes it at run time) runs the kernel, which the profiler shows as
+``fastpipe::conv_act_backward.kernel``.
 
 The backward of the convolution (after the activation's backward) is chosen the same way, per key of
 its own: eager is ``aten.convolution_backward``; ``conv_engines(device, backward=True)`` lists the rest
@@ -50,7 +57,7 @@ from fastpipe._ext import build_info
 
 
 __all__ = ["conv_engines", "conv_engine_cache", "clear_conv_engine_cache", "use_conv_engine",
-           "save_conv_engine_choices", "load_conv_engine_choices"]
+           "use_conv_act_backward", "save_conv_engine_choices", "load_conv_engine_choices"]
 
 log = logging.getLogger(__name__)
 _FORMAT = 2  # 2: keys of 30 fields (forward or backward)
@@ -82,6 +89,18 @@ def use_conv_engine(name):
         yield
     finally:
         torch.ops.fastpipe._conv_engine_force(old)
+
+
+@contextlib.contextmanager
+def use_conv_act_backward(name):
+    """Runs the CUDA backward's activation gradient and bias gradient with ``name`` for the block,
+    process-wide: "aten" (ATen's ops, the default) or "kernel" (fastpipe's one-pass kernel, not yet
+    validated on a GPU), as FASTPIPE_CONV_ACT_BACKWARD does for the whole process."""
+    old = torch.ops.fastpipe._conv_act_backward_force(str(name))
+    try:
+        yield
+    finally:
+        torch.ops.fastpipe._conv_act_backward_force(old)
 
 
 def _default_cache_path():

@@ -1,6 +1,10 @@
 """Shared pieces of the fused-convolution tests: devices, activations, a float64 reference and the
 error-versus-error check (ours <= 2 x torch's own error at that dtype + a small atol)."""
 
+import collections
+import math
+import os
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -8,8 +12,8 @@ from torch.autograd import profiler
 
 import fastpipe.nn as fnn
 
-CUDA = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
-DEVICES = ["cpu", pytest.param("cuda", marks=[pytest.mark.gpu, CUDA])]
+# The gpu marker alone skips a case without a GPU (tests/conftest.py), or fails it under FASTPIPE_REQUIRE_GPU=1.
+DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)]
 
 # Activations as users pass them: (name, kwargs), and the eager function that defines each.
 ACTIVATIONS = [
@@ -107,6 +111,35 @@ def make_inputs(shape, dtype, device, layout, bias=True, residual=False, seed=0)
     return x, weight, b, r, conv
 
 
+# ---- poisoned CUDA memory ----------------------------------------------------------------------------
+def poison_cuda_allocations(*shapes, dtype, count=4):
+    """Fills the free CUDA memory that the next allocations of tensors of ``shapes`` (in ``dtype``) will get
+    with NaN, so that an element a kernel never writes shows as NaN instead of a stale value.
+
+    torch's caching allocator serves a request from the best-fitting free block of its pool (requests up to
+    1 MiB from the small pool, larger ones from the large pool, sizes rounded to 512 bytes): poison in one
+    big block would sit in the large pool, away from small outputs. So the poison is allocated at the
+    outputs' own sizes, ``count`` blocks each (an op may allocate several of a size), after returning the
+    cache's free segments to the driver, then filled and freed together; freeing restores the free list,
+    so the op's allocations take the same blocks. Checks (without allocating) that the next allocation of
+    each size lands in the poison. Without the cache (PYTORCH_NO_CUDA_MEMORY_CACHING, as under
+    compute-sanitizer, whose initcheck reports reads of unwritten memory itself) there is nothing to poison."""
+    if os.environ.get("PYTORCH_NO_CUDA_MEMORY_CACHING", "0") not in ("", "0"):
+        return
+    numels = [math.prod(shape) for shape in shapes]
+    torch.cuda.synchronize()
+    torch.cuda.empty_cache()
+    blocks = [torch.full((n,), float("nan"), dtype=dtype, device="cuda") for n in numels for _ in range(count)]
+    poisoned = [(b.data_ptr(), b.data_ptr() + b.numel() * b.element_size()) for b in blocks]
+    del blocks
+    for n in numels:
+        probe = torch.empty(n, dtype=dtype, device="cuda")  # no kernel: the poison stays as it is
+        start, end = probe.data_ptr(), probe.data_ptr() + probe.numel() * probe.element_size()
+        del probe
+        assert any(lo <= start and end <= hi for lo, hi in poisoned), (
+            f"the next allocation of {n} x {dtype} is not in the poisoned blocks: the poison would not show")
+
+
 # ---- which engine runs -------------------------------------------------------------------------------
 ENGINE_EVENT = "fastpipe::conv_engine."  # the profiler label each engine run records
 BACKWARD_EVENT = "fastpipe::conv_engine_backward."  # and each backward engine run
@@ -128,18 +161,66 @@ def run_engines(fn, backward=False):
     return out, ran
 
 
-def engine_can_run(engine, dtype):
-    """Whether a forced engine runs a dtype on this machine, from torch's own capability queries (not
-    from fastpipe's declaration, which this checks)."""
+KERNEL_DTYPES = (torch.float32, torch.float16, torch.bfloat16)  # what fastpipe's CUDA kernels take
+MAX_KERNEL_ELEMENTS = 2**31 - 1  # they index with 32-bit integers
+CPU_ENGINES = {"eager", "onednn"}
+
+# A conv call as the engines' domains see it (conv_call builds one from the operands).
+Call = collections.namedtuple(
+    "Call", "device c_in c_out kernel stride padding dilation groups channels_last act out_numel")
+
+
+def conv_call(x, w, conv, act):
+    """The Call of conv2d_act(x, w, activation=act, **conv) (conv: stride, padding, dilation, groups)."""
+    pair = lambda v: tuple(v) if isinstance(v, (tuple, list)) else (v, v)  # noqa: E731
+    cl = lambda t: t.is_contiguous(memory_format=torch.channels_last) and not t.is_contiguous()  # noqa: E731
+    out = F.conv2d(x.to("meta"), w.to("meta"), None, **conv)
+    return Call(x.device.type, x.shape[1], w.shape[0], tuple(w.shape[2:]), pair(conv.get("stride", 1)),
+                pair(conv.get("padding", 0)), pair(conv.get("dilation", 1)), conv.get("groups", 1),
+                cl(x) or cl(w), act, out.numel())
+
+
+def _depthwise_tile_fits(c):
+    """The tiled kernel's 16 x 16 output tile reads an input patch held as float in 48 KiB of shared memory."""
+    rows = 15 * c.stride[0] + (c.kernel[0] - 1) * c.dilation[0] + 1
+    cols = 15 * c.stride[1] + (c.kernel[1] - 1) * c.dilation[1] + 1
+    return rows * cols * 4 <= 48 << 10
+
+
+def engine_can_run(engine, dtype, call=None, backward=False):
+    """Whether a forced engine runs a call of ``dtype`` on this machine (else eager runs), from the engines'
+    documented domains and torch's own capability queries, not from fastpipe's declarations, which this
+    checks. ``call`` (conv_call) is needed for the CUDA engines, whose domains depend on the call; without
+    it the call is on the CPU. ``backward``: the backward engine of that name. Every engine name of every
+    device type has an expectation (test_engines.py checks it against the engine lists)."""
+    device = call.device if call is not None else "cpu"
+    if engine == "eager":
+        return True
     if engine == "onednn":
-        return dtype == torch.float32 or (
+        return device == "cpu" and (dtype == torch.float32 or (
             dtype == torch.float16 and torch.ops.mkldnn._is_mkldnn_fp16_supported()
-        ) or (dtype == torch.bfloat16 and torch.ops.mkldnn._is_mkldnn_bf16_supported())
+        ) or (dtype == torch.bfloat16 and torch.ops.mkldnn._is_mkldnn_bf16_supported()))
+    if engine not in ("epilogue", "cudnn_fused", "depthwise", "depthwise_tiled", "gemm1x1"):
+        raise AssertionError(f"no expectation for engine {engine!r}: add one")
+    if dtype not in KERNEL_DTYPES:
+        return False
+    depthwise = call is not None and call.groups == call.c_in == call.c_out
+    if engine == "depthwise" and backward:  # the CPU's backward model and the CUDA kernels alike
+        return depthwise and call.kernel in ((3, 3), (5, 5), (7, 7))
+    if device != "cuda":  # an engine of another device type: eager, silently
+        return False
+    assert call is not None, f"the expectation for {engine} needs the call"
     if engine == "epilogue":
-        return dtype in (torch.float32, torch.float16, torch.bfloat16)
-    assert engine == "eager", f"no expectation for engine {engine!r}: add one"
-    return True
+        return call.out_numel <= MAX_KERNEL_ELEMENTS
+    if engine == "cudnn_fused":
+        return call.act == "relu" and torch.backends.cudnn.enabled
+    if engine == "depthwise":
+        return depthwise
+    if engine == "depthwise_tiled":
+        return depthwise and not call.channels_last and _depthwise_tile_fits(call)
+    return (call.kernel == (1, 1) and call.stride == (1, 1) and call.padding == (0, 0) and call.groups == 1
+            and call.channels_last and call.out_numel <= MAX_KERNEL_ELEMENTS)  # gemm1x1
 
 
-def expected_engine(engine, dtype):
-    return engine if engine_can_run(engine, dtype) else "eager"
+def expected_engine(engine, dtype, call=None):
+    return engine if engine_can_run(engine, dtype, call) else "eager"

@@ -14,7 +14,7 @@ import torch
 import torch.nn.functional as F
 
 import fastpipe.nn as fnn
-from conv_ref import run_engines
+from conv_ref import poison_cuda_allocations, run_engines
 from fastpipe.nn.functional import conv2d_act
 
 # (channels, height, width, kernel, stride, padding, dilation): the kernel sizes the backward is built
@@ -47,9 +47,10 @@ def tensors(shape, batch, dtype, layout, generator, device="cpu"):
     return x, weight, bias
 
 
-def check_backward(shape, batch, dtype, layout, need, activation, generator, device="cpu", tol=1e-5):
+def check_backward(shape, batch, dtype, layout, need, activation, generator, device="cpu", tol=1e-5, poison=False):
     """Forward and backward with FASTPIPE_CONV_ENGINE=depthwise against float64 autograd; asserts which
-    backward engine ran."""
+    backward engine ran. ``poison``: between the forward and the backward, the CUDA memory the gradients
+    will get is filled with NaN (an element a kernel skips shows)."""
     _, _, _, _, stride, padding, dilation = shape
     x, weight, bias = tensors(shape, batch, dtype, layout, generator, device)
     leaves = [t.detach().clone().requires_grad_(n) for t, n in zip((x, weight, bias), need)]
@@ -62,6 +63,8 @@ def check_backward(shape, batch, dtype, layout, need, activation, generator, dev
     def step():
         out = conv2d_act(*leaves, stride=stride, padding=padding, dilation=dilation, groups=x.shape[1],
                          activation=activation)
+        if poison:
+            poison_cuda_allocations(out.shape, x.shape, weight.shape, bias.shape, dtype=dtype)
         out.backward(grad.to(dtype).contiguous(memory_format=torch.channels_last if layout == "nhwc"
                                                else torch.contiguous_format))
 
@@ -161,11 +164,10 @@ def test_a_grouped_convolution_that_is_not_depthwise_runs_eager():
 @pytest.mark.parametrize("layout", ["nchw", "nhwc"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16], ids=str)
 def test_the_backward_kernels_on_a_gpu(shape, layout, dtype):
-    """Forced (not validated yet): both the forward and the backward depthwise kernels run; gradients
-    poisoned first (NaN in the allocator's free blocks shows an element a kernel skipped)."""
+    """Forced (not validated yet): both the forward and the backward depthwise kernels run; the gradients'
+    memory poisoned first (NaN shows an element a kernel skipped)."""
     g = torch.Generator(device="cuda").manual_seed(0)
     tol = {torch.float32: 1e-4, torch.float16: 1e-2, torch.bfloat16: 5e-2}[dtype]
     for (need_name, need), activation in itertools.product(NEEDS.items(), ["identity", "silu"]):
-        torch.full((1 << 22,), float("nan"), device="cuda", dtype=dtype)
-        check_backward(shape, 3, dtype, layout, need, activation, g, "cuda", tol)
+        check_backward(shape, 3, dtype, layout, need, activation, g, "cuda", tol, poison=True)
         torch.cuda.synchronize()

@@ -9,7 +9,7 @@ from torch.autograd import profiler
 
 import fastpipe
 import fastpipe.nn as fnn
-from conv_ref import engine_can_run, run_engines
+from conv_ref import conv_call, engine_can_run, run_engines
 from fastpipe.nn.functional import conv2d_act
 
 HAS_ONEDNN = torch.backends.mkldnn.is_available()
@@ -33,6 +33,25 @@ def test_engine_names():
     assert ("onednn" in cpu) == HAS_ONEDNN
     assert fnn.conv_engines("cuda") == (
         ["eager", "epilogue", "cudnn_fused", "depthwise", "depthwise_tiled", "gemm1x1"] if fastpipe.build_info()["cuda"] else [])
+
+
+def test_every_engine_has_an_expectation_in_the_tests():
+    """conv_ref.engine_can_run, which the forcing tests assert the engine that ran against, knows every engine
+    of every device type, forward and backward: a new engine without an expectation fails here, on any
+    machine, rather than in every forced GPU test on the first GPU run. Each engine also runs some call
+    (an expectation that never holds would make those assertions vacuous)."""
+    devices = ["cpu"] + (["cuda"] if fastpipe.build_info()["cuda"] else [])
+    cl = torch.channels_last
+    calls = [conv_call(torch.randn(2, 8, 9, 9), torch.randn(8, 1, 3, 3), dict(padding=1, groups=8), "relu"),
+             conv_call(torch.randn(2, 8, 9, 9).to(memory_format=cl), torch.randn(4, 8, 1, 1).to(memory_format=cl),
+                       {}, "relu")]
+    for device in devices:
+        for backward in (False, True):
+            for name in fnn.conv_engines(device, backward=backward):
+                runs = [engine_can_run(name, torch.float32, c._replace(device=device), backward) for c in calls]
+                assert any(runs), f"{device} {'backward ' if backward else ''}engine {name} runs none of the calls"
+    with pytest.raises(AssertionError, match="no expectation for engine 'new_engine'"):
+        engine_can_run("new_engine", torch.float32, calls[0])
 
 
 INF = float("inf")
@@ -171,27 +190,39 @@ def test_auto_choice_on_a_cpu_without_the_dtype_never_tries_onednn(onednn_dtypes
 
 
 @pytest.mark.skipif(not HAS_ONEDNN, reason="torch without oneDNN")
-@pytest.mark.parametrize("forced", [False, True], ids=["auto", "forced"])
-def test_a_declared_engine_that_throws_is_remembered_for_its_key(onednn_dtypes, forced):
-    """A candidate that declares a dtype it cannot run (float64 here, which oneDNN refuses) throws once:
-    the call still succeeds on eager, one warning names the engine and the error, and the key never
-    tries it again. This is also what the dtype tests rely on to notice a wrong declaration."""
+def test_a_declared_engine_that_throws_is_remembered_for_its_key(onednn_dtypes):
+    """A candidate that declares a dtype it cannot run (float64 here, which oneDNN refuses) throws once
+    while timed: the call still succeeds on eager, one warning names the engine and the error, and the
+    key never tries it again. This is also what the dtype tests rely on to notice a wrong declaration."""
     onednn_dtypes({"float32", "float64"})
     call = call_with(torch.float64, residual=False)
-    with fnn.use_conv_engine("onednn" if forced else "auto"):
-        out, ran, warned = engine_warnings(call)
-        assert "onednn" in ran and ran[-1] == "eager", ran
-        assert len(warned) == 1 and "conv engine 'onednn' failed on cpu Double" in warned[0], warned
-        for _ in range(2):
-            again, ran, warned = engine_warnings(call)
-            assert ran == ["eager"] and warned == [], "a failed candidate was tried again on the same key"
-        if forced:
-            _, ran, _ = engine_warnings(call_with(torch.float32, residual=False))
-            assert ran == ["onednn"], "another key is not affected"
+    out, ran, warned = engine_warnings(call)
+    assert "onednn" in ran and ran[-1] == "eager", ran
+    assert len(warned) == 1 and "conv engine 'onednn' failed on cpu Double" in warned[0], warned
+    for _ in range(2):
+        again, ran, warned = engine_warnings(call)
+        assert ran == ["eager"] and warned == [], "a failed candidate was tried again on the same key"
     torch.testing.assert_close(out, again)
-    if not forced:
-        (line,) = fnn.conv_engine_cache()
-        assert "-> eager" in line and "onednn=failed" in line, line
+    (line,) = fnn.conv_engine_cache()
+    assert "-> eager" in line and "onednn=failed" in line, line
+
+
+@pytest.mark.skipif(not HAS_ONEDNN, reason="torch without oneDNN")
+def test_a_forced_engine_that_throws_fails_the_call(onednn_dtypes):
+    """Forcing never hides a failure behind eager's result: the call raises oneDNN's own error, completed
+    with the engine's name and the call, on every call of the key; another key still runs oneDNN."""
+    onednn_dtypes({"float32", "float64"})
+    call = call_with(torch.float64, residual=False)
+    with fnn.use_conv_engine("onednn"):
+        for _ in range(2):
+            with pytest.raises(RuntimeError) as e:
+                run_engines(call)
+            message = str(e.value)
+            assert "conv engine 'onednn', forced by FASTPIPE_CONV_ENGINE, failed on cpu Double" in message, message
+            assert not message.startswith("fastpipe"), f"oneDNN's own error comes first: {message}"
+        _, ran, warned = engine_warnings(call_with(torch.float32, residual=False))
+        assert ran == ["onednn"] and warned == [], "another key is not affected"
+    assert fnn.conv_engine_cache() == []  # forced calls are never timed
 
 
 @pytest.fixture
@@ -217,9 +248,9 @@ def test_a_candidate_whose_output_disagrees_with_eager_is_dropped_for_its_key(pe
         again, ran, warned = engine_warnings(call)
         assert ran == ["eager"] and warned == [], "a wrong candidate was tried again on the same key"
     torch.testing.assert_close(out, again)
-    with fnn.use_conv_engine("onednn"):  # remembered like a failure: even forcing it runs eager on this key
+    with fnn.use_conv_engine("onednn"):  # dropped by the timing only: forcing runs what it names
         _, ran, _ = engine_warnings(call)
-        assert ran == ["eager"], ran
+        assert ran == ["onednn"], ran
 
 
 @pytest.mark.skipif(not HAS_ONEDNN, reason="torch without oneDNN")

@@ -7,8 +7,8 @@ import torch
 import torch.nn as nn
 
 import fastpipe.nn as fnn
-from conv_ref import (ACT_IDS, ACTIVATIONS, DEVICES, check_error, eager_conv_act, engines, expected_engine,
-                      make_inputs, run_engines, to64)
+from conv_ref import (ACT_IDS, ACTIVATIONS, DEVICES, check_error, conv_call, eager_conv_act, engines,
+                      expected_engine, make_inputs, run_engines, to64)
 from fastpipe.bench.conv import SHAPES as BENCH  # the shapes, as the conv suite measures them
 from fastpipe.nn.functional import conv2d_act
 
@@ -33,7 +33,8 @@ def run_check(device, engine, shape, dtype, layout, act, act_kwargs, bias, resid
     with fnn.use_conv_engine(engine), warnings.catch_warnings():
         warnings.simplefilter("ignore")  # a forced engine that cannot run the dtype says so once
         ours, ran = run_engines(lambda: conv2d_act(x, w, b, activation=act, residual=r, **conv, **act_kwargs))
-    assert ran == [expected_engine(engine, dtype)], f"{what}: forced {engine} on {dtype}, ran {ran}"
+    want = expected_engine(engine, dtype, conv_call(x, w, conv, act))
+    assert ran == [want], f"{what}: forced {engine} on {dtype}, ran {ran}"
     torch_own = eager_conv_act(x, w, b, **conv, act=act, act_kwargs=act_kwargs, residual=r)
     ref = eager_conv_act(to64(x), to64(w), to64(b), **conv, act=act, act_kwargs=act_kwargs, residual=to64(r))
     assert ours.shape == torch_own.shape and ours.dtype == dtype

@@ -4,16 +4,21 @@ dimensions, where the bias and residual go, which activations need the epilogue 
 the host through a model of cuBLASLt's column-major semantics on every build; the engine itself on a GPU
 (gpu-marked), forced, against float64 references on awkward channel counts and image sizes."""
 
+import subprocess
+
 import pytest
 import torch
 import torch.nn.functional as F
 
+import fastpipe
 import fastpipe.nn as fnn
-from conv_ref import run_engines
+from conv_ref import poison_cuda_allocations, run_engines
 from fastpipe.nn.functional import conv2d_act
 
-# (batch, in_channels, out_channels, height, width)
-SHAPES = [(2, 3, 10, 7, 13), (1, 59, 3, 1, 1), (3, 10, 59, 13, 7), (2, 64, 24, 5, 5), (1, 1, 1, 1, 2)]
+# (batch, in_channels, out_channels, height, width). GEMM m = out_channels, n = batch x pixels, k = in_channels:
+# the last four have a dimension of 1 (n, m and k; m, n and k), where cuBLASLt's epilogues may not be used.
+SHAPES = [(2, 3, 10, 7, 13), (3, 10, 59, 13, 7), (2, 64, 24, 5, 5),
+          (1, 59, 3, 1, 1), (2, 8, 1, 5, 3), (3, 1, 7, 4, 5), (1, 1, 1, 1, 2)]
 ACTIVATIONS = [("identity", {}, lambda t: t), ("relu", {}, torch.relu),
                ("gelu", {"approximate": "tanh"}, lambda t: F.gelu(t, approximate="tanh")),
                ("gelu", {}, F.gelu), ("silu", {}, F.silu), ("hardswish", {}, F.hardswish),
@@ -50,6 +55,41 @@ def test_the_plan_through_a_model_of_cublaslt(shape, bias, residual):
         torch.testing.assert_close(got, want, rtol=1e-6, atol=1e-6, msg=lambda m: f"{name}: {m}")
 
 
+@pytest.mark.parametrize("activation,lt_bias,lt_plain", [("relu", "relu_bias", "relu"), ("gelu_tanh", "gelu_bias", "gelu"),
+                                                      ("identity", "bias", "default"),
+                                                      ("silu", "bias +activation after", "default +activation after")])
+def test_the_plan_keeps_cublaslt_epilogues_off_gemms_with_a_dimension_of_1(activation, lt_bias, lt_plain):
+    """As torch's addmm (isInputCompliesAddmmCudaLt): cuBLASLt's bias or activation epilogue only where every
+    operand has 2 rows and 2 columns or more; otherwise a plain GEMM and the epilogue kernel after it."""
+    def plan(batch, spatial, c_in, c_out, bias):
+        return torch.ops.fastpipe._gemm1x1_plan(batch, spatial, c_in, c_out, bias, False, activation, [])
+
+    assert plan(2, 9, 8, 16, True) == lt_bias
+    assert plan(2, 9, 8, 16, False) == lt_plain
+    after = "default" + (" +activation after" if activation != "identity" else "")
+    for b, s, c_in, c_out in [(1, 1, 8, 16), (2, 9, 8, 1), (2, 9, 1, 16), (1, 1, 1, 1)]:
+        assert plan(b, s, c_in, c_out, False) == after, (b, s, c_in, c_out)
+        with_bias = "default +bias after" + (" +activation after" if activation != "identity" else "")
+        assert plan(b, s, c_in, c_out, True) == with_bias, (b, s, c_in, c_out)
+
+
+@pytest.mark.skipif(not fastpipe.build_info()["cuda"], reason="built without CUDA kernels")
+def test_cublaslt_is_taken_only_from_the_copy_torch_loaded(tmp_path):
+    """The engine passes torch's cuBLASLt handle: a library that this process has not loaded is declined with
+    the reason, never loaded (a second copy would not own that handle); torch's own copy is used."""
+    src = tmp_path / "lt.c"
+    src.write_text("int cublasLtMatmul(void) { return 0; }\n")
+    lib = tmp_path / "libnot_loaded_lt.so"
+    subprocess.run(["cc", "-shared", "-fPIC", str(src), "-o", str(lib)], check=True)
+    why = torch.ops.fastpipe._gemm1x1_cublaslt_lookup(str(lib))
+    with open("/proc/self/maps") as f:
+        loaded = str(lib) in f.read()
+    assert not loaded, "the lookup loaded a library torch had not loaded"
+    assert why.startswith(f"{lib} is not loaded in this process") and "torch's cuBLASLt handle" in why, why
+    major = torch.version.cuda.split(".")[0]
+    assert torch.ops.fastpipe._gemm1x1_cublaslt_lookup(f"libcublasLt.so.{major}") == ""
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("shape", SHAPES, ids=str)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16], ids=str)
@@ -64,7 +104,7 @@ def test_the_engine_on_a_gpu(shape, dtype, residual):
     r = None if r is None else r.to(dtype).contiguous(memory_format=cl)
     tol = {torch.float32: 1e-4, torch.float16: 1e-2, torch.bfloat16: 5e-2}[dtype]
     for (act, kwargs, fn), name in zip(ACTIVATIONS, ACT_IDS):
-        torch.full((1 << 22,), float("nan"), device="cuda", dtype=dtype)
+        poison_cuda_allocations((shape[0], shape[2], shape[3], shape[4]), dtype=dtype)
         with fnn.use_conv_engine("gemm1x1"):
             got, ran = run_engines(lambda: conv2d_act(x, w, b, activation=act, residual=r, **kwargs))
         torch.cuda.synchronize()

@@ -7,6 +7,7 @@
 #include <torch/library.h>
 
 #include <cmath>
+#include <string>
 
 #include "cuda/gemm1x1.h"
 #include "ops/activations.h"
@@ -43,6 +44,10 @@ at::Tensor gemm1x1_host(const at::Tensor& input, const at::Tensor& weight, const
   TORCH_CHECK(!residual || r.sizes() == out.sizes(), "residual must have the output's shape ", out.sizes());
 
   const cuda::GemmPlan g = cuda::plan_conv1x1(n, h * wd, c_in, c_out, bias.has_value(), residual.has_value(), act.act);
+  // cuBLASLt's heuristic refuses an epilogue when an operand has one row or column (torch's addmm avoids it).
+  TORCH_CHECK(g.epilogue == cuda::LtEpilogue::Default || (g.m > 1 && g.n > 1 && g.k > 1),
+              "cuBLASLt refuses epilogue ", static_cast<int>(g.epilogue), " on a GEMM of m=", g.m, ", n=", g.n,
+              ", k=", g.k, " (CUBLAS_STATUS_INVALID_VALUE)");
   const double *A = w.data_ptr<double>(), *B = in.data_ptr<double>();
   const double* C = residual ? r.data_ptr<double>() : nullptr;
   const double* bias_ptr = bias ? b.data_ptr<double>() : nullptr;
@@ -59,7 +64,19 @@ at::Tensor gemm1x1_host(const at::Tensor& input, const at::Tensor& weight, const
       D[at] = lt_activation(g.epilogue, acc);
     }
   }
+  // The epilogue kernel's pass: the bias, then the activation.
+  if (g.bias_after) out.add_(b.view({1, c_out, 1, 1}));
   return g.activation_after ? apply_activation(out, act, /*inplace=*/true) : out;
+}
+
+// The plan's choices as text: cuBLASLt's epilogue and what the epilogue kernel applies after it.
+std::string gemm1x1_plan(int64_t batch, int64_t spatial, int64_t in_channels, int64_t out_channels, bool bias,
+                         bool residual, c10::string_view activation, at::ArrayRef<double> act_args) {
+  const cuda::GemmPlan g = cuda::plan_conv1x1(batch, spatial, in_channels, out_channels, bias, residual,
+                                              parse_activation(activation, act_args).act);
+  static const char* names[] = {"default", "bias", "relu", "relu_bias", "gelu", "gelu_bias"};
+  return std::string(names[static_cast<int>(g.epilogue)]) + (g.bias_after ? " +bias after" : "") +
+         (g.activation_after ? " +activation after" : "");
 }
 
 }  // namespace
@@ -69,6 +86,10 @@ TORCH_LIBRARY_FRAGMENT(fastpipe, m) {
   m.def(
       "_gemm1x1_host(Tensor input, Tensor weight, Tensor? bias, Tensor? residual, str activation, float[] act_args) "
       "-> Tensor");
+  m.def(
+      "_gemm1x1_plan(int batch, int spatial, int in_channels, int out_channels, bool bias, bool residual, "
+      "str activation, float[] act_args) -> str",
+      &fastpipe::conv::gemm1x1_plan);
 }
 
 TORCH_LIBRARY_IMPL(fastpipe, CPU, m) {

@@ -6,11 +6,13 @@
 //   depthwise_tiled  its NCHW variant reading the input through shared-memory tiles;
 //   gemm1x1          a 1x1 channels_last conv as one cuBLASLt GEMM with the epilogue in it;
 // the backward engine depthwise (direct input- and weight-gradient kernels);
-// and the fused backward prologue (activation gradient + bias-gradient reduction in one pass). None of the
-// engines has run on a GPU yet: they are registered unvalidated, so only FASTPIPE_CONV_ENGINE runs them.
+// and the fused backward prologue (activation gradient + bias-gradient reduction in one pass). None of them
+// has run on a GPU yet: the engines are registered unvalidated, so only FASTPIPE_CONV_ENGINE runs them, and
+// the prologue runs only under FASTPIPE_CONV_ACT_BACKWARD=kernel (ATen's ops otherwise; conv_act.h).
 #include <ATen/ATen.h>
 #include <ATen/cuda/CUDAContext.h>
 #include <ATen/cuda/CUDAEvent.h>
+#include <ATen/record_function.h>
 #include <c10/cuda/CUDAGraphsC10Utils.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <torch/library.h>
@@ -86,10 +88,12 @@ std::tuple<at::Tensor, at::Tensor> conv2d_act_backward_cuda(const at::Tensor& gr
                                                             c10::string_view activation,
                                                             at::ArrayRef<double> act_args, bool bias_grad) {
   const ActSpec act = check_backward_args(grad_out, saved, activation, act_args);
-  const c10::cuda::CUDAGuard guard(saved.device());
-  if (!kernel_dtype_ok(saved.scalar_type()) || saved.numel() == 0 || saved.numel() > cuda::kMaxElements) {
+  const c10::cuda::CUDAGuard device_guard(saved.device());
+  if (!act_backward_kernel_on() || !kernel_dtype_ok(saved.scalar_type()) || saved.numel() == 0 ||
+      saved.numel() > cuda::kMaxElements) {
     return act_backward_aten(grad_out, saved, act, bias_grad);
   }
+  RECORD_FUNCTION("fastpipe::conv_act_backward.kernel", std::vector<c10::IValue>());  // the tests look for it
   const auto fmt = saved.suggest_memory_format();
   const at::Tensor g = aligned_dense(grad_out, fmt);
   const at::Tensor s = aligned_dense(saved, fmt);
@@ -259,9 +263,10 @@ at::Tensor gemm1x1_run(const ConvArgs& a) {
   const auto stream = at::cuda::getCurrentCUDAStream();
   const std::string err = cuda::run_gemm1x1(p, at::cuda::getCurrentCUDABlasLtHandle(), stream);
   TORCH_CHECK(err.empty(), "fastpipe gemm1x1 engine: ", err);
-  if (p.plan.activation_after) {
-    FASTPIPE_CHECK_LAUNCH(cuda::launch_epilogue(epilogue_params(out, a), num_sms(), stream),
-                          "fastpipe conv epilogue kernel");
+  if (p.plan.bias_after || p.plan.activation_after) {
+    cuda::EpilogueParams e = epilogue_params(out, a);
+    e.bias = p.plan.bias_after ? p.bias : nullptr;
+    FASTPIPE_CHECK_LAUNCH(cuda::launch_epilogue(e, num_sms(), stream), "fastpipe conv epilogue kernel");
   }
   return out;
 }
@@ -301,6 +306,12 @@ bool capturing() {
 
 }  // namespace
 }  // namespace fastpipe::conv
+
+TORCH_LIBRARY_FRAGMENT(fastpipe, m) {
+  // Test hook: the gemm1x1 engine's cuBLASLt lookup in the library `soname` (why it declines, or "").
+  m.def("_gemm1x1_cublaslt_lookup(str soname) -> str",
+        [](c10::string_view soname) { return fastpipe::cuda::cublaslt_missing_from(std::string(soname)); });
+}
 
 TORCH_LIBRARY_IMPL(fastpipe, CUDA, m) {
   m.impl("conv2d_act", &fastpipe::conv::conv2d_act);
