@@ -174,36 +174,35 @@ part_conv() {
 part_sanitize() {
   local sanitizer="$CUDA_HOME/bin/compute-sanitizer" rc=0
   if [ ! -x "$sanitizer" ]; then
-    echo "compute-sanitizer: not in $CUDA_HOME/bin"
-    [ "$REHEARSE" = 1 ] && echo "(the rehearsal's toolkit lacks it; the GPU machine's has it)" | tee -a "$SUMMARY"
-    [ "$REHEARSE" = 1 ] && return 0
-    return 1
+    echo "compute-sanitizer: not in $CUDA_HOME/bin$([ "$REHEARSE" = 1 ] && echo " (the rehearsal's toolkit lacks it; the GPU machine's has it)")" \
+      | tee -a "$SUMMARY"
+    [ "$REHEARSE" = 1 ] || return 1
   fi
-  local runs=(
-    "memcheck depthwise tests/nn/test_depthwise_kernel.py -k float32"
-    "initcheck depthwise tests/nn/test_depthwise_kernel.py -k float32"
-    "racecheck depthwise_backward tests/nn/test_depthwise_backward.py -k gpu"
-    "memcheck depthwise_backward tests/nn/test_depthwise_backward.py -k gpu"
-    "memcheck gemm1x1 tests/nn/test_gemm1x1.py -k float32"
-    "memcheck loader tests/data/test_loader_gpu.py"
-    "initcheck loader tests/data/test_loader_gpu.py"
+  local runs=(  # tool|log name|test file|-k expression
+    "memcheck|depthwise|tests/nn/test_depthwise_kernel.py|float32"
+    "initcheck|depthwise|tests/nn/test_depthwise_kernel.py|float32"
+    "racecheck|depthwise_backward|tests/nn/test_depthwise_backward.py|gpu"
+    "memcheck|depthwise_backward|tests/nn/test_depthwise_backward.py|gpu"
+    "memcheck|gemm1x1|tests/nn/test_gemm1x1.py|gpu and float32"
+    "initcheck|gemm1x1|tests/nn/test_gemm1x1.py|gpu and float32"
+    "memcheck|act_backward|tests/nn/test_ops.py|activation_backward_op and cuda and float32"
+    "initcheck|act_backward|tests/nn/test_ops.py|activation_backward_op and cuda and float32"
+    "memcheck|loader|tests/data/test_loader_gpu.py|gpu"
+    "initcheck|loader|tests/data/test_loader_gpu.py|gpu"
   )
-  local pids=() names=() run
+  local pids=() names=() run tool name file expr
   for run in "${runs[@]}"; do
-    set -- $run
-    local tool=$1 name=$2; shift 2
+    IFS='|' read -r tool name file expr <<<"$run"
     local log="$RESULTS/sanitizer_${name}_$tool.log"
     if [ "$REHEARSE" = 1 ]; then
-      echo "would run: compute-sanitizer --tool $tool pytest -m gpu $*"
+      $PY -m pytest -m gpu -q -p no:cacheprovider -o addopts="" --collect-only "$file" -k "$expr" >"$log" 2>&1 || rc=1
+      echo "$tool over $name: $(tail -1 "$log")"
       continue
     fi
     PYTORCH_NO_CUDA_MEMORY_CACHING=1 timeout 300 "$sanitizer" --tool "$tool" --error-exitcode 9 \
-      $PY -m pytest -m gpu -q -x -p no:cacheprovider -o addopts="" "$@" >"$log" 2>&1 &
+      $PY -m pytest -m gpu -q -x -p no:cacheprovider -o addopts="" "$file" -k "$expr" >"$log" 2>&1 &
     pids+=($!); names+=("$tool over $name")
   done
-  if [ "$REHEARSE" = 1 ]; then
-    "$sanitizer" --version | tail -1
-  fi
   local k
   for k in "${!pids[@]}"; do
     wait "${pids[$k]}"; local r=$?
