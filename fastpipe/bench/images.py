@@ -38,7 +38,7 @@ from fastpipe.bench import image_baselines as ib
 from fastpipe.bench.image_measure import (COLD_LIMIT, SAMPLE_INTERVAL, MemorySampler, cpu_seconds, evict,
                                           prepare_cache, source_files)
 from fastpipe.bench.image_corpus import CLASSES, GRAIN_SIGMA, JPEG_QUALITY, Corpus, corpus_paths, ensure_corpus
-from fastpipe.bench.loader import rotated
+from fastpipe.bench.loader_timing import rotated
 
 SIZES = (224, 160)
 STATES = ("warm", "cold")

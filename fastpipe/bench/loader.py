@@ -13,11 +13,7 @@ from __future__ import annotations
 import gc
 import math
 import os
-import re
-import shutil
-import subprocess
 import time
-import warnings
 
 import numpy as np
 import torch
@@ -25,6 +21,11 @@ import torch
 import fastpipe
 from fastpipe.bench import common as bc
 from fastpipe.bench.baselines import image_baselines, token_baselines
+from fastpipe.bench.loader_direct import DD_BLOCK, DIRECT_REPS, run_direct
+from fastpipe.bench.loader_report import report_dataset, shown_best, summarize
+from fastpipe.bench.loader_timing import (FASTPIPE_EPOCH, FASTPIPE_SEED, STEP_OVER_GATHER, WARMUP_BATCHES, Case,
+                                          calibrate_sleep, fastpipe_epoch, fastpipe_stats, pure_steps, rotated,
+                                          timed_pass)
 
 # --------------------------------------------------------------------------------------------------
 # Batch sizes: what a training job of each kind really uses (one GPU's share).
@@ -37,16 +38,7 @@ IMAGENET_BATCH = 64
 TOKEN_BATCH = 32
 BLOCK_SIZE = 1024
 
-# Batches every timed pass consumes untimed before its clock starts (worker start-up, pipeline fill).
-# The same for every loader; the batches a loader prefetched meanwhile count as timed (<= 2% here).
-WARMUP_BATCHES = 3
-# A simulated training step after each batch (overlap mode) lasts this many gather times of a batch.
-STEP_OVER_GATHER = 2.0
 SEED_FIXED_ORDER = 1234  # the permutation used when fastpipe's own order is not available
-FASTPIPE_SEED = 0
-FASTPIPE_EPOCH = 0  # every fastpipe pass is set to this epoch, so all passes (and baselines) share one order
-DD_BLOCK = 4 << 20
-
 DATASETS = {
     # name: records, record shape, classes, batch size
     "cifar": dict(kind="images", n=200_000, shape=(3, 32, 32), classes=10, batch=CIFAR_BATCH,
@@ -69,7 +61,6 @@ FULL_CAPS = {
 QUICK_CAPS = {"default": 30}
 FULL_REPS = 7
 OVERLAP_REPS = 5
-DIRECT_REPS = 5
 
 
 def add_arguments(p):
@@ -188,101 +179,6 @@ def warm_page_cache(paths) -> dict:
 
 
 # --------------------------------------------------------------------------------------------------
-# Timing
-# --------------------------------------------------------------------------------------------------
-class Case:
-    """One row: how to make an epoch's iterator, how many batches a pass times, and its measurements."""
-
-    def __init__(self, key, label, make_iter, kind="baseline", cap=None, note="", probe=None):
-        self.key, self.label, self.make_iter, self.kind, self.cap, self.note = key, label, make_iter, kind, cap, note
-        self.probe = probe
-        self.alone = []    # (seconds, samples, batches, probe delta) per repetition
-        self.overlap = []  # (seconds, samples, batches, probe delta) per repetition
-        self.error = None
-
-    def rates(self):
-        return [s / t for t, s, _, _ in self.alone if t > 0]
-
-
-def _nsamples(b) -> int:
-    if isinstance(b, (tuple, list)):
-        b = b[0]
-    elif isinstance(b, dict):
-        b = next(iter(b.values()))
-    return int(b.shape[0])
-
-
-def timed_pass(make_iter, cap, step: float | None = None, warmup: int = WARMUP_BATCHES, probe=None):
-    """Consumes `warmup` batches, then times up to `cap` batches (None: to the end of the epoch).
-
-    With a step (seconds, 0 included) each batch is held while time.sleep(step) stands in for a
-    training step that leaves the CPU free. `probe()` (if given) is read just before and after the timed
-    batches; the pass returns its difference as a 4th value (fastpipe: seconds the consumer waited)."""
-    it = iter(make_iter())
-    for _ in range(warmup):
-        next(it)
-    n = samples = 0
-    b = None
-    p0 = probe() if probe else None
-    t0 = time.perf_counter()
-    for b in it:
-        samples += _nsamples(b)
-        n += 1
-        if step is not None:
-            time.sleep(step)
-        if cap is not None and n >= cap:
-            break
-    dt = time.perf_counter() - t0
-    probed = probe() - p0 if probe else None
-    del b
-    close = getattr(it, "close", None)
-    if close is not None:
-        close()
-    del it
-    return dt, samples, n, probed
-
-
-def pure_steps(step: float, n: int) -> float:
-    t0 = time.perf_counter()
-    for _ in range(n):
-        time.sleep(step)
-    return time.perf_counter() - t0
-
-
-def pure_steps_median(arg: float, n: int) -> float:
-    xs = []
-    for _ in range(n):
-        t0 = time.perf_counter()
-        time.sleep(arg)
-        xs.append(time.perf_counter() - t0)
-    return float(np.median(xs))
-
-
-def calibrate_sleep(target: float, n: int = 200) -> tuple[float, float]:
-    """The time.sleep() argument whose median duration is `target` (a VM's sleep overshoots by ~0.1 ms).
-
-    Returns (argument, measured median duration). When even time.sleep(0) takes longer than `target`,
-    the argument is 0 and the step is longer than asked for (the report says so)."""
-    arg, actual = target, target
-    for _ in range(4):
-        actual = pure_steps_median(arg, n)
-        err = actual - target
-        if abs(err) <= 0.02 * target:
-            break
-        arg = max(0.0, arg - err)
-        if arg == 0.0:
-            actual = pure_steps_median(0.0, n)
-            break
-    return arg, actual
-
-
-def rotated(cases: list, r: int) -> list:
-    """Repetition r's running order: rotated each time, so drift on a shared machine hits all alike."""
-    k = r % len(cases) if cases else 0
-    return cases[k:] + cases[:k]
-
-
-# --------------------------------------------------------------------------------------------------
 # fastpipe: its own epoch order, recovered from the records' first 8 bytes, becomes everyone's order.
 # --------------------------------------------------------------------------------------------------
 def _keys_from_rows(rows_u8: np.ndarray) -> np.ndarray:
@@ -314,11 +210,6 @@ def make_fastpipe_loader(spec, files, threads, **kw):
         ds = fastpipe.TokenDataset(files["tokens"], spec["block"], dtype="uint16")
     return fastpipe.Loader(ds, batch_size=spec["batch"], shuffle=True, seed=FASTPIPE_SEED, num_threads=threads,
                            **kw)
-
-
-def fastpipe_epoch(loader):
-    loader.set_epoch(FASTPIPE_EPOCH)
-    return loader
 
 
 def recover_order(spec, files, loader) -> tuple[np.ndarray | None, dict]:
@@ -373,17 +264,6 @@ def recover_order(spec, files, loader) -> tuple[np.ndarray | None, dict]:
     info["byte_exact_mismatches"] = mismatches
     usable = info["is_permutation"] and info["unique_keys"] and not mismatches
     return (order if usable else None), info
-
-
-def fastpipe_stats(loader) -> dict:
-    result = {}
-    for name in ("stats", "io_modes"):
-        try:
-            v = getattr(loader, name)
-            result[name] = v() if callable(v) else v
-        except Exception as e:
-            result[name] = f"error: {e!r}"
-    return result
 
 
 # --------------------------------------------------------------------------------------------------
@@ -572,224 +452,6 @@ def run_dataset(name, spec, files, args, out):
     return res
 
 
-def report_dataset(name, res, out):
-    rows = res["loaders"]
-    tok = name == "tokens"
-    headers = ["loader", "samples/s", "best", "spread", "read GB/s"] + (["out GB/s"] if tok else []) + [
-        "fastpipe/this", "this/bound", "timed batches"]
-    table = []
-    for key, r in rows.items():
-        if r["error"]:
-            table.append([r["label"], "error: " + r["error"][:60]] + [""] * (len(headers) - 2))
-            continue
-        table.append([r["label"] + (" *" if r["note"] else ""), bc.fmt_rate(r["samples_per_s"]),
-                      bc.fmt_rate(r["samples_per_s_best"]), bc.fmt(r["samples_per_s_spread_pct"], ".0f") + "%",
-                      bc.fmt(r["read_GBps"], ".2f")]
-                     + ([bc.fmt(r["out_GBps"], ".2f")] if tok else [])
-                     + [bc.fmt(r["fastpipe_over_this"], ".2f") + "x", bc.fmt(r["this_over_bound"], ".2f") + "x",
-                        r["timed_batches_per_pass"]])
-    out.table(headers, table, title=f"{res['title']} — loader alone (samples/s: median of repetitions, best: "
-                                    "fastest one, spread: (max-min)/median; ratios: medians of per-repetition "
-                                    "ratios)")
-    if any(r["note"] for r in rows.values()):
-        out.note("Rows marked * : in-batch order differs from the sampler's (sorted for locality)")
-    out.bars(f"{name}_alone", f"{res['title']}: loader alone (median of repetitions)",
-             {"samples/s": {r["label"]: r["samples_per_s"] for r in rows.values() if not r["error"]}},
-             "samples/s (log scale)", log_scale=True)
-    if not math.isnan(res.get("pure_step_seconds_measured", float("nan"))):
-        step, pure = res["step_seconds"], res["pure_step_seconds_measured"]
-        out.note(f"\nOverlap: step = {STEP_OVER_GATHER:g} x gather time of one batch = {1e3 * step:.3f} ms; "
-                 f"time.sleep({1e3 * res['sleep_argument_seconds']:.3f} ms) measured {1e3 * pure:.3f} ms per pure step")
-        if pure > 1.25 * step:
-            out.note(f"NOTE: time.sleep cannot be shorter than ~{1e3 * pure:.2f} ms here: the step is "
-                     f"{pure / step:.1f}x the asked-for one, so this overlap test is easier than specified")
-        ot = []
-        for key, r in rows.items():
-            if "overlap_added_pct" in r:
-                ot.append([r["label"], bc.fmt(1e3 * r["overlap_seconds_per_batch"], ".3f"),
-                           bc.fmt(r["overlap_added_pct"], ".1f") + "%",
-                           bc.fmt(r["overlap_added_pct_best"], ".1f") + "%"])
-        out.table(["loader", "ms/batch with step", "added over pure steps", "best rep"], ot)
-    fpr = rows.get("fastpipe", {})
-    if "consumer_wait_per_batch_ms_alone" in fpr:
-        out.note(f"fastpipe: the training loop waited for data "
-                 f"{bc.fmt(fpr['consumer_wait_per_batch_ms_alone'], '.3f')} ms per batch alone, "
-                 f"{bc.fmt(fpr.get('consumer_wait_per_batch_ms_overlap'), '.3f')} ms with the step "
-                 "(loader.stats()['wait_seconds'])")
-
-
-# --------------------------------------------------------------------------------------------------
-# Direct I/O: fastpipe io="direct" against `dd iflag=direct` on the ImageNet-like images file.
-# --------------------------------------------------------------------------------------------------
-_DD_RE = re.compile(r"(\d+) bytes .*copied, ([0-9.,e+-]+) s")
-
-
-def run_dd(path: str, count: int | None):
-    cmd = ["dd", f"if={path}", "of=/dev/null", f"bs={DD_BLOCK}", "iflag=direct"]
-    if count is not None:
-        cmd.append(f"count={count}")
-    t0 = time.perf_counter()
-    p = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, "LC_ALL": "C"})
-    wall = time.perf_counter() - t0
-    if p.returncode != 0:
-        raise RuntimeError(f"{' '.join(cmd)} failed: {p.stderr.strip()}")
-    m = _DD_RE.search(p.stderr)
-    if m:
-        nbytes, secs = int(m.group(1)), float(m.group(2).replace(",", "."))
-    else:
-        nbytes, secs = os.path.getsize(path), wall
-    return {"bytes": nbytes, "seconds": secs, "wall_seconds": wall, "GBps": nbytes / secs / 1e9,
-            "cmd": " ".join(cmd)}
-
-
-def run_direct(files, spec, args, out):
-    res = {"file": files["images"], "cmd": None}
-    out.heading(f"direct I/O: {files['images']}")
-    path = files["images"]
-    if shutil.which("dd") is None:
-        res["dd_error"] = "dd not found"
-    reps = args.reps or (1 if args.quick else DIRECT_REPS)
-    n = spec["n"]
-    rec = int(np.prod(spec["shape"]))
-    dd_runs, fp_runs = [], {"shuffle": [], "sequential": []}
-    loaders = {}
-    res["fastpipe"] = {}
-    for mode, shuffle in (("shuffle", True), ("sequential", False)):
-        try:
-            with warnings.catch_warnings(record=True) as caught:
-                warnings.simplefilter("always")
-                ld = fastpipe.Loader(fastpipe.NpyDataset(path), batch_size=spec["batch"], shuffle=shuffle,
-                                     seed=FASTPIPE_SEED, num_threads=args.threads, io="direct")
-                for _ in ld:  # one warm-up epoch (also surfaces the O_DIRECT fallback warning)
-                    pass
-            modes = ld.io_modes
-            res["fastpipe"][mode] = {"warnings": [str(w.message) for w in caught], "io_modes": modes}
-            if list(modes) != ["direct"]:
-                res["fastpipe"][mode]["invalid"] = f"io_modes {modes}: not direct reads (page cache)"
-            elif any("direct" in str(w.message).lower() for w in caught):
-                res["fastpipe"][mode]["invalid"] = "O_DIRECT fallback warning: " + str(caught[0].message)
-            loaders[mode] = ld
-        except Exception as e:
-            res["fastpipe"][mode] = {"error": f"{type(e).__name__}: {e}"}
-            out.log(f"  fastpipe io='direct' ({mode}) failed: {type(e).__name__}: {e}")
-    if "dd_error" not in res:
-        try:
-            run_dd(path, None)  # warm-up (drive, dd binary)
-        except Exception as e:
-            res["dd_error"] = str(e)
-            out.log(f"  dd failed: {e}")
-
-    # Repetitions interleave dd and fastpipe (rotated order); ratios are medians of per-repetition ratios.
-    def fp_pass(mode):
-        ld = fastpipe_epoch(loaders[mode])
-        t0 = time.perf_counter()
-        k = 0
-        for b in ld:
-            k += _nsamples(b)
-            del b
-        fp_runs[mode].append({"seconds": time.perf_counter() - t0, "samples": k})
-
-    jobs = [lambda: dd_runs.append(run_dd(path, None))] if "dd_error" not in res else []
-    jobs += [(lambda m=mode: fp_pass(m)) for mode in loaders]
-    with out.progress(total=reps * len(jobs), desc="direct I/O", unit="pass") as bar:
-        for r in range(reps):
-            for job in rotated(jobs, r):
-                job()
-                bar.update()
-    dd_each = [d["GBps"] for d in dd_runs]
-    dd_gbps = bc.median(dd_each) if dd_runs else float("nan")
-    res["dd_runs"] = dd_runs
-    res["dd_GBps"] = dd_gbps
-    res["dd_GBps_best"] = max(dd_each) if dd_each else None
-    res["dd_GBps_spread_pct"] = bc.spread_pct(dd_each)
-    res["cmd"] = dd_runs[0]["cmd"] if dd_runs else None
-    dd_label = "dd if=FILE of=/dev/null bs=4M iflag=direct (sequential)"
-    table = [[dd_label, bc.fmt(dd_gbps, ".3f"), bc.fmt(res["dd_GBps_best"], ".3f"), "1.00x",
-              bc.fmt(res["dd_GBps_spread_pct"], ".0f") + "%"]]
-    plotted = {dd_label: dd_gbps}
-    for mode, ld in loaders.items():
-        runs = fp_runs[mode]
-        gbps = [x["samples"] * rec / x["seconds"] / 1e9 for x in runs]
-        g = bc.median(gbps)
-        entry = res["fastpipe"][mode]
-        over = bc.median([a / b for a, b in zip(gbps, dd_each)]) if dd_each else float("nan")
-        entry.update(runs=runs, GBps=g, GBps_best=max(gbps), GBps_spread_pct=bc.spread_pct(gbps), over_dd=over,
-                     over_dd_best=bc.ratio(max(gbps), res["dd_GBps_best"]))
-        entry.update(fastpipe_stats(ld))
-        label = f"fastpipe io='direct', shuffle={mode == 'shuffle'}"
-        plotted[label] = g
-        table.append([label + (" (INVALID: fell back)" if entry.get("invalid") else ""), bc.fmt(g, ".3f"),
-                      bc.fmt(max(gbps), ".3f"), bc.fmt(over, ".2f") + "x",
-                      bc.fmt(entry["GBps_spread_pct"], ".0f") + "%"])
-        ld.close()
-    out.table(["reader", "GB/s", "best", "vs dd", "spread"], table,
-              title=f"Direct I/O on {os.path.basename(path)} ({n} x {rec} B records; GB/s of record bytes)")
-    out.bars("direct", f"Direct I/O on {os.path.basename(path)} (median GB/s of record bytes)",
-             {"GB/s": plotted}, "GB/s")
-    return res
-
-
-# --------------------------------------------------------------------------------------------------
-# Summary of the issue's targets
-# --------------------------------------------------------------------------------------------------
-def summarize(results) -> list[dict]:
-    summary = []
-
-    def loader(ds, key, field):
-        try:
-            v = results[ds]["loaders"][key][field]
-            return None if v is None or (isinstance(v, float) and math.isnan(v)) else v
-        except KeyError:
-            return None
-
-    def add(target, value, ok, shown, best=None, note=""):
-        status = "SKIP" if value is None else ("PASS" if ok(value) else "FAIL")
-        summary.append({"target": target, "value": value, "best_rep_value": best, "status": status,
-                        "shown": shown if value is not None else "not measured", "note": note})
-
-    def x(v):
-        return f"{bc.fmt(v, '.2f')}x"
-
-    def pct(v):
-        return f"{bc.fmt(v, '.1f')}%"
-
-    v = loader("cifar", "dl_sample_w2", "fastpipe_over_this")
-    bv = loader("cifar", "dl_sample_w2", "fastpipe_over_this_best")
-    add(">= 20x DataLoader(num_workers=2, per-sample), CIFAR-like", v, lambda a: a >= 20, x(v), bv)
-    for ds, t in (("cifar", 0.7), ("imagenet", 1.0)):
-        v = loader(ds, "fastpipe", "this_over_bound")
-        bv = loader(ds, "fastpipe", "this_over_bound_best")
-        add(f"loader alone >= {t}x single-thread gather bound, {ds}", v, lambda a, t=t: a >= t, x(v), bv)
-    for ds in ("cifar", "imagenet", "tokens"):
-        v = loader(ds, "fastpipe", "overlap_added_pct")
-        bv = loader(ds, "fastpipe", "overlap_added_pct_best")
-        note = ""
-        eff = results.get(ds, {}).get("step_effective_over_requested")
-        if eff is not None and not math.isnan(eff) and eff > 1.25:
-            note = f"step {eff:.1f}x longer than asked: time.sleep floor"
-        add(f"overlap (step = {STEP_OVER_GATHER:g}x gather): fastpipe adds <= 5%, {ds}", v, lambda a: a <= 5.0,
-            pct(v), bv, note)
-    d = results.get("direct", {}).get("fastpipe", {})
-    for mode in ("shuffle", "sequential"):
-        e = d.get(mode, {})
-        v = e.get("over_dd")
-        v = None if v is None or math.isnan(v) else v
-        bv = e.get("over_dd_best")
-        add(f"direct I/O >= 80% of dd sequential direct, imagenet, fastpipe {mode}", v, lambda a: a >= 0.8,
-            f"{bc.fmt(100 * v if v is not None else None, '.0f')}%", bv)
-        if e.get("invalid"):
-            summary[-1]["status"] = "INVALID"
-            summary[-1]["note"] = e["invalid"]
-    return summary
-
-
-def _shown_best(s):
-    b = s["best_rep_value"]
-    if b is None or (isinstance(b, float) and math.isnan(b)):
-        return "-"
-    return f"{b:.1f}%" if "adds" in s["target"] else f"{100 * b:.0f}%" if "direct" in s["target"] else f"{b:.2f}x"
-
-
 def run(args, out) -> dict:
     only = [s.strip() for s in args.only.split(",") if s.strip()]
     bad = [s for s in only if s not in PARTS]
@@ -821,7 +483,7 @@ def run(args, out) -> dict:
 
     summary = summarize(results)
     out.table(["target", "median", "best pass", "status"],
-              [[s["target"], s["shown"], _shown_best(s), s["status"] + (f" ({s['note']})" if s["note"] else "")]
+              [[s["target"], s["shown"], shown_best(s), s["status"] + (f" ({s['note']})" if s["note"] else "")]
                for s in summary], align="lrrl",
               title="Targets (issue 2; this 2-core VM, page-cached"
                     + ("; QUICK run, indicative only" if args.quick else "") + ")")

@@ -1,0 +1,112 @@
+"""The loader suite's report: a table per data set, and the issue's targets with PASS/FAIL."""
+
+from __future__ import annotations
+
+import math
+
+from fastpipe.bench import common as bc
+from fastpipe.bench.loader_timing import STEP_OVER_GATHER
+
+
+def report_dataset(name, res, out):
+    rows = res["loaders"]
+    tok = name == "tokens"
+    headers = ["loader", "samples/s", "best", "spread", "read GB/s"] + (["out GB/s"] if tok else []) + [
+        "fastpipe/this", "this/bound", "timed batches"]
+    table = []
+    for key, r in rows.items():
+        if r["error"]:
+            table.append([r["label"], "error: " + r["error"][:60]] + [""] * (len(headers) - 2))
+            continue
+        table.append([r["label"] + (" *" if r["note"] else ""), bc.fmt_rate(r["samples_per_s"]),
+                      bc.fmt_rate(r["samples_per_s_best"]), bc.fmt(r["samples_per_s_spread_pct"], ".0f") + "%",
+                      bc.fmt(r["read_GBps"], ".2f")]
+                     + ([bc.fmt(r["out_GBps"], ".2f")] if tok else [])
+                     + [bc.fmt(r["fastpipe_over_this"], ".2f") + "x", bc.fmt(r["this_over_bound"], ".2f") + "x",
+                        r["timed_batches_per_pass"]])
+    out.table(headers, table, title=f"{res['title']} — loader alone (samples/s: median of repetitions, best: "
+                                    "fastest one, spread: (max-min)/median; ratios: medians of per-repetition "
+                                    "ratios)")
+    if any(r["note"] for r in rows.values()):
+        out.note("Rows marked * : in-batch order differs from the sampler's (sorted for locality)")
+    out.bars(f"{name}_alone", f"{res['title']}: loader alone (median of repetitions)",
+             {"samples/s": {r["label"]: r["samples_per_s"] for r in rows.values() if not r["error"]}},
+             "samples/s (log scale)", log_scale=True)
+    if not math.isnan(res.get("pure_step_seconds_measured", float("nan"))):
+        step, pure = res["step_seconds"], res["pure_step_seconds_measured"]
+        out.note(f"\nOverlap: step = {STEP_OVER_GATHER:g} x gather time of one batch = {1e3 * step:.3f} ms; "
+                 f"time.sleep({1e3 * res['sleep_argument_seconds']:.3f} ms) measured {1e3 * pure:.3f} ms per pure step")
+        if pure > 1.25 * step:
+            out.note(f"NOTE: time.sleep cannot be shorter than ~{1e3 * pure:.2f} ms here: the step is "
+                     f"{pure / step:.1f}x the asked-for one, so this overlap test is easier than specified")
+        ot = []
+        for key, r in rows.items():
+            if "overlap_added_pct" in r:
+                ot.append([r["label"], bc.fmt(1e3 * r["overlap_seconds_per_batch"], ".3f"),
+                           bc.fmt(r["overlap_added_pct"], ".1f") + "%",
+                           bc.fmt(r["overlap_added_pct_best"], ".1f") + "%"])
+        out.table(["loader", "ms/batch with step", "added over pure steps", "best rep"], ot)
+    fpr = rows.get("fastpipe", {})
+    if "consumer_wait_per_batch_ms_alone" in fpr:
+        out.note(f"fastpipe: the training loop waited for data "
+                 f"{bc.fmt(fpr['consumer_wait_per_batch_ms_alone'], '.3f')} ms per batch alone, "
+                 f"{bc.fmt(fpr.get('consumer_wait_per_batch_ms_overlap'), '.3f')} ms with the step "
+                 "(loader.stats()['wait_seconds'])")
+
+
+def summarize(results) -> list[dict]:
+    summary = []
+
+    def loader(ds, key, field):
+        try:
+            v = results[ds]["loaders"][key][field]
+            return None if v is None or (isinstance(v, float) and math.isnan(v)) else v
+        except KeyError:
+            return None
+
+    def add(target, value, ok, shown, best=None, note=""):
+        status = "SKIP" if value is None else ("PASS" if ok(value) else "FAIL")
+        summary.append({"target": target, "value": value, "best_rep_value": best, "status": status,
+                        "shown": shown if value is not None else "not measured", "note": note})
+
+    def x(v):
+        return f"{bc.fmt(v, '.2f')}x"
+
+    def pct(v):
+        return f"{bc.fmt(v, '.1f')}%"
+
+    v = loader("cifar", "dl_sample_w2", "fastpipe_over_this")
+    bv = loader("cifar", "dl_sample_w2", "fastpipe_over_this_best")
+    add(">= 20x DataLoader(num_workers=2, per-sample), CIFAR-like", v, lambda a: a >= 20, x(v), bv)
+    for ds, t in (("cifar", 0.7), ("imagenet", 1.0)):
+        v = loader(ds, "fastpipe", "this_over_bound")
+        bv = loader(ds, "fastpipe", "this_over_bound_best")
+        add(f"loader alone >= {t}x single-thread gather bound, {ds}", v, lambda a, t=t: a >= t, x(v), bv)
+    for ds in ("cifar", "imagenet", "tokens"):
+        v = loader(ds, "fastpipe", "overlap_added_pct")
+        bv = loader(ds, "fastpipe", "overlap_added_pct_best")
+        note = ""
+        eff = results.get(ds, {}).get("step_effective_over_requested")
+        if eff is not None and not math.isnan(eff) and eff > 1.25:
+            note = f"step {eff:.1f}x longer than asked: time.sleep floor"
+        add(f"overlap (step = {STEP_OVER_GATHER:g}x gather): fastpipe adds <= 5%, {ds}", v, lambda a: a <= 5.0,
+            pct(v), bv, note)
+    d = results.get("direct", {}).get("fastpipe", {})
+    for mode in ("shuffle", "sequential"):
+        e = d.get(mode, {})
+        v = e.get("over_dd")
+        v = None if v is None or math.isnan(v) else v
+        bv = e.get("over_dd_best")
+        add(f"direct I/O >= 80% of dd sequential direct, imagenet, fastpipe {mode}", v, lambda a: a >= 0.8,
+            f"{bc.fmt(100 * v if v is not None else None, '.0f')}%", bv)
+        if e.get("invalid"):
+            summary[-1]["status"] = "INVALID"
+            summary[-1]["note"] = e["invalid"]
+    return summary
+
+
+def shown_best(s):
+    b = s["best_rep_value"]
+    if b is None or (isinstance(b, float) and math.isnan(b)):
+        return "-"
+    return f"{b:.1f}%" if "adds" in s["target"] else f"{100 * b:.0f}%" if "direct" in s["target"] else f"{b:.2f}x"

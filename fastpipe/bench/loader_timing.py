@@ -1,0 +1,124 @@
+"""Timing of the loader suite's passes (fastpipe/bench/loader.py): a row's measurements, one timed pass,
+the simulated training step, and fastpipe's shared epoch."""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+
+# Batches every timed pass consumes untimed before its clock starts (worker start-up, pipeline fill).
+# The same for every loader; the batches a loader prefetched meanwhile count as timed (<= 2% here).
+WARMUP_BATCHES = 3
+# A simulated training step after each batch (overlap mode) lasts this many gather times of a batch.
+STEP_OVER_GATHER = 2.0
+FASTPIPE_SEED = 0
+FASTPIPE_EPOCH = 0  # every fastpipe pass is set to this epoch, so all passes (and baselines) share one order
+
+
+class Case:
+    """One row: how to make an epoch's iterator, how many batches a pass times, and its measurements."""
+
+    def __init__(self, key, label, make_iter, kind="baseline", cap=None, note="", probe=None):
+        self.key, self.label, self.make_iter, self.kind, self.cap, self.note = key, label, make_iter, kind, cap, note
+        self.probe = probe
+        self.alone = []    # (seconds, samples, batches, probe delta) per repetition
+        self.overlap = []  # (seconds, samples, batches, probe delta) per repetition
+        self.error = None
+
+    def rates(self):
+        return [s / t for t, s, _, _ in self.alone if t > 0]
+
+
+def nsamples(b) -> int:
+    if isinstance(b, (tuple, list)):
+        b = b[0]
+    elif isinstance(b, dict):
+        b = next(iter(b.values()))
+    return int(b.shape[0])
+
+
+def timed_pass(make_iter, cap, step: float | None = None, warmup: int = WARMUP_BATCHES, probe=None):
+    """Consumes `warmup` batches, then times up to `cap` batches (None: to the end of the epoch).
+
+    With a step (seconds, 0 included) each batch is held while time.sleep(step) stands in for a
+    training step that leaves the CPU free. `probe()` (if given) is read just before and after the timed
+    batches; the pass returns its difference as a 4th value (fastpipe: seconds the consumer waited)."""
+    it = iter(make_iter())
+    for _ in range(warmup):
+        next(it)
+    n = samples = 0
+    b = None
+    p0 = probe() if probe else None
+    t0 = time.perf_counter()
+    for b in it:
+        samples += nsamples(b)
+        n += 1
+        if step is not None:
+            time.sleep(step)
+        if cap is not None and n >= cap:
+            break
+    dt = time.perf_counter() - t0
+    probed = probe() - p0 if probe else None
+    del b
+    close = getattr(it, "close", None)
+    if close is not None:
+        close()
+    del it
+    return dt, samples, n, probed
+
+
+def pure_steps(step: float, n: int) -> float:
+    t0 = time.perf_counter()
+    for _ in range(n):
+        time.sleep(step)
+    return time.perf_counter() - t0
+
+
+def pure_steps_median(arg: float, n: int) -> float:
+    xs = []
+    for _ in range(n):
+        t0 = time.perf_counter()
+        time.sleep(arg)
+        xs.append(time.perf_counter() - t0)
+    return float(np.median(xs))
+
+
+def calibrate_sleep(target: float, n: int = 200) -> tuple[float, float]:
+    """The time.sleep() argument whose median duration is `target` (a VM's sleep overshoots by ~0.1 ms).
+
+    Returns (argument, measured median duration). When even time.sleep(0) takes longer than `target`,
+    the argument is 0 and the step is longer than asked for (the report says so)."""
+    arg, actual = target, target
+    for _ in range(4):
+        actual = pure_steps_median(arg, n)
+        err = actual - target
+        if abs(err) <= 0.02 * target:
+            break
+        arg = max(0.0, arg - err)
+        if arg == 0.0:
+            actual = pure_steps_median(0.0, n)
+            break
+    return arg, actual
+
+
+def rotated(cases: list, r: int) -> list:
+    """Repetition r's running order: rotated each time, so drift on a shared machine hits all alike."""
+    k = r % len(cases) if cases else 0
+    return cases[k:] + cases[:k]
+
+
+def fastpipe_epoch(loader):
+    loader.set_epoch(FASTPIPE_EPOCH)
+    return loader
+
+
+def fastpipe_stats(loader) -> dict:
+    result = {}
+    for name in ("stats", "io_modes"):
+        try:
+            v = getattr(loader, name)
+            result[name] = v() if callable(v) else v
+        except Exception as e:
+            result[name] = f"error: {e!r}"
+    return result
