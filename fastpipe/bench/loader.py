@@ -24,8 +24,8 @@ from fastpipe.bench.baselines import image_baselines, token_baselines
 from fastpipe.bench.loader_direct import DD_BLOCK, DIRECT_REPS, run_direct
 from fastpipe.bench.loader_report import report_dataset, shown_best, summarize
 from fastpipe.bench.loader_timing import (FASTPIPE_EPOCH, FASTPIPE_SEED, STEP_OVER_GATHER, WARMUP_BATCHES, Case,
-                                          calibrate_sleep, fastpipe_epoch, fastpipe_stats, pure_steps, rotated,
-                                          timed_pass)
+                                          busy_steps, calibrate_sleep, fastpipe_epoch, fastpipe_stats, pure_steps,
+                                          rotated, run_delay, timed_pass)
 
 # --------------------------------------------------------------------------------------------------
 # Batch sizes: what a training job of each kind really uses (one GPU's share).
@@ -294,7 +294,7 @@ def run_dataset(name, spec, files, args, out):
                 f"{w['bytes'] / w['seconds'] / 1e9:.2f} GB/s; resident {'?' if r is None else f'{100 * r:.0f}%'}")
 
     # The shared order: fastpipe's own epoch order when it can be recovered, else a fixed permutation.
-    loader = None
+    loader = loader1 = None
     res["fastpipe"] = {"error": None}
     order = None
     try:
@@ -333,6 +333,13 @@ def run_dataset(name, spec, files, args, out):
             "fastpipe.Loader TokenDataset (shuffle=True)"
         cases.insert(0, Case("fastpipe", label, lambda: fastpipe_epoch(loader), "fastpipe",
                              caps.get("fastpipe", caps["default"]), probe=probe))
+        if args.threads != 1:  # the default against one reader thread (issue 21: never slower)
+            try:
+                loader1 = make_fastpipe_loader(spec, files, 1)
+                cases.insert(1, Case("fastpipe_1t", "fastpipe.Loader, num_threads=1",
+                                     lambda: fastpipe_epoch(loader1), "fastpipe", caps.get("fastpipe", caps["default"])))
+            except Exception as e:
+                out.note(f"fastpipe num_threads=1 failed: {type(e).__name__}: {e}")
     by_key = {c.key: c for c in cases}
 
     # Warm-up: one short pass of every loader (starts persistent DataLoader workers, touches code paths).
@@ -354,6 +361,8 @@ def run_dataset(name, spec, files, args, out):
             c.error = f"{type(e).__name__}: {e}"
             c.alone.clear()
             c.overlap.clear()
+            c.busy.clear()
+            c.busy_run_delay.clear()
             out.log(f"  {c.label}: failed: {c.error}")
 
     # (1) loader alone: repetitions interleaved (rotated order), so drift on a shared machine hits all.
@@ -391,6 +400,25 @@ def run_dataset(name, spec, files, args, out):
                     measure(c, c.overlap, step=sleep_arg)
                     bar.update()
                 pure.append(pure_steps(sleep_arg, n_pure) / n_pure)
+    # (3) the training-thread delay with a busy step (issue 21): the same loop where the step computes on
+    # the training thread, fastpipe's rows only, against pure busy steps; with the seconds the training
+    # thread waited for a core (schedstat), where a loader that takes its core shows.
+    busy_pure = []
+    fp_cases = [c for c in live if c.kind == "fastpipe"]
+    if fp_cases and not args.no_overlap:
+        n_pure = min(200, res["batches_per_epoch"])
+        with out.progress(total=oreps * len(fp_cases), desc=f"{name}: busy step", unit="pass") as bar:
+            for r in range(oreps):
+                busy_pure.append(busy_steps(step, n_pure))
+                for c in rotated(fp_cases, r):
+                    d0 = run_delay()
+                    measure(c, c.busy, step=step, busy=True)
+                    c.busy_run_delay.append(run_delay() - d0)
+                    bar.update()
+                busy_pure.append(busy_steps(step, n_pure))
+        res["busy_step_seconds_measured"] = bc.median([t / n_pure for t, _ in busy_pure])
+        res["busy_step_run_delay_ms"] = bc.median([1e3 * d / n_pure for _, d in busy_pure])
+
     pure_step = bc.median(pure) if pure else float("nan")
     res["pure_step_seconds_measured"] = pure_step
     res["pure_step_seconds_reps"] = pure
@@ -434,6 +462,14 @@ def run_dataset(name, spec, files, args, out):
                        overlap_seconds_per_batch=bc.median([t / k for t, s, k, w in c.overlap]),
                        overlap_added_pct=bc.median(added), overlap_added_pct_best=min(added),
                        overlap_added_pct_reps=added)
+        if c.busy:
+            n_pure = min(200, res["batches_per_epoch"])
+            bp = [t / n_pure for t, _ in busy_pure]
+            added = [100.0 * (t / (k * (bp[2 * r] + bp[2 * r + 1]) / 2) - 1.0)
+                     for r, (t, s, k, w) in enumerate(c.busy)]
+            row.update(busy_added_pct=bc.median(added), busy_added_pct_best=min(added), busy_added_pct_reps=added,
+                       busy_run_delay_ms_per_step=bc.median([1e3 * d / k for d, (t, s, k, w)
+                                                             in zip(c.busy_run_delay, c.busy)]))
         if c.probe is not None:
             row["consumer_wait_per_batch_ms_alone"] = bc.median([1e3 * w / k for t, s, k, w in c.alone])
             if c.overlap:
@@ -442,12 +478,13 @@ def run_dataset(name, spec, files, args, out):
     res["loaders"] = rows
     report_dataset(name, res, out)
 
-    del cases, by_key, live
-    if loader is not None:
-        try:
-            loader.close()
-        except Exception:
-            pass
+    del cases, by_key, live, fp_cases
+    for ld in (loader, loader1):
+        if ld is not None:
+            try:
+                ld.close()
+            except Exception:
+                pass
     gc.collect()
     return res
 

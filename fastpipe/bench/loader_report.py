@@ -46,6 +46,16 @@ def report_dataset(name, res, out):
                            bc.fmt(r["overlap_added_pct"], ".1f") + "%",
                            bc.fmt(r["overlap_added_pct_best"], ".1f") + "%"])
         out.table(["loader", "ms/batch with step", "added over pure steps", "best rep"], ot)
+    busy = [(r["label"], r) for r in rows.values() if "busy_added_pct" in r]
+    if busy:
+        out.note(f"\nTraining-thread delay (issue 21): the same steps computing on the training thread (spin, "
+                 f"{1e3 * res['busy_step_seconds_measured']:.3f} ms each) instead of sleeping; 'waited for a core': "
+                 f"the training thread runnable without a core, per step (alone: "
+                 f"{bc.fmt(res['busy_step_run_delay_ms'], '.3f')} ms)")
+        out.table(["loader", "sleeping step: added", "busy step: added", "best rep", "waited for a core (ms/step)"],
+                  [[label, bc.fmt(r.get("overlap_added_pct"), ".1f") + "%", bc.fmt(r["busy_added_pct"], ".1f") + "%",
+                    bc.fmt(r["busy_added_pct_best"], ".1f") + "%", bc.fmt(r["busy_run_delay_ms_per_step"], ".3f")]
+                   for label, r in busy])
     fpr = rows.get("fastpipe", {})
     if "consumer_wait_per_batch_ms_alone" in fpr:
         out.note(f"fastpipe: the training loop waited for data "
@@ -78,7 +88,7 @@ def summarize(results) -> list[dict]:
     v = loader("cifar", "dl_sample_w2", "fastpipe_over_this")
     bv = loader("cifar", "dl_sample_w2", "fastpipe_over_this_best")
     add(">= 20x DataLoader(num_workers=2, per-sample), CIFAR-like", v, lambda a: a >= 20, x(v), bv)
-    for ds, t in (("cifar", 0.7), ("imagenet", 1.0)):
+    for ds, t in (("cifar", 1.0), ("imagenet", 1.0)):  # issue 21 raised CIFAR-like from 0.7x
         v = loader(ds, "fastpipe", "this_over_bound")
         bv = loader(ds, "fastpipe", "this_over_bound_best")
         add(f"loader alone >= {t}x single-thread gather bound, {ds}", v, lambda a, t=t: a >= t, x(v), bv)
@@ -91,6 +101,13 @@ def summarize(results) -> list[dict]:
             note = f"step {eff:.1f}x longer than asked: time.sleep floor"
         add(f"overlap (step = {STEP_OVER_GATHER:g}x gather): fastpipe adds <= 5%, {ds}", v, lambda a: a <= 5.0,
             pct(v), bv, note)
+    for ds in ("cifar", "imagenet"):  # issue 21
+        v = loader(ds, "fastpipe", "busy_added_pct")
+        add(f"busy step (= {STEP_OVER_GATHER:g}x gather): fastpipe adds <= 5%, {ds}", v, lambda a: a <= 5.0, pct(v),
+            loader(ds, "fastpipe", "busy_added_pct_best"))
+    v = loader("cifar", "fastpipe_1t", "fastpipe_over_this")
+    add("default threads >= 1.0x num_threads=1, cifar", v, lambda a: a >= 1.0, x(v),
+        loader("cifar", "fastpipe_1t", "fastpipe_over_this_best"))
     d = results.get("direct", {}).get("fastpipe", {})
     for mode in ("shuffle", "sequential"):
         e = d.get(mode, {})

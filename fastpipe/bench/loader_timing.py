@@ -24,6 +24,8 @@ class Case:
         self.probe = probe
         self.alone = []    # (seconds, samples, batches, probe delta) per repetition
         self.overlap = []  # (seconds, samples, batches, probe delta) per repetition
+        self.busy = []     # the same with a busy step (fastpipe's rows)
+        self.busy_run_delay = []  # seconds the training thread waited for a core, per busy repetition
         self.error = None
 
     def rates(self):
@@ -38,12 +40,13 @@ def nsamples(b) -> int:
     return int(b.shape[0])
 
 
-def timed_pass(make_iter, cap, step: float | None = None, warmup: int = WARMUP_BATCHES, probe=None):
+def timed_pass(make_iter, cap, step: float | None = None, warmup: int = WARMUP_BATCHES, probe=None, busy=False):
     """Consumes `warmup` batches, then times up to `cap` batches (None: to the end of the epoch).
 
     With a step (seconds, 0 included) each batch is held while time.sleep(step) stands in for a
-    training step that leaves the CPU free. `probe()` (if given) is read just before and after the timed
-    batches; the pass returns its difference as a 4th value (fastpipe: seconds the consumer waited)."""
+    training step that leaves the CPU free (busy=True: spin(step), one that computes on the training
+    thread). `probe()` (if given) is read just before and after the timed batches; the pass returns its
+    difference as a 4th value (fastpipe: seconds the consumer waited)."""
     it = iter(make_iter())
     for _ in range(warmup):
         next(it)
@@ -55,7 +58,7 @@ def timed_pass(make_iter, cap, step: float | None = None, warmup: int = WARMUP_B
         samples += nsamples(b)
         n += 1
         if step is not None:
-            time.sleep(step)
+            spin(step) if busy else time.sleep(step)
         if cap is not None and n >= cap:
             break
     dt = time.perf_counter() - t0
@@ -66,6 +69,32 @@ def timed_pass(make_iter, cap, step: float | None = None, warmup: int = WARMUP_B
         close()
     del it
     return dt, samples, n, probed
+
+
+def spin(seconds: float) -> None:
+    """A training step that computes on the calling thread for `seconds` (a sleeping one leaves its core
+    free for the loader's threads)."""
+    end = time.perf_counter() + seconds
+    while time.perf_counter() < end:
+        pass
+
+
+def run_delay() -> float:
+    """Seconds the calling thread has been runnable without a core (Linux schedstat); nan elsewhere."""
+    try:
+        with open("/proc/thread-self/schedstat") as f:
+            return int(f.read().split()[1]) / 1e9
+    except (OSError, IndexError, ValueError):
+        return float("nan")
+
+
+def busy_steps(step: float, n: int) -> tuple[float, float]:
+    """(seconds, seconds waited for a core) of n busy steps alone."""
+    d0 = run_delay()
+    t0 = time.perf_counter()
+    for _ in range(n):
+        spin(step)
+    return time.perf_counter() - t0, run_delay() - d0
 
 
 def pure_steps(step: float, n: int) -> float:
