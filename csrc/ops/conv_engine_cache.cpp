@@ -30,7 +30,8 @@ std::string key_text(const Key& key) {
 // What the report adds to a choice's line: where it comes from, its margin, and what later runs do with it.
 std::string status(const Choice& c, bool persisted) {
   if (!c.timed) return " [eager alone: not timed, not saved]";
-  const char* origins[] = {"timed here", "loaded from the cache file", "re-timed here (thin when loaded), kept the loaded choice",
+  const char* origins[] = {"timed here", "loaded from the cache file",
+                           "re-timed here (thin when loaded), kept the loaded choice",
                            "re-timed here (thin when loaded), replacing the loaded choice"};
   std::ostringstream s;
   s.setf(std::ios::fixed);
@@ -89,7 +90,8 @@ Margin parse_margin(const std::string& text, const std::string& line) {
     } else if (name == "spread") {
       m.spread = v;
     } else if (name == "timings") {
-      TORCH_CHECK(v >= 1 && v == static_cast<int>(v), "engine choice '", line, "': timings must be a positive integer, got ", value);
+      TORCH_CHECK(v >= 1 && v == static_cast<int>(v), "engine choice '", line,
+                  "': timings must be a positive integer, got ", value);
       m.timings = static_cast<int>(v);
     } else {
       TORCH_CHECK(false, "engine choice '", line, "': unknown margin field '", name, "'");
@@ -116,7 +118,8 @@ std::vector<std::string> engine_cache() {
   TunerState& st = tuner_state();
   std::lock_guard<std::mutex> lock(st.mutex);
   std::vector<std::string> lines;
-  for (const auto& [key, choice] : st.cache) lines.push_back(choice.report + status(choice, st.persisted.count(key[0])));
+  for (const auto& [key, choice] : st.cache)
+    lines.push_back(choice.report + status(choice, st.persisted.count(key[0])));
   std::sort(lines.begin(), lines.end());
   return lines;
 }
@@ -129,9 +132,9 @@ std::vector<std::string> engine_export(c10::string_view device) {
   std::vector<std::string> lines;
   for (const auto& [key, choice] : st.cache) {
     if (key[0] != type || !choice.timed) continue;
-    lines.push_back(key_text(key) + '\t' +
-                    st.devices.at(slot(static_cast<c10::DeviceType>(type), key[1])).candidates[choice.index].name + '\t' +
-                    margin_text(choice.margin) + '\t' + choice.report);
+    const auto& cands = st.devices.at(slot(static_cast<c10::DeviceType>(type), key[1])).candidates;
+    lines.push_back(key_text(key) + '\t' + cands[choice.index].name + '\t' + margin_text(choice.margin) + '\t' +
+                    choice.report);
   }
   std::sort(lines.begin(), lines.end());
   return lines;
@@ -144,7 +147,8 @@ int64_t engine_import(std::vector<std::string> lines) {
   for (const std::string& line : lines) {
     size_t tab[3];
     tab[0] = line.find('\t');
-    for (size_t i = 1; i < 3; ++i) tab[i] = tab[i - 1] == std::string::npos ? tab[i - 1] : line.find('\t', tab[i - 1] + 1);
+    for (size_t i = 1; i < 3; ++i)
+      tab[i] = tab[i - 1] == std::string::npos ? tab[i - 1] : line.find('\t', tab[i - 1] + 1);
     TORCH_CHECK(tab[2] != std::string::npos, "engine choice '", line,
                 "' is not '<key>\\t<engine>\\t<margin>\\t<report>'");
     Key key{};

@@ -174,7 +174,8 @@ def _read(path):
         return {}
     if isinstance(data, dict) and data.get("format") == 1:
         return {}  # 28-field keys: replaced by this run's choices
-    if not isinstance(data, dict) or data.get("format") not in (2, _FORMAT) or not isinstance(data.get("machines"), dict):
+    known = isinstance(data, dict) and data.get("format") in (2, _FORMAT)
+    if not known or not isinstance(data.get("machines"), dict):
         warnings.warn(f"fastpipe: ignoring the conv engine cache {path}: not a format-2 or {_FORMAT} fastpipe cache",
                       stacklevel=3)
         return {}

@@ -20,6 +20,7 @@ pytestmark = pytest.mark.skipif(not torch.backends.mkldnn.is_available(),
 
 THIN = "runner_up=1.01 eager=1.01 spread=0.002 timings=1"
 WIDE = "runner_up=2 eager=2 spread=0.01 timings=1"
+SAVED = (": saved, later runs use it untimed]", ": saved, the next run re-times it]")  # wide, thin
 MARGIN = re.compile(r"margin x(\d+\.\d{3}) over the runner-up, x(\d+\.\d{3}) over eager, spread (\d+\.\d)%")
 
 
@@ -125,7 +126,8 @@ def test_an_older_format_file_loads_as_thin_and_is_retimed(tmp_path, loaded):
     (exported,) = torch.ops.fastpipe._conv_engine_export("cpu")
     key, engine, _, report = exported.split("\t", 3)
     path = tmp_path / "engines.json"
-    path.write_text(json.dumps({"format": 2, "machines": {fnn._engines._fingerprint(): [f"{key}\t{engine}\t{report}"]}}))
+    machines = {fnn._engines._fingerprint(): [f"{key}\t{engine}\t{report}"]}
+    path.write_text(json.dumps({"format": 2, "machines": machines}))
     fnn.clear_conv_engine_cache()
     assert fnn.load_conv_engine_choices(str(path)) == 1
     assert line_of(9).endswith("[loaded from the cache file; margin unknown (an older cache file), 1 timing; "
@@ -173,10 +175,10 @@ def test_the_report_says_whether_a_choice_is_saved(loaded):
     try:
         fnn.clear_conv_engine_cache()
         call(8)()
-        assert line_of(8).endswith((": saved, later runs use it untimed]", ": saved, the next run re-times it]")), line_of(8)
+        assert line_of(8).endswith(SAVED), line_of(8)
         loaded({5: THIN})
         run_engines(call(5))
-        assert line_of(5).endswith((": saved, later runs use it untimed]", ": saved, the next run re-times it]")), line_of(5)
+        assert line_of(5).endswith(SAVED), line_of(5)
     finally:
         torch.ops.fastpipe._conv_engine_persist("cpu", old)
 
@@ -215,7 +217,8 @@ def test_a_process_retimes_a_persisted_thin_choice_and_trusts_a_wide_one(fp, tmp
     assert ran[("5", "0")][0] == "eager,onednn" and int(ran[("5", "0")][1]) > 2, second.stdout  # re-timed
     assert ran[("5", "1")][1] == "1" and ran[("7", "0")][1] == "1" and ran[("7", "1")][1] == "1", second.stdout
     report = "\n".join(out[4:])
-    assert re.search(r"input\[2, 5, 9, 9\][^\n]* \[re-timed here \(thin when loaded\), [^\n]*, 2 timings; ", report), report
+    retimed = r"input\[2, 5, 9, 9\][^\n]* \[re-timed here \(thin when loaded\), [^\n]*, 2 timings; "
+    assert re.search(retimed, report), report
     assert re.search(r"input\[2, 7, 9, 9\].* \[loaded from the cache file; .*1 timing; wide: used untimed\]", report), report
     saved = {channels(line): line for line in json.loads(cache.read_text())["machines"][machine]}
     assert "timings=2\t" in saved[5] and saved[7].split("\t")[2] == WIDE, saved
