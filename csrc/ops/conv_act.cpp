@@ -208,6 +208,8 @@ TORCH_LIBRARY(fastpipe, m) {
   m.def("_conv_engine_force(str name) -> str", &fastpipe::conv::engine_force);
   m.def("_conv_engine_export(str device) -> str[]", &fastpipe::conv::engine_export);
   m.def("_conv_engine_import(str[] lines) -> int", &fastpipe::conv::engine_import);
+  m.def("_conv_engine_forget(str device, bool thin_only) -> str[]", &fastpipe::conv::engine_forget);
+  m.def("_conv_engine_persist(str device, bool on) -> bool", &fastpipe::conv::engine_persist);
   m.def("_conv_engine_perturb_check(str name, float amount) -> ()", &fastpipe::conv::engine_perturb_check);
   m.def("_conv_engine_time_unvalidated(bool on) -> bool", &fastpipe::conv::engine_time_unvalidated);
   m.def("_conv_pick_engine(float[] fastest, float[] ratio) -> int", &fastpipe::conv::pick_engine_op);

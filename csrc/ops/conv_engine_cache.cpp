@@ -1,9 +1,11 @@
 // The engine cache's report and persistence: the cached choices as lines for people, and as text that
-// fastpipe/nn/_engines.py keeps in a file so that the next run makes the same choices without timing.
+// fastpipe/nn/_engines.py keeps in a file so that the next run makes the same choices without timing,
+// with the margin each was made by (a thin one is re-timed by the next run: conv_tuner_state.h).
 #include <ATen/core/Tensor.h>
 #include <c10/core/Device.h>
 
 #include <algorithm>
+#include <cstdlib>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -13,28 +15,126 @@
 
 namespace fastpipe::conv {
 
+namespace {
+
+int64_t device_type(c10::string_view device) {
+  return static_cast<int64_t>(c10::Device(std::string(device)).type());
+}
+
+std::string key_text(const Key& key) {
+  std::ostringstream s;
+  for (size_t i = 0; i < key.size(); ++i) s << (i ? "," : "") << key[i];
+  return s.str();
+}
+
+// What the report adds to a choice's line: where it comes from, its margin, and what later runs do with it.
+std::string status(const Choice& c, bool persisted) {
+  if (!c.timed) return " [eager alone: not timed, not saved]";
+  const char* origins[] = {"timed here", "loaded from the cache file",
+                           "re-timed here (thin when loaded), kept the loaded choice",
+                           "re-timed here (thin when loaded), replacing the loaded choice"};
+  std::ostringstream s;
+  s.setf(std::ios::fixed);
+  s.precision(3);
+  const Margin& m = c.margin;
+  s << " [" << origins[static_cast<int>(c.origin)] << "; ";
+  if (m.vs_runner_up == m.vs_runner_up) {  // not NaN
+    s << "margin x" << m.vs_runner_up << " over the runner-up, x" << m.vs_eager << " over eager, spread ";
+    s.precision(1);
+    s << 100 * m.spread << "%";
+  } else {
+    s << "margin unknown (an older cache file)";
+  }
+  s << ", " << m.timings << (m.timings == 1 ? " timing; " : " timings; ");
+  if (!is_thin(m)) {
+    s << "wide";
+    if (c.origin == Origin::kLoaded) {
+      s << ": used untimed";
+    } else if (persisted) {
+      s << ": saved, later runs use it untimed";
+    }
+    if (!persisted) s << ", not saved (per process)";
+  } else if (m.timings >= kMaxTimings) {
+    s << "thin after " << m.timings << " timings: its engines are within noise of each other, kept untimed";
+  } else if (c.retime) {
+    s << "thin: re-timed at its first call";
+  } else {
+    s << "thin" << (persisted ? ": saved, the next run re-times it" : ", not saved (per process)");
+  }
+  return s.str() + "]";
+}
+
+// Margin fields as the cache file keeps them; an empty field (format 2) is an unknown margin.
+std::string margin_text(const Margin& m) {
+  std::ostringstream s;
+  s.precision(6);
+  s << "runner_up=" << m.vs_runner_up << " eager=" << m.vs_eager << " spread=" << m.spread << " timings=" << m.timings;
+  return s.str();
+}
+
+Margin parse_margin(const std::string& text, const std::string& line) {
+  Margin m;
+  std::istringstream fields(text);
+  std::string field;
+  while (fields >> field) {
+    const size_t eq = field.find('=');
+    const std::string name = field.substr(0, eq), value = eq == std::string::npos ? "" : field.substr(eq + 1);
+    char* end = nullptr;
+    const double v = std::strtod(value.c_str(), &end);
+    TORCH_CHECK(!value.empty() && *end == '\0', "engine choice '", line, "': margin field '", field,
+                "' is not <name>=<number>");
+    if (name == "runner_up") {
+      m.vs_runner_up = v;
+    } else if (name == "eager") {
+      m.vs_eager = v;
+    } else if (name == "spread") {
+      m.spread = v;
+    } else if (name == "timings") {
+      TORCH_CHECK(v >= 1 && v == static_cast<int>(v), "engine choice '", line,
+                  "': timings must be a positive integer, got ", value);
+      m.timings = static_cast<int>(v);
+    } else {
+      TORCH_CHECK(false, "engine choice '", line, "': unknown margin field '", name, "'");
+    }
+  }
+  return m;
+}
+
+}  // namespace
+
+Choice merge_retimed(Choice saved, Choice fresh) {
+  auto strength = [](const Margin& m) { return (m.vs_runner_up - 1) / std::max(m.spread, 0.005); };
+  const int timings = saved.margin.timings + fresh.margin.timings;
+  // A fresh key with eager alone (a candidate failing here now) runs what this process can run.
+  const bool keep_saved = fresh.timed && strength(saved.margin) > strength(fresh.margin);  // NaN: false
+  Choice kept = keep_saved ? std::move(saved) : std::move(fresh);
+  kept.margin.timings = timings;
+  kept.origin = keep_saved ? Origin::kRetimedKept : Origin::kRetimedReplaced;
+  kept.retime = false;
+  return kept;
+}
+
 std::vector<std::string> engine_cache() {
   TunerState& st = tuner_state();
   std::lock_guard<std::mutex> lock(st.mutex);
   std::vector<std::string> lines;
-  for (const auto& [key, choice] : st.cache) lines.push_back(choice.report);
+  for (const auto& [key, choice] : st.cache)
+    lines.push_back(choice.report + status(choice, st.persisted.count(key[0])));
   std::sort(lines.begin(), lines.end());
   return lines;
 }
 
-// "<key fields, comma-separated>\t<engine>\t<report>" per cached choice of `device` type's keys.
+// "<key fields, comma-separated>\t<engine>\t<margin>\t<report>" per timed choice of `device` type's keys.
 std::vector<std::string> engine_export(c10::string_view device) {
-  const auto type = static_cast<int64_t>(c10::Device(std::string(device)).type());
+  const int64_t type = device_type(device);
   TunerState& st = tuner_state();
   std::lock_guard<std::mutex> lock(st.mutex);
   std::vector<std::string> lines;
   for (const auto& [key, choice] : st.cache) {
     if (key[0] != type || !choice.timed) continue;
-    std::ostringstream s;
-    for (size_t i = 0; i < key.size(); ++i) s << (i ? "," : "") << key[i];
-    s << '\t' << st.devices.at(slot(static_cast<c10::DeviceType>(type), key[1])).candidates[choice.index].name << '\t'
-      << choice.report;
-    lines.push_back(s.str());
+    const auto& cands = st.devices.at(slot(static_cast<c10::DeviceType>(type), key[1])).candidates;
+    lines.push_back(key_text(key) + '\t' + cands[choice.index].name + '\t' + margin_text(choice.margin) + '\t' +
+                    choice.report);
   }
   std::sort(lines.begin(), lines.end());
   return lines;
@@ -45,11 +145,14 @@ int64_t engine_import(std::vector<std::string> lines) {
   std::lock_guard<std::mutex> lock(st.mutex);
   int64_t added = 0;
   for (const std::string& line : lines) {
-    const size_t tab1 = line.find('\t');
-    const size_t tab2 = tab1 == std::string::npos ? tab1 : line.find('\t', tab1 + 1);
-    TORCH_CHECK(tab2 != std::string::npos, "engine choice '", line, "' is not '<key>\\t<engine>\\t<report>'");
+    size_t tab[3];
+    tab[0] = line.find('\t');
+    for (size_t i = 1; i < 3; ++i)
+      tab[i] = tab[i - 1] == std::string::npos ? tab[i - 1] : line.find('\t', tab[i - 1] + 1);
+    TORCH_CHECK(tab[2] != std::string::npos, "engine choice '", line,
+                "' is not '<key>\\t<engine>\\t<margin>\\t<report>'");
     Key key{};
-    std::istringstream fields(line.substr(0, tab1));
+    std::istringstream fields(line.substr(0, tab[0]));
     std::string field;
     size_t n = 0;
     while (std::getline(fields, field, ',')) {
@@ -64,20 +167,53 @@ int64_t engine_import(std::vector<std::string> lines) {
                   "' is not an integer");
     }
     TORCH_CHECK(n == key.size(), "engine choice '", line, "' has ", n, " key fields, expected ", key.size());
+    const Margin margin = parse_margin(line.substr(tab[1] + 1, tab[2] - tab[1] - 1), line);
     // Engines of a device type this build lacks, or renamed since, are skipped: those keys are timed anew.
     if (key[0] < 0 || key[0] >= static_cast<int64_t>(c10::DeviceType::COMPILE_TIME_MAX_DEVICE_TYPES) ||
         (key[1] != 0 && key[1] != 1))
       continue;
     auto dev = st.devices.find(slot(static_cast<c10::DeviceType>(key[0]), key[1]));
     if (dev == st.devices.end()) continue;
-    const std::string name = line.substr(tab1 + 1, tab2 - tab1 - 1);
+    const std::string name = line.substr(tab[0] + 1, tab[1] - tab[0] - 1);
     const auto& cands = dev->second.candidates;
     auto it = std::find_if(cands.begin(), cands.end(), [&](const Candidate& c) { return name == c.name; });
     if (it == cands.end()) continue;
-    added += st.cache.emplace(key, Choice{static_cast<size_t>(it - cands.begin()), line.substr(tab2 + 1) + " [saved]", true})
-                 .second;
+    Choice choice{static_cast<size_t>(it - cands.begin()), line.substr(tab[2] + 1), true, margin, Origin::kLoaded,
+                  is_thin(margin) && margin.timings < kMaxTimings};
+    added += st.cache.emplace(key, std::move(choice)).second;
   }
   return added;
+}
+
+std::vector<std::string> engine_forget(c10::string_view device, bool thin_only) {
+  const int64_t type = device_type(device);
+  TunerState& st = tuner_state();
+  std::lock_guard<std::mutex> lock(st.mutex);
+  std::vector<std::string> keys;
+  for (auto it = st.cache.begin(); it != st.cache.end();) {
+    if (it->first[0] == type && (!thin_only || (it->second.timed && is_thin(it->second.margin)))) {
+      keys.push_back(key_text(it->first));
+      it = st.cache.erase(it);
+    } else {
+      ++it;
+    }
+  }
+  ++st.generation;  // threads' lookup caches may hold a forgotten choice
+  std::sort(keys.begin(), keys.end());
+  return keys;
+}
+
+bool engine_persist(c10::string_view device, bool on) {
+  const int64_t type = device_type(device);
+  TunerState& st = tuner_state();
+  std::lock_guard<std::mutex> lock(st.mutex);
+  const bool was = st.persisted.count(type);
+  if (on) {
+    st.persisted.insert(type);
+  } else {
+    st.persisted.erase(type);
+  }
+  return was;
 }
 
 }  // namespace fastpipe::conv

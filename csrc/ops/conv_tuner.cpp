@@ -141,10 +141,28 @@ size_t pick_engine(at::ArrayRef<double> fastest, at::ArrayRef<double> ratio) {
   return best;
 }
 
-double median(std::vector<double> v) {
+// The p-quantile of v (0.5: the median), interpolated between neighbours.
+double quantile(std::vector<double> v, double p) {
   std::sort(v.begin(), v.end());
-  const size_t n = v.size();
-  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+  const double at = p * static_cast<double>(v.size() - 1);
+  const size_t lo = static_cast<size_t>(at);
+  return lo + 1 < v.size() ? v[lo] + (at - lo) * (v[lo + 1] - v[lo]) : v[lo];
+}
+
+// The margin of candidate `chosen` from the rounds' times relative to eager's: over the best of the other
+// live candidates (paired by round, so that a burst slowing one round cancels out), and over eager.
+Margin margin_of(size_t chosen, const std::vector<size_t>& live, const std::vector<std::vector<double>>& ratios,
+                 at::ArrayRef<double> ratio) {
+  size_t runner_up = chosen;
+  for (size_t i : live)
+    if (i != chosen && (runner_up == chosen || ratio[i] < ratio[runner_up])) runner_up = i;
+  std::vector<double> over(ratios[chosen].size());
+  for (size_t r = 0; r < over.size(); ++r) over[r] = ratios[runner_up][r] / std::max(ratios[chosen][r], 1e-12);
+  Margin m;
+  m.vs_runner_up = quantile(over, 0.5);
+  m.vs_eager = 1.0 / ratio[chosen];
+  m.spread = (quantile(over, 0.75) - quantile(over, 0.25)) / 2 / m.vs_runner_up;
+  return m;
 }
 
 double now_ms() {
@@ -299,6 +317,7 @@ Choice tune(TunerState& st, const ConvArgs& a, const DeviceCandidates& dev) {
   }
   std::vector<double> times(cands.size(), std::numeric_limits<double>::infinity());
   std::vector<double> ratio(cands.size(), std::numeric_limits<double>::infinity());
+  std::vector<std::vector<double>> ratios(cands.size());  // per candidate, per round: its time over eager's
   if (live.size() > 1) {
     // The rounds are sized from a call after the warm-up, which paid for plans, autotuning and lazy
     // loading: sized from the warm-up itself, a GPU key would get the fewest rounds.
@@ -308,7 +327,6 @@ Choice tune(TunerState& st, const ConvArgs& a, const DeviceCandidates& dev) {
     // relative to eager's in the same round. About 150 ms of rounds, 5 to 31: fast calls are the
     // noisiest and cheapest to repeat.
     const int rounds = static_cast<int>(std::clamp(150.0 / std::max(slowest, 1e-3), 5.0, 31.0));
-    std::vector<std::vector<double>> ratios(cands.size());
     for (int r = 0; r < rounds; ++r) {
       std::vector<double> t(cands.size());
       for (size_t i : live) {
@@ -317,13 +335,14 @@ Choice tune(TunerState& st, const ConvArgs& a, const DeviceCandidates& dev) {
       }
       for (size_t i : live) ratios[i].push_back(t[i] / std::max(t[0], 1e-9));
     }
-    for (size_t i : live) ratio[i] = median(ratios[i]);
+    for (size_t i : live) ratio[i] = quantile(ratios[i], 0.5);
   } else {
     times[0] = 0;  // eager alone
   }
   ratio[0] = 1.0;
   Choice choice{pick_engine(times, ratio), describe(a) + " -> ", live.size() > 1};
   choice.report += cands[choice.index].name;
+  if (choice.timed) choice.margin = margin_of(choice.index, live, ratios, ratio);
   if (live.size() > 1 || !failures.empty()) {
     std::ostringstream s;
     s.precision(4);
@@ -385,21 +404,35 @@ Selection select_engine(const ConvArgs& a) {
   const uint64_t generation = st.generation.load(std::memory_order_acquire);
   for (const RecentChoice& r : recent)
     if (r.generation == generation && r.dev == dev && r.key == key) return Selection{dev, r.index, false};
-  size_t index;
-  {
-    std::unique_lock<std::mutex> lock(st.mutex);
-    auto it = st.cache.find(key);
-    if (it != st.cache.end()) {
-      index = it->second.index;
-    } else {
-      lock.unlock();
-      if (dev->hooks.capturing && dev->hooks.capturing()) return eager;  // timing would break a graph capture
-      Choice choice = tune(st, a, *dev);
-      index = choice.index;
-      lock.lock();
-      st.cache.emplace(key, std::move(choice));
-    }
+  std::unique_lock<std::mutex> lock(st.mutex);
+  auto it = st.cache.find(key);
+  if (it != st.cache.end() && !it->second.retime) {
+    const size_t index = it->second.index;
+    lock.unlock();
+    recent[recent_next++ % kRecent] = RecentChoice{generation, key, dev, index};
+    return Selection{dev, index, false};
   }
+  // A new key, or a thin loaded choice's first call: timed now, unless that would break a graph capture
+  // (then the loaded choice, or eager, runs and the key stays out of `recent` to be timed after it).
+  const std::optional<size_t> loaded = it == st.cache.end() ? std::nullopt : std::optional(it->second.index);
+  lock.unlock();
+  if (dev->hooks.capturing && dev->hooks.capturing()) return Selection{dev, loaded.value_or(0), false};
+  lock.lock();
+  it = st.cache.find(key);
+  const bool retime = it != st.cache.end() && it->second.retime;
+  if (it != st.cache.end() && !retime) return Selection{dev, it->second.index, false};  // another thread timed it
+  if (retime) it->second.retime = false;  // once per process, whatever this timing finds
+  lock.unlock();
+  Choice choice = tune(st, a, *dev);
+  lock.lock();
+  it = st.cache.find(key);
+  if (it == st.cache.end()) {
+    it = st.cache.emplace(key, std::move(choice)).first;
+  } else if (retime) {
+    it->second = merge_retimed(std::move(it->second), std::move(choice));
+  }
+  const size_t index = it->second.index;
+  lock.unlock();
   recent[recent_next++ % kRecent] = RecentChoice{generation, key, dev, index};
   return Selection{dev, index, false};
 }

@@ -72,8 +72,15 @@ std::string engine_force(c10::string_view name);
 // The cached choices of a device type's keys as text, and adding such text to the cache (keys already
 // cached keep their choice; returns how many were added): fastpipe/nn/_engines.py keeps them in a file
 // so that the next run makes the same choices without timing.
+// Each line carries the margin the choice was made by; a thin one is re-timed at its first call.
 std::vector<std::string> engine_export(c10::string_view device);
 int64_t engine_import(std::vector<std::string> lines);
+// Forgets a device type's cached choices (with thin_only, the timed ones whose margin is thin) so that
+// their next calls are timed; returns their keys as engine_export writes them.
+std::vector<std::string> engine_forget(c10::string_view device, bool thin_only);
+// Whether a device type's choices are saved at exit (only what the report says; _engines.py saves them).
+// Returns the previous setting.
+bool engine_persist(c10::string_view device, bool on);
 int64_t pick_engine_op(at::ArrayRef<double> fastest, at::ArrayRef<double> ratio);
 // Test hook: with `on`, the candidates not yet validated are timed too (as if validated), so that a GPU test
 // can make a new key timeable; forgets every choice. Returns the previous setting.

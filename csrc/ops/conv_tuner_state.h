@@ -7,6 +7,7 @@
 #include <array>
 #include <atomic>
 #include <cstdint>
+#include <limits>
 #include <mutex>
 #include <string>
 #include <unordered_map>
@@ -47,11 +48,43 @@ struct KeyHash {
   }
 };
 
+// How decisively a timing picked its engine, from the per-round times the tuner measured (NaN: unknown,
+// as for a choice read from a format-2 cache file).
+struct Margin {
+  static constexpr double kUnknown = std::numeric_limits<double>::quiet_NaN();
+  double vs_runner_up = kUnknown;  // median over rounds of the runner-up's time over the chosen one's
+  double vs_eager = kUnknown;      // the same against eager (1 when eager was chosen)
+  double spread = kUnknown;        // half the interquartile range of vs_runner_up's rounds, over their median
+  int timings = 1;                 // timings (one per process) this evidence was chosen from
+};
+
+// A choice is thin when its runner-up is within kThinMargin of it or within twice the spread of its
+// rounds (a choice made while the machine was busy can be that far off: issue 21 saw 0.89-0.94x where a
+// quiet re-run gave 0.96-1.06x). A thin choice read from the cache file is re-timed at its first call,
+// until kMaxTimings timings agree it is thin: its engines are then within noise of each other, and
+// re-timing on every start would cost ~150 ms per key for at most kThinMargin.
+inline constexpr double kThinMargin = 1.10;
+inline constexpr int kMaxTimings = 3;
+inline bool is_thin(const Margin& m) {
+  return !(m.vs_runner_up >= kThinMargin && m.vs_runner_up - 1 >= 2 * m.spread);  // NaN: thin
+}
+
+// Where a cached choice comes from: timed in this process, read from the cache file, or read thin and
+// re-timed here (keeping the loaded choice or replacing it: merge_retimed).
+enum class Origin { kTimed, kLoaded, kRetimedKept, kRetimedReplaced };
+
 struct Choice {
   size_t index;
-  std::string report;
+  std::string report;  // the call, the engine and each candidate's times
   bool timed;  // candidates were compared (else eager alone could run: nothing worth keeping across runs)
+  Margin margin{};
+  Origin origin = Origin::kTimed;
+  bool retime = false;  // loaded thin: its first call in this process times it again (then cleared)
 };
+
+// The choice a re-timing keeps: the one whose margin over its runner-up is the more decisive in units of
+// its own spread (a busy machine's rounds spread wide), the fresh one on a tie or an unknown old margin.
+Choice merge_retimed(Choice saved, Choice fresh);
 
 struct TunerState {
   std::mutex mutex;
@@ -72,6 +105,8 @@ struct TunerState {
   std::unordered_set<std::string> warned;  // warnings already given (each is given once)
   // Test hook (engine_time_unvalidated): unvalidated candidates are timed too.
   std::atomic<bool> time_unvalidated{false};
+  // Device types whose choices fastpipe/nn/_engines.py saves at exit (the report says so), by mutex.
+  std::unordered_set<int64_t> persisted;
 };
 
 // The process's one state (never destroyed: engines may run during interpreter shutdown).

@@ -232,7 +232,9 @@ def measure_row(row, opts, dtype_name, batch, layout, mode, timer):
                 raise
             ran[forcing.pop(name)] = ["failed: " + str(e).splitlines()[0]]
             del runs[name]
-    engines = sorted({line.split(" -> ")[1].split()[0] for line in fnn.conv_engine_cache()})
+    choices = fnn.conv_engine_cache()
+    engines = sorted({line.split(" -> ")[1].split()[0] for line in choices})
+    thin = sum("; thin" in line for line in choices)  # choices the next run would re-time
     for name, engine in forcing.items():
         with fnn.use_conv_engine(engine):
             ran[engine] = engines_ran(runs[name])
@@ -249,7 +251,7 @@ def measure_row(row, opts, dtype_name, batch, layout, mode, timer):
         "dtype": dtype_name, "batch": batch, "layout": layout, "mode": mode,
         "ms": {k: v * 1e3 for k, v in times.items()},
         "speedup": times["eager"] / times["fused"],
-        "engines": engines,
+        "engines": engines, "thin_choices": thin, "choices": len(choices),
     }
     if "compile" in times:
         result["speedup_vs_compile"] = times["compile"] / times["fused"]
@@ -308,6 +310,7 @@ def median_over_runs(runs):
                 r[k] = bc.median(x[k] for x in rs)
                 r[k + "_runs"] = [round(x[k], 4) for x in rs]
         r["engines"] = sorted({e for x in rs for e in x["engines"]})
+        r["thin_choices"] = max(x["thin_choices"] for x in rs)
         if "forced" in r:
             r["forced"] = {e: {"speedup": bc.median(x["forced"][e]["speedup"] for x in rs),
                                "ran": sorted({n for x in rs for n in x["forced"][e]["ran"]})} for e in r["forced"]}
@@ -330,7 +333,8 @@ def report_layers(rows, summary, out):
                          + ([bc.fmt(ms.get("compile"), ".3f")] if has_compile else [])
                          + [bc.fmt(r["speedup"], ".2f") + "x"]
                          + ([bc.fmt(r.get("speedup_vs_compile"), ".2f") + "x"] if has_compile else [])
-                         + [",".join(r["engines"])])
+                         + [",".join(r["engines"]) + (f" ({r['thin_choices']}/{r['choices']} thin)"
+                                                       if r["thin_choices"] else "")])
         out.table(headers, table, title=f"layers: {config}", align="l" + "r" * (len(headers) - 2) + "l")
     forced = [r for r in rows if "forced" in r]
     if forced:

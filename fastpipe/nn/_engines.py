@@ -30,13 +30,26 @@ for tests: never chosen by timing). A name forces both the forward and the backw
 one that is only one of them leaves the other to eager. The profiler shows the backward engine each
 call ran as ``fastpipe::conv_engine_backward.<name>``.
 
-The CPU choices persist: a key chosen by one run is not timed again by the next, which makes the same
-choice (a key whose candidates are within noise of the 3% margin would otherwise flip from run to run
-on a busy machine), and a model's first call skips the ~150 ms of timing per key. They are kept in
-``FASTPIPE_CONV_CACHE`` (default ``$XDG_CACHE_HOME/fastpipe/conv_engines.json``, i.e.
-``~/.cache/fastpipe/``; ``off`` disables it), read when ``fastpipe.nn`` is imported and merged back at
-exit, under the machine's fingerprint (CPU model and flags, torch and fastpipe versions): a file shared
-by different machines or versions keeps each one's choices apart. GPU choices are made per process.
+The CPU choices persist, each with the margin it was made by: a key chosen decisively by one run is not
+timed again by the next, which makes the same choice and skips the ~150 ms of timing per key at a
+model's first call. They are kept in ``FASTPIPE_CONV_CACHE`` (default
+``$XDG_CACHE_HOME/fastpipe/conv_engines.json``, i.e. ``~/.cache/fastpipe/``; ``off`` disables it), read
+when ``fastpipe.nn`` is imported and merged back at exit, under the machine's fingerprint (CPU model and
+flags, torch and fastpipe versions): a file shared by different machines or versions keeps each one's
+choices apart. GPU choices are made per process.
+
+A choice's margin is how much faster it ran than the runner-up and than eager (the median over the
+timing's rounds of the paired time ratios) and the spread of those rounds (half their interquartile
+range). A choice is *thin* when the runner-up is within 10% of it or within twice that spread: a choice
+timed while the machine was busy can be that far off (0.89-0.94x fuse() against plain BN folding right
+after a busy period, 0.96-1.06x on a quiet re-run), and 10% is where a wrong choice starts to cost more
+than run-to-run noise. A thin choice read from the file is timed again at its first call in the process
+(once, never inside a CUDA graph capture), and the two timings merge: the one more decisive in units of
+its own spread is kept (a busy machine's rounds spread wide), the count of timings grows. A key still
+thin after 3 timings has engines within noise of each other and is trusted as is. A choice from a
+format-2 file has no margin: it is thin. ``retune()`` forgets the choices (all, or the thin ones) so that
+the next calls time afresh; the file is updated at exit. ``conv_engine_cache()`` says per key where its
+choice comes from (timed here, loaded from the file, re-timed), its margin, and whether it is thin.
 """
 
 import atexit
@@ -57,10 +70,11 @@ from fastpipe._ext import build_info
 
 
 __all__ = ["conv_engines", "conv_engine_cache", "clear_conv_engine_cache", "use_conv_engine",
-           "use_conv_act_backward", "save_conv_engine_choices", "load_conv_engine_choices"]
+           "use_conv_act_backward", "save_conv_engine_choices", "load_conv_engine_choices", "retune"]
 
 log = logging.getLogger(__name__)
-_FORMAT = 2  # 2: keys of 30 fields (forward or backward)
+_FORMAT = 3  # 2: keys of 30 fields (forward or backward); 3: each line with the choice's margin
+_forgotten = set()  # keys retune() forgot: the next save drops them from the file unless chosen again
 
 
 def conv_engines(device="cpu", backward=False):
@@ -71,8 +85,28 @@ def conv_engines(device="cpu", backward=False):
 
 
 def conv_engine_cache():
-    """One line per cached key: the call, the engine chosen and each candidate's fastest timed call."""
+    """One line per cached key: the call, the engine chosen and each candidate's fastest timed call, then
+    in brackets where the choice comes from (timed here, loaded from the cache file, re-timed here), its
+    margin over the runner-up and over eager, the spread of its timing, and whether it is thin (re-timed
+    by a later run) or wide (saved and used untimed)."""
     return list(torch.ops.fastpipe._conv_engine_cache())
+
+
+def retune(device="cpu", thin_only=False):
+    """Forgets the engine choices of ``device``'s type (with ``thin_only``, those whose margin is thin)
+    so that the next call of each key is timed afresh; the cache file drops them at exit unless this run
+    chooses them again. Returns how many were forgotten.
+
+    Performance: each forgotten key costs ~150 ms of timing at its next call."""
+    try:
+        kind = torch.device(device).type
+    except (RuntimeError, TypeError) as e:
+        raise ValueError(f"device must name a device type such as 'cpu' or 'cuda', got {device!r}: {e}") from None
+    if not isinstance(thin_only, bool):
+        raise TypeError(f"thin_only must be a bool, got {type(thin_only).__name__}")
+    keys = list(torch.ops.fastpipe._conv_engine_forget(kind, thin_only))
+    _forgotten.update(keys)
+    return len(keys)
 
 
 def clear_conv_engine_cache():
@@ -138,13 +172,22 @@ def _read(path):
     except (OSError, ValueError) as e:
         warnings.warn(f"fastpipe: ignoring the conv engine cache {path}: {e}", stacklevel=3)
         return {}
-    if isinstance(data, dict) and isinstance(data.get("format"), int) and 0 < data["format"] < _FORMAT:
-        return {}  # an older fastpipe's keys: replaced by this run's choices
-    if not isinstance(data, dict) or data.get("format") != _FORMAT or not isinstance(data.get("machines"), dict):
-        warnings.warn(f"fastpipe: ignoring the conv engine cache {path}: not a format-{_FORMAT} fastpipe cache",
+    if isinstance(data, dict) and data.get("format") == 1:
+        return {}  # 28-field keys: replaced by this run's choices
+    known = isinstance(data, dict) and data.get("format") in (2, _FORMAT)
+    if not known or not isinstance(data.get("machines"), dict):
+        warnings.warn(f"fastpipe: ignoring the conv engine cache {path}: not a format-2 or {_FORMAT} fastpipe cache",
                       stacklevel=3)
         return {}
+    if data["format"] == 2:  # no margin: an empty field, which reads as unknown (thin)
+        return {m: [_with_unknown_margin(str(line)) for line in lines] for m, lines in data["machines"].items()}
     return data["machines"]
+
+
+def _with_unknown_margin(line):
+    key, tab, rest = line.partition("\t")
+    engine, tab2, report = rest.partition("\t")
+    return f"{key}\t{engine}\t\t{report}" if tab and tab2 else line  # else refused by the import
 
 
 def load_conv_engine_choices(path=None):
@@ -167,7 +210,7 @@ def save_conv_engine_choices(path=None):
     Returns the path written, or None when there was nothing to save or no cache."""
     path = path or _default_cache_path()
     lines = list(torch.ops.fastpipe._conv_engine_export("cpu"))
-    if path is None or not lines:
+    if path is None or not (lines or _forgotten):
         return None
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
     with open(path + ".lock", "w") as lock:
@@ -175,8 +218,11 @@ def save_conv_engine_choices(path=None):
         machines = _read(path)
         key = _fingerprint()
         merged = {line.split("\t", 1)[0]: line for line in machines.get(key, [])}
-        # This run's choices win: a saved one was either loaded (then it is the same) or made elsewhere.
-        merged.update((line.split("\t", 1)[0], line.replace(" [saved]", "")) for line in lines)
+        for forgotten in _forgotten:
+            merged.pop(forgotten, None)
+        # This run's choices win: a saved one was either loaded (then it is the same, or re-timed and merged
+        # with it) or made elsewhere.
+        merged.update((line.split("\t", 1)[0], line) for line in lines)
         machines[key] = sorted(merged.values())
         fd, tmp = tempfile.mkstemp(dir=os.path.dirname(os.path.abspath(path)), prefix=".conv_engines.")
         with os.fdopen(fd, "w") as f:
@@ -193,5 +239,6 @@ def _save_at_exit():
 
 
 if _default_cache_path() is not None:
+    torch.ops.fastpipe._conv_engine_persist("cpu", True)  # for the report: CPU choices are saved at exit
     load_conv_engine_choices()
     atexit.register(_save_at_exit)

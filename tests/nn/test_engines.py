@@ -186,7 +186,7 @@ def test_auto_choice_on_a_cpu_without_the_dtype_never_tries_onednn(onednn_dtypes
     _, ran, warned = engine_warnings(call_with(dtype))
     assert ran == ["eager"] and warned == [], "a declined candidate is neither timed nor warned about"
     (line,) = fnn.conv_engine_cache()
-    assert line.endswith("-> eager"), line
+    assert line.endswith("-> eager [eager alone: not timed, not saved]"), line
 
 
 @pytest.mark.skipif(not HAS_ONEDNN, reason="torch without oneDNN")
@@ -303,7 +303,8 @@ def test_the_environment_variable_is_read_at_load(fp):
 
 def test_choices_persist_from_run_to_run(fp, tmp_path):
     """A run saves its CPU choices at exit; the next run on the same machine loads them and makes the
-    same choice for each key without timing it (the cache report says [saved])."""
+    same choice for each key whose margin was wide without timing it (the cache report says loaded);
+    a thin one it re-times (test_engine_margins.py makes both happen on purpose)."""
     cache = tmp_path / "engines.json"
     code = """
         import sys, torch
@@ -318,15 +319,18 @@ def test_choices_persist_from_run_to_run(fp, tmp_path):
     """
     first = fp.run_python(code, env={"FASTPIPE_CONV_CACHE": str(cache)})
     assert first.returncode == 0, fp.describe_exit(first)
-    chosen = sorted(line.split(" (ms:")[0] for line in first.stdout.splitlines())
-    assert len(chosen) == 3 and "[saved]" not in first.stdout, first.stdout
+    lines = first.stdout.splitlines()
+    assert len(lines) == 3 and all(" [timed here; margin x" in line for line in lines), first.stdout
+    wide = sorted(line.split(" (ms:")[0] for line in lines if "; wide: saved, later runs use it untimed]" in line)
     second = fp.run_python(code, env={"FASTPIPE_CONV_CACHE": str(cache)})
     assert second.returncode == 0, fp.describe_exit(second)
     lines = second.stdout.splitlines()
-    assert len(lines) == 3 and all(line.endswith(" [saved]") for line in lines), second.stdout
-    assert sorted(line.split(" (ms:")[0] for line in lines) == chosen
+    assert len(lines) == 3 and all(" [loaded from the cache file;" in line or " [re-timed here" in line
+                                   for line in lines), second.stdout
+    assert sorted(line.split(" (ms:")[0] for line in lines if " [loaded from the cache file;" in line) == wide
     off = fp.run_python(code, env={"FASTPIPE_CONV_CACHE": "off"})
-    assert off.returncode == 0 and "[saved]" not in off.stdout, fp.describe_exit(off)
+    assert off.returncode == 0 and "loaded" not in off.stdout, fp.describe_exit(off)
+    assert all(line.endswith(", not saved (per process)]") for line in off.stdout.splitlines()), off.stdout
 
 
 def test_saved_choices_are_kept_per_machine(tmp_path):
@@ -345,7 +349,7 @@ def test_saved_choices_are_kept_per_machine(tmp_path):
     fnn.clear_conv_engine_cache()
     assert fnn.load_conv_engine_choices(path) == 1
     (line,) = fnn.conv_engine_cache()
-    assert line.endswith("[saved]") and line.split(" [saved]")[0] == mine[0].split("\t", 2)[2]
+    assert line.startswith(mine[0].split("\t", 3)[3] + " [loaded from the cache file; margin x"), (line, mine)
     assert fnn.load_conv_engine_choices(path) == 0  # a key already chosen keeps its choice
     fnn.save_conv_engine_choices(path)
     with open(path) as f:
@@ -365,7 +369,7 @@ def test_an_older_fastpipes_cache_is_replaced_without_a_warning(tmp_path):
     small_call()()
     fnn.save_conv_engine_choices(str(path))
     data = json.loads(path.read_text())
-    assert data["format"] == 2 and "m" not in data["machines"]
+    assert data["format"] == 3 and "m" not in data["machines"]
     (lines,) = data["machines"].values()
     assert [len(line.split("\t")[0].split(",")) for line in lines] == [30]
     fnn.clear_conv_engine_cache()
@@ -382,9 +386,13 @@ def test_a_broken_cache_file_is_ignored_with_a_warning(tmp_path, content):
 @pytest.mark.parametrize(
     "line,error",
     [
-        ("1,2\tonednn\tr", "has 2 key fields"),
-        (",".join(["0"] * 29) + ",x\teager\tr", "is not an integer"),
+        ("1,2\tonednn\t\tr", "has 2 key fields"),
+        (",".join(["0"] * 29) + ",x\teager\t\tr", "is not an integer"),
         ("no tabs", "is not '<key>"),
+        (",".join(["0"] * 30) + "\teager\tr", r"is not '<key>\\t<engine>\\t<margin>"),  # format 2's
+        (",".join(["0"] * 30) + "\teager\trunner_up=fast\tr", "margin field 'runner_up=fast' is not <name>=<number>"),
+        (",".join(["0"] * 30) + "\teager\tvotes=3\tr", "unknown margin field 'votes'"),
+        (",".join(["0"] * 30) + "\teager\ttimings=0\tr", "timings must be a positive integer, got 0"),
     ],
 )
 def test_malformed_saved_choices_are_refused(line, error):
@@ -395,10 +403,11 @@ def test_malformed_saved_choices_are_refused(line, error):
 def test_saved_choices_of_unknown_engines_or_devices_are_skipped():
     fnn.clear_conv_engine_cache()
     key = ",".join(["0"] * 30)
-    assert torch.ops.fastpipe._conv_engine_import([f"{key}\tno-such-engine\tr"]) == 0
-    assert torch.ops.fastpipe._conv_engine_import([f"{key.replace('0', '99', 1)}\teager\tr"]) == 0
-    assert torch.ops.fastpipe._conv_engine_import([f"{key}\teager\tr"]) == 1
-    assert fnn.conv_engine_cache() == ["r [saved]"]
+    assert torch.ops.fastpipe._conv_engine_import([f"{key}\tno-such-engine\t\tr"]) == 0
+    assert torch.ops.fastpipe._conv_engine_import([f"{key.replace('0', '99', 1)}\teager\t\tr"]) == 0
+    assert torch.ops.fastpipe._conv_engine_import([f"{key}\teager\t\tr"]) == 1
+    (line,) = fnn.conv_engine_cache()
+    assert line.startswith("r [loaded from the cache file; margin unknown"), line
     fnn.clear_conv_engine_cache()
 
 
@@ -421,7 +430,7 @@ def test_an_engine_not_yet_validated_on_a_gpu_runs_only_when_forced(engine, resi
     _, ran, _ = engine_warnings(call)
     assert ran == ["eager"]
     (line,) = fnn.conv_engine_cache()
-    assert line.endswith("-> eager"), line
+    assert line.endswith("-> eager [eager alone: not timed, not saved]"), line
     with fnn.use_conv_engine(engine):
         got, ran, warned = engine_warnings(call)
     assert ran == [engine] and warned == [], (ran, warned)
