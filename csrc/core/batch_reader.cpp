@@ -168,7 +168,7 @@ BatchReader::BatchReader(std::vector<ColumnSpec> columns, ReaderOptions opt) : o
   if (opt.num_threads == 0) {
     bool any_direct = false;
     for (const Column& c : st->columns) any_direct |= c.file && c.file->mode() == IoMode::kDirect;
-    opt.num_threads = default_num_threads(usable_cores(), any_direct, record_bytes_total);
+    opt.num_threads = default_num_threads(usable_cores(), any_direct);
   }
   st->opt = opt;
   st->chunk_records = chunk_records(opt.batch_size, opt.num_threads, record_bytes_total, decodes);

@@ -21,13 +21,9 @@ constexpr int64_t kSmallRecord = 64 << 10;
 // is smaller than kMinChunkBytes: below that, handing work between threads costs more than it saves.
 constexpr int64_t kChunkBytes = 1 << 20;
 constexpr int64_t kMinChunkBytes = 256 << 10;
-// Reader threads by default: for small records (mapped, copied at GB/s by one thread) the usable cores
-// but one, which stays with the training thread: on 2 cores two readers made a loop of short steps
-// about 33% longer (a sleeping step's wake-up finds both cores taken), one reader about 5% (issue 21);
-// for larger records the usable cores, at least 2 (one thread cannot keep up with a step of twice the
-// gather time there); more for O_DIRECT, whose threads mostly wait on the device: random record reads
-// reach a disk's sequential bandwidth only with a deep queue (measured: 16 reads in flight on a virtio
-// disk).
+// Reader threads by default: the usable cores (compute-bound gathers), or more for O_DIRECT, whose
+// threads mostly wait on the device: random record reads reach a disk's sequential bandwidth only with
+// a deep queue (measured: 16 reads in flight on a virtio disk).
 constexpr int kMaxDefaultThreads = 8;
 constexpr int kDirectDefaultThreads = 16;
 // Images to decode: at most this many per work item (a decode takes about a millisecond; handing out
@@ -108,9 +104,8 @@ IoMode choose_mode(IoMode io, int64_t record_bytes, int64_t total_data_bytes, in
   return IoMode::kMmap;
 }
 
-int default_num_threads(long cores, bool any_direct, int64_t record_bytes) {
-  const int threads = static_cast<int>(record_bytes < kSmallRecord ? std::clamp<long>(cores - 1, 1, kMaxDefaultThreads)
-                                                                    : std::clamp<long>(cores, 2, kMaxDefaultThreads));
+int default_num_threads(long cores, bool any_direct) {
+  const int threads = static_cast<int>(std::clamp<long>(cores, 2, kMaxDefaultThreads));
   return any_direct ? std::max(threads, kDirectDefaultThreads) : threads;
 }
 

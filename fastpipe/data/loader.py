@@ -72,9 +72,8 @@ class Loader:
         that the current stream waits for (the host never does). Use :func:`fastpipe.record_stream`
         when a batch is also used on another stream.
     num_threads : int, optional
-        Reader threads; default for records under 64 KiB: the cores but one (which the training thread
-        keeps), between 1 and 8; for larger records the cores, between 2 and 8; at least 16 when reading
-        with O_DIRECT, whose threads mostly wait on the device.
+        Reader threads; default: the cores, between 2 and 8 (at least 16 when reading with O_DIRECT,
+        whose threads mostly wait on the device).
     prefetch : int, optional
         Batches read ahead of the training loop (>= 1). The arena holds ``prefetch + 2`` batches.
         Default: enough batches for about 4 MiB of read-ahead, between 2 and 16 (small batches need a

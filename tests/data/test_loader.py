@@ -329,15 +329,11 @@ def test_io_auto_policy(io, record, total, mem, mode):
 
 
 @pytest.mark.parametrize(
-    "cores,direct,record,threads",
-    [(1, False, 3080, 1), (2, False, 3080, 1), (3, False, 65535, 2), (5, False, 8, 4), (9, False, 100, 8),
-     (64, False, 3080, 8), (1, False, 65536, 2), (2, False, 150536, 2), (5, False, 150536, 5), (64, False, 1 << 20, 8),
-     (1, True, 150536, 16), (64, True, 150536, 16)],
+    "cores,direct,threads",
+    [(1, False, 2), (2, False, 2), (5, False, 5), (8, False, 8), (64, False, 8), (1, True, 16), (64, True, 16)],
 )
-def test_default_thread_policy(cores, direct, record, threads):
-    """Small records: the cores but one (the training thread keeps one), 1 to 8; larger ones: the cores,
-    2 to 8; O_DIRECT: 16."""
-    assert fastpipe._C._default_num_threads(cores, direct, record) == threads
+def test_default_thread_policy(cores, direct, threads):
+    assert fastpipe._C._default_num_threads(cores, direct) == threads
 
 
 @pytest.mark.parametrize("batch_bytes,prefetch", [(0, 16), (44, 16), (262144, 16), (262145, 16), (279621, 15),
@@ -348,8 +344,7 @@ def test_default_prefetch_policy(batch_bytes, prefetch):
 
 
 def test_default_threads_and_prefetch(dataset_factory, fp):
-    """Without num_threads: the usable cores but one (1 to 8) for small records, the cores (2 to 8) for
-    records of 64 KiB or more; without prefetch: about 4 MiB of batches read
+    """Without num_threads: the usable cores (2 to 8); without prefetch: about 4 MiB of batches read
     ahead, 2 to 16 batches, so the arena holds prefetch + 2."""
     cores = len(os.sched_getaffinity(0))
     # batch bytes 44 (16: the cap), 528 KB (ceil 7.9), 3.1 MB (2: the floor), 341 KB (ceil 12.3)
@@ -358,8 +353,7 @@ def test_default_threads_and_prefetch(dataset_factory, fp):
         ld = fp.loader(ds, batch)
         st = ld.stats()
         assert (st["prefetch"], st["num_slots"]) == (prefetch, prefetch + 2), (record, batch, st)
-        small = 8 + record[0] < 64 << 10
-        assert st["num_threads"] == (min(8, max(1, cores - 1)) if small else min(8, max(2, cores)))
+        assert st["num_threads"] == min(8, max(2, cores))
         ld.close()
 
 
