@@ -363,6 +363,7 @@ def run_dataset(name, spec, files, args, out):
             c.overlap.clear()
             c.busy.clear()
             c.busy_run_delay.clear()
+            c.overlap_run_delay.clear()
             out.log(f"  {c.label}: failed: {c.error}")
 
     # (1) loader alone: repetitions interleaved (rotated order), so drift on a shared machine hits all.
@@ -397,7 +398,9 @@ def run_dataset(name, spec, files, args, out):
             for r in range(oreps):
                 pure.append(pure_steps(sleep_arg, n_pure) / n_pure)
                 for c in rotated(live, r):
+                    d0 = run_delay()
                     measure(c, c.overlap, step=sleep_arg)
+                    c.overlap_run_delay.append(run_delay() - d0)
                     bar.update()
                 pure.append(pure_steps(sleep_arg, n_pure) / n_pure)
     # (3) the training-thread delay with a busy step (issue 21): the same loop where the step computes on
@@ -461,7 +464,9 @@ def run_dataset(name, spec, files, args, out):
                                      for t, s, k, w in c.overlap],
                        overlap_seconds_per_batch=bc.median([t / k for t, s, k, w in c.overlap]),
                        overlap_added_pct=bc.median(added), overlap_added_pct_best=min(added),
-                       overlap_added_pct_reps=added)
+                       overlap_added_pct_reps=added,
+                       overlap_run_delay_ms_per_step=bc.median([1e3 * d / k for d, (t, s, k, w)
+                                                                in zip(c.overlap_run_delay, c.overlap)]))
         if c.busy:
             n_pure = min(200, res["batches_per_epoch"])
             bp = [t / n_pure for t, _ in busy_pure]

@@ -52,8 +52,10 @@ def report_dataset(name, res, out):
                  f"{1e3 * res['busy_step_seconds_measured']:.3f} ms each) instead of sleeping; 'waited for a core': "
                  f"the training thread runnable without a core, per step (alone: "
                  f"{bc.fmt(res['busy_step_run_delay_ms'], '.3f')} ms)")
-        out.table(["loader", "sleeping step: added", "busy step: added", "best rep", "waited for a core (ms/step)"],
-                  [[label, bc.fmt(r.get("overlap_added_pct"), ".1f") + "%", bc.fmt(r["busy_added_pct"], ".1f") + "%",
+        out.table(["loader", "sleeping step: added", "waited for a core (ms/step)", "busy step: added", "best rep",
+                   "waited for a core (ms/step)"],
+                  [[label, bc.fmt(r.get("overlap_added_pct"), ".1f") + "%",
+                    bc.fmt(r.get("overlap_run_delay_ms_per_step"), ".3f"), bc.fmt(r["busy_added_pct"], ".1f") + "%",
                     bc.fmt(r["busy_added_pct_best"], ".1f") + "%", bc.fmt(r["busy_run_delay_ms_per_step"], ".3f")]
                    for label, r in busy])
     fpr = rows.get("fastpipe", {})

@@ -26,6 +26,7 @@ class Case:
         self.overlap = []  # (seconds, samples, batches, probe delta) per repetition
         self.busy = []     # the same with a busy step (fastpipe's rows)
         self.busy_run_delay = []  # seconds the training thread waited for a core, per busy repetition
+        self.overlap_run_delay = []  # the same per sleeping-step repetition (a late wake-up shows here)
         self.error = None
 
     def rates(self):
