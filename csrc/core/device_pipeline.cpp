@@ -9,6 +9,7 @@
 #include <mutex>
 
 #include "core/error.h"
+#include "core/pinned_arena.h"
 
 namespace fastpipe {
 namespace {
@@ -335,27 +336,9 @@ DevicePipeline::DevicePipeline(std::shared_ptr<Device> device, std::vector<Colum
   }
 
   auto fences = st.fences;
-  auto dev = device_;
-  const pid_t owner = st.owner_pid;
   options.raw_outputs = true;
   options.index_output = needs_index;
-  options.on_arena_alloc = [dev](void* p, size_t n) {
-    DeviceGuard guard(*dev);
-    dev->pin(p, n);
-  };
-  options.on_arena_free = [dev, fences, owner](void* p, size_t) {
-    if (getpid() != owner) return true;
-    try {
-      DeviceGuard guard(*dev);
-      refuse_teardown_in_capture(*dev);
-      fences->wait_all();  // no copy out of the arena may still be in flight when it is unpinned and freed
-      dev->unpin(p);
-      return true;
-    } catch (const std::exception& e) {
-      report_teardown_failure("unpinning the loader's host arena", e.what());
-      return false;
-    }
-  };
+  pin_reader_arena(options, device_, [fences] { fences->wait_all(); }, "unpinning the loader's host arena");
   options.before_slot_fill = [fences](int slot) { fences->wait(slot); };
   reader_ = std::make_unique<BatchReader>(std::move(columns), std::move(options));
 

@@ -9,6 +9,27 @@
 
 namespace fastpipe {
 
+void pin_reader_arena(ReaderOptions& opt, std::shared_ptr<Device> device, std::function<void()> wait_all,
+                      const char* what) {
+  opt.on_arena_alloc = [device](void* p, size_t n) {
+    DeviceGuard guard(*device);
+    device->pin(p, n);
+  };
+  opt.on_arena_free = [device, wait_all = std::move(wait_all), what, owner = getpid()](void* p, size_t) {
+    if (getpid() != owner) return true;
+    try {
+      DeviceGuard guard(*device);
+      refuse_teardown_in_capture(*device);
+      wait_all();
+      device->unpin(p);
+      return true;
+    } catch (const std::exception& e) {
+      report_teardown_failure(what, e.what());
+      return false;
+    }
+  };
+}
+
 PinnedArena::PinnedArena(std::shared_ptr<Device> device) : device_(std::move(device)), owner_(getpid()) {}
 
 PinnedArena::~PinnedArena() {
@@ -22,23 +43,7 @@ PinnedArena::~PinnedArena() {
 }
 
 void PinnedArena::install(ReaderOptions& opt, const std::shared_ptr<PinnedArena>& self) {
-  opt.on_arena_alloc = [self](void* p, size_t n) {
-    DeviceGuard guard(*self->device_);
-    self->device_->pin(p, n);
-  };
-  opt.on_arena_free = [self](void* p, size_t) {
-    if (getpid() != self->owner_) return true;
-    try {
-      DeviceGuard guard(*self->device_);
-      refuse_teardown_in_capture(*self->device_);
-      self->wait_all();
-      self->device_->unpin(p);
-      return true;
-    } catch (const std::exception& e) {
-      report_teardown_failure("unpinning the loader's arena", e.what());
-      return false;
-    }
-  };
+  pin_reader_arena(opt, device_, [self] { self->wait_all(); }, "unpinning the loader's arena");
   opt.on_slot_release = [self](int slot) { self->released(slot); };
   opt.before_slot_fill = [self](int slot) { self->before_fill(slot); };
 }

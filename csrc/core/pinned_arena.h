@@ -4,6 +4,7 @@
 
 #include <sys/types.h>
 
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <vector>
@@ -12,6 +13,13 @@
 #include "core/device.h"
 
 namespace fastpipe {
+
+// Makes the reader page-lock its arena on `device`, and at the reader's end unpin it once `wait_all`
+// returned (no copy out of it still in flight). When those copies cannot be waited for (a failed device,
+// or a graph capture in the closing thread) that is reported once and the arena is leaked rather than
+// freed under them. A forked child leaves the device alone. `what` names the arena in the report.
+void pin_reader_arena(ReaderOptions& opt, std::shared_ptr<Device> device, std::function<void()> wait_all,
+                      const char* what);
 
 // pin_memory=True: the arena page-locked, so that batch.to("cuda", non_blocking=True) is a true
 // asynchronous copy. A pinned batch may still be the source of such a copy when the program drops it:

@@ -58,6 +58,14 @@ struct Stream {
   }
 };
 
+namespace {
+thread_local int tl_capture_mode = kCaptureGlobal;
+thread_local int tl_current_device = 0;
+thread_local bool tl_stream_worker = false;  // the calling thread runs a stream's queue
+// The calls fail() can make fail, by kind (Impl::pass and failing are indexed alike).
+constexpr const char* kFailKinds[7] = {"copy", "launch", "decode", "record", "wait", "synchronize", "free"};
+}  // namespace
+
 // A graph capture begun on `stream` by the thread `owner` (begin_capture).
 struct Capture {
   Stream* stream;
@@ -117,18 +125,28 @@ struct SimDevice::Impl {
   // CUDA's rule for a potentially unsafe call (one that may synchronize: a host wait, an allocation,
   // page-locking): forbidden by the thread's own capture unless the thread is relaxed, and by another
   // thread's global-mode capture while the calling thread is in global mode.
-  void unsafe_call(const char* call, int thread_mode);
+  void unsafe_call(const char* call) {
+    if (tl_capture_mode == kCaptureRelaxed) return;
+    std::lock_guard<std::mutex> lk(mu);
+    for (Capture& c : captures) {
+      const bool own = c.owner == std::this_thread::get_id();
+      if (own && c.mode != kCaptureRelaxed)
+        refuse(c, std::string(call) + " in the thread that is capturing a graph");
+      if (!own && c.mode == kCaptureGlobal && tl_capture_mode == kCaptureGlobal)
+        refuse(c, std::string(call) + " in another thread, in global capture mode, while a graph is captured");
+    }
+  }
 
-  // The host cannot wait for a node of a graph (CUDA: invalid to synchronize or query a captured event).
-  void host_wait_on(Event* e) {
-    bool captured;
+  // Work that runs now (the host, or a stream not capturing) cannot wait for a node of a graph (CUDA:
+  // invalid to synchronize, query or wait for a captured event outside its capture).
+  void refuse_captured_event(Event* e, const std::string& who) {
     {
       std::lock_guard<std::mutex> lk(e->mu);
-      captured = e->captured;
+      if (!e->captured) return;
     }
-    if (!captured) return;
-    report("the host waited for an event recorded in a graph capture");
-    throw Error(ErrorKind::kState, "simulated device: host wait for an event recorded in a graph capture");
+    const std::string why = who + " waited for an event recorded in a graph capture";
+    report(why);
+    throw Error(ErrorKind::kState, "simulated device: " + why);
   }
 
   // The loader's copies and kernels go to its own stream, never into a graph being captured (a replay
@@ -165,25 +183,6 @@ struct SimDevice::Impl {
   }
 };
 
-namespace {
-thread_local int tl_capture_mode = kCaptureGlobal;
-thread_local int tl_current_device = 0;
-thread_local bool tl_stream_worker = false;  // the calling thread runs a stream's queue
-// The calls fail() can make fail, by kind (Impl::pass and failing are indexed alike).
-constexpr const char* kFailKinds[7] = {"copy", "launch", "decode", "record", "wait", "synchronize", "free"};
-}  // namespace
-
-void SimDevice::Impl::unsafe_call(const char* call, int thread_mode) {
-  if (thread_mode == kCaptureRelaxed) return;
-  std::lock_guard<std::mutex> lk(mu);
-  for (Capture& c : captures) {
-    const bool own = c.owner == std::this_thread::get_id();
-    if (own && c.mode != kCaptureRelaxed)
-      refuse(c, std::string(call) + " in the thread that is capturing a graph");
-    if (!own && c.mode == kCaptureGlobal && thread_mode == kCaptureGlobal)
-      refuse(c, std::string(call) + " in another thread, in global capture mode, while a graph is captured");
-  }
-}
 
 void Stream::run() {
   tl_stream_worker = true;
@@ -238,7 +237,7 @@ void SimDevice::restore_current(int previous) noexcept { tl_current_device = pre
 int SimDevice::current_device() { return tl_current_device; }
 
 void* SimDevice::alloc(size_t bytes) {
-  impl_->unsafe_call("alloc", tl_capture_mode);
+  impl_->unsafe_call("alloc");
   void* p = std::aligned_alloc(256, (std::max<size_t>(bytes, 1) + 255) / 256 * 256);
   if (!p) throw Error(ErrorKind::kState, "simulated device: out of memory for " + std::to_string(bytes) + " bytes");
   return p;
@@ -246,7 +245,7 @@ void* SimDevice::alloc(size_t bytes) {
 
 void SimDevice::free(void* p) {
   impl_->maybe_fail(6, "free");
-  if (!tl_stream_worker) impl_->unsafe_call("free", tl_capture_mode);  // a stream's own free is stream-ordered
+  if (!tl_stream_worker) impl_->unsafe_call("free");  // a stream's own free is stream-ordered
   // As cudaFree, which waits for the device's work: nothing queued may still write there. Called from a
   // stream's own work (a stream-ordered free, as cudaFreeAsync) it is ordered already.
   if (!tl_stream_worker) drain();
@@ -300,13 +299,13 @@ Event* SimDevice::new_event() {
 void SimDevice::delete_event(Event*) {}
 
 void SimDevice::pin(void* host, size_t bytes) {
-  impl_->unsafe_call("pin", tl_capture_mode);
+  impl_->unsafe_call("pin");
   std::lock_guard<std::mutex> lk(impl_->mu);
   impl_->pinned[host] = bytes;
 }
 
 void SimDevice::unpin(void* host) {
-  impl_->unsafe_call("unpin", tl_capture_mode);
+  impl_->unsafe_call("unpin");
   std::lock_guard<std::mutex> lk(impl_->mu);
   impl_->pinned.erase(host);
 }
@@ -410,17 +409,14 @@ void SimDevice::wait(Stream* s, Event* e) {
     captured = e->captured;
   }
   {
-    // A captured stream may wait only for events of its own capture (a dependency inside the graph);
-    // work that runs now cannot wait for a node of a graph.
+    // A captured stream may wait only for events of its own capture (a dependency inside the graph).
     std::lock_guard<std::mutex> lk(impl_->mu);
-    Capture* c = impl_->capture_of(s);
-    if (c && !captured) impl_->refuse(*c, "a stream being captured waited for an event recorded outside the capture");
-    if (c) return;
-    if (captured) {
-      impl_->misuses.push_back("a stream waited for an event recorded in a graph capture");
-      throw Error(ErrorKind::kState, "simulated device: wait for an event recorded in a graph capture");
+    if (Capture* c = impl_->capture_of(s)) {
+      if (!captured) impl_->refuse(*c, "a stream being captured waited for an event recorded outside the capture");
+      return;
     }
   }
+  impl_->refuse_captured_event(e, "a stream");
   s->push([e, target] {
     std::unique_lock<std::mutex> lk(e->mu);
     e->cv.wait(lk, [&] { return e->completed >= target; });
@@ -429,16 +425,16 @@ void SimDevice::wait(Stream* s, Event* e) {
 
 void SimDevice::synchronize(Event* e) {
   impl_->maybe_fail(5, "synchronize");
-  impl_->unsafe_call("synchronize", tl_capture_mode);
-  impl_->host_wait_on(e);
+  impl_->unsafe_call("synchronize");
+  impl_->refuse_captured_event(e, "the host");
   std::unique_lock<std::mutex> lk(e->mu);
   const uint64_t target = e->recorded;
   e->cv.wait(lk, [&] { return e->completed >= target; });
 }
 
 bool SimDevice::query(Event* e) {
-  impl_->unsafe_call("query", tl_capture_mode);
-  impl_->host_wait_on(e);
+  impl_->unsafe_call("query");
+  impl_->refuse_captured_event(e, "the host");
   std::lock_guard<std::mutex> lk(e->mu);
   return e->completed >= e->recorded;
 }
