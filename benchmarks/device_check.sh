@@ -8,9 +8,10 @@
 #
 #   benchmarks/device_check.sh [RESULTS_DIR] [PARTS]
 #
-# PARTS: a comma-separated list of build, loader, conv, sanitize, bench; or tests (build,loader,conv:
-# about 7 minutes), rest (sanitize,bench: about 7.5 minutes; the build must be there), all (the
-# default); or rehearse: on a machine WITHOUT a GPU, every step that needs none (a copy of the tree
+# PARTS: a comma-separated list of build, loader, conv, sanitize, bench, where parts joined by '+' run at
+# the same time (the machine has 16 cores and the tests leave the GPU mostly idle); or tests
+# (build,loader+conv), rest (sanitize,bench; the build must be there), all (the default:
+# build,loader+conv+sanitize,bench); or rehearse: on a machine WITHOUT a GPU, every step that needs none (a copy of the tree
 # built with $PYTHON, e.g. torch 2.11.0+cu130 from `make rehearse-device`, for sm_90; GPU tests collected
 # and skipped; sanitizer and benchmark entry points checked), each part timed.
 # RESULTS_DIR (default: $OUT when set, else benchmarks/results/gpu; /tmp/fastpipe-device-rehearsal for
@@ -18,6 +19,8 @@
 # then one line per part: status and seconds), <part>.log, the tests' and sanitizers' logs and the
 # benchmarks' .json/.txt/.md. Exit status: non-zero when a prerequisite is missing, the build fails, a
 # test fails, or a sanitizer reports errors or runs out of time.
+# DEADLINE_S (seconds from the start; default none) fits the whole check into a lease: every part's and
+# benchmark's limit is cut to the time left before it, and a part with under 20 s left is skipped.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
@@ -26,13 +29,13 @@ DEFAULT_RESULTS=benchmarks/results/gpu
 [ "$PARTS" = rehearse ] && DEFAULT_RESULTS=/tmp/fastpipe-device-rehearsal  # it holds a copy of the tree
 RESULTS=${1:-${OUT:-$DEFAULT_RESULTS}}
 case "$PARTS" in
-  all) PARTS=build,loader,conv,sanitize,bench ;;
-  tests) PARTS=build,loader,conv ;;
+  all) PARTS=build,loader+conv+sanitize,bench ;;
+  tests) PARTS=build,loader+conv ;;
   rest) PARTS=sanitize,bench ;;
 esac
 REHEARSE=0
 if [ "$PARTS" = rehearse ]; then REHEARSE=1; PARTS=build,loader,conv,sanitize,bench; fi
-for p in ${PARTS//,/ }; do
+for p in ${PARTS//[,+]/ }; do
   case "$p" in build|loader|conv|sanitize|bench) ;;
     *) echo "device_check: parts are build, loader, conv, sanitize, bench, tests, rest, all or rehearse; got '$p'" >&2
        exit 2 ;;
@@ -43,6 +46,15 @@ RESULTS=$(cd "$RESULTS" && pwd)
 export PYTHONUNBUFFERED=1
 T0=$(date +%s)
 say() { echo "[device_check +$(($(date +%s) - T0))s] $*"; }
+DEADLINE_S=${DEADLINE_S:-0}
+# capped LIMIT_S [MARGIN_S]: LIMIT_S, or the seconds left before DEADLINE_S less MARGIN_S (default 15, for
+# the summary; a step inside a part takes a larger one, so that the part can still report) if fewer.
+capped() {
+  local left
+  [ "$DEADLINE_S" -gt 0 ] || { echo "$1"; return; }
+  left=$((DEADLINE_S - ($(date +%s) - T0) - ${2:-15}))
+  [ "$left" -lt "$1" ] && echo "$left" || echo "$1"
+}
 fail() { echo "device_check: $*" >&2; exit 2; }
 
 # Prerequisites, each with a clear line when missing.
@@ -93,7 +105,12 @@ RC=0
 # run_part NAME LIMIT_S: part_NAME in a shell of its own, stopped (with all it started) at the limit; its
 # output in NAME.log and on the terminal as it goes.
 run_part() {
-  local name=$1 limit=$2 t=$(date +%s) rc
+  local name=$1 limit t=$(date +%s) rc
+  limit=$(capped "$2")
+  if [ "$limit" -lt 20 ]; then
+    echo "part $name: SKIPPED (out of time: DEADLINE_S=$DEADLINE_S)" | tee -a "$SUMMARY"
+    return 1
+  fi
   say "part $name (limit ${limit}s, log: $RESULTS/$name.log)"
   timeout --kill-after=10 "$limit" bash -c "part_$name" > >(tee "$RESULTS/$name.log") 2>&1
   rc=$?
@@ -112,7 +129,7 @@ gpu_tests() {  # log name, seconds, paths...
     echo "collected: $(tail -1 "$RESULTS/$log.collect")"
     timeout "$limit" $PY -m pytest "$@" -m gpu -q -p no:cacheprovider -o addopts="" $XDIST >"$RESULTS/$log" 2>&1
   else
-    FASTPIPE_REQUIRE_GPU=1 timeout "$limit" $PY -m pytest "$@" -m gpu -q -p no:cacheprovider -o addopts="" $XDIST \
+    FASTPIPE_REQUIRE_GPU=1 timeout "$(capped "$limit" 30)" $PY -m pytest "$@" -m gpu -q -p no:cacheprovider -o addopts="" $XDIST \
       >"$RESULTS/$log" 2>&1
   fi
   local rc=$?
@@ -142,6 +159,7 @@ print("jpeg:", C.JPEG, "nvjpeg:", C.nvjpeg_status(torch.cuda.current_device(), _
 }
 
 part_loader() {
+  XDIST=${XDIST:+-n 3}  # 21 tests; the conv part runs beside it
   gpu_tests loader_tests.log 240 tests/data tests/test_batch_size.py tests/test_monitor.py tests/test_build.py
   return $?
 }
@@ -152,12 +170,12 @@ part_conv() {
   if [ "$REHEARSE" = 0 ]; then
     # The validation figures of the engines not yet validated (issue 12): every engine forced on every
     # row, forward, with the engine that really ran; after the tests, so a failing engine is known first.
-    timeout 60 $PY benchmarks/conv_bench.py --device cuda --batch 32 --dtype fp16 fp32 --mode fwd --reps 5 --no-compile \
+    timeout "$(capped 60 30)" $PY benchmarks/conv_bench.py --device cuda --batch 32 --dtype fp16 fp32 --mode fwd --reps 5 --no-compile \
       --force-engines --out "$RESULTS/conv_engines_gpu.json" >"$RESULTS/conv_engines_gpu.txt" 2>&1 ||
       echo "forced-engine benchmark failed or stopped at its time limit"
     grep -A40 "each engine forced" "$RESULTS/conv_engines_gpu.txt" | head -45
     # The depthwise backward kernels (forced with the forward ones) against aten.convolution_backward.
-    timeout 45 $PY benchmarks/conv_bench.py --device cuda --batch 32 --dtype fp16 fp32 --mode fwdbwd --rows dw --reps 5 \
+    timeout "$(capped 45 30)" $PY benchmarks/conv_bench.py --device cuda --batch 32 --dtype fp16 fp32 --mode fwdbwd --rows dw --reps 5 \
       --no-compile --force-engines --out "$RESULTS/conv_engines_bwd_gpu.json" >"$RESULTS/conv_engines_bwd_gpu.txt" 2>&1 ||
       echo "forced-engine backward benchmark failed or stopped at its time limit"
     grep -A25 "each engine forced" "$RESULTS/conv_engines_bwd_gpu.txt" | head -30
@@ -199,7 +217,7 @@ part_sanitize() {
       echo "$tool over $name: $(tail -1 "$log")"
       continue
     fi
-    PYTORCH_NO_CUDA_MEMORY_CACHING=1 timeout 300 "$sanitizer" --tool "$tool" --error-exitcode 9 \
+    PYTORCH_NO_CUDA_MEMORY_CACHING=1 timeout "$(capped 300 30)" "$sanitizer" --tool "$tool" --error-exitcode 9 \
       $PY -m pytest -m gpu -q -x -p no:cacheprovider -o addopts="" "$file" -k "$expr" >"$log" 2>&1 &
     pids+=($!); names+=("$tool over $name")
   done
@@ -218,11 +236,12 @@ part_sanitize() {
 
 # bench_step SECONDS NAME COMMAND...: one benchmark, its output in NAME.txt; stopped at its limit.
 bench_step() {
-  local limit=$1 name=$2; shift 2
+  local limit name=$2; limit=$(capped "$1"); shift 2
   if [ "$REHEARSE" = 1 ]; then
     "$@" --help >/dev/null 2>&1 && echo "$name: entry point ok" || { echo "$name: entry point FAILED"; return 1; }
     return 0
   fi
+  [ "$limit" -ge 10 ] || { say "benchmark $name skipped: out of time"; return 0; }
   say "benchmark $name (limit ${limit}s)"
   timeout "$limit" "$@" >"$RESULTS/$name.txt" 2>>"$RESULTS/bench_progress.log" || say "$name failed or stopped at its limit"
   return 0
@@ -233,11 +252,11 @@ part_bench() {
   bench_step 100 loader_gpu $PY benchmarks/gpu_loader_bench.py --out "$RESULTS/loader_gpu.json" || rc=1
   bench_step 70 conv_gpu $PY benchmarks/conv_bench.py --device cuda --batch 32 128 --dtype bf16 fp16 fp32 --reps 5 \
     --no-compile --out "$RESULTS/conv_gpu.json" || rc=1
+  bench_step 30 next_cost_gpu $PY benchmarks/next_cost_bench.py --batches 2000 --device cpu,cuda \
+    --out "$RESULTS/next_cost_gpu.json" || rc=1
   bench_step 60 jpeg_gpu $PY benchmarks/gpu_jpeg_bench.py --out "$RESULTS/jpeg_gpu.json" || rc=1
   bench_step 90 train_gpu $PY -m fastpipe.bench train --steps 40 --warmup 10 --reps 1 --no-progress --tag gpu \
     --out-dir "$RESULTS" --data-dir /tmp/fastpipe-bench-data || rc=1
-  bench_step 30 next_cost_gpu $PY benchmarks/next_cost_bench.py --batches 2000 --device cpu,cuda \
-    --out "$RESULTS/next_cost_gpu.json" || rc=1
   bench_step 40 soak_gpu $PY -m fastpipe.bench soak --device cuda --batches 5000 --no-progress --tag gpu \
     --out-dir "$RESULTS" --data-dir /tmp/fastpipe-bench-data || rc=1
   $PY - "$RESULTS" <<'PYEOF' | tee -a "$SUMMARY"
@@ -271,11 +290,20 @@ PYEOF
 # The rehearsal's machine has a few cores where the GPU machine has 16: its limits are scaled (the times
 # it reports are what to compare).
 SCALE=${LIMIT_SCALE:-$([ "$REHEARSE" = 1 ] && echo 8 || echo 1)}
-export PY RESULTS REHEARSE CAP XDIST SUMMARY T0 SCALE
-export -f say gpu_tests bench_step part_build part_loader part_conv part_sanitize part_bench
+export PY RESULTS REHEARSE CAP XDIST SUMMARY T0 SCALE DEADLINE_S
+export -f say capped gpu_tests bench_step part_build part_loader part_conv part_sanitize part_bench
 declare -A LIMIT=([build]=330 [loader]=270 [conv]=400 [sanitize]=330 [bench]=420)
-for p in ${PARTS//,/ }; do
-  run_part "$p" "$((LIMIT[$p] * SCALE))" || { [ "$p" = build ] && { say "the build failed: nothing else can run"; exit 1; }; }
+for group in ${PARTS//,/ }; do
+  if [ "$group" = build ]; then
+    run_part build "$((LIMIT[build] * SCALE))" || { say "the build failed: nothing else can run"; exit 1; }
+    continue
+  fi
+  pids=()
+  for p in ${group//+/ }; do
+    run_part "$p" "$((LIMIT[$p] * SCALE))" &
+    pids+=($!)
+  done
+  for pid in "${pids[@]}"; do wait "$pid" || RC=1; done
 done
 say "done; exit status $RC"
 exit $RC
