@@ -179,7 +179,7 @@ def write_columns(directory, n, spec, rng, index=True):
 def to_np(obj):
     """A copy of a batch (tensor / tuple / list / dict of tensors) as numpy arrays; holds no tensor."""
     if isinstance(obj, torch.Tensor):
-        return (obj.view(torch.int16) if obj.dtype == torch.bfloat16 else obj).numpy().copy()  # numpy has no bf16
+        return (obj.view(torch.int16) if obj.dtype == torch.bfloat16 else obj).cpu().numpy().copy()  # numpy has no bf16
     if isinstance(obj, dict):
         return {k: to_np(v) for k, v in obj.items()}
     if isinstance(obj, (tuple, list)):

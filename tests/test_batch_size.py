@@ -199,6 +199,10 @@ def test_cuda_limit_and_out_of_memory():
     assert_unchanged(model, before)
 
     # The allocator refuses beyond ~1 GiB: real out-of-memory errors, under a limit of the whole device.
+    # What stays allocated now (the model, and the cuBLAS and cuDNN workspaces its first tries created:
+    # 70 MB on an H200) is the floor the tries must return to.
+    torch.cuda.synchronize()
+    floor = torch.cuda.memory_allocated()
     total = torch.cuda.get_device_properties(0).total_memory
     torch.cuda.empty_cache()
     torch.cuda.set_per_process_memory_fraction((1 << 30) / total)
@@ -212,4 +216,5 @@ def test_cuda_limit_and_out_of_memory():
     assert any(b == r.batch_size + 1 and not ok for b, ok, _ in r.tries)
     assert_unchanged(model, before)
     assert all(p.grad is None for p in model.parameters())
-    assert torch.cuda.memory_allocated() < 64 << 20, "the tries' memory is freed"
+    assert torch.cuda.memory_allocated() <= floor + (1 << 20), ("the tries' memory is freed",
+                                                                torch.cuda.memory_allocated(), floor)

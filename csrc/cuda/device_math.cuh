@@ -130,7 +130,9 @@ __device__ __forceinline__ float act_backward(float g, float s, float alpha, flo
     return g * (1.f - s * s);
   } else {
     static_assert(A == Act::Hardswish, "unhandled activation");
-    return s < -3.f ? 0.f : (s <= 3.f ? g * (s / 3.f + 0.5f) : g);
+    // torch's CUDA kernel takes the flat sides at exactly -3 and 3 (its CPU kernel the slope): in half
+    // precision many inputs are exactly +-3, and the H200 run saw gradients off by g/2 there.
+    return s <= -3.f ? 0.f : (s < 3.f ? g * (s / 3.f + 0.5f) : g);
   }
 }
 

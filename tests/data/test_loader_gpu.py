@@ -3,6 +3,7 @@ CPU path, the release fence behind a busy stream, held batches, memory that stay
 pin_memory's fence. The same ordering logic runs without a GPU in test_loader_device.py."""
 
 import gc
+import os
 
 import numpy as np
 import pytest
@@ -85,6 +86,8 @@ def test_release_waits_for_a_busy_stream(dataset_factory, fp):
     got = run(False)
     fp.verify(got, arrays)
     assert fp.same_batches(ref, got)
+    if os.environ.get("FASTPIPE_UNDER_SANITIZER"):
+        return  # compute-sanitizer serialises the streams: the canary's race cannot happen there
     assert not fp.same_batches(ref, run(True)), "the canary raced nothing: the test proves nothing"
 
 
@@ -176,9 +179,9 @@ def test_graphs_captured_between_batches_stay_valid(dataset_factory, fp, kind):
     ld = fp.loader(ds, 32, shuffle=True, seed=3, prefetch=2, num_threads=2, drop_last=True, **kw)
     static_x = torch.zeros(32, 512, device="cuda")
 
-    def steps(x):
-        for _ in range(200):  # a capture long enough for the readers to work meanwhile
-            x = x * 0.5 + 1.0
+    def steps(x):  # long enough for the readers to work during the capture; keeps every input apart
+        for k in range(200):
+            x = x + 1.0 if k % 2 else -x
         return x
 
     captures = 0
@@ -191,7 +194,8 @@ def test_graphs_captured_between_batches_stay_valid(dataset_factory, fp, kind):
         with torch.cuda.graph(g):
             out = steps(static_x)
         g.replay()
-        assert torch.equal(out, steps(static_x.clone()))
+        # Bit for bit (the data is random bits: NaN and infinities included), replay against eager.
+        assert torch.equal(out.view(torch.int32), steps(static_x.clone()).view(torch.int32))
         captures += 1
     assert captures >= 10
 

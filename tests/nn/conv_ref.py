@@ -8,6 +8,7 @@ import os
 import pytest
 import torch
 import torch.nn.functional as F
+from torch._prims_common import suggest_memory_format
 from torch.autograd import profiler
 
 import fastpipe.nn as fnn
@@ -119,9 +120,10 @@ def poison_cuda_allocations(*shapes, dtype, count=4):
     torch's caching allocator serves a request from the best-fitting free block of its pool (requests up to
     1 MiB from the small pool, larger ones from the large pool, sizes rounded to 512 bytes): poison in one
     big block would sit in the large pool, away from small outputs. So the poison is allocated at the
-    outputs' own sizes, ``count`` blocks each (an op may allocate several of a size), after returning the
-    cache's free segments to the driver, then filled and freed together; freeing restores the free list,
-    so the op's allocations take the same blocks. Checks (without allocating) that the next allocation of
+    outputs' own sizes (rounded up as the allocator rounds them: no byte of a block is left unpoisoned),
+    ``count`` blocks each (an op may allocate several of a size), after returning the cache's free
+    segments to the driver, then filled and freed together; freeing restores the free list, so the op's
+    allocations take the same blocks. Checks (without allocating) that the next allocation of
     each size lands in the poison. Without the cache (PYTORCH_NO_CUDA_MEMORY_CACHING, as under
     compute-sanitizer, whose initcheck reports reads of unwritten memory itself) there is nothing to poison."""
     if os.environ.get("PYTORCH_NO_CUDA_MEMORY_CACHING", "0") not in ("", "0"):
@@ -129,8 +131,17 @@ def poison_cuda_allocations(*shapes, dtype, count=4):
     numels = [math.prod(shape) for shape in shapes]
     torch.cuda.synchronize()
     torch.cuda.empty_cache()
-    blocks = [torch.full((n,), float("nan"), dtype=dtype, device="cuda") for n in numels for _ in range(count)]
-    poisoned = [(b.data_ptr(), b.data_ptr() + b.numel() * b.element_size()) for b in blocks]
+    es = torch.empty(0, dtype=dtype).element_size()
+    whole = lambda n: -(-n * es // 512) * 512 // es  # noqa: E731 (the allocator's block: n rounded to 512 bytes)
+    blocks = [torch.full((whole(n),), float("nan"), dtype=dtype, device="cuda") for n in numels for _ in range(count)]
+    # Freed, neighbouring blocks merge: the next allocation of a larger size can start in one poisoned
+    # block and end in the next, so containment is judged against the union of the blocks.
+    poisoned = []
+    for lo, hi in sorted((b.data_ptr(), b.data_ptr() + b.numel() * b.element_size()) for b in blocks):
+        if poisoned and lo <= poisoned[-1][1]:
+            poisoned[-1] = (poisoned[-1][0], max(poisoned[-1][1], hi))
+        else:
+            poisoned.append((lo, hi))
     del blocks
     for n in numels:
         probe = torch.empty(n, dtype=dtype, device="cuda")  # no kernel: the poison stays as it is
@@ -173,7 +184,7 @@ Call = collections.namedtuple(
 def conv_call(x, w, conv, act):
     """The Call of conv2d_act(x, w, activation=act, **conv) (conv: stride, padding, dilation, groups)."""
     pair = lambda v: tuple(v) if isinstance(v, (tuple, list)) else (v, v)  # noqa: E731
-    cl = lambda t: t.is_contiguous(memory_format=torch.channels_last) and not t.is_contiguous()  # noqa: E731
+    cl = lambda t: suggest_memory_format(t) == torch.channels_last  # noqa: E731 (as the op decides)
     out = F.conv2d(x.to("meta"), w.to("meta"), None, **conv)
     return Call(x.device.type, x.shape[1], w.shape[0], tuple(w.shape[2:]), pair(conv.get("stride", 1)),
                 pair(conv.get("padding", 0)), pair(conv.get("dilation", 1)), conv.get("groups", 1),
@@ -185,6 +196,14 @@ def _depthwise_tile_fits(c):
     rows = 15 * c.stride[0] + (c.kernel[0] - 1) * c.dilation[0] + 1
     cols = 15 * c.stride[1] + (c.kernel[1] - 1) * c.dilation[1] + 1
     return rows * cols * 4 <= 48 << 10
+
+
+def module_call(module, x):
+    """The Call a FusedConv2d makes for input ``x`` (its padding mode's pad done first, as in forward)."""
+    if module._pre_pad is not None:
+        x = F.pad(x, module._pre_pad, mode=module._pad_mode)
+    conv = dict(stride=module.stride, padding=module._padding, dilation=module.dilation, groups=module.groups)
+    return conv_call(x, module.weight, conv, module.activation)
 
 
 def engine_can_run(engine, dtype, call=None, backward=False):

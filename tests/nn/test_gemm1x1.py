@@ -99,9 +99,11 @@ def test_the_engine_on_a_gpu(shape, dtype, residual):
     g = torch.Generator(device="cuda").manual_seed(0)
     x, w, b, r = inputs(shape, True, residual, g, "cuda")
     cl = torch.channels_last
-    x = x.to(dtype).contiguous(memory_format=cl)
+    # NHWC strides even where a dimension of 1 makes the layout ambiguous (contiguous(memory_format=cl)
+    # keeps such a tensor's NCHW strides, and the op then computes in NCHW, as eager does).
+    nhwc = lambda t: t.to(dtype).permute(0, 2, 3, 1).contiguous().permute(0, 3, 1, 2)  # noqa: E731
+    x, r = nhwc(x), None if r is None else nhwc(r)
     w, b = w.to(dtype), b.to(dtype)
-    r = None if r is None else r.to(dtype).contiguous(memory_format=cl)
     tol = {torch.float32: 1e-4, torch.float16: 1e-2, torch.bfloat16: 5e-2}[dtype]
     for (act, kwargs, fn), name in zip(ACTIVATIONS, ACT_IDS):
         poison_cuda_allocations((shape[0], shape[2], shape[3], shape[4]), dtype=dtype)
