@@ -121,13 +121,13 @@ run_part() {
   [ "$rc" = 0 ]
 }
 
-# The native stacks that benchmarks/native_backtrace.c printed in a log (the first 3, 40 frames each),
+# The native stacks benchmarks/native_backtrace.c wrote to STACKS (the first 3, 40 frames each),
 # demangled, with the frames in fastpipe's extension resolved to functions and lines by addr2line.
 native_stacks() {
-  local log=$1 line so off
-  grep -q "^--- native backtrace" "$log" || return 0
-  echo "native stacks of crashed test processes ($(grep -c "^--- native backtrace" "$log") in $(basename "$log"); the first 3):"
-  awk '/^--- native backtrace/{k++; n=0; if (k > 3) exit; print "  #" k; next} k && n < 40 && /^\//{print; n++}' "$log" |
+  local stacks=$1 line so off
+  [ -s "$stacks" ] || return 0
+  echo "native stacks of crashed test processes ($(grep -c "^--- native backtrace" "$stacks") in $(basename "$stacks"); the first 3):"
+  awk '/^--- native backtrace/{k++; n=0; if (k > 3) exit; print "  " $0; next} k && n < 40 {print; n++}' "$stacks" |
     while IFS= read -r line; do
       echo "    $line"
       if [[ "$line" =~ ^([^\(]*/_C[^/\(]*\.so)\(\+(0x[0-9a-f]+)\) ]] && command -v addr2line >/dev/null; then
@@ -145,13 +145,13 @@ gpu_tests() {  # log name, seconds, paths...
     echo "collected: $(tail -1 "$RESULTS/$log.collect")"
     timeout "$limit" $PY -m pytest "$@" -m gpu -q -p no:cacheprovider -o addopts="" $XDIST >"$RESULTS/$log" 2>&1
   else
-    FASTPIPE_REQUIRE_GPU=1 LD_PRELOAD="$NATIVE_BACKTRACE" timeout "$(capped "$limit" 30)" $PY -m pytest "$@" -m gpu -q \
+    FASTPIPE_REQUIRE_GPU=1 LD_PRELOAD="$NATIVE_BACKTRACE" NATIVE_BACKTRACE_LOG="$RESULTS/${log%.log}_stacks.txt" timeout "$(capped "$limit" 30)" $PY -m pytest "$@" -m gpu -q \
       -p no:cacheprovider -o addopts="" $XDIST >"$RESULTS/$log" 2>&1
   fi
   local rc=$?
   tail -3 "$RESULTS/$log"
   grep -E "^(FAILED|ERROR)" "$RESULTS/$log" | head -20
-  native_stacks "$RESULTS/$log"
+  native_stacks "$RESULTS/${log%.log}_stacks.txt"
   return $rc
 }
 
@@ -204,6 +204,16 @@ part_conv() {
   return $rc
 }
 
+# sanitizer_reports LOG: "OURS OTHERS", the compute-sanitizer reports in LOG that name fastpipe's kernels
+# (fastpipe::) or a frame in its extension (_C*.so), and the rest.
+sanitizer_reports() {
+  awk '/^========= [^ ]/ && !/COMPUTE-SANITIZER|SUMMARY|Target application/ {
+         if (open) { if (hit) ours++; else others++ } open = 1; hit = 0 }
+       /^=========  / && /fastpipe::|\/_C[^\/ ]*\.so/ { hit = 1 }
+       /^[^=]/ { if (open) { if (hit) ours++; else others++ } open = 0 }
+       END { if (open) { if (hit) ours++; else others++ } print ours + 0, others + 0 }' "$1"
+}
+
 # compute-sanitizer over slices of the kernel tests and the device loader's tests (it slows kernels
 # ~100x), all at once (the host has the cores). Without torch's caching allocator every tensor is its own
 # cudaMalloc, so an out-of-bounds access or a read of memory never written is caught at the tensor. A
@@ -224,10 +234,10 @@ part_sanitize() {
     "initcheck|gemm1x1|tests/nn/test_gemm1x1.py|gpu and float32"
     "memcheck|act_backward|tests/nn/test_ops.py|activation_backward_op and cuda and float32"
     "initcheck|act_backward|tests/nn/test_ops.py|activation_backward_op and cuda and float32"
-    "memcheck|loader|tests/data/test_loader_gpu.py|gpu"
-    "initcheck|loader|tests/data/test_loader_gpu.py|gpu"
+    "memcheck|loader|tests/data/test_loader_gpu.py|gpu and not graph and not capture"
+    "initcheck|loader|tests/data/test_loader_gpu.py|gpu and not graph and not capture"
   )
-  local pids=() names=() run tool name file expr
+  local pids=() names=() names_log=() run tool name file expr
   for run in "${runs[@]}"; do
     IFS='|' read -r tool name file expr <<<"$run"
     local log="$RESULTS/sanitizer_${name}_$tool.log"
@@ -236,21 +246,25 @@ part_sanitize() {
       echo "$tool over $name: $(tail -1 "$log")"
       continue
     fi
-    # initcheck reports torch's and CUB's reductions reading staging memory they fill in a way it cannot
-    # follow (NVIDIA/cccl#1790 and others): it checks fastpipe's kernels only.
-    local only=()
-    [ "$tool" = initcheck ] && only=(--kernel-name kns=fastpipe)
     FASTPIPE_UNDER_SANITIZER=1 PYTORCH_NO_CUDA_MEMORY_CACHING=1 timeout "$(capped 300 30)" "$sanitizer" --tool "$tool" \
-      "${only[@]}" --error-exitcode 9 $PY -m pytest -m gpu -q -p no:cacheprovider -o addopts="" "$file" -k "$expr" \
-      >"$log" 2>&1 &
-    pids+=($!); names+=("$tool over $name")
+      --error-exitcode 9 $PY -m pytest -m gpu -q -p no:cacheprovider -o addopts="" "$file" -k "$expr" >"$log" 2>&1 &
+    pids+=($!); names+=("$tool over $name"); names_log+=("${name}_$tool")
   done
   local k
   for k in "${!pids[@]}"; do
     wait "${pids[$k]}"; local r=$?
-    [ "$r" = 0 ] || rc=1
     local what="clean"
-    [ "$r" = 9 ] && what="ERRORS FOUND"
+    if [ "$r" = 9 ]; then
+      # initcheck reports torch's and CUB's reductions reading staging memory they fill in ways it cannot
+      # follow (NVIDIA/cccl#1790 and others): only reports that name fastpipe's kernels or extension count.
+      read -r ours others < <(sanitizer_reports "$RESULTS/sanitizer_${names_log[$k]}.log")
+      if [ "$ours" = 0 ]; then
+        r=0; what="clean ($others reports outside fastpipe's code, not counted)"
+      else
+        what="ERRORS FOUND ($ours in fastpipe's code, $others elsewhere)"
+      fi
+    fi
+    [ "$r" = 0 ] || rc=1
     [ "$r" = 124 ] && what="OUT OF TIME (checked nothing to the end)"
     [ "$r" != 0 ] && [ "$r" != 9 ] && [ "$r" != 124 ] && what="tests failed (exit $r)"
     echo "compute-sanitizer ${names[$k]}: $what" | tee -a "$SUMMARY"
@@ -316,7 +330,7 @@ PYEOF
 SCALE=${LIMIT_SCALE:-$([ "$REHEARSE" = 1 ] && echo 8 || echo 1)}
 NATIVE_BACKTRACE=/tmp/fastpipe_native_backtrace.so
 export PY RESULTS REHEARSE CAP XDIST SUMMARY T0 SCALE DEADLINE_S NATIVE_BACKTRACE
-export -f say capped native_stacks gpu_tests bench_step part_build part_loader part_conv part_sanitize part_bench
+export -f say capped native_stacks sanitizer_reports gpu_tests bench_step part_build part_loader part_conv part_sanitize part_bench
 declare -A LIMIT=([build]=330 [loader]=270 [conv]=400 [sanitize]=330 [bench]=420)
 for group in ${PARTS//,/ }; do
   if [ "$group" = build ]; then

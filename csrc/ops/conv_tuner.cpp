@@ -400,6 +400,10 @@ Selection select_engine(const ConvArgs& a) {
     for (const std::string& name : names) known += ", " + name;
     TORCH_CHECK(false, "FASTPIPE_CONV_ENGINE=", forced, " names no engine; use auto, eager", known);
   }
+  // Nothing that timing could pick (a device type whose engines have not passed their tests on its
+  // hardware yet): eager, with no key kept. This is also the forced path's code, which ran every CUDA
+  // engine on an H200; the keyed path crashed there, cause not yet found (issue 20's GPU run).
+  if (!dev->any_validated && !st.time_unvalidated.load(std::memory_order_relaxed)) return eager;
   const Key key = make_key(a);
   const uint64_t generation = st.generation.load(std::memory_order_acquire);
   for (const RecentChoice& r : recent)
@@ -522,11 +526,13 @@ bool register_engines(c10::DeviceType type, DeviceHooks hooks, std::vector<Candi
     dev.hooks = hooks;
     dev.candidates = {pass ? Candidate{"eager", always, nullptr, true, run_eager_backward}
                            : Candidate{"eager", always, run_eager, true}};
+    dev.any_validated = false;
     for (const Candidate& c : cands) {
       const bool forward = c.run != nullptr, backward_engine = c.run_backward != nullptr;
       TORCH_INTERNAL_ASSERT(forward != backward_engine && backward_engine == pass, "conv engine ", c.name,
                             " registered as a ", pass ? "backward" : "forward", " engine without being one");
       dev.candidates.push_back(c);
+      dev.any_validated = dev.any_validated || c.validated;
     }
     TORCH_INTERNAL_ASSERT(dev.candidates.size() <= 64, "TunerState::failed keeps one bit per candidate");
     dev.labels.clear();

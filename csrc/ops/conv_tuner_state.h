@@ -22,6 +22,7 @@ namespace fastpipe::conv {
 struct DeviceCandidates {
   DeviceHooks hooks{};
   std::vector<Candidate> candidates;  // [0] is eager
+  bool any_validated = false;        // a candidate besides eager that timing may pick
   // Per candidate, the profiler's name: "fastpipe::conv_engine.<name>", or "fastpipe::conv_engine_backward.<name>".
   std::vector<std::string> labels;
 

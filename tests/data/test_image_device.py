@@ -6,6 +6,7 @@ bytes and geometry (decoding themselves only what the device is not given), the 
 same weights in another order; on a GPU (the gpu tests) nvJPEG's decode differs from libjpeg's a little.
 """
 
+import os
 import warnings
 
 import numpy as np
@@ -134,10 +135,15 @@ def test_nvjpeg_decode_on_a_gpu_is_close_to_the_host_path(folder):
     dev = [(x.float().cpu().numpy(), y.cpu().numpy()) for x, y in ld]
     assert ld.stats()["images_decoded_on_device"] == len(folder)
     diff = np.abs(np.concatenate([b for b, _ in dev]) - np.concatenate([a for a, _ in host])) * 255
-    # Per image in the folder's order (c0/0, c0/2, c0/4: 4:4:4, 4:2:0, 4:2:2; c1/1, c1/3, c1/5: 4:2:2, 4:4:4, 4:2:0).
-    for k, d in enumerate(diff):
-        print(f"image {k}: mean {d.mean():.2f} levels, p99 {np.percentile(d, 99):.1f}, max {d.max():.1f}")
-    # nvJPEG's IDCT and chroma upsampling are not libjpeg's: a level or two on average.
-    assert diff.mean() < 2.0 and np.percentile(diff, 99) < 16, (diff.mean(), np.percentile(diff, 99))
+    subsampling = [int(os.path.basename(folder._path(i))[:-4]) % 3 for i in range(len(folder))]  # PIL's: 0 = 4:4:4
+    for d, s in zip(diff, subsampling):
+        print(f"subsampling {s}: mean {d.mean():.2f} levels, p99 {np.percentile(d, 99):.1f}, max {d.max():.1f}")
+    # Without chroma subsampling nvJPEG's IDCT gave libjpeg-turbo's bytes exactly on an H200.
+    full = np.stack([d for d, s in zip(diff, subsampling) if s == 0])
+    assert full.max() <= 1.0, full.max()
+    # Subsampled chroma is upsampled otherwise than libjpeg-turbo's triangular ("fancy") filter: on these
+    # pictures' hard colour edges the H200 saw means of 2.9-6.6 levels, p99 17-47, max 76.
+    part = np.stack([d for d, s in zip(diff, subsampling) if s != 0])
+    assert part.mean() < 8 and np.percentile(part, 99) < 64, (part.mean(), np.percentile(part, 99))
     for (_, la), (_, lb) in zip(host, dev):
         np.testing.assert_array_equal(la, lb)

@@ -144,11 +144,20 @@ def poison_cuda_allocations(*shapes, dtype, count=4):
             poisoned.append((lo, hi))
     del blocks
     for n in numels:
-        probe = torch.empty(n, dtype=dtype, device="cuda")  # no kernel: the poison stays as it is
-        start, end = probe.data_ptr(), probe.data_ptr() + probe.numel() * probe.element_size()
+        for _ in range(8):
+            probe = torch.empty(whole(n), dtype=dtype, device="cuda")  # no kernel: the poison stays as it is
+            start, end = probe.data_ptr(), probe.data_ptr() + probe.numel() * probe.element_size()
+            if any(lo <= start and end <= hi for lo, hi in poisoned):
+                break
+            # A free block of this size outside the poison (a gap beside a live tensor, in a segment
+            # empty_cache kept) is the one the allocator hands out next: poison it too, and look again.
+            probe.fill_(float("nan"))
+            poisoned.append((start, end))
+        else:
+            raise AssertionError(f"the next allocation of {n} x {dtype} is not in the poisoned blocks: "
+                                 "the poison would not show")
         del probe
-        assert any(lo <= start and end <= hi for lo, hi in poisoned), (
-            f"the next allocation of {n} x {dtype} is not in the poisoned blocks: the poison would not show")
+    torch.cuda.synchronize()
 
 
 # ---- which engine runs -------------------------------------------------------------------------------

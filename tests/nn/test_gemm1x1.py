@@ -9,6 +9,7 @@ import subprocess
 import pytest
 import torch
 import torch.nn.functional as F
+from torch._prims_common import suggest_memory_format
 
 import fastpipe
 import fastpipe.nn as fnn
@@ -99,12 +100,16 @@ def test_the_engine_on_a_gpu(shape, dtype, residual):
     g = torch.Generator(device="cuda").manual_seed(0)
     x, w, b, r = inputs(shape, True, residual, g, "cuda")
     cl = torch.channels_last
-    # NHWC strides even where a dimension of 1 makes the layout ambiguous (contiguous(memory_format=cl)
-    # keeps such a tensor's NCHW strides, and the op then computes in NCHW, as eager does).
-    nhwc = lambda t: t.to(dtype).permute(0, 2, 3, 1).contiguous().permute(0, 3, 1, 2)  # noqa: E731
+    # NHWC strides even where a dimension of 1 makes the layout ambiguous: contiguous(memory_format=cl)
+    # and permute().contiguous() keep such a tensor's NCHW strides, and the op then computes in NCHW, as
+    # eager does (the H200 run saw gemm1x1 decline them).
+    def nhwc(t):
+        return torch.empty(t.permute(0, 2, 3, 1).shape, dtype=dtype, device=t.device).permute(0, 3, 1, 2).copy_(t)
+
     x, r = nhwc(x), None if r is None else nhwc(r)
     w, b = w.to(dtype), b.to(dtype)
     tol = {torch.float32: 1e-4, torch.float16: 1e-2, torch.bfloat16: 5e-2}[dtype]
+    assert suggest_memory_format(x) == cl and (r is None or suggest_memory_format(r) == cl)
     for (act, kwargs, fn), name in zip(ACTIVATIONS, ACT_IDS):
         poison_cuda_allocations((shape[0], shape[2], shape[3], shape[4]), dtype=dtype)
         with fnn.use_conv_engine("gemm1x1"):
