@@ -25,7 +25,7 @@ from fastpipe.bench.loader_direct import DD_BLOCK, DIRECT_REPS, run_direct
 from fastpipe.bench.loader_report import report_dataset, shown_best, summarize
 from fastpipe.bench.loader_timing import (FASTPIPE_EPOCH, FASTPIPE_SEED, STEP_OVER_GATHER, WARMUP_BATCHES, Case,
                                           busy_steps, calibrate_sleep, fastpipe_epoch, fastpipe_stats, pure_steps,
-                                          rotated, run_delay, timed_pass)
+                                          rotated, run_delay, timed_pass, touch_with_torch)
 
 # --------------------------------------------------------------------------------------------------
 # Batch sizes: what a training job of each kind really uses (one GPU's share).
@@ -363,6 +363,7 @@ def run_dataset(name, spec, files, args, out):
             c.overlap.clear()
             c.busy.clear()
             c.busy_run_delay.clear()
+            c.torch.clear()
             c.overlap_run_delay.clear()
             out.log(f"  {c.label}: failed: {c.error}")
 
@@ -403,24 +404,30 @@ def run_dataset(name, spec, files, args, out):
                     c.overlap_run_delay.append(run_delay() - d0)
                     bar.update()
                 pure.append(pure_steps(sleep_arg, n_pure) / n_pure)
-    # (3) the training-thread delay with a busy step (issue 21): the same loop where the step computes on
-    # the training thread, fastpipe's rows only, against pure busy steps; with the seconds the training
-    # thread waited for a core (schedstat), where a loader that takes its core shows.
-    busy_pure = []
+    # (3) the training-thread delay (issue 21): the same loop where the step computes on the training
+    # thread, against the same steps alone. "busy" spins (fastpipe's rows; with the seconds the training
+    # thread waited for a core, where a loader that takes its core shows); "torch" first reads every byte
+    # of the batch with torch ops on the intra-op threads, as a CPU training step does, which then compete
+    # with the loader's threads (fastpipe's rows and the gathers that run on the training thread).
+    step_pure = {"busy": [], "torch": []}
     fp_cases = [c for c in live if c.kind == "fastpipe"]
-    if fp_cases and not args.no_overlap:
-        n_pure = min(200, res["batches_per_epoch"])
-        with out.progress(total=oreps * len(fp_cases), desc=f"{name}: busy step", unit="pass") as bar:
+    inline = [c for c in live if c.key in ("bound", "index_select")]
+    fixed = tuple(np.array(a) for a in next(iter(gather())))  # the batch the pure torch steps read
+    n_pure = min(200, res["batches_per_epoch"])
+    for kind, consume, group in (("busy", None, fp_cases), ("torch", touch_with_torch, fp_cases + inline)) \
+            if fp_cases and not args.no_overlap else ():
+        with out.progress(total=oreps * len(group), desc=f"{name}: {kind} step", unit="pass") as bar:
             for r in range(oreps):
-                busy_pure.append(busy_steps(step, n_pure))
-                for c in rotated(fp_cases, r):
+                step_pure[kind].append(busy_steps(step, n_pure, consume, fixed))
+                for c in rotated(group, r):
                     d0 = run_delay()
-                    measure(c, c.busy, step=step, busy=True)
-                    c.busy_run_delay.append(run_delay() - d0)
+                    measure(c, getattr(c, kind), step=step, busy=True, consume=consume)
+                    if kind == "busy":
+                        c.busy_run_delay.append(run_delay() - d0)
                     bar.update()
-                busy_pure.append(busy_steps(step, n_pure))
-        res["busy_step_seconds_measured"] = bc.median([t / n_pure for t, _ in busy_pure])
-        res["busy_step_run_delay_ms"] = bc.median([1e3 * d / n_pure for _, d in busy_pure])
+                step_pure[kind].append(busy_steps(step, n_pure, consume, fixed))
+        res[f"{kind}_step_seconds_measured"] = bc.median([t / n_pure for t, _ in step_pure[kind]])
+        res[f"{kind}_step_run_delay_ms"] = bc.median([1e3 * d / n_pure for _, d in step_pure[kind]])
 
     pure_step = bc.median(pure) if pure else float("nan")
     res["pure_step_seconds_measured"] = pure_step
@@ -467,14 +474,17 @@ def run_dataset(name, spec, files, args, out):
                        overlap_added_pct_reps=added,
                        overlap_run_delay_ms_per_step=bc.median([1e3 * d / k for d, (t, s, k, w)
                                                                 in zip(c.overlap_run_delay, c.overlap)]))
+        for kind in ("busy", "torch"):
+            passes = getattr(c, kind)
+            if not passes:
+                continue
+            bp = [t / n_pure for t, _ in step_pure[kind]]
+            added = [100.0 * (t / (k * (bp[2 * r] + bp[2 * r + 1]) / 2) - 1.0) for r, (t, s, k, w) in enumerate(passes)]
+            row.update({f"{kind}_added_pct": bc.median(added), f"{kind}_added_pct_best": min(added),
+                        f"{kind}_added_pct_reps": added})
         if c.busy:
-            n_pure = min(200, res["batches_per_epoch"])
-            bp = [t / n_pure for t, _ in busy_pure]
-            added = [100.0 * (t / (k * (bp[2 * r] + bp[2 * r + 1]) / 2) - 1.0)
-                     for r, (t, s, k, w) in enumerate(c.busy)]
-            row.update(busy_added_pct=bc.median(added), busy_added_pct_best=min(added), busy_added_pct_reps=added,
-                       busy_run_delay_ms_per_step=bc.median([1e3 * d / k for d, (t, s, k, w)
-                                                             in zip(c.busy_run_delay, c.busy)]))
+            row["busy_run_delay_ms_per_step"] = bc.median([1e3 * d / k for d, (t, s, k, w)
+                                                           in zip(c.busy_run_delay, c.busy)])
         if c.probe is not None:
             row["consumer_wait_per_batch_ms_alone"] = bc.median([1e3 * w / k for t, s, k, w in c.alone])
             if c.overlap:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import time
 
 import numpy as np
+import torch
 
 # Batches every timed pass consumes untimed before its clock starts (worker start-up, pipeline fill).
 # The same for every loader; the batches a loader prefetched meanwhile count as timed (<= 2% here).
@@ -26,6 +27,7 @@ class Case:
         self.overlap = []  # (seconds, samples, batches, probe delta) per repetition
         self.busy = []     # the same with a busy step (fastpipe's rows)
         self.busy_run_delay = []  # seconds the training thread waited for a core, per busy repetition
+        self.torch = []    # the same with a torch step (fastpipe's rows and the inline peers)
         self.overlap_run_delay = []  # the same per sleeping-step repetition (a late wake-up shows here)
         self.error = None
 
@@ -41,12 +43,14 @@ def nsamples(b) -> int:
     return int(b.shape[0])
 
 
-def timed_pass(make_iter, cap, step: float | None = None, warmup: int = WARMUP_BATCHES, probe=None, busy=False):
+def timed_pass(make_iter, cap, step: float | None = None, warmup: int = WARMUP_BATCHES, probe=None, busy=False,
+               consume=None):
     """Consumes `warmup` batches, then times up to `cap` batches (None: to the end of the epoch).
 
     With a step (seconds, 0 included) each batch is held while time.sleep(step) stands in for a
     training step that leaves the CPU free (busy=True: spin(step), one that computes on the training
-    thread). `probe()` (if given) is read just before and after the timed batches; the pass returns its
+    thread; `consume(batch)` first, if given: touch_with_torch reads every byte with torch's intra-op
+    threads). `probe()` (if given) is read just before and after the timed batches; the pass returns its
     difference as a 4th value (fastpipe: seconds the consumer waited)."""
     it = iter(make_iter())
     for _ in range(warmup):
@@ -58,6 +62,8 @@ def timed_pass(make_iter, cap, step: float | None = None, warmup: int = WARMUP_B
     for b in it:
         samples += nsamples(b)
         n += 1
+        if consume is not None:
+            consume(b)
         if step is not None:
             spin(step) if busy else time.sleep(step)
         if cap is not None and n >= cap:
@@ -89,11 +95,21 @@ def run_delay() -> float:
         return float("nan")
 
 
-def busy_steps(step: float, n: int) -> tuple[float, float]:
-    """(seconds, seconds waited for a core) of n busy steps alone."""
+def touch_with_torch(batch) -> None:
+    """What a CPU training step does first: reads every byte of the batch with torch ops, on torch's
+    intra-op threads (as many as the cores by default), which then compete with a loader's threads."""
+    parts = batch.values() if isinstance(batch, dict) else batch if isinstance(batch, (tuple, list)) else [batch]
+    for t in parts:
+        (t if isinstance(t, torch.Tensor) else torch.from_numpy(np.asarray(t))).sum()
+
+
+def busy_steps(step: float, n: int, consume=None, batch=None) -> tuple[float, float]:
+    """(seconds, seconds waited for a core) of n busy steps alone (each after consume(batch), if given)."""
     d0 = run_delay()
     t0 = time.perf_counter()
     for _ in range(n):
+        if consume is not None:
+            consume(batch)
         spin(step)
     return time.perf_counter() - t0, run_delay() - d0
 
