@@ -162,6 +162,12 @@ cxx_flags = ["-Wall", "-Wno-unused-function", "-fvisibility=hidden"] + opt
 include_dirs = [os.path.join(ROOT, "csrc")]
 extra = {"cxx": cxx_flags}
 link_flags = []
+if torch.backends.openmp.is_available():
+    # torch's intra-op threads are an OpenMP team, and at::parallel_for is a header template: compiled
+    # without OpenMP it is a serial loop (the loader's num_threads=0, the CPU depthwise model). The
+    # extension then needs libgomp.so.1, which resolves to the copy torch already loaded: one team.
+    cxx_flags.append("-fopenmp")
+    link_flags.append("-fopenmp")
 if jpeg_cflags is not None:
     defines.append(("FASTPIPE_WITH_JPEG", "1"))
     cxx_flags += jpeg_cflags

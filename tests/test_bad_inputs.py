@@ -71,7 +71,7 @@ def cmn(**kw):
 CASES = [
     # Loader: counts
     ("num_threads-huge", lambda e: loader(e, num_threads=10**6), ValueError, "num_threads must be at most 1024"),
-    ("num_threads-zero", lambda e: loader(e, num_threads=0), ValueError, "num_threads must be at least 1"),
+    ("num_threads-negative", lambda e: loader(e, num_threads=-1), ValueError, "num_threads must be at least 0"),
     ("num_threads-float", lambda e: loader(e, num_threads=2.0), TypeError, "num_threads must be an int"),
     ("num_threads-str", lambda e: loader(e, num_threads="2"), TypeError, "num_threads must be an int"),
     ("num_threads-bool", lambda e: loader(e, num_threads=True), TypeError, "num_threads must be an int"),

@@ -13,6 +13,7 @@
 
 #include "core/error.h"
 #include "core/reader_state.h"
+#include "core/trace.h"
 
 namespace fastpipe {
 namespace {
@@ -165,7 +166,15 @@ BatchReader::BatchReader(std::vector<ColumnSpec> columns, ReaderOptions opt) : o
                      " bytes (batch_size=" + std::to_string(opt.batch_size) + "), more than this machine's " +
                      gib(memory) + " of memory; lower batch_size or prefetch");
   st->warm_page_cache = total_data <= mem / 2;
-  if (opt.num_threads == 0) {
+  if (opt.gather_in_next) {
+    opt.num_threads = std::max(opt.num_threads, 1);  // the parallel workers the chunks are sized for
+    // No reader threads to warm the page cache: the kernel is asked to read ahead, not waited for, and
+    // mapped pages are faulted in by the reads themselves.
+    if (st->warm_page_cache)
+      for (const Column& c : st->columns)
+        if (c.file) warm_file(*c.file, [] { return false; }, /*populate=*/false);
+    st->warm_page_cache = false;
+  } else if (opt.num_threads == 0) {
     bool any_direct = false;
     for (const Column& c : st->columns) any_direct |= c.file && c.file->mode() == IoMode::kDirect;
     opt.num_threads = default_num_threads(usable_cores(), any_direct);
@@ -181,9 +190,10 @@ BatchReader::BatchReader(std::vector<ColumnSpec> columns, ReaderOptions opt) : o
   st->free_slots = opt.num_slots;
   st->ring.assign(static_cast<size_t>(opt.prefetch), -1);
   state_ = st;
+  open_ = true;
 
   BlockAsyncSignals block;
-  for (int t = 0; t < opt.num_threads; ++t) {
+  for (int t = 0; t < (opt.gather_in_next ? 0 : opt.num_threads); ++t) {
     try {
       threads_.emplace_back(reader_loop, st, t);
     } catch (const std::system_error& e) {
@@ -218,11 +228,12 @@ void BatchReader::check_usable() const {
   if (getpid() != owner_pid_)
     throw Error(ErrorKind::kState,
                 "this Loader was created in another process (before a fork); create a new Loader in this process");
-  if (!state_ || threads_.empty()) throw Error(ErrorKind::kState, "the Loader is closed");
+  if (!state_ || !open_) throw Error(ErrorKind::kState, "the Loader is closed");
 }
 
 void BatchReader::close() {
-  if (getpid() != owner_pid_ || threads_.empty()) return;
+  if (getpid() != owner_pid_ || !open_) return;
+  open_ = false;
   {
     std::lock_guard<std::mutex> lk(state_->mu);
     state_->stop = true;
@@ -324,6 +335,62 @@ std::shared_ptr<Lease> BatchReader::read_overflow_locked(std::unique_lock<std::m
   return std::make_shared<Lease>(state_, base, std::move(keep), records, epoch);
 }
 
+void BatchReader::fill_in_next_locked(std::unique_lock<std::mutex>& lk) {
+  ReaderState& st = *state_;
+  // Nothing reads ahead: the batch asked for is the next one to dispatch, and a slot is free (next()
+  // took the overflow path when the consumer holds them all).
+  const int64_t b = st.consumed;
+  st.claim_slot_locked(b);
+  st.next_batch = b + 1;
+  st.next_chunk = 0;
+  const int s = st.ring[b % st.opt.prefetch];
+  const WorkItem batch{st.gen, s, b, 0, 0, st.indices, st.epoch};
+  const int64_t records = st.batch_records(b), chunks = st.batch_chunks(b);
+  lk.unlock();
+  std::vector<std::exception_ptr> errors(static_cast<size_t>(chunks));
+  std::atomic<int64_t> bytes{0};
+  const auto t0 = Clock::now();
+  auto body = [&](int64_t begin, int64_t end, int worker) {
+    ThreadBuffers* tb;
+    {
+      std::lock_guard<std::mutex> g(st.worker_buffers_mu);
+      std::unique_ptr<ThreadBuffers>& mine = st.worker_buffers[worker];
+      if (!mine) mine = std::make_unique<ThreadBuffers>(thread_buffers(st.columns, st.chunk_records));
+      tb = mine.get();
+    }
+    for (int64_t c = begin; c < end; ++c) {
+      WorkItem w = batch;
+      w.first = c * st.chunk_records;
+      w.count = std::min(st.chunk_records, records - w.first);
+      int64_t n = 0;
+      try {
+        trace::Range range("fastpipe::loader.read");
+        read_chunk(st, w, *tb, &n);
+        bytes += n;
+      } catch (...) {
+        errors[static_cast<size_t>(c)] = std::current_exception();
+      }
+    }
+  };
+  if (st.opt.parallel_for) {
+    st.opt.parallel_for(chunks, body);
+  } else {
+    body(0, chunks, 0);
+  }
+  st.read_ns += std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now() - t0).count();
+  st.bytes_read += bytes.load();
+  lk.lock();
+  Slot& slot = st.slots[s];
+  slot.pending = 0;
+  for (const std::exception_ptr& e : errors) {
+    if (e) {
+      slot.error = e;
+      break;
+    }
+  }
+  slot.state = SlotState::kReady;
+}
+
 std::shared_ptr<Lease> BatchReader::try_next(bool* end) {
   check_usable();
   ReaderState& st = *state_;
@@ -356,6 +423,7 @@ std::shared_ptr<Lease> BatchReader::next(double timeout_s, const std::function<v
                     "batch is freed: drop references to earlier batches, copy the ones you keep (batch.clone()), "
                     "create the Loader with a larger prefetch (slots = prefetch + 2), or use when_full='allocate'.");
   }
+  if (st.opt.gather_in_next && !ready_locked()) fill_in_next_locked(lk);
   if (!ready_locked()) ++st.waits;
   while (!ready_locked()) {
     const double waited = seconds_since(t0);

@@ -27,9 +27,18 @@ namespace fastpipe {
 // More reader threads than this never help (they contend for the disk and the cores); refused up front.
 constexpr int kMaxReaderThreads = 1024;
 
+// Runs body(begin, end, worker) over [0, n) split among workers (torch's intra-op threads, from the ops
+// layer; worker < the count it reported just before); null: serially on the calling thread.
+using ParallelFor = std::function<void(int64_t n, const std::function<void(int64_t, int64_t, int)>& body)>;
+
 struct ReaderOptions {
   int64_t batch_size = 1;
   int num_threads = 0;  // 0: default_num_threads
+  // No reader threads: next() reads each batch itself when it is asked for, its chunks spread over
+  // `parallel_for` (num_threads then sizes the chunks: the workers it has). For a training step that
+  // keeps every core busy with its own parallel work, where reader threads would only compete with it.
+  bool gather_in_next = false;
+  ParallelFor parallel_for;
   int prefetch = 0;   // batches read ahead of the consumer (0: default_prefetch of the batch bytes)
   int num_slots = 0;  // arena slots, > prefetch (0: prefetch + 2)
   IoMode io = IoMode::kAuto;
@@ -149,8 +158,10 @@ class BatchReader {
   bool ready_locked() const;
   std::shared_ptr<Lease> take_locked(std::unique_lock<std::mutex>& lk);
   std::shared_ptr<Lease> read_overflow_locked(std::unique_lock<std::mutex>& lk);
+  void fill_in_next_locked(std::unique_lock<std::mutex>& lk);
   std::shared_ptr<ReaderState> state_;
   std::vector<std::thread> threads_;
+  bool open_ = false;  // until close() (a reader that reads in next() has no threads to tell it by)
   pid_t owner_pid_;
 };
 

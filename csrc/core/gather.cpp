@@ -281,12 +281,12 @@ void read_records(const Column& c, const int64_t* idx, int64_t count, const Sink
   if (count && c.file->current_size() < off[max_k] + len) throw_shrunk(c, idx[max_k]);
 }
 
-void warm_file(const File& f, const std::function<bool()>& stopped) {
+void warm_file(const File& f, const std::function<bool()>& stopped, bool populate) {
   for (int64_t off = 0; off < f.size_at_open(); off += kWarmStep) {
     if (stopped()) return;
     f.will_need(off, kWarmStep);
   }
-  for (int64_t off = 0; f.mode() == IoMode::kMmap && off < f.size_at_open(); off += kWarmStep) {
+  for (int64_t off = 0; populate && f.mode() == IoMode::kMmap && off < f.size_at_open(); off += kWarmStep) {
     if (stopped()) return;
     f.populate(off, kWarmStep);
   }

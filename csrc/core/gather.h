@@ -117,8 +117,8 @@ void read_records(const Column& c, const int64_t* idx, int64_t count, const Sink
 
 // Queues a whole file for reading into the page cache, one read-ahead window per call, so that the
 // first pass over data that was not cached reads sequentially instead of one page per random record;
-// then maps every page of a mapped file, so that no record pays a page fault on first touch. Returns
-// early when stopped() says so.
-void warm_file(const File& f, const std::function<bool()>& stopped);
+// then (populate) maps every page of a mapped file, so that no record pays a page fault on first touch.
+// Returns early when stopped() says so.
+void warm_file(const File& f, const std::function<bool()>& stopped, bool populate = true);
 
 }  // namespace fastpipe

@@ -6,6 +6,7 @@
 #include <chrono>
 #include <condition_variable>
 #include <exception>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -54,6 +55,9 @@ struct ReaderState {
   int64_t chunk_records = 1;
   std::unique_ptr<AlignedBuffer> arena;
   pid_t owner_pid = 0;
+  // ReaderOptions::gather_in_next: each parallel worker's buffers, made at its first chunk.
+  std::mutex worker_buffers_mu;
+  std::map<int, std::unique_ptr<ThreadBuffers>> worker_buffers;
 
   std::mutex mu;
   std::condition_variable work_cv;   // reader threads: work or stop
@@ -109,6 +113,20 @@ struct ReaderState {
   }
   int64_t batch_chunks(int64_t b) const { return (batch_records(b) + chunk_records - 1) / chunk_records; }
 
+  // A free slot becomes batch b's, filling, with all its chunks pending (there is one: has_work()).
+  void claim_slot_locked(int64_t b) {
+    int s = 0;
+    while (slots[s].state != SlotState::kFree) ++s;
+    Slot& slot = slots[s];
+    slot.state = SlotState::kFilling;
+    slot.gen = gen;
+    slot.batch = b;
+    slot.records = batch_records(b);
+    slot.pending = static_cast<int>(batch_chunks(b));
+    slot.error = nullptr;
+    --free_slots;
+    ring[b % opt.prefetch] = s;
+  }
   bool has_work() const {
     if (!indices || next_batch >= num_batches || next_batch >= consumed + opt.prefetch) return false;
     return next_chunk > 0 || free_slots > 0;
@@ -160,6 +178,9 @@ struct WorkItem {
 
 // The body of reader thread `thread_index`: fills slots until the reader stops.
 void reader_loop(std::shared_ptr<ReaderState> sp, int thread_index);
+
+// Reads work item w's records into its slot (ReaderOptions::before_slot_fill first); *bytes: bytes read.
+void read_chunk(ReaderState& st, const WorkItem& w, ThreadBuffers& tb, int64_t* bytes);
 
 // Reads records idx[0, count) into records [first, first + count) of the slot at `base`: image columns
 // first (a bad image replaced by another record when the options say so; every column of that record

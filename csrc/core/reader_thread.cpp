@@ -67,16 +67,6 @@ int64_t read_images_or_replace(ReaderState& st, int64_t* idx, int64_t k, int64_t
   }
 }
 
-void read_chunk(ReaderState& st, const WorkItem& w, ThreadBuffers& tb, int64_t* bytes) {
-  char* base = st.slot_data(w.slot);
-  if (st.opt.before_slot_fill) st.opt.before_slot_fill(w.slot);
-  if (st.poison.load(std::memory_order_relaxed))
-    for (const OutputLayout& out : st.outputs)
-      std::memset(base + out.offset + w.first * out.record_bytes, 0xA5, static_cast<size_t>(w.count * out.record_bytes));
-  *bytes = fill_records(st, w.indices->data() + w.batch * st.opt.batch_size + w.first, w.count, base, w.first, w.epoch,
-                        tb);
-}
-
 // Reader thread t warms the files t, t + threads, ... (gather.h: warm_file).
 void warm_files(ReaderState& st, int thread_index) {
   auto stopped = [&] {
@@ -88,6 +78,16 @@ void warm_files(ReaderState& st, int thread_index) {
 }
 
 }  // namespace
+
+void read_chunk(ReaderState& st, const WorkItem& w, ThreadBuffers& tb, int64_t* bytes) {
+  char* base = st.slot_data(w.slot);
+  if (st.opt.before_slot_fill) st.opt.before_slot_fill(w.slot);
+  if (st.poison.load(std::memory_order_relaxed))
+    for (const OutputLayout& out : st.outputs)
+      std::memset(base + out.offset + w.first * out.record_bytes, 0xA5, static_cast<size_t>(w.count * out.record_bytes));
+  *bytes = fill_records(st, w.indices->data() + w.batch * st.opt.batch_size + w.first, w.count, base, w.first, w.epoch,
+                        tb);
+}
 
 int64_t fill_records(ReaderState& st, const int64_t* records, int64_t count, char* base, int64_t first, uint64_t epoch,
                      ThreadBuffers& tb) {
@@ -135,21 +135,8 @@ void reader_loop(std::shared_ptr<ReaderState> sp, int thread_index) {
     w.indices = st.indices;
     w.epoch = st.epoch;
     const int64_t nchunks = st.batch_chunks(w.batch);
-    int& ring_slot = st.ring[w.batch % st.opt.prefetch];
-    if (st.next_chunk == 0) {
-      int s = 0;
-      while (st.slots[s].state != SlotState::kFree) ++s;
-      Slot& slot = st.slots[s];
-      slot.state = SlotState::kFilling;
-      slot.gen = st.gen;
-      slot.batch = w.batch;
-      slot.records = st.batch_records(w.batch);
-      slot.pending = static_cast<int>(nchunks);
-      slot.error = nullptr;
-      --st.free_slots;
-      ring_slot = s;
-    }
-    w.slot = ring_slot;
+    if (st.next_chunk == 0) st.claim_slot_locked(w.batch);
+    w.slot = st.ring[w.batch % st.opt.prefetch];
     w.first = st.next_chunk * st.chunk_records;
     w.count = std::min(st.chunk_records, st.batch_records(w.batch) - w.first);
     if (++st.next_chunk == nchunks) {

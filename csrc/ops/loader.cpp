@@ -1,6 +1,7 @@
 // Python bindings of the batch reader and the device pipeline (csrc/core): their errors become Python
 // exceptions, batches become zero-copy tensors whose last reference returns the slot; and the shared
 // tables (dtypes, io modes).
+#include <ATen/Parallel.h>
 #include <pybind11/numpy.h>
 #include <pybind11/stl.h>
 
@@ -173,7 +174,7 @@ class PyReader {
   PyReader(std::vector<ColumnSpec> columns, const std::vector<std::pair<std::string, std::vector<int64_t>>>& outputs,
            int64_t batch_size, int num_threads, int prefetch, const std::string& io, const py::object& pin,
            const py::object& device, const std::string& when_full, const std::string& on_error, uint64_t seed,
-           const std::string& nvjpeg)
+           const std::string& nvjpeg, bool gather_in_next)
       : choice_(choose_device(device, nvjpeg)) {
     TORCH_CHECK(when_full == "allocate" || when_full == "error", "when_full must be 'allocate' or 'error', got '",
                 when_full, "'");
@@ -186,6 +187,16 @@ class PyReader {
     opt.num_threads = num_threads;
     opt.prefetch = prefetch;
     opt.io = parse_io_mode(io);
+    if (gather_in_next) {
+      TORCH_CHECK_VALUE(!choice_.device, "num_threads=0 (each batch read in next()) makes CPU batches; a device "
+                        "Loader reads ahead on its copy stream and needs reader threads");
+      // The batch's chunks on torch's intra-op threads: the ones a CPU training step keeps busy.
+      opt.gather_in_next = true;
+      opt.num_threads = at::get_num_threads();
+      opt.parallel_for = [](int64_t n, const std::function<void(int64_t, int64_t, int)>& body) {
+        at::parallel_for(0, n, 1, [&](int64_t begin, int64_t end) { body(begin, end, at::get_thread_num()); });
+      };
+    }
     if (choice_.device) {
       OverflowFn overflow = when_full == "allocate" ? overflow_allocator(choice_) : nullptr;
       py::gil_scoped_release nogil;  // opening files and touching the arenas can take a while
@@ -448,11 +459,11 @@ void bind_loader(py::module& m) {
   py::class_<PyReader>(m, "BatchReader")
       .def(py::init<std::vector<ColumnSpec>, const std::vector<std::pair<std::string, std::vector<int64_t>>>&,
                     int64_t, int, int, const std::string&, const py::object&, const py::object&, const std::string&,
-                    const std::string&, uint64_t, const std::string&>(),
+                    const std::string&, uint64_t, const std::string&, bool>(),
            py::arg("columns"), py::arg("outputs"), py::arg("batch_size"), py::arg("num_threads"), py::arg("prefetch"),
            py::arg("io"), py::arg("pin") = py::none(), py::arg("device") = py::none(),
            py::arg("when_full") = "allocate", py::arg("on_error") = "raise", py::arg("seed") = 0,
-           py::arg("nvjpeg") = "")
+           py::arg("nvjpeg") = "", py::arg("gather_in_next") = false)
       .def("start", &PyReader::start, py::arg("indices"), py::arg("drop_last"), py::arg("epoch"))
       .def("next", &PyReader::next, py::arg("timeout"))
       .def("stats", &PyReader::stats)

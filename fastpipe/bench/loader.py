@@ -294,7 +294,8 @@ def run_dataset(name, spec, files, args, out):
                 f"{w['bytes'] / w['seconds'] / 1e9:.2f} GB/s; resident {'?' if r is None else f'{100 * r:.0f}%'}")
 
     # The shared order: fastpipe's own epoch order when it can be recovered, else a fixed permutation.
-    loader = loader1 = None
+    loader = None
+    extra_loaders = []
     res["fastpipe"] = {"error": None}
     order = None
     try:
@@ -333,13 +334,19 @@ def run_dataset(name, spec, files, args, out):
             "fastpipe.Loader TokenDataset (shuffle=True)"
         cases.insert(0, Case("fastpipe", label, lambda: fastpipe_epoch(loader), "fastpipe",
                              caps.get("fastpipe", caps["default"]), probe=probe))
-        if args.threads != 1:  # the default against one reader thread (issue 21: never slower)
+        # The default against one reader thread (issue 21: never slower) and against none (num_threads=0:
+        # each batch read in next() on torch's intra-op threads).
+        for threads, key in ((1, "fastpipe_1t"), (0, "fastpipe_0t")):
+            if args.threads == threads:
+                continue
             try:
-                loader1 = make_fastpipe_loader(spec, files, 1)
-                cases.insert(1, Case("fastpipe_1t", "fastpipe.Loader, num_threads=1",
-                                     lambda: fastpipe_epoch(loader1), "fastpipe", caps.get("fastpipe", caps["default"])))
+                other = make_fastpipe_loader(spec, files, threads)
+                extra_loaders.append(other)
+                cases.insert(len(extra_loaders), Case(key, f"fastpipe.Loader, num_threads={threads}",
+                                                      lambda ld=other: fastpipe_epoch(ld), "fastpipe",
+                                                      caps.get("fastpipe", caps["default"])))
             except Exception as e:
-                out.note(f"fastpipe num_threads=1 failed: {type(e).__name__}: {e}")
+                out.note(f"fastpipe num_threads={threads} failed: {type(e).__name__}: {e}")
     by_key = {c.key: c for c in cases}
 
     # Warm-up: one short pass of every loader (starts persistent DataLoader workers, touches code paths).
@@ -494,7 +501,7 @@ def run_dataset(name, spec, files, args, out):
     report_dataset(name, res, out)
 
     del cases, by_key, live, fp_cases
-    for ld in (loader, loader1):
+    for ld in (loader, *extra_loaders):
         if ld is not None:
             try:
                 ld.close()

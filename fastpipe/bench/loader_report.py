@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import math
 
 import torch
@@ -116,11 +117,13 @@ def summarize(results) -> list[dict]:
         v = loader(ds, "fastpipe", "busy_added_pct")
         add(f"busy step (= {STEP_OVER_GATHER:g}x gather): fastpipe adds <= 5%, {ds}", v, lambda a: a <= 5.0, pct(v),
             loader(ds, "fastpipe", "busy_added_pct_best"))
-    for ds in ("cifar", "imagenet"):  # issue 21: a step whose torch ops use the cores the loader needs
-        v, peer = loader(ds, "fastpipe", "torch_added_pct"), loader(ds, "index_select", "torch_added_pct")
-        add(f"torch step: fastpipe adds no more than torch.index_select in the loop, {ds}",
+    # issue 21: a step whose torch ops use the cores the loader needs; the default, and num_threads=0
+    for ds, (key, which) in itertools.product(("cifar", "imagenet"), (("fastpipe", "default"),
+                                                                     ("fastpipe_0t", "num_threads=0"))):
+        v, peer = loader(ds, key, "torch_added_pct"), loader(ds, "index_select", "torch_added_pct")
+        add(f"torch step: fastpipe {which} adds no more than torch.index_select in the loop, {ds}",
             None if v is None or peer is None else v - peer, lambda a: a <= 0.0,
-            f"{pct(v)} vs {pct(peer)}", loader(ds, "fastpipe", "torch_added_pct_best"))
+            f"{pct(v)} vs {pct(peer)}", loader(ds, key, "torch_added_pct_best"))
     v = loader("cifar", "fastpipe_1t", "fastpipe_over_this")
     add("default threads >= 1.0x num_threads=1, cifar", v, lambda a: a >= 1.0, x(v),
         loader("cifar", "fastpipe_1t", "fastpipe_over_this_best"))

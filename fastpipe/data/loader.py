@@ -73,7 +73,10 @@ class Loader:
         when a batch is also used on another stream.
     num_threads : int, optional
         Reader threads; default: the cores, between 2 and 8 (at least 16 when reading with O_DIRECT,
-        whose threads mostly wait on the device).
+        whose threads mostly wait on the device). 0: no reader threads; ``next()`` reads each batch when
+        it is asked for, its records spread over torch's intra-op threads (``torch.get_num_threads()``).
+        For a training step that itself keeps every core busy with torch ops (CPU training with torch's
+        default threads), where reader threads would compete with it for the cores; CPU batches only.
     prefetch : int, optional
         Batches read ahead of the training loop (>= 1). The arena holds ``prefetch + 2`` batches.
         Default: enough batches for about 4 MiB of read-ahead, between 2 and 16 (small batches need a
@@ -177,10 +180,14 @@ class Loader:
         if len(dataset) == 0:
             raise ValueError(f"the dataset is empty: {dataset!r}")
         num_workers = checks.integer(num_workers, "num_workers", low=0)
+        gather_in_next = num_threads is not None and checks.integer(num_threads, "num_threads", low=0) == 0
         if num_threads is None:
             num_threads = num_workers  # 0: the reader decides
         else:
-            num_threads = checks.integer(num_threads, "num_threads", low=1)
+            num_threads = checks.integer(num_threads, "num_threads", low=0)
+        if gather_in_next and reader_device is not None:
+            raise ValueError(f"num_threads=0 reads each batch in next() and makes CPU batches; device={device!r} "
+                             "reads ahead on its copy stream and needs reader threads (num_threads >= 1)")
         if prefetch_factor is not None:
             prefetch = checks.integer(prefetch_factor, "prefetch_factor", low=1) * max(1, num_workers)
         if prefetch is None:
@@ -228,6 +235,7 @@ class Loader:
             num_threads=num_threads, prefetch=prefetch, io=io, pin=pin,
             device=reader_device, when_full=when_full, on_error=on_error, seed=seed,
             nvjpeg=_device.nvjpeg_library() if isinstance(reader_device, int) else "",
+            gather_in_next=gather_in_next,
         )
         self._open_reader()
         for w in self._reader.warnings():

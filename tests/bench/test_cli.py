@@ -16,7 +16,7 @@ from fastpipe.bench import cli
 REPO = pathlib.Path(__file__).resolve().parents[2]
 HAS_MATPLOTLIB = importlib.util.find_spec("matplotlib") is not None
 HAS_TORCHVISION = importlib.util.find_spec("torchvision") is not None
-COMMON_ROWS = ["fastpipe", "fastpipe_1t", "dl_sample_w0", "dl_sample_w2", "dl_batch_w0", "dl_batch_w2"]
+COMMON_ROWS = ["fastpipe", "fastpipe_1t", "fastpipe_0t", "dl_sample_w0", "dl_sample_w2", "dl_batch_w0", "dl_batch_w2"]
 IMAGE_ROWS = COMMON_ROWS + ["index_select", "mm_index", "mm_sorted", "bound"]
 TOKEN_ROWS = COMMON_ROWS + ["mm_index", "mm_sorted", "mm_nanogpt", "bound_raw", "bound"]
 MACHINE_FACTS = ("hostname", "date", "cpu_model", "usable_cpus", "mem_total_bytes", "torch", "fastpipe",
@@ -93,7 +93,7 @@ def test_loader_quick_writes_every_row_and_check(loader_run):
     direct = results["datasets"]["direct"]["fastpipe"]
     assert set(direct) == {"shuffle", "sequential"}
     summary = results["summary"]
-    assert len(summary) == 13 and all(s["status"] in ("PASS", "FAIL", "SKIP", "INVALID") for s in summary)
+    assert len(summary) == 15 and all(s["status"] in ("PASS", "FAIL", "SKIP", "INVALID") for s in summary)
     assert "Targets (issue 2" in stdout and "| target | median | best pass | status |" in md
     if HAS_MATPLOTLIB:
         assert sorted(os.path.basename(p).split("_", 3)[-1] for p in doc["files"]["plots"]) == [

@@ -1,0 +1,126 @@
+"""Loader(num_threads=0): no reader threads; next() reads each batch itself, its chunks spread over
+torch's intra-op threads (issue 21: a training step whose torch ops keep every core busy loses less to
+that than to reader threads competing for the cores). The batches must be exactly the threaded
+loader's, whatever the intra-op thread count, with the same errors, replacements and resumption."""
+
+import os
+
+import numpy as np
+import pytest
+import torch
+
+import fastpipe
+from fastpipe.data import _device
+from fastpipe.transforms import CropMirrorNormalize
+
+from jpegs import make_tree, write
+
+
+@pytest.fixture
+def intra_op_threads():
+    """Sets torch's intra-op threads for the test, then restores them."""
+    old = torch.get_num_threads()
+    yield torch.set_num_threads
+    torch.set_num_threads(old)
+
+
+def reader_threads():
+    names = []
+    for tid in os.listdir("/proc/self/task"):
+        try:
+            with open(f"/proc/self/task/{tid}/comm") as f:
+                names.append(f.read().strip())
+        except OSError:  # ended meanwhile
+            pass
+    return [n for n in names if n.startswith("fastpipe-rd")]
+
+
+@pytest.mark.parametrize("threads", [1, 3])
+@pytest.mark.parametrize("drop_last", [False, True])
+def test_the_same_batches_as_reader_threads(dataset_factory, fp, intra_op_threads, threads, drop_last):
+    # 64 KiB records: a batch of 32 is read in 3 chunks (>= 256 KiB each), spread over the workers
+    ds, arrays, _ = dataset_factory(397, {"x": ("uint8", (3, 5, 7)), "y": ("float32", (16, 1024))})
+    threaded = fp.loader(ds, 32, shuffle=True, seed=5, drop_last=drop_last, num_threads=2)
+    want = fp.epoch(threaded)
+    threaded.close()  # its reader threads end: those of the loader under test would show below
+    intra_op_threads(threads)
+    ld = fp.loader(ds, 32, shuffle=True, seed=5, drop_last=drop_last, num_threads=0)
+    got = fp.epoch(ld)
+    assert fp.same_batches(want, got)
+    fp.verify(got, arrays)
+    assert ld.stats()["num_threads"] == 0 and not reader_threads()
+
+
+def test_token_windows_and_transforms(tmp_path, fp, rng, intra_op_threads):
+    tokens = rng.integers(0, 50_000, 40_001, dtype=np.uint16)
+    tokens.tofile(tmp_path / "t.bin")
+    ds = fastpipe.TokenDataset(str(tmp_path / "t.bin"), 63)
+    intra_op_threads(2)
+    want = fp.epoch(fp.loader(ds, 24, shuffle=True, seed=1, num_threads=2))
+    assert fp.same_batches(want, fp.epoch(fp.loader(ds, 24, shuffle=True, seed=1, num_threads=0)))
+    x = rng.integers(0, 256, (301, 3, 20, 18), dtype=np.uint8)
+    np.save(tmp_path / "x.npy", x)
+    images = fastpipe.NpyDataset(str(tmp_path / "x.npy"))
+    t = {0: CropMirrorNormalize((0.4, 0.5, 0.6), (0.2, 0.25, 0.3), crop=(16, 15), mirror=0.5, in_layout="CHW")}
+    want = fp.epoch(fp.loader(images, 17, shuffle=True, seed=2, transforms=t, num_threads=2))
+    got = fp.epoch(fp.loader(images, 17, shuffle=True, seed=2, transforms=t, num_threads=0))
+    assert fp.same_batches(want, got)
+
+
+def test_jpegs_with_a_bad_file_raise_or_are_replaced_alike(tmp_path, rng, intra_op_threads):
+    paths = make_tree(str(tmp_path / "tree"), rng, [(40, 50), (33, 61), (70, 45), (28, 28), (52, 39)] * 3)
+    data = open(paths[4], "rb").read()
+    write(paths[4], data[:len(data) * 2 // 3])  # truncated: no end-of-image marker
+    folder = fastpipe.ImageFolder(str(tmp_path / "tree"), cache_dir="off")
+    t = {0: fastpipe.transforms.RandomResizedCrop(24, dct_scaling=False)}
+    intra_op_threads(2)
+
+    def run(threads, on_error):
+        ld = fastpipe.Loader(folder, batch_size=4, shuffle=True, seed=7, transforms=t, num_threads=threads,
+                             on_error=on_error, timeout=60)
+        return [(x.numpy().copy(), y.numpy().copy()) for x, y in ld], ld.stats()
+
+    want, want_stats = run(2, "replace")
+    got, got_stats = run(0, "replace")
+    assert got_stats["images_replaced"] == want_stats["images_replaced"] == 1
+    for (a, la), (b, lb) in zip(want, got, strict=True):
+        np.testing.assert_array_equal(a, b)
+        np.testing.assert_array_equal(la, lb)
+    with pytest.raises(ValueError, match="truncated: no end-of-image marker"):
+        run(0, "raise")
+
+
+def test_held_batches_overflow_or_raise(dataset_factory, fp):
+    ds, arrays, _ = dataset_factory(200, {"x": ("int32", (9,))})
+    ld = fp.loader(ds, 10, num_threads=0, prefetch=1)  # 3 slots
+    with pytest.warns(UserWarning, match="arena slots"):
+        held = list(ld)  # every slot held: the rest are read outside the arena
+    fp.verify([fp.to_np(b) for b in held], arrays)
+    del held
+    ld = fp.loader(ds, 10, num_threads=0, prefetch=1, when_full="error")
+    it = iter(ld)
+    held = [next(it) for _ in range(3)]
+    with pytest.raises(TimeoutError, match="all 3 arena slots are held"):
+        next(it)
+    del held
+
+
+def test_resumes_exactly(dataset_factory, fp):
+    ds, _, _ = dataset_factory(300, {"x": ("uint8", (11,))})
+    a = fp.loader(ds, 16, shuffle=True, seed=9, num_threads=0)
+    it = iter(a)
+    first = [fp.to_np(next(it)) for _ in range(7)]
+    b = fp.loader(ds, 16, shuffle=True, seed=9, num_threads=0)
+    b.load_state_dict(a.state_dict())
+    rest = fp.epoch(b)
+    assert fp.same_batches(fp.epoch(fp.loader(ds, 16, shuffle=True, seed=9)), first + rest)
+
+
+def test_refused_where_batches_go_to_a_device(dataset_factory):
+    ds, _, _ = dataset_factory(20, {"x": ("uint8", (4,))})
+    with _device.simulated():
+        with pytest.raises(ValueError, match="num_threads=0 reads each batch in next"):
+            fastpipe.Loader(ds, batch_size=4, device="cuda", num_threads=0)
+    with pytest.raises(ValueError, match="num_threads"):
+        fastpipe.Loader(ds, batch_size=4, num_threads=-1)
+
