@@ -297,6 +297,9 @@ part_bench() {
     --out-dir "$RESULTS" --data-dir /tmp/fastpipe-bench-data || rc=1
   bench_step 40 soak_gpu $PY -m fastpipe.bench soak --device cuda --batches 5000 --no-progress --tag gpu \
     --out-dir "$RESULTS" --data-dir /tmp/fastpipe-bench-data || rc=1
+  # The CPU loader on 16 cores (issue 21 asks for the default against one thread there too).
+  bench_step 150 loader_cpu16 $PY -m fastpipe.bench loader --only cifar,imagenet --reps 3 --no-progress --tag cpu16 \
+    --out-dir "$RESULTS" --data-dir /tmp/fastpipe-bench-data || rc=1
   $PY - "$RESULTS" <<'PYEOF' | tee -a "$SUMMARY"
 import json, pathlib, sys
 results = pathlib.Path(sys.argv[1])
