@@ -334,7 +334,7 @@ SCALE=${LIMIT_SCALE:-$([ "$REHEARSE" = 1 ] && echo 8 || echo 1)}
 NATIVE_BACKTRACE=/tmp/fastpipe_native_backtrace.so
 export PY RESULTS REHEARSE CAP XDIST SUMMARY T0 SCALE DEADLINE_S NATIVE_BACKTRACE
 export -f say capped native_stacks sanitizer_reports gpu_tests bench_step part_build part_loader part_conv part_sanitize part_bench
-declare -A LIMIT=([build]=330 [loader]=270 [conv]=400 [sanitize]=330 [bench]=420)
+declare -A LIMIT=([build]=330 [loader]=270 [conv]=400 [sanitize]=330 [bench]=560)
 for group in ${PARTS//,/ }; do
   if [ "$group" = build ]; then
     run_part build "$((LIMIT[build] * SCALE))" || { say "the build failed: nothing else can run"; exit 1; }
