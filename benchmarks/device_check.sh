@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # GPU check of fastpipe, in parts ordered by what they are worth when the lent time runs out: build (for
 # this GPU's arch only), the loader's GPU tests, the conv engines' GPU tests and validation runs,
-# compute-sanitizer, benchmarks. Each part has a time limit under 7 minutes, writes its logs as it goes
+# compute-sanitizer, benchmarks. Each part has a time limit under 10 minutes, writes its logs as it goes
 # (a part cut short loses nothing already written) and appends its line to summary.txt when it ends.
 # Made for a GPU machine without internet access whose python3 has torch, pytest (pytest-xdist to run
 # tests in parallel), setuptools, ninja and numpy, with nvcc on PATH.
