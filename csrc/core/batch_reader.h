@@ -28,7 +28,7 @@ namespace fastpipe {
 constexpr int kMaxReaderThreads = 1024;
 
 // Runs body(begin, end, worker) over [0, n) split among workers (torch's intra-op threads, from the ops
-// layer; worker < the count it reported just before); null: serially on the calling thread.
+// layer; `worker` numbers the thread running it); null: serially on the calling thread.
 using ParallelFor = std::function<void(int64_t n, const std::function<void(int64_t, int64_t, int)>& body)>;
 
 struct ReaderOptions {

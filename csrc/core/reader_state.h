@@ -113,7 +113,8 @@ struct ReaderState {
   }
   int64_t batch_chunks(int64_t b) const { return (batch_records(b) + chunk_records - 1) / chunk_records; }
 
-  // A free slot becomes batch b's, filling, with all its chunks pending (there is one: has_work()).
+  // A free slot becomes batch b's, filling, with all its chunks pending (the caller knows one is free:
+  // has_work() for the reader threads, not every slot leased for next()).
   void claim_slot_locked(int64_t b) {
     int s = 0;
     while (slots[s].state != SlotState::kFree) ++s;
