@@ -337,6 +337,7 @@ def test_num_workers_maps_to_num_threads(dataset_factory, fp):
     assert ld.stats()["num_threads"] == 2, "an explicit num_threads wins over num_workers"
     ld = fp.loader(ds, 8, num_workers=0)
     assert fp.verify(fp.epoch(ld), arrays).tolist() == list(range(100))
+    assert ld.stats()["num_threads"] >= 1, "num_workers=0 (DataLoader's default) keeps the reader threads"
 
 
 @pytest.mark.parametrize("workers,factor,slots", [(2, 2, 6), (0, 3, 5), (1, 1, 3)])
