@@ -353,14 +353,14 @@ void BatchReader::fill_in_next_locked(std::unique_lock<std::mutex>& lk) {
   // Every failure stays in `errors` (the slot's error, raised by take_locked), none escapes: a slot left
   // filling would never return to the pool.
   auto body = [&](int64_t begin, int64_t end, int worker) {
+    ThreadBuffers* tb = nullptr;
     for (int64_t c = begin; c < end; ++c) {
       WorkItem w = batch;
       w.first = c * st.chunk_records;
       w.count = std::min(st.chunk_records, records - w.first);
       int64_t n = 0;
       try {
-        ThreadBuffers* tb;
-        {
+        if (!tb) {
           std::lock_guard<std::mutex> g(st.worker_buffers_mu);
           std::unique_ptr<ThreadBuffers>& mine = st.worker_buffers[worker];
           if (!mine) mine = std::make_unique<ThreadBuffers>(thread_buffers(st.columns, st.chunk_records));

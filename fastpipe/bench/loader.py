@@ -419,22 +419,23 @@ def run_dataset(name, spec, files, args, out):
     step_pure = {"busy": [], "torch": []}
     fp_cases = [c for c in live if c.kind == "fastpipe"]
     inline = [c for c in live if c.key in ("bound", "index_select")]
-    fixed = tuple(np.array(a) for a in next(iter(gather())))  # the batch the pure torch steps read
     n_pure = min(200, res["batches_per_epoch"])
-    for kind, consume, group in (("busy", None, fp_cases), ("torch", touch_with_torch, fp_cases + inline)) \
-            if fp_cases and not args.no_overlap else ():
-        with out.progress(total=oreps * len(group), desc=f"{name}: {kind} step", unit="pass") as bar:
-            for r in range(oreps):
-                step_pure[kind].append(busy_steps(step, n_pure, consume, fixed))
-                for c in rotated(group, r):
-                    d0 = run_delay()
-                    measure(c, getattr(c, kind), step=step, busy=True, consume=consume)
-                    if kind == "busy":
-                        c.busy_run_delay.append(run_delay() - d0)
-                    bar.update()
-                step_pure[kind].append(busy_steps(step, n_pure, consume, fixed))
-        res[f"{kind}_step_seconds_measured"] = bc.median([t / n_pure for t, _ in step_pure[kind]])
-        res[f"{kind}_step_run_delay_ms"] = bc.median([1e3 * d / n_pure for _, d in step_pure[kind]])
+    res["torch_threads"] = torch.get_num_threads()
+    if fp_cases and not args.no_overlap:
+        fixed = tuple(np.array(a) for a in next(iter(gather())))  # the batch the pure torch steps read
+        for kind, consume, group in (("busy", None, fp_cases), ("torch", touch_with_torch, fp_cases + inline)):
+            with out.progress(total=oreps * len(group), desc=f"{name}: {kind} step", unit="pass") as bar:
+                for r in range(oreps):
+                    step_pure[kind].append(busy_steps(step, n_pure, consume, fixed))
+                    for c in rotated(group, r):
+                        d0 = run_delay()
+                        measure(c, getattr(c, kind), step=step, busy=True, consume=consume)
+                        if kind == "busy":
+                            c.busy_run_delay.append(run_delay() - d0)
+                        bar.update()
+                    step_pure[kind].append(busy_steps(step, n_pure, consume, fixed))
+            res[f"{kind}_step_seconds_measured"] = bc.median([t / n_pure for t, _ in step_pure[kind]])
+            res[f"{kind}_step_run_delay_ms"] = bc.median([1e3 * d / n_pure for _, d in step_pure[kind]])
 
     pure_step = bc.median(pure) if pure else float("nan")
     res["pure_step_seconds_measured"] = pure_step

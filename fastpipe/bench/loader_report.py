@@ -5,8 +5,6 @@ from __future__ import annotations
 import itertools
 import math
 
-import torch
-
 from fastpipe.bench import common as bc
 from fastpipe.bench.loader_timing import STEP_OVER_GATHER
 
@@ -53,7 +51,7 @@ def report_dataset(name, res, out):
     if delay:
         out.note(f"\nTraining-thread delay (issue 21): steps that compute on the training thread instead of "
                  f"sleeping. Busy: a spin of {1e3 * res['busy_step_seconds_measured']:.3f} ms. Torch: the "
-                 f"batch's every byte summed with torch ops on {torch.get_num_threads()} intra-op threads, then "
+                 f"batch's every byte summed with torch ops on {res['torch_threads']} intra-op threads, then "
                  f"the spin ({1e3 * res['torch_step_seconds_measured']:.3f} ms a step alone); the inline rows "
                  "gather on the training thread. 'Waited for a core': the training thread runnable without a "
                  f"core, per step (alone: {bc.fmt(res['busy_step_run_delay_ms'], '.3f')} ms)")

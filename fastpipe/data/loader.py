@@ -181,11 +181,12 @@ class Loader:
         if len(dataset) == 0:
             raise ValueError(f"the dataset is empty: {dataset!r}")
         num_workers = checks.integer(num_workers, "num_workers", low=0)
-        gather_in_next = num_threads is not None and checks.integer(num_threads, "num_threads", low=0) == 0
         if num_threads is None:
             num_threads = num_workers  # 0: the reader decides
+            gather_in_next = False
         else:
             num_threads = checks.integer(num_threads, "num_threads", low=0)
+            gather_in_next = num_threads == 0
         if gather_in_next and reader_device is not None:
             raise ValueError(f"num_threads=0 reads each batch in next() and makes CPU batches; device={device!r} "
                              "reads ahead on its copy stream and needs reader threads (num_threads >= 1)")

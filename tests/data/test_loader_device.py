@@ -143,16 +143,19 @@ def test_record_stream_covers_a_side_stream(dataset_factory, fp):
         fastpipe.record_stream(torch.ones(3), 0)
 
 
+@pytest.mark.parametrize("threads", [None, 0], ids=["reader-threads", "num_threads=0"])
 @pytest.mark.parametrize("side", [False, True], ids=["current-stream", "side-stream+record_stream"])
-def test_pinned_batches_are_refilled_after_the_copies_from_them(dataset_factory, fp, side):
+def test_pinned_batches_are_refilled_after_the_copies_from_them(dataset_factory, fp, side, threads):
     """pin_memory=True on the CPU: `batch.to("cuda", non_blocking=True)` queues a copy that reads the
-    pinned slot later; dropping the batch at once must not let a reader refill it before that copy ran.
-    The control: without pin_memory nothing is fenced, and the same run reads later batches' bytes."""
+    pinned slot later; dropping the batch at once must not let a reader (or next() itself, with
+    num_threads=0) refill it before that copy ran. The control: without pin_memory nothing is fenced, and
+    the same run reads later batches' bytes."""
     ds, arrays, _ = dataset_factory(200, {"x": ("uint8", (48,))})
     ref = fp.epoch(fp.loader(ds, 8, shuffle=True, seed=6))
+    threads_kw = {} if threads is None else {"num_threads": threads}
 
     def run(sim, **kw):
-        ld = fp.hooks(fp.loader(ds, 8, shuffle=True, seed=6, prefetch=1, **kw), poison=True)
+        ld = fp.hooks(fp.loader(ds, 8, shuffle=True, seed=6, prefetch=1, **threads_kw, **kw), poison=True)
         stream = sim.new_stream() if side else sim.consumer_stream()
         seen = []
         for b in ld:

@@ -125,28 +125,3 @@ def test_refused_where_batches_go_to_a_device(dataset_factory):
         fastpipe.Loader(ds, batch_size=4, num_threads=-1)
 
 
-
-def test_pinned_slots_are_refilled_after_the_copies_from_them(dataset_factory, fp):
-    """pin_memory=True: next() refills a page-locked slot only after the copies queued from its last batch
-    ran (the fence the reader threads wait on, waited on here in next()). The control without pinning
-    refills at once and the slow copies read the next batches' bytes."""
-    ds, arrays, _ = dataset_factory(200, {"x": ("uint8", (48,))})
-    ref = fp.epoch(fp.loader(ds, 8, shuffle=True, seed=6))
-
-    def run(sim, **kw):
-        ld = fp.hooks(fp.loader(ds, 8, shuffle=True, seed=6, prefetch=1, num_threads=0, **kw), poison=True)
-        stream = sim.consumer_stream()
-        seen = []
-        for b in ld:
-            dst = {k: torch.empty_like(v) for k, v in b.items()}
-            sim.sleep(stream, 3000)
-            for k in b:
-                sim.copy(stream, dst[k], b[k])  # the asynchronous host-to-device copy
-            seen.append(dst)
-            del b
-        sim.drain()
-        return [{k: v.numpy() for k, v in d.items()} for d in seen]
-
-    with _device.simulated(max_delay_us=50, seed=5) as sim:
-        assert fp.same_batches(ref, run(sim, pin_memory=True))
-        assert not fp.same_batches(ref, run(sim)), "the control raced nothing: the test proves nothing"
