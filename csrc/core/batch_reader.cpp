@@ -12,6 +12,7 @@
 #include <system_error>
 
 #include "core/error.h"
+#include "core/gather_policy.h"
 #include "core/reader_state.h"
 #include "core/trace.h"
 
@@ -166,7 +167,7 @@ BatchReader::BatchReader(std::vector<ColumnSpec> columns, ReaderOptions opt) : o
                      " bytes (batch_size=" + std::to_string(opt.batch_size) + "), more than this machine's " +
                      gib(memory) + " of memory; lower batch_size or prefetch");
   st->warm_page_cache = total_data <= mem / 2;
-  if (opt.gather_in_next) {
+  if (opt.gather == GatherIn::kNext) {
     opt.num_threads = std::max(opt.num_threads, 1);  // the parallel workers the chunks are sized for
     // No reader threads to warm the page cache: the kernel is asked to read ahead, not waited for, and
     // mapped pages are faulted in by the reads themselves.
@@ -191,9 +192,10 @@ BatchReader::BatchReader(std::vector<ColumnSpec> columns, ReaderOptions opt) : o
   st->ring.assign(static_cast<size_t>(opt.prefetch), -1);
   state_ = st;
   open_ = true;
+  if (opt.gather == GatherIn::kAuto) policy_ = std::make_unique<GatherPolicy>(usable_cores());
 
   BlockAsyncSignals block;
-  for (int t = 0; t < (opt.gather_in_next ? 0 : opt.num_threads); ++t) {
+  for (int t = 0; t < (opt.gather == GatherIn::kNext ? 0 : opt.num_threads); ++t) {
     try {
       threads_.emplace_back(reader_loop, st, t);
     } catch (const std::system_error& e) {
@@ -337,8 +339,7 @@ std::shared_ptr<Lease> BatchReader::read_overflow_locked(std::unique_lock<std::m
 
 void BatchReader::fill_in_next_locked(std::unique_lock<std::mutex>& lk) {
   ReaderState& st = *state_;
-  // Nothing reads ahead: the batch asked for is the next one to dispatch, and a slot is free (next()
-  // took the overflow path when the consumer holds them all).
+  // can_fill_in_next_locked(): no reader has begun the batch asked for, and a slot is free.
   const int64_t b = st.consumed;
   st.claim_slot_locked(b);
   st.next_batch = b + 1;
@@ -346,6 +347,7 @@ void BatchReader::fill_in_next_locked(std::unique_lock<std::mutex>& lk) {
   const int s = st.ring[b % st.opt.prefetch];
   const WorkItem batch{st.gen, s, b, 0, 0, st.indices, st.epoch};
   const int64_t records = st.batch_records(b), chunks = st.batch_chunks(b);
+  ++st.next_batches;
   lk.unlock();
   std::vector<std::exception_ptr> errors(static_cast<size_t>(chunks));
   std::atomic<int64_t> bytes{0};
@@ -399,9 +401,36 @@ std::shared_ptr<Lease> BatchReader::try_next(bool* end) {
   std::unique_lock<std::mutex> lk(st.mu);
   if (st.failure) std::rethrow_exception(st.failure);
   *end = !st.indices || st.consumed >= st.num_batches;
-  if (*end) st.end_pass_locked();
-  if (*end || !ready_locked()) return nullptr;
+  if (*end) {
+    st.end_pass_locked();
+    return nullptr;
+  }
+  gather_in_next_locked();  // pauses or resumes the readers; next() reads a batch none has begun
+  if (!ready_locked()) return nullptr;
   return take_locked(lk);
+}
+
+// With the lock held: whether next() reads the batch about to be taken itself. GatherIn::kAuto's policy
+// sees each batch once (try_next() and then next() may both ask) and pauses or resumes the readers.
+bool BatchReader::gather_in_next_locked() {
+  ReaderState& st = *state_;
+  if (st.opt.gather != GatherIn::kAuto) return st.opt.gather == GatherIn::kNext;
+  if (st.batches_out == policy_batch_) return st.readers_paused;
+  policy_batch_ = st.batches_out;
+  const int forced = st.forced_gather.load(std::memory_order_relaxed);
+  const bool in_next = forced >= 0 ? forced != 0 : policy_->on_batch(Clock::now());
+  if (in_next != st.readers_paused) {
+    st.readers_paused = in_next;
+    if (!in_next) st.work_cv.notify_all();
+  }
+  return in_next;
+}
+
+// Batch `consumed` is not ready, no reader has begun it (none is dispatched past it: batches go out in
+// order), and a slot is free for it (a reader may still be filling one for an abandoned pass).
+bool BatchReader::can_fill_in_next_locked() const {
+  const ReaderState& st = *state_;
+  return !ready_locked() && st.next_batch == st.consumed && st.next_chunk == 0 && st.free_slots > 0;
 }
 
 std::shared_ptr<Lease> BatchReader::next(double timeout_s, const std::function<void()>& poll) {
@@ -414,6 +443,7 @@ std::shared_ptr<Lease> BatchReader::next(double timeout_s, const std::function<v
     st.end_pass_locked();
     return nullptr;
   }
+  const bool in_next = gather_in_next_locked();
   if (!ready_locked() && st.leased_slots == static_cast<int>(st.slots.size())) {
     // Every slot is held by the consumer and none is being filled: nothing can progress until the
     // consumer frees one, so waiting is pointless.
@@ -425,9 +455,13 @@ std::shared_ptr<Lease> BatchReader::next(double timeout_s, const std::function<v
                     "batch is freed: drop references to earlier batches, copy the ones you keep (batch.clone()), "
                     "create the Loader with a larger prefetch (slots = prefetch + 2), or use when_full='allocate'.");
   }
-  if (st.opt.gather_in_next && !ready_locked()) fill_in_next_locked(lk);
+  if (in_next && can_fill_in_next_locked()) fill_in_next_locked(lk);
   if (!ready_locked()) ++st.waits;
   while (!ready_locked()) {
+    if (in_next && can_fill_in_next_locked()) {  // a slot of an abandoned pass was freed meanwhile
+      fill_in_next_locked(lk);
+      continue;
+    }
     const double waited = seconds_since(t0);
     if (timeout_s >= 0 && waited >= timeout_s) {
       st.wait_s += waited;
@@ -485,6 +519,9 @@ ReaderStats BatchReader::stats() const {
   s.num_threads = static_cast<int>(threads_.size());
   s.waits = st.waits;
   s.overflow_batches = st.overflow_batches;
+  s.next_batches = st.next_batches;
+  s.gathering_in_next = st.opt.gather == GatherIn::kNext || st.readers_paused;
+  if (policy_) s.step_cores = policy_->last_step_cores();
   s.images_replaced = st.images_replaced.load();
   s.replace_log = st.replace_log;
   return s;
@@ -493,6 +530,8 @@ ReaderStats BatchReader::stats() const {
 int64_t BatchReader::images_replaced() const { return state_->images_replaced.load(); }
 
 void BatchReader::set_poison(bool on) { state_->poison = on; }
+
+void BatchReader::force_gather_in_next(int on) { state_->forced_gather = on; }
 
 void BatchReader::hold_reads(bool on) {
   {

@@ -31,14 +31,18 @@ constexpr int kMaxReaderThreads = 1024;
 // layer; `worker` numbers the thread running it); null: serially on the calling thread.
 using ParallelFor = std::function<void(int64_t n, const std::function<void(int64_t, int64_t, int)>& body)>;
 
+// Who gathers the batches. kThreads: reader threads, ahead of the consumer. kNext: no reader threads;
+// next() reads each batch itself when it is asked for, its chunks spread over `parallel_for`
+// (num_threads then sizes the chunks: the workers it has); for a training step that keeps every core
+// busy with its own parallel work, where reader threads would only compete with it. kAuto: reader
+// threads, paused (and next() reading) while the step keeps the cores busy (gather_policy.h).
+enum class GatherIn { kThreads, kNext, kAuto };
+
 struct ReaderOptions {
   int64_t batch_size = 1;
   int num_threads = 0;  // 0: default_num_threads
-  // No reader threads: next() reads each batch itself when it is asked for, its chunks spread over
-  // `parallel_for` (num_threads then sizes the chunks: the workers it has). For a training step that
-  // keeps every core busy with its own parallel work, where reader threads would only compete with it.
-  bool gather_in_next = false;
-  ParallelFor parallel_for;
+  GatherIn gather = GatherIn::kThreads;
+  ParallelFor parallel_for;  // kNext and kAuto
   int prefetch = 0;   // batches read ahead of the consumer (0: default_prefetch of the batch bytes)
   int num_slots = 0;  // arena slots, > prefetch (0: prefetch + 2)
   IoMode io = IoMode::kAuto;
@@ -81,6 +85,9 @@ struct ReaderStats {
   int num_threads = 0;
   int64_t waits = 0;         // next() calls that found no batch ready and waited
   int64_t overflow_batches = 0;  // read outside the arena because every slot was held
+  int64_t next_batches = 0;      // read by next() itself (GatherIn::kNext, or kAuto's busy steps)
+  bool gathering_in_next = false;  // where the next batches are read now
+  double step_cores = -1;        // GatherIn::kAuto: cores the step used in the last window (< 0: not yet)
   int64_t images_replaced = 0;   // bad images replaced by other records (ReaderOptions::replace_bad_images)
   std::vector<std::string> replace_log;  // the first of them: which image, why, and by which record
 };
@@ -92,6 +99,7 @@ struct OutputLayout {
 };
 
 class BatchReader;
+class GatherPolicy;
 struct ReaderState;
 
 // A batch handed to the consumer. Destroying the last reference frees the slot.
@@ -149,17 +157,24 @@ class BatchReader {
   // Poison: readers fill each slot region with 0xA5 before reading into it, so that a batch whose slot
   // was reused too early shows. Hold reads: reader threads stop before each chunk until released (or
   // closed); held_reads() is how many wait there, so tests synchronise on it instead of sleeping.
+  // Force gather in next(): GatherIn::kAuto's choice pinned to next() (1) or the readers (0), or left
+  // to its policy (-1), from the next batch on.
   void set_poison(bool on);
   void hold_reads(bool on);
   int held_reads() const;
+  void force_gather_in_next(int on);
 
  private:
   void check_usable() const;
   bool ready_locked() const;
   std::shared_ptr<Lease> take_locked(std::unique_lock<std::mutex>& lk);
   std::shared_ptr<Lease> read_overflow_locked(std::unique_lock<std::mutex>& lk);
+  bool can_fill_in_next_locked() const;
   void fill_in_next_locked(std::unique_lock<std::mutex>& lk);
+  bool gather_in_next_locked();
   std::shared_ptr<ReaderState> state_;
+  std::unique_ptr<GatherPolicy> policy_;  // GatherIn::kAuto; used with the state's lock held
+  int64_t policy_batch_ = -1;             // the batch (of all handed out) the policy last saw
   std::vector<std::thread> threads_;
   bool open_ = false;  // until close() (a reader that reads in next() has no threads to tell it by)
   pid_t owner_pid_;

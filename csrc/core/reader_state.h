@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "core/batch_reader.h"
+#include "core/gather_policy.h"
 
 namespace fastpipe {
 
@@ -55,7 +56,7 @@ struct ReaderState {
   int64_t chunk_records = 1;
   std::unique_ptr<AlignedBuffer> arena;
   pid_t owner_pid = 0;
-  // ReaderOptions::gather_in_next: each parallel worker's buffers, made at its first chunk.
+  // GatherIn::kNext and kAuto: each parallel worker's buffers, made at its first chunk.
   std::mutex worker_buffers_mu;
   std::map<int, std::unique_ptr<ThreadBuffers>> worker_buffers;
 
@@ -65,6 +66,7 @@ struct ReaderState {
   // Test hooks (BatchReader::set_poison, BatchReader::hold_reads).
   std::atomic<bool> poison{false};
   std::atomic<bool> hold_reads{false};
+  std::atomic<int> forced_gather{-1};
   int held_reads = 0;
   std::condition_variable gate_cv;   // readers held before a chunk: released or stopped
   bool stop = false;
@@ -82,6 +84,9 @@ struct ReaderState {
   std::vector<Slot> slots;
   int free_slots = 0;
   int leased_slots = 0;
+  // GatherIn::kAuto: next() reads the batches, the readers take no new one (they finish the batch
+  // they are dispatching, so that next() never waits on a batch nobody reads).
+  bool readers_paused = false;
 
   // Statistics.
   std::atomic<int64_t> bytes_read{0};
@@ -91,6 +96,7 @@ struct ReaderState {
   int64_t batches_out = 0;
   int64_t waits = 0;
   int64_t overflow_batches = 0;
+  int64_t next_batches = 0;
   double wait_s = 0;
   double active_s = 0;  // time inside passes: from start() to the last batch taken
   bool pass_active = false;
@@ -130,6 +136,7 @@ struct ReaderState {
   }
   bool has_work() const {
     if (!indices || next_batch >= num_batches || next_batch >= consumed + opt.prefetch) return false;
+    if (readers_paused && next_chunk == 0) return false;
     return next_chunk > 0 || free_slots > 0;
   }
 

@@ -122,6 +122,7 @@ int64_t fill_records(ReaderState& st, const int64_t* records, int64_t count, cha
 
 void reader_loop(std::shared_ptr<ReaderState> sp, int thread_index) {
   ReaderState& st = *sp;
+  const LoaderThreadScope not_the_step;  // GatherIn::kAuto measures the step's CPU without the readers'
   ThreadBuffers tb = thread_buffers(st.columns, st.chunk_records);
   if (st.warm_page_cache) warm_files(st, thread_index);
 
@@ -171,6 +172,7 @@ void reader_loop(std::shared_ptr<ReaderState> sp, int thread_index) {
     if (--slot.pending == 0) {
       if (slot.gen != st.gen) {
         st.release_slot_locked(w.slot);  // the pass it belonged to was abandoned
+        st.ready_cv.notify_one();        // next() may be waiting for a slot to read a batch into
       } else {
         slot.state = SlotState::kReady;
         lk.unlock();

@@ -174,7 +174,7 @@ class PyReader {
   PyReader(std::vector<ColumnSpec> columns, const std::vector<std::pair<std::string, std::vector<int64_t>>>& outputs,
            int64_t batch_size, int num_threads, int prefetch, const std::string& io, const py::object& pin,
            const py::object& device, const std::string& when_full, const std::string& on_error, uint64_t seed,
-           const std::string& nvjpeg, bool gather_in_next)
+           const std::string& nvjpeg, const std::string& gather)
       : choice_(choose_device(device, nvjpeg)) {
     TORCH_CHECK(when_full == "allocate" || when_full == "error", "when_full must be 'allocate' or 'error', got '",
                 when_full, "'");
@@ -187,12 +187,14 @@ class PyReader {
     opt.num_threads = num_threads;
     opt.prefetch = prefetch;
     opt.io = parse_io_mode(io);
-    if (gather_in_next) {
+    TORCH_CHECK_VALUE(gather == "threads" || gather == "next" || gather == "auto",
+                      "gather must be 'threads', 'next' or 'auto', got '", gather, "'");
+    if (gather != "threads") {
       TORCH_CHECK_VALUE(!choice_.device, "num_threads=0 (each batch read in next()) makes CPU batches; a device "
                         "Loader reads ahead on its copy stream and needs reader threads");
       // The batch's chunks on torch's intra-op threads: the ones a CPU training step keeps busy.
-      opt.gather_in_next = true;
-      opt.num_threads = at::get_num_threads();
+      opt.gather = gather == "next" ? GatherIn::kNext : GatherIn::kAuto;
+      if (opt.gather == GatherIn::kNext) opt.num_threads = at::get_num_threads();
       opt.parallel_for = [](int64_t n, const std::function<void(int64_t, int64_t, int)>& body) {
         at::parallel_for(0, n, 1, [&](int64_t begin, int64_t end) { body(begin, end, at::get_thread_num()); });
       };
@@ -262,6 +264,9 @@ class PyReader {
     d["num_threads"] = s.num_threads;
     d["waits"] = s.waits;
     d["overflow_batches"] = s.overflow_batches;
+    d["next_batches"] = s.next_batches;
+    d["gathering_in_next"] = s.gathering_in_next;
+    d["step_cores"] = s.step_cores < 0 ? py::object(py::none()) : py::object(py::float_(s.step_cores));
     d["images_replaced"] = s.images_replaced;
     d["replaced"] = s.replace_log;
     if (pipeline_) {
@@ -288,6 +293,7 @@ class PyReader {
   std::vector<std::string> warnings() const { return reader().warnings(); }
   void set_poison(bool on) { reader().set_poison(on); }
   void hold_reads(bool on) { reader().hold_reads(on); }
+  void force_gather_in_next(int on) { reader().force_gather_in_next(on); }
   int held_reads() const { return reader().held_reads(); }
   void set_skip_release_fence(bool on) {
     TORCH_CHECK(pipeline_, "only a device loader has release fences");
@@ -459,11 +465,11 @@ void bind_loader(py::module& m) {
   py::class_<PyReader>(m, "BatchReader")
       .def(py::init<std::vector<ColumnSpec>, const std::vector<std::pair<std::string, std::vector<int64_t>>>&,
                     int64_t, int, int, const std::string&, const py::object&, const py::object&, const std::string&,
-                    const std::string&, uint64_t, const std::string&, bool>(),
+                    const std::string&, uint64_t, const std::string&, const std::string&>(),
            py::arg("columns"), py::arg("outputs"), py::arg("batch_size"), py::arg("num_threads"), py::arg("prefetch"),
            py::arg("io"), py::arg("pin") = py::none(), py::arg("device") = py::none(),
            py::arg("when_full") = "allocate", py::arg("on_error") = "raise", py::arg("seed") = 0,
-           py::arg("nvjpeg") = "", py::arg("gather_in_next") = false)
+           py::arg("nvjpeg") = "", py::arg("gather") = "threads")
       .def("start", &PyReader::start, py::arg("indices"), py::arg("drop_last"), py::arg("epoch"))
       .def("next", &PyReader::next, py::arg("timeout"))
       .def("stats", &PyReader::stats)
@@ -474,6 +480,7 @@ void bind_loader(py::module& m) {
       .def("_set_poison", &PyReader::set_poison, py::arg("on"))
       .def("_hold_reads", &PyReader::hold_reads, py::arg("on"))
       .def("_held_reads", &PyReader::held_reads)
+      .def("_force_gather_in_next", &PyReader::force_gather_in_next, py::arg("on"))
       .def("_skip_release_fence", &PyReader::set_skip_release_fence, py::arg("on"));
 
 }

@@ -77,6 +77,11 @@ class Loader:
         it is asked for, its records spread over torch's intra-op threads (``torch.get_num_threads()``).
         For a training step that itself keeps every core busy with torch ops (CPU training with torch's
         default threads), where reader threads would compete with it for the cores; CPU batches only.
+        Unset (CPU batches): reader threads, and the loader watches the CPU the training step uses
+        (every thread but its readers, per second, over windows of >= 8 batches and 20 ms). While the
+        step leaves less than half a core idle, ``next()`` reads the batches on torch's threads as with
+        0, and the readers wait; they are tried again after 64 to 512 batches.
+        ``stats()["gathering_in_next"]``, ``["next_batches"]`` and ``["step_cores"]`` show the choice.
     prefetch : int, optional
         Batches read ahead of the training loop (>= 1). The arena holds ``prefetch + 2`` batches.
         Default: enough batches for about 4 MiB of read-ahead, between 2 and 16 (small batches need a
@@ -183,11 +188,11 @@ class Loader:
         num_workers = checks.integer(num_workers, "num_workers", low=0)
         if num_threads is None:
             num_threads = num_workers  # 0: the reader decides
-            gather_in_next = False
+            gather = "auto" if reader_device is None else "threads"
         else:
             num_threads = checks.integer(num_threads, "num_threads", low=0)
-            gather_in_next = num_threads == 0
-        if gather_in_next and reader_device is not None:
+            gather = "next" if num_threads == 0 else "threads"
+        if gather == "next" and reader_device is not None:
             raise ValueError(f"num_threads=0 reads each batch in next() and makes CPU batches; device={device!r} "
                              "reads ahead on its copy stream and needs reader threads (num_threads >= 1)")
         if prefetch_factor is not None:
@@ -237,7 +242,7 @@ class Loader:
             num_threads=num_threads, prefetch=prefetch, io=io, pin=pin,
             device=reader_device, when_full=when_full, on_error=on_error, seed=seed,
             nvjpeg=_device.nvjpeg_library() if isinstance(reader_device, int) else "",
-            gather_in_next=gather_in_next,
+            gather=gather,
         )
         self._open_reader()
         for w in self._reader.warnings():
@@ -378,8 +383,11 @@ class Loader:
             (wait_seconds / wall_seconds), arena_bytes (the fixed memory budget), prefetch, num_slots,
             slots_leased (batches the program still holds), num_threads, waits (batches the
             training loop asked for before they were ready), overflow_batches (read outside the arena
-            because the program held every slot), images_replaced and replaced (on_error="replace": how
-            many bad images were substituted, and the first of them: which, why, by what).
+            because the program held every slot), next_batches (read by ``next()`` itself, on torch's
+            threads), gathering_in_next (where the next batches are read), step_cores (unset
+            ``num_threads``: the cores the training step used in the last window; None before one),
+            images_replaced and replaced (on_error="replace": how many bad images were substituted, and
+            the first of them: which, why, by what).
         """
         s = self._reader.stats()
         wall = s["wall_seconds"]

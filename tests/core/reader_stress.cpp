@@ -1,6 +1,7 @@
 // Standalone stress test of the batch reader (csrc/core) for ThreadSanitizer and AddressSanitizer:
 // reader threads, a consumer that holds and releases leases out of order from two threads, passes
-// abandoned midway, and close() with leases outstanding. Exits non-zero on any wrong byte.
+// abandoned midway, close() with leases outstanding, and (GatherIn::kAuto) the readers paused and
+// resumed at random batches while next() reads the rest. Exits non-zero on any wrong byte.
 #include <fcntl.h>
 #include <unistd.h>
 
@@ -8,6 +9,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <deque>
+#include <functional>
 #include <mutex>
 #include <random>
 #include <string>
@@ -37,7 +39,7 @@ void check(const Lease& lease, const std::vector<int64_t>& idx, int64_t first) {
       }
 }
 
-void run(const std::string& path, IoMode io, int threads) {
+void run(const std::string& path, IoMode io, int threads, GatherIn gather) {
   ColumnSpec c;
   c.path = path;
   c.data_offset = kHeader;
@@ -50,6 +52,13 @@ void run(const std::string& path, IoMode io, int threads) {
   opt.prefetch = 2;
   opt.num_slots = 5;
   opt.io = io;
+  opt.gather = gather;
+  // next()'s batches on two threads of its own, as torch's intra-op team would run them.
+  opt.parallel_for = [](int64_t n, const std::function<void(int64_t, int64_t, int)>& body) {
+    std::thread other([&] { body(n / 2, n, 1); });
+    body(0, n / 2, 0);
+    other.join();
+  };
   BatchReader reader({c}, opt);
   reader.set_poison(true);  // a slot reused too early shows as wrong bytes
   std::mt19937 rng(1234 + threads);
@@ -76,7 +85,10 @@ void run(const std::string& path, IoMode io, int threads) {
     const int64_t stop_at = pass % 3 == 2 ? 37 : -1;  // some passes are abandoned midway
     for (int64_t b = 0;; ++b) {
       if (b == stop_at) break;
-      auto lease = reader.next(30.0, nullptr);
+      if (gather == GatherIn::kAuto) reader.force_gather_in_next(static_cast<int>(rng() % 3) - 1);
+      bool end = false;
+      auto lease = rng() % 2 ? reader.try_next(&end) : nullptr;
+      if (!lease && !end) lease = reader.next(30.0, nullptr);
       if (!lease) break;
       check(*lease, idx, b * opt.batch_size);
       std::lock_guard<std::mutex> lk(mu);
@@ -103,7 +115,9 @@ void run(const std::string& path, IoMode io, int threads) {
 int main() {
   const std::string path = write_file();
   for (IoMode io : {IoMode::kMmap, IoMode::kPread, IoMode::kDirect})
-    for (int threads : {1, 3}) run(path, io, threads);
+    for (int threads : {1, 3})
+      for (GatherIn gather : {GatherIn::kThreads, GatherIn::kAuto}) run(path, io, threads, gather);
+  run(path, IoMode::kMmap, 2, GatherIn::kNext);
   // Errors cross threads as exceptions: a record range past the end of the file.
   {
     ColumnSpec c;

@@ -1,0 +1,81 @@
+// Where a CPU loader gathers its batches when the user did not say (ReaderOptions::gather = kAuto):
+// in its reader threads, ahead of the training step, or in next(), on the step's own threads.
+//
+// Reader threads are free while the step leaves a core idle (a GPU step, a single-threaded one). When
+// the step's own threads (torch's intra-op team) keep the cores busy, the readers only take cores from
+// them, and each parallel region waits for the thread a reader displaced: +15-35% a step on 2 cores
+// (issue 21), where gathering in next() adds what torch.index_select does. So the policy measures the
+// CPU the process spends outside the loader's threads, per second of wall time, over a window of
+// batches; a step that leaves less than half a core idle has its batches gathered in next(). The
+// readers are tried again (a window each) after 64, 128, ... up to 512 batches, since a measurement in
+// next() mode would count the spin of torch's threads after the gathers themselves.
+#pragma once
+
+#include <sys/types.h>
+
+#include <chrono>
+#include <cstdint>
+#include <utility>
+#include <vector>
+
+namespace fastpipe {
+
+// The loader's own threads, left out of the step's CPU: each reader registers itself while it runs.
+class LoaderThreadScope {
+ public:
+  LoaderThreadScope();
+  ~LoaderThreadScope();
+  LoaderThreadScope(const LoaderThreadScope&) = delete;
+  LoaderThreadScope& operator=(const LoaderThreadScope&) = delete;
+
+ private:
+  pid_t tid_;
+};
+
+// CPU nanoseconds of each thread of this process that is not a loader thread, by thread id (sorted).
+using CpuSample = std::vector<std::pair<pid_t, int64_t>>;
+CpuSample sample_step_threads();
+// CPU nanoseconds the step's threads used between two samples (a thread born between them counts from 0;
+// one that ended is left out).
+int64_t step_cpu_ns(const CpuSample& before, const CpuSample& after);
+
+class GatherPolicy {
+ public:
+  using Clock = std::chrono::steady_clock;
+  // A window spans at least this many batches and this much time (the CPU clocks are exact; the
+  // window only has to outlast the step's phases).
+  static constexpr int kWindowBatches = 8;
+  static constexpr double kWindowSeconds = 0.02;
+  // Batches taken after the readers resume before a window starts: they fill the first batches.
+  static constexpr int kSettleBatches = 2;
+  static constexpr double kMinIdleCores = 0.5;
+  static constexpr int64_t kFirstRetry = 64, kMaxRetry = 512;
+
+  // `sample` reads the step's CPU (tests pass their own).
+  explicit GatherPolicy(long cores, CpuSample (*sample)() = sample_step_threads) : cores_(cores), sample_(sample) {}
+
+  // Whether a step that used `step_cores` cores on average (of `cores`) should have its batches
+  // gathered in next().
+  static bool step_keeps_cores_busy(double step_cores, long cores) { return cores - step_cores < kMinIdleCores; }
+
+  // Called by next() for each batch, on the consumer's thread: whether to gather in next() from this
+  // batch on.
+  bool on_batch(Clock::time_point now);
+
+  // The cores the step used in the last window (< 0: none measured yet).
+  double last_step_cores() const { return last_step_cores_; }
+
+ private:
+  long cores_;
+  CpuSample (*sample_)();
+  bool in_next_ = false;
+  bool measuring_ = false;
+  bool after_retry_ = false;  // the window measures readers tried again
+  int64_t batches_ = 0;       // in the window, or since next() mode began
+  int64_t retry_after_ = kFirstRetry;
+  Clock::time_point t0_;
+  CpuSample s0_;
+  double last_step_cores_ = -1;
+};
+
+}  // namespace fastpipe
