@@ -85,6 +85,9 @@ elif case == "reader-error":
 elif case in ("sigint", "sigterm"):
     # The signal arrives while next() waits for the stalled readers.
     sig = signal.SIGINT if case == "sigint" else signal.SIGTERM
+    # Python's own Ctrl-C handler even when started from a background job, which ignores SIGINT
+    # (Python then installs none and the signal would never arrive).
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     threading.Timer(0.5, os.kill, (os.getpid(), sig)).start()
     print("waiting", flush=True)
     next(it)
