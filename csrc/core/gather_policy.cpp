@@ -69,6 +69,13 @@ int64_t step_cpu_ns(const CpuSample& before, const CpuSample& after) {
   return total;
 }
 
+CpuSample GatherPolicy::sample_timed() {
+  const auto t0 = Clock::now();
+  CpuSample s = sample_();
+  window_s_ = std::max(kWindowSeconds, kWindowOverSample * std::chrono::duration<double>(Clock::now() - t0).count());
+  return s;
+}
+
 bool GatherPolicy::on_batch(Clock::time_point now) {
   ++batches_;
   if (in_next_) {
@@ -85,12 +92,12 @@ bool GatherPolicy::on_batch(Clock::time_point now) {
     measuring_ = true;
     batches_ = 0;
     t0_ = now;
-    s0_ = sample_();
+    s0_ = sample_timed();
     return false;
   }
   const double wall = std::chrono::duration<double>(now - t0_).count();
-  if (batches_ < kWindowBatches || wall < kWindowSeconds) return false;
-  CpuSample s1 = sample_();
+  if (batches_ < kWindowBatches || wall < window_s_) return false;
+  CpuSample s1 = sample_timed();
   last_step_cores_ = static_cast<double>(step_cpu_ns(s0_, s1)) * 1e-9 / wall;
   batches_ = 0;
   if (step_keeps_cores_busy(last_step_cores_, cores_)) {

@@ -43,9 +43,11 @@ class GatherPolicy {
  public:
   using Clock = std::chrono::steady_clock;
   // A window spans at least this many batches and this much time (the CPU clocks are exact; the
-  // window only has to outlast the step's phases).
+  // window only has to outlast the step's phases), and 200 times what reading the clocks took (one
+  // read per thread: a process of many threads samples less often, for <= 0.5% of its time).
   static constexpr int kWindowBatches = 8;
   static constexpr double kWindowSeconds = 0.02;
+  static constexpr double kWindowOverSample = 200;
   // Batches taken after the readers resume before a window starts: they fill the first batches.
   static constexpr int kSettleBatches = 2;
   static constexpr double kMinIdleCores = 0.5;
@@ -75,6 +77,8 @@ class GatherPolicy {
   int64_t retry_after_ = kFirstRetry;
   Clock::time_point t0_;
   CpuSample s0_;
+  double window_s_ = kWindowSeconds;
+  CpuSample sample_timed();
   double last_step_cores_ = -1;
 };
 

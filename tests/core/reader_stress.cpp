@@ -1,12 +1,14 @@
 // Standalone stress test of the batch reader (csrc/core) for ThreadSanitizer and AddressSanitizer:
 // reader threads, a consumer that holds and releases leases out of order from two threads, passes
 // abandoned midway, close() with leases outstanding, and (GatherIn::kAuto) the readers paused and
-// resumed at random batches while next() reads the rest. Exits non-zero on any wrong byte.
+// resumed at random batches while next() reads the rest; and GatherPolicy's decisions on a scripted
+// clock. Exits non-zero on any wrong byte or decision.
 #include <fcntl.h>
 #include <unistd.h>
 
 #include <cstdio>
 #include <cstdlib>
+#include <chrono>
 #include <cstring>
 #include <deque>
 #include <functional>
@@ -18,6 +20,7 @@
 
 #include "core/batch_reader.h"
 #include "core/error.h"
+#include "core/gather_policy.h"
 #include "stress_file.h"
 
 using namespace fastpipe;
@@ -110,9 +113,50 @@ void run(const std::string& path, IoMode io, int threads, GatherIn gather) {
   check(*keep, idx, 0);
 }
 
+// GatherPolicy on a scripted clock and CPU: a 5 ms step using `cores` of 2 cores per batch.
+int64_t fake_cpu_ns = 0;
+CpuSample fake_sample() { return {{1, fake_cpu_ns}}; }
+
+void check_policy() {
+  GatherPolicy p(2, fake_sample);
+  GatherPolicy::Clock::time_point now{};
+  auto batch = [&](double cores) {
+    now += std::chrono::milliseconds(5);
+    fake_cpu_ns += static_cast<int64_t>(cores * 5e6);
+    return p.on_batch(now);
+  };
+  auto fail = [](const char* what) {
+    std::fprintf(stderr, "policy: %s\n", what);
+    ++failures;
+  };
+  for (int i = 0; i < 100; ++i)
+    if (batch(0.2)) fail("a step that leaves a core idle was read in next()");
+  if (p.last_step_cores() < 0.19 || p.last_step_cores() > 0.21) fail("step cores misread");
+  // A busy step: next() by the end of the first window all of whose batches are busy; then the readers
+  // are tried for one window after 64, 128, 256, 512 and 512 batches.
+  int threads_run = 0;
+  while (!batch(1.9))
+    if (++threads_run > 2 * GatherPolicy::kWindowBatches) return fail("busy step missed");
+  for (int64_t want : {64, 128, 256, 512, 512}) {
+    int64_t run = 1;
+    while (batch(1.9)) ++run;
+    if (run != want) fail("in next() for the wrong number of batches before the readers were tried again");
+    int window = 1;
+    while (!batch(1.9))
+      if (++window > GatherPolicy::kSettleBatches + GatherPolicy::kWindowBatches) return fail("retry window too long");
+  }
+  // The step turns idle: the next retry keeps the readers.
+  int64_t run = 1;
+  while (batch(0.3)) ++run;
+  if (run != 512) fail("retry schedule");
+  for (int i = 0; i < 2000; ++i)
+    if (batch(0.3)) return fail("an idle step went back to next()");
+}
+
 }  // namespace
 
 int main() {
+  check_policy();
   const std::string path = write_file();
   for (IoMode io : {IoMode::kMmap, IoMode::kPread, IoMode::kDirect})
     for (int threads : {1, 3})
