@@ -66,6 +66,11 @@ def report_dataset(name, res, out):
                     bc.fmt(r.get("busy_run_delay_ms_per_step"), ".3f"), pct(r, "torch_added_pct"),
                     pct(r, "torch_added_pct_best")]
                    for label, r in delay])
+        shares = res.get("default_read_in_next")
+        if shares:
+            out.note("fastpipe's default (num_threads unset) read these shares of its batches in next() instead of its "
+                     "reader threads: " + ", ".join(f"{kind} step {100 * v:.0f}%" for kind, v in shares.items()) +
+                     " (loader.stats()['next_batches']; the readers are paused while the step keeps the cores busy)")
     fpr = rows.get("fastpipe", {})
     if "consumer_wait_per_batch_ms_alone" in fpr:
         out.note(f"fastpipe: the training loop waited for data "
