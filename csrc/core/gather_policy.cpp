@@ -1,6 +1,7 @@
 #include "core/gather_policy.h"
 
 #include <dirent.h>
+#include <pthread.h>
 #include <sys/syscall.h>
 #include <time.h>
 #include <unistd.h>
@@ -12,13 +13,23 @@
 namespace fastpipe {
 namespace {
 
-std::mutex& registry_mu() {
-  static std::mutex mu;
-  return mu;
-}
-std::vector<pid_t>& registry() {
-  static std::vector<pid_t> tids;
-  return tids;
+struct Registry {
+  std::mutex mu;
+  std::vector<pid_t> tids;
+};
+
+Registry& registry() {
+  static Registry* r = [] {
+    // A fork() while a reader (un)registers would leave the child's copy of the lock held: the lock is
+    // taken around every fork, and the child, which has none of the parent's threads, starts empty.
+    pthread_atfork([] { registry().mu.lock(); }, [] { registry().mu.unlock(); },
+                   [] {
+                     registry().tids.clear();
+                     registry().mu.unlock();
+                   });
+    return new Registry;  // never destroyed: readers may unregister during static destruction
+  }();
+  return *r;
 }
 
 // The CPU clock of thread `tid` of this process (glibc's pthread_getcpuclockid, from a thread id):
@@ -28,21 +39,24 @@ clockid_t thread_cpu_clock(pid_t tid) { return static_cast<clockid_t>((~static_c
 }  // namespace
 
 LoaderThreadScope::LoaderThreadScope() : tid_(static_cast<pid_t>(syscall(SYS_gettid))) {
-  std::lock_guard<std::mutex> lk(registry_mu());
-  registry().push_back(tid_);
+  Registry& r = registry();
+  std::lock_guard<std::mutex> lk(r.mu);
+  r.tids.push_back(tid_);
 }
 
 LoaderThreadScope::~LoaderThreadScope() {
-  std::lock_guard<std::mutex> lk(registry_mu());
-  auto& r = registry();
-  r.erase(std::find(r.begin(), r.end(), tid_));
+  Registry& r = registry();
+  std::lock_guard<std::mutex> lk(r.mu);
+  const auto it = std::find(r.tids.begin(), r.tids.end(), tid_);
+  if (it != r.tids.end()) r.tids.erase(it);
 }
 
 CpuSample sample_step_threads() {
   std::vector<pid_t> loader;
   {
-    std::lock_guard<std::mutex> lk(registry_mu());
-    loader = registry();
+    Registry& r = registry();
+    std::lock_guard<std::mutex> lk(r.mu);
+    loader = r.tids;
   }
   CpuSample out;
   DIR* d = opendir("/proc/self/task");

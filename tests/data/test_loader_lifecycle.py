@@ -460,16 +460,18 @@ def _child_result(pid, report):
     return code, report.read_text() if report.exists() else "(no report)"
 
 
-def test_fork_while_readers_run(dataset_factory, fp, tmp_path):
+@pytest.mark.parametrize("child_threads", [2, None])
+def test_fork_while_readers_run(dataset_factory, fp, tmp_path, child_threads):
     """fork() with reader threads running: in the child a new Loader reads an exact epoch, while the
-    parent's loader keeps working."""
+    parent's loader keeps working. None: the child's loader chooses where to read (its readers register
+    with the step-CPU measurement, whose lock a fork must not leave held)."""
     ds, arrays, paths = dataset_factory(600, {"x": ("uint8", (40,))})
     ld = fp.loader(ds, 8, shuffle=True, seed=1, num_threads=4)
     it = iter(ld)
     first = fp.to_np(next(it))
 
     def body():
-        cl = fp.loader(fastpipe.NpyDataset(paths), 16, shuffle=True, seed=2, num_threads=2)
+        cl = fp.loader(fastpipe.NpyDataset(paths), 16, shuffle=True, seed=2, num_threads=child_threads)
         seen = fp.verify(fp.epoch(cl), arrays)
         cl.close()
         return ("ok", 0) if sorted(seen.tolist()) == list(range(600)) else ("wrong records", 1)
