@@ -346,7 +346,7 @@ void BatchReader::fill_in_next_locked(std::unique_lock<std::mutex>& lk) {
   st.next_chunk = 0;
   const int s = st.ring[b % st.opt.prefetch];
   const WorkItem batch{st.gen, s, b, 0, 0, st.indices, st.epoch};
-  const int64_t records = st.batch_records(b), chunks = st.batch_chunks(b);
+  const int64_t chunks = st.batch_chunks(b);
   ++st.next_batches;
   lk.unlock();
   std::vector<std::exception_ptr> errors(static_cast<size_t>(chunks));
@@ -357,9 +357,7 @@ void BatchReader::fill_in_next_locked(std::unique_lock<std::mutex>& lk) {
   auto body = [&](int64_t begin, int64_t end, int worker) {
     ThreadBuffers* tb = nullptr;
     for (int64_t c = begin; c < end; ++c) {
-      WorkItem w = batch;
-      w.first = c * st.chunk_records;
-      w.count = std::min(st.chunk_records, records - w.first);
+      const WorkItem w = chunk_of(st, batch, c);
       int64_t n = 0;
       try {
         if (!tb) {

@@ -78,8 +78,9 @@ class GatherPolicy {
   Clock::time_point t0_;
   CpuSample s0_;
   double window_s_ = kWindowSeconds;
-  CpuSample sample_timed();
   double last_step_cores_ = -1;
+
+  CpuSample sample_timed();  // sample_(), and the window it sets (kWindowOverSample)
 };
 
 }  // namespace fastpipe

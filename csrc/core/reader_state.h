@@ -2,6 +2,7 @@
 // and the reader threads (reader_thread.cpp: what a thread does with a chunk). Not part of the API.
 #pragma once
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
@@ -13,7 +14,6 @@
 #include <vector>
 
 #include "core/batch_reader.h"
-#include "core/gather_policy.h"
 
 namespace fastpipe {
 
@@ -113,9 +113,11 @@ struct ReaderState {
   }
 
   char* slot_data(int slot) const { return arena->data() + static_cast<int64_t>(slot) * slot_bytes; }
-  int64_t batch_records(int64_t b) const {
+  int64_t batch_records(int64_t b) const { return records_of(*indices, b); }
+  // Records of batch b of the pass over `idx` (a work item's own list: no lock needed).
+  int64_t records_of(const std::vector<int64_t>& idx, int64_t b) const {
     const int64_t bs = opt.batch_size;
-    return std::min<int64_t>(bs, static_cast<int64_t>(indices->size()) - b * bs);
+    return std::min<int64_t>(bs, static_cast<int64_t>(idx.size()) - b * bs);
   }
   int64_t batch_chunks(int64_t b) const { return (batch_records(b) + chunk_records - 1) / chunk_records; }
 
@@ -182,6 +184,14 @@ struct WorkItem {
   std::shared_ptr<const std::vector<int64_t>> indices;
   uint64_t epoch;
 };
+
+// Batch work item w narrowed to its chunk c (readers and next() split a batch alike). Reads only what
+// does not change after construction and w's own index list: callable without the lock.
+inline WorkItem chunk_of(const ReaderState& st, WorkItem w, int64_t c) {
+  w.first = c * st.chunk_records;
+  w.count = std::min(st.chunk_records, st.records_of(*w.indices, w.batch) - w.first);
+  return w;
+}
 
 
 // The body of reader thread `thread_index`: fills slots until the reader stops.

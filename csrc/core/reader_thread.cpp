@@ -2,6 +2,7 @@
 #include <cstring>
 
 #include "core/error.h"
+#include "core/gather_policy.h"
 #include "core/reader_state.h"
 #include "core/trace.h"
 
@@ -138,8 +139,7 @@ void reader_loop(std::shared_ptr<ReaderState> sp, int thread_index) {
     const int64_t nchunks = st.batch_chunks(w.batch);
     if (st.next_chunk == 0) st.claim_slot_locked(w.batch);
     w.slot = st.ring[w.batch % st.opt.prefetch];
-    w.first = st.next_chunk * st.chunk_records;
-    w.count = std::min(st.chunk_records, st.batch_records(w.batch) - w.first);
+    w = chunk_of(st, w, st.next_chunk);
     if (++st.next_chunk == nchunks) {
       st.next_chunk = 0;
       ++st.next_batch;

@@ -125,8 +125,9 @@ class Loader:
         is $FASTPIPE_IMAGE_DECODE, else "host": the device path stays off until its tests have passed
         on a GPU. A corrupt image that only nvJPEG finds fails its batch (on_error cannot replace it).
 
-    DataLoader's other keywords are mapped: ``num_workers`` sets ``num_threads`` (its default, 0, leaves
-    the default reader threads: ``num_threads=0``, reading in ``next()``, is asked for by name); ``prefetch_factor``
+    DataLoader's other keywords are mapped: ``num_workers`` sets the number of reader threads and leaves
+    the choice of where to read automatic, as with ``num_threads`` unset (its default, 0, leaves the
+    default reader threads: ``num_threads=0``, reading in ``next()``, is asked for by name); ``prefetch_factor``
     sets ``prefetch`` to ``prefetch_factor * max(1, num_workers)`` (DataLoader's batches in flight);
     ``generator`` sets ``seed`` from its initial seed; ``persistent_workers`` and ``in_order`` are what
     fastpipe always does; ``pin_memory`` page-locks the arena (once, at construction), so that
