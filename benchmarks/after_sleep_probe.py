@@ -1,10 +1,11 @@
 """What a sleeping training step pays after it wakes, beside a loader's reader threads (issue 21).
 
 The loop of the loader suite's sleeping step: time.sleep(step), then a fixed piece of Python work that
-touches no batch (60 dict inserts), then next() and the release of the batch. It times the work and
-next()+release, medians of 150 steps, for no loader, 1 reader thread and 2, at three step lengths, and
-prints one line per step length. The work shows whether the training thread itself runs slower after
-the readers ran, whatever it does; no loader is its reference.
+touches no batch (60 dict inserts), then next() and the release of the batch. It times the work,
+next()+release and the whole step, medians of 150 steps, for no loader, and 1 reader thread and 2 either
+kept off the training thread's core (the default while they keep up: csrc/core/reader_placement.h) or
+on every core, at three step lengths; one line per step length. The work shows whether the training
+thread itself runs slower after the readers ran, whatever it does; no loader is its reference.
 
     python benchmarks/after_sleep_probe.py [--data-dir benchmarks/data] [--reps 2]
 
@@ -34,8 +35,12 @@ def main():
     args = ap.parse_args()
     d = args.data_dir
     ds = fastpipe.NpyDataset([f"{d}/cifar_images.npy", f"{d}/cifar_labels.npy"])
-    loaders = {f"{t} reader{'s' * (t > 1)}": fastpipe.Loader(ds, batch_size=512, shuffle=True, num_threads=t)
-               for t in (1, 2)}
+    loaders = {}
+    for t in (1, 2):
+        for where, force in (("kept off", 1), ("every core", 0)):
+            ld = fastpipe.Loader(ds, batch_size=512, shuffle=True, num_threads=t)
+            ld._reader._force_spare_core(force)
+            loaders[f"{t} reader{'s' * (t > 1)}, {where}"] = ld
     for step in (0.000378, 0.001, 0.003):
         res = {}
         for _ in range(args.reps):
@@ -43,7 +48,8 @@ def main():
                 it = iter(loaders[name]) if name in loaders else None
                 for _ in range(5 if it else 0):
                     next(it)
-                w, nx = [], []
+                w, nx, st = [], [], []
+                t_prev = time.perf_counter()
                 for _ in range(150):
                     time.sleep(step)
                     t0 = time.perf_counter()
@@ -52,13 +58,18 @@ def main():
                     if it is not None:
                         b = next(it, None)
                         del b
+                    t2 = time.perf_counter()
                     w.append(t1 - t0)
-                    nx.append(time.perf_counter() - t1)
+                    nx.append(t2 - t1)
+                    st.append(t2 - t_prev)
+                    t_prev = t2
                 del it
-                res.setdefault(name, []).append((np.median(w), np.median(nx)))
+                res.setdefault(name, []).append((np.median(w), np.median(nx), np.median(st)))
+        alone = np.median([r[2] for r in res["no loader"]])
         cells = [f"{name}: work {1e6 * np.median([r[0] for r in v]):.1f} us, next+release "
-                 f"{1e6 * np.median([r[1] for r in v]):.1f} us" for name, v in res.items()]
-        print(f"step {1e3 * step:.3f} ms | " + " | ".join(cells), flush=True)
+                 f"{1e6 * np.median([r[1] for r in v]):.1f} us, step +{100 * (np.median([r[2] for r in v]) / alone - 1):.1f}%"
+                 for name, v in res.items()]
+        print(f"step {1e3 * step:.3f} ms\n  " + "\n  ".join(cells), flush=True)
     for ld in loaders.values():
         ld.close()
 

@@ -13,6 +13,7 @@
 
 #include "core/error.h"
 #include "core/gather_policy.h"
+#include "core/reader_placement.h"
 #include "core/reader_state.h"
 #include "core/trace.h"
 
@@ -193,6 +194,7 @@ BatchReader::BatchReader(std::vector<ColumnSpec> columns, ReaderOptions opt) : o
   state_ = st;
   open_ = true;
   if (opt.gather == GatherIn::kAuto) policy_ = std::make_unique<GatherPolicy>(usable_cores());
+  if (opt.gather != GatherIn::kNext && usable_cores() >= 2) placement_ = std::make_unique<CorePlacement>(usable_cores());
 
   BlockAsyncSignals block;
   for (int t = 0; t < (opt.gather == GatherIn::kNext ? 0 : opt.num_threads); ++t) {
@@ -278,8 +280,9 @@ void BatchReader::start(std::vector<int64_t> indices, bool drop_last, uint64_t e
   st.work_cv.notify_all();
 }
 
-// With the lock held and batch `b` ready (or the engine stopped): leases it to the consumer.
-std::shared_ptr<Lease> BatchReader::take_locked(std::unique_lock<std::mutex>& lk) {
+// With the lock held and batch `b` ready (or the engine stopped): leases it to the consumer, who waited
+// `waited` seconds for it.
+std::shared_ptr<Lease> BatchReader::take_locked(std::unique_lock<std::mutex>& lk, double waited) {
   ReaderState& st = *state_;
   if (st.stop) throw Error(ErrorKind::kState, "the Loader is closed");
   const int s = st.ring[st.consumed % st.opt.prefetch];
@@ -296,6 +299,8 @@ std::shared_ptr<Lease> BatchReader::take_locked(std::unique_lock<std::mutex>& lk
   ++st.batches_out;
   if (st.consumed == st.num_batches) st.end_pass_locked();
   auto lease = std::make_shared<Lease>(state_, s, slot.records, st.epoch);
+  // The first batches of a pass are waited for whatever the readers do: not for want of a core.
+  place_readers_locked(st.consumed <= CorePlacement::kSettleBatches ? 0.0 : waited);
   st.wake_reader(lk);  // the read-ahead window moved by one batch
   return lease;
 }
@@ -405,7 +410,7 @@ std::shared_ptr<Lease> BatchReader::try_next(bool* end) {
   }
   gather_in_next_locked();  // pauses or resumes the readers; next() reads a batch none has begun
   if (!ready_locked()) return nullptr;
-  return take_locked(lk);
+  return take_locked(lk, 0.0);
 }
 
 // With the lock held: whether next() reads the batch about to be taken itself. GatherIn::kAuto's policy
@@ -419,9 +424,20 @@ bool BatchReader::gather_in_next_locked() {
   const bool in_next = forced >= 0 ? forced != 0 : policy_->on_batch(Clock::now());
   if (in_next != st.readers_paused) {
     st.readers_paused = in_next;
+    if (placement_) placement_->restart();
     if (!in_next) st.work_cv.notify_all();
   }
   return in_next;
+}
+
+// With the lock held, for each batch taken: the core the readers keep off (reader_placement.h).
+void BatchReader::place_readers_locked(double waited) {
+  ReaderState& st = *state_;
+  if (!placement_ || st.readers_paused) return;
+  const int cpu = sched_getcpu();
+  const int forced = st.forced_spare.load(std::memory_order_relaxed);
+  st.spare_cpu = forced >= 0 ? (forced ? cpu : -1) : placement_->on_batch(Clock::now(), st.read_ns.load(), waited, cpu);
+  if (st.spare_cpu >= 0) ++st.spared_batches;
 }
 
 // Batch `consumed` is not ready, no reader has begun it (none is dispatched past it: batches go out in
@@ -484,8 +500,9 @@ std::shared_ptr<Lease> BatchReader::next(double timeout_s, const std::function<v
       lk.lock();
     }
   }
-  st.wait_s += seconds_since(t0);
-  return take_locked(lk);
+  const double waited = seconds_since(t0);
+  st.wait_s += waited;
+  return take_locked(lk, waited);
 }
 
 const std::vector<OutputLayout>& BatchReader::outputs() const { return state_->outputs; }
@@ -520,6 +537,9 @@ ReaderStats BatchReader::stats() const {
   s.next_batches = st.next_batches;
   s.gathering_in_next = st.opt.gather == GatherIn::kNext || st.readers_paused;
   if (policy_) s.step_cores = policy_->last_step_cores();
+  s.spare_cpu = st.spare_cpu;
+  s.spared_batches = st.spared_batches;
+  if (placement_) s.reader_cores = placement_->last_demand();
   s.images_replaced = st.images_replaced.load();
   s.replace_log = st.replace_log;
   return s;
@@ -530,6 +550,8 @@ int64_t BatchReader::images_replaced() const { return state_->images_replaced.lo
 void BatchReader::set_poison(bool on) { state_->poison = on; }
 
 void BatchReader::force_gather_in_next(int on) { state_->forced_gather = on; }
+
+void BatchReader::force_spare_core(int on) { state_->forced_spare = on; }
 
 void BatchReader::hold_reads(bool on) {
   {

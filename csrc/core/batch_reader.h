@@ -88,6 +88,11 @@ struct ReaderStats {
   int64_t next_batches = 0;      // read by next() itself (GatherIn::kNext, or kAuto's busy steps)
   bool gathering_in_next = false;  // where the next batches are read now
   double step_cores = -1;        // GatherIn::kAuto: cores the step used in the last window (< 0: not yet)
+  // Where the readers run (reader_placement.h): the core they keep off now (-1: none), the batches
+  // taken while they kept off the consumer's core, the cores they were busy on in the last window.
+  int spare_cpu = -1;
+  int64_t spared_batches = 0;
+  double reader_cores = -1;
   int64_t images_replaced = 0;   // bad images replaced by other records (ReaderOptions::replace_bad_images)
   std::vector<std::string> replace_log;  // the first of them: which image, why, and by which record
 };
@@ -99,6 +104,7 @@ struct OutputLayout {
 };
 
 class BatchReader;
+class CorePlacement;
 class GatherPolicy;
 struct ReaderState;
 
@@ -158,22 +164,26 @@ class BatchReader {
   // was reused too early shows. Hold reads: reader threads stop before each chunk until released (or
   // closed); held_reads() is how many wait there, so tests synchronise on it instead of sleeping.
   // Force gather in next(): GatherIn::kAuto's choice pinned to next() (1) or the readers (0), or left
-  // to its policy (-1), from the next batch on.
+  // to its policy (-1), from the next batch on. Force spare core: the readers keep off the consumer's
+  // core (1), take every core (0), or follow CorePlacement (-1), from the next batch on.
   void set_poison(bool on);
   void hold_reads(bool on);
   int held_reads() const;
   void force_gather_in_next(int on);
+  void force_spare_core(int on);
 
  private:
   void check_usable() const;
   bool ready_locked() const;
-  std::shared_ptr<Lease> take_locked(std::unique_lock<std::mutex>& lk);
+  std::shared_ptr<Lease> take_locked(std::unique_lock<std::mutex>& lk, double waited);
   std::shared_ptr<Lease> read_overflow_locked(std::unique_lock<std::mutex>& lk);
   bool can_fill_in_next_locked() const;
   void fill_in_next_locked(std::unique_lock<std::mutex>& lk);
   bool gather_in_next_locked();
+  void place_readers_locked(double waited);
   std::shared_ptr<ReaderState> state_;
   std::unique_ptr<GatherPolicy> policy_;  // GatherIn::kAuto; used with the state's lock held
+  std::unique_ptr<CorePlacement> placement_;  // reader threads on >= 2 cores; with the lock held
   int64_t policy_batch_ = -1;             // the batch (of all handed out) the policy last saw
   std::vector<std::thread> threads_;
   bool open_ = false;  // until close() (a reader that reads in next() has no threads to tell it by)

@@ -67,6 +67,7 @@ struct ReaderState {
   std::atomic<bool> poison{false};
   std::atomic<bool> hold_reads{false};
   std::atomic<int> forced_gather{-1};
+  std::atomic<int> forced_spare{-1};
   int held_reads = 0;
   std::condition_variable gate_cv;   // readers held before a chunk: released or stopped
   bool stop = false;
@@ -87,6 +88,9 @@ struct ReaderState {
   // GatherIn::kAuto: next() reads the batches, the readers take no new one (they finish the batch
   // they are dispatching, so that next() never waits on a batch nobody reads).
   bool readers_paused = false;
+  // The core the readers keep off: the consumer's, while they keep up without it (reader_placement.h;
+  // -1: none). Each reader applies it to itself when it takes its next chunk.
+  int spare_cpu = -1;
 
   // Statistics.
   std::atomic<int64_t> bytes_read{0};
@@ -97,6 +101,7 @@ struct ReaderState {
   int64_t waits = 0;
   int64_t overflow_batches = 0;
   int64_t next_batches = 0;
+  int64_t spared_batches = 0;  // taken while the readers kept off the consumer's core
   double wait_s = 0;
   double active_s = 0;  // time inside passes: from start() to the last batch taken
   bool pass_active = false;

@@ -3,6 +3,7 @@
 
 #include "core/error.h"
 #include "core/gather_policy.h"
+#include "core/reader_placement.h"
 #include "core/reader_state.h"
 #include "core/trace.h"
 
@@ -124,6 +125,7 @@ int64_t fill_records(ReaderState& st, const int64_t* records, int64_t count, cha
 void reader_loop(std::shared_ptr<ReaderState> sp, int thread_index) {
   ReaderState& st = *sp;
   const LoaderThreadScope not_the_step;  // GatherIn::kAuto measures the step's CPU without the readers'
+  CoreAvoider placement;
   ThreadBuffers tb = thread_buffers(st.columns, st.chunk_records);
   if (st.warm_page_cache) warm_files(st, thread_index);
 
@@ -145,6 +147,7 @@ void reader_loop(std::shared_ptr<ReaderState> sp, int thread_index) {
       ++st.next_batch;
     }
     const bool more = st.has_work();  // hand the rest to a sleeping reader, whoever is polling
+    const int spare_cpu = st.spare_cpu;
     if (st.hold_reads.load(std::memory_order_relaxed)) {  // test hook: a stalled read, until released
       ++st.held_reads;
       st.gate_cv.wait(lk, [&] { return st.stop || !st.hold_reads; });
@@ -153,6 +156,7 @@ void reader_loop(std::shared_ptr<ReaderState> sp, int thread_index) {
     }
     lk.unlock();
     if (more) st.work_cv.notify_one();
+    placement.keep_off(spare_cpu);
 
     std::exception_ptr err;
     const auto t0 = Clock::now();

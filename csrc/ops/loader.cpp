@@ -267,6 +267,9 @@ class PyReader {
     d["next_batches"] = s.next_batches;
     d["gathering_in_next"] = s.gathering_in_next;
     d["step_cores"] = s.step_cores < 0 ? py::object(py::none()) : py::object(py::float_(s.step_cores));
+    d["spare_cpu"] = s.spare_cpu < 0 ? py::object(py::none()) : py::object(py::int_(s.spare_cpu));
+    d["spared_batches"] = s.spared_batches;
+    d["reader_cores"] = s.reader_cores < 0 ? py::object(py::none()) : py::object(py::float_(s.reader_cores));
     d["images_replaced"] = s.images_replaced;
     d["replaced"] = s.replace_log;
     if (pipeline_) {
@@ -294,6 +297,7 @@ class PyReader {
   void set_poison(bool on) { reader().set_poison(on); }
   void hold_reads(bool on) { reader().hold_reads(on); }
   void force_gather_in_next(int on) { reader().force_gather_in_next(on); }
+  void force_spare_core(int on) { reader().force_spare_core(on); }
   int held_reads() const { return reader().held_reads(); }
   void set_skip_release_fence(bool on) {
     TORCH_CHECK(pipeline_, "only a device loader has release fences");
@@ -481,6 +485,7 @@ void bind_loader(py::module& m) {
       .def("_hold_reads", &PyReader::hold_reads, py::arg("on"))
       .def("_held_reads", &PyReader::held_reads)
       .def("_force_gather_in_next", &PyReader::force_gather_in_next, py::arg("on"))
+      .def("_force_spare_core", &PyReader::force_spare_core, py::arg("on"))
       .def("_skip_release_fence", &PyReader::set_skip_release_fence, py::arg("on"));
 
 }

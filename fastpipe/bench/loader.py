@@ -399,21 +399,24 @@ def run_dataset(name, spec, files, args, out):
     res["sleep_calibrated_seconds"] = sleep_actual
 
     # Where the default read its batches during each kind of step (num_threads unset: its reader threads,
-    # or next() while the step keeps the cores busy): the share read in next(), from its stats.
-    def read_in_next():
+    # or next() while the step keeps the cores busy), and on which cores its readers ran (all, or all
+    # but the training thread's while they keep up without it): shares of the batches, from its stats.
+    def placement_counters():
         if loader is None or args.threads is not None:
             return None
         s = loader.stats()
-        return s["next_batches"], s["batches"]
+        return s["next_batches"], s["spared_batches"], s["batches"]
 
-    def record_read_in_next(kind, before):
-        after = read_in_next()
-        if before is not None and after is not None and after[1] > before[1]:
-            res.setdefault("default_read_in_next", {})[kind] = (after[0] - before[0]) / (after[1] - before[1])
+    def record_placement(kind, before):
+        after = placement_counters()
+        if before is not None and after is not None and after[2] > before[2]:
+            n = after[2] - before[2]
+            res.setdefault("default_placement", {})[kind] = {
+                "read_in_next": (after[0] - before[0]) / n, "readers_off_step_core": (after[1] - before[1]) / n}
 
     # (2) overlap: each batch followed by time.sleep(step); compared with the same number of pure steps.
     pure = []
-    counters = read_in_next()
+    counters = placement_counters()
     if not args.no_overlap:
         n_pure = min(200, res["batches_per_epoch"])
         with out.progress(total=oreps * len(live), desc=f"{name}: overlap", unit="pass") as bar:
@@ -425,7 +428,7 @@ def run_dataset(name, spec, files, args, out):
                     c.overlap_run_delay.append(run_delay() - d0)
                     bar.update()
                 pure.append(pure_steps(sleep_arg, n_pure) / n_pure)
-        record_read_in_next("sleeping", counters)
+        record_placement("sleeping", counters)
     # (3) the training-thread delay (issue 21): the same loop where the step computes on the training
     # thread, against the same steps alone. "busy" spins (fastpipe's rows; with the seconds the training
     # thread waited for a core, where a loader that takes its core shows); "torch" first reads every byte
@@ -439,7 +442,7 @@ def run_dataset(name, spec, files, args, out):
     if fp_cases and not args.no_overlap:
         fixed = tuple(np.array(a) for a in next(iter(gather())))  # the batch the pure torch steps read
         for kind, consume, group in (("busy", None, fp_cases), ("torch", touch_with_torch, fp_cases + inline)):
-            counters = read_in_next()
+            counters = placement_counters()
             with out.progress(total=oreps * len(group), desc=f"{name}: {kind} step", unit="pass") as bar:
                 for r in range(oreps):
                     step_pure[kind].append(busy_steps(step, n_pure, consume, fixed))
@@ -450,7 +453,7 @@ def run_dataset(name, spec, files, args, out):
                             c.busy_run_delay.append(run_delay() - d0)
                         bar.update()
                     step_pure[kind].append(busy_steps(step, n_pure, consume, fixed))
-            record_read_in_next(kind, counters)
+            record_placement(kind, counters)
             res[f"{kind}_step_seconds_measured"] = bc.median([t / n_pure for t, _ in step_pure[kind]])
             res[f"{kind}_step_run_delay_ms"] = bc.median([1e3 * d / n_pure for _, d in step_pure[kind]])
 

@@ -66,11 +66,14 @@ def report_dataset(name, res, out):
                     bc.fmt(r.get("busy_run_delay_ms_per_step"), ".3f"), pct(r, "torch_added_pct"),
                     pct(r, "torch_added_pct_best")]
                    for label, r in delay])
-        shares = res.get("default_read_in_next")
+        shares = res.get("default_placement")
         if shares:
-            out.note("fastpipe's default (num_threads unset) read these shares of its batches in next() instead of its "
-                     "reader threads: " + ", ".join(f"{kind} step {100 * v:.0f}%" for kind, v in shares.items()) +
-                     " (loader.stats()['next_batches']; the readers are paused while the step keeps the cores busy)")
+            out.note("fastpipe's default (num_threads unset), shares of its batches per step: read in next() instead "
+                     "of its reader threads (the readers pause while the step keeps the cores busy) / its readers "
+                     "kept off the training thread's core (while the other cores leave them ample time): " +
+                     ", ".join(f"{kind} {100 * v['read_in_next']:.0f}% / {100 * v['readers_off_step_core']:.0f}%"
+                               for kind, v in shares.items()) +
+                     " (loader.stats()['next_batches'], ['spared_batches'])")
     fpr = rows.get("fastpipe", {})
     if "consumer_wait_per_batch_ms_alone" in fpr:
         out.note(f"fastpipe: the training loop waited for data "

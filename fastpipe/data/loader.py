@@ -82,6 +82,11 @@ class Loader:
         step leaves less than half a core idle, ``next()`` reads the batches on torch's threads as with
         0, and the readers wait; they are tried again after 64 to 512 batches.
         ``stats()["gathering_in_next"]``, ``["next_batches"]`` and ``["step_cores"]`` show the choice.
+        Reader threads keep off the core the training loop takes its batches on while the other cores
+        leave them ample time (they were busy at most 3/4 of them over a window), so that they do not
+        evict the training thread's caches while it sleeps or waits on the GPU; they take every core
+        again once the loop waits for them. ``stats()["spare_cpu"]``, ``["spared_batches"]`` and
+        ``["reader_cores"]`` show it.
     prefetch : int, optional
         Batches read ahead of the training loop (>= 1). The arena holds ``prefetch + 2`` batches.
         Default: enough batches for about 4 MiB of read-ahead, between 2 and 16 (small batches need a
@@ -387,6 +392,9 @@ class Loader:
             because the program held every slot), next_batches (read by ``next()`` itself, on torch's
             threads), gathering_in_next (where the next batches are read), step_cores (unset
             ``num_threads``: the cores the training step used in the last window; None before one),
+            spare_cpu (the core the reader threads keep off now: the training loop's; None: none),
+            spared_batches (taken while they kept off it), reader_cores (the cores the readers were
+            busy on in the last window; None before one),
             images_replaced and replaced (on_error="replace": how many bad images were substituted, and
             the first of them: which, why, by what).
         """

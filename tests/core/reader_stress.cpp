@@ -1,8 +1,9 @@
 // Standalone stress test of the batch reader (csrc/core) for ThreadSanitizer and AddressSanitizer:
 // reader threads, a consumer that holds and releases leases out of order from two threads, passes
 // abandoned midway, close() with leases outstanding, and (GatherIn::kAuto) the readers paused and
-// resumed at random batches while next() reads the rest; and GatherPolicy's decisions on a scripted
-// clock. Exits non-zero on any wrong byte or decision.
+// resumed at random batches while next() reads the rest, and kept off the consumer's core or not at
+// random; GatherPolicy's and CorePlacement's decisions on a scripted clock; CoreAvoider's affinity.
+// Exits non-zero on any wrong byte or decision.
 #include <fcntl.h>
 #include <unistd.h>
 
@@ -21,6 +22,7 @@
 #include "core/batch_reader.h"
 #include "core/error.h"
 #include "core/gather_policy.h"
+#include "core/reader_placement.h"
 #include "stress_file.h"
 
 using namespace fastpipe;
@@ -89,6 +91,7 @@ void run(const std::string& path, IoMode io, int threads, GatherIn gather) {
     for (int64_t b = 0;; ++b) {
       if (b == stop_at) break;
       if (gather == GatherIn::kAuto) reader.force_gather_in_next(static_cast<int>(rng() % 3) - 1);
+      if (rng() % 4 == 0) reader.force_spare_core(static_cast<int>(rng() % 3) - 1);
       bool end = false;
       auto lease = rng() % 2 ? reader.try_next(&end) : nullptr;
       if (!lease && !end) lease = reader.next(30.0, nullptr);
@@ -153,10 +156,88 @@ void check_policy() {
     if (batch(0.3)) return fail("an idle step went back to next()");
 }
 
+// CorePlacement on a scripted clock: a consumer on core 3 of 2 cores' worth (the readers busy `demand`
+// cores) taking a batch every 1 ms after waiting `wait` seconds for it.
+void check_placement() {
+  auto fail = [](const char* what) {
+    std::fprintf(stderr, "placement: %s\n", what);
+    ++failures;
+  };
+  CorePlacement p(2);
+  CorePlacement::Clock::time_point now{};
+  int64_t read_ns = 0;
+  auto batch = [&](double demand, double wait, int cpu = 3) {
+    now += std::chrono::milliseconds(1);
+    read_ns += static_cast<int64_t>(demand * 1e6);
+    return p.on_batch(now, read_ns, wait, cpu);
+  };
+  // Readers busy 0.9 of the other core: too close to keep up without the consumer's.
+  for (int i = 0; i < 200; ++i)
+    if (batch(0.9, 0) != -1) return fail("kept off with too little time to spare");
+  // Busy 0.3: off the consumer's core within a settle and a window, and it follows the consumer.
+  int n = 1;
+  while (batch(0.3, 0) != 3)
+    if (++n > 2 * (CorePlacement::kSettleBatches + 20)) return fail("never kept off the consumer's core");
+  if (batch(0.3, 0, 1) != 1) fail("did not follow the consumer to core 1");
+  // One stall in a window does not count; waits in every batch do: every core again, for 64 batches,
+  // then 128 and up to 512 while the tries keep failing.
+  if (batch(0.3, 200e-6) != 3) fail("a stall moved the readers");
+  for (int i = 0; i < 40; ++i)
+    if (batch(0.3, 0) != 3) return fail("a stall averaged over a window moved the readers");
+  for (int64_t hold : {64, 128, 256, 512, 512}) {
+    n = 0;
+    while (batch(0.3, 100e-6) != -1)
+      if (++n > 45) return fail("waits never moved the readers back");
+    int64_t back = 1;  // the batch that moved them
+    while (batch(0.3, 0) == -1)
+      if (++back > hold + 25) return fail("hold too long");
+    if (back < hold) fail("tried again before the hold ended");
+  }
+  // Kept up for 512 batches: the next stall holds them back only 64 batches.
+  for (int i = 0; i < 600; ++i) batch(0.3, 0);
+  n = 0;
+  while (batch(0.3, 100e-6) != -1)
+    if (++n > 45) return fail("waits never moved the readers back");
+  int64_t back = 0;
+  while (batch(0.3, 0) == -1) ++back;
+  if (back > 64 + 25) fail("a passing stall after a long run held the readers back too long");
+  // One core: nothing to keep off.
+  CorePlacement one(1);
+  for (int i = 0; i < 100; ++i)
+    if (one.on_batch(now += std::chrono::milliseconds(1), 0, 0, 0) != -1) return fail("kept off the only core");
+}
+
+// CoreAvoider on a thread of its own: off one allowed core, then back on all of them.
+void check_avoider() {
+  std::thread t([] {
+    cpu_set_t all;
+    if (sched_getaffinity(0, sizeof(all), &all) != 0 || CPU_COUNT(&all) < 2) return;
+    int first = 0;
+    while (!CPU_ISSET(first, &all)) ++first;
+    CoreAvoider a;
+    a.keep_off(first);
+    cpu_set_t now;
+    sched_getaffinity(0, sizeof(now), &now);
+    if (CPU_ISSET(first, &now) || CPU_COUNT(&now) != CPU_COUNT(&all) - 1) {
+      std::fprintf(stderr, "avoider: still on core %d\n", first);
+      ++failures;
+    }
+    a.keep_off(-1);
+    sched_getaffinity(0, sizeof(now), &now);
+    if (!CPU_EQUAL(&now, &all)) {
+      std::fprintf(stderr, "avoider: not back on every core\n");
+      ++failures;
+    }
+  });
+  t.join();
+}
+
 }  // namespace
 
 int main() {
   check_policy();
+  check_placement();
+  check_avoider();
   const std::string path = write_file();
   for (IoMode io : {IoMode::kMmap, IoMode::kPread, IoMode::kDirect})
     for (int threads : {1, 3})

@@ -4,10 +4,10 @@ csrc/core/gather_policy.h). The choice follows the step, either way round, and t
 bytes whoever reads them, across any sequence of switches."""
 
 import os
-import time
 
 import pytest
 import torch
+from steps import Feed, busy_step, sleeping_step
 
 CORES = len(os.sched_getaffinity(0))
 
@@ -19,44 +19,6 @@ def torch_on_every_core():
     torch.set_num_threads(CORES)
     yield
     torch.set_num_threads(old)
-
-
-def sleeping_step():
-    time.sleep(0.001)
-
-
-def busy_step(a=torch.randn(192, 192)):
-    """A CPU training step: torch ops on every core for 3 ms."""
-    end = time.perf_counter() + 0.003
-    while time.perf_counter() < end:
-        torch.mm(a, a)
-
-
-class Feed:
-    """Batches from a loader, epoch after epoch, each checked against the arrays written."""
-
-    def __init__(self, fp, ld, arrays):
-        self.fp, self.ld, self.arrays, self.it, self.batches = fp, ld, arrays, None, 0
-
-    def take(self, step):
-        if self.it is None:
-            self.it = iter(self.ld)
-        b = next(self.it, None)
-        if b is None:
-            self.it = None
-            return self.take(step)
-        self.fp.verify([self.fp.to_np(b)], self.arrays)
-        del b
-        step()
-        self.batches += 1
-        return self.ld.stats()
-
-    def until(self, step, done, limit):
-        for _ in range(limit):
-            s = self.take(step)
-            if done(s):
-                return s
-        pytest.fail(f"not within {limit} batches: {s}")
 
 
 def test_the_step_decides_where_batches_are_read(dataset_factory, fp, torch_on_every_core):
@@ -92,7 +54,8 @@ def test_the_step_decides_where_batches_are_read(dataset_factory, fp, torch_on_e
 @pytest.mark.parametrize("drop_last", [False, True])
 def test_batches_are_exact_across_switches(dataset_factory, fp, rng, torch_on_every_core, drop_last):
     # Awkward sizes: 7-record batches of 2 columns, 3 epochs (one abandoned midway) with the reader
-    # threads paused and resumed at random batches, some batches held while later ones are read.
+    # threads paused and resumed at random batches, kept off the training thread's core or not, some
+    # batches held while later ones are read.
     ds, arrays, _ = dataset_factory(401, {"x": ("uint8", (3, 5, 7)), "y": ("float64", (3,))})
     ref = fp.loader(ds, 7, shuffle=True, seed=9, drop_last=drop_last, num_threads=2)
     want = []
@@ -110,6 +73,7 @@ def test_batches_are_exact_across_switches(dataset_factory, fp, rng, torch_on_ev
         for k, b in enumerate(ld):
             if left == 0:
                 mode, left = (int(rng.integers(-1, 1)) if mode == 1 else 1), int(rng.integers(1, 40))
+                ld._reader._force_spare_core(int(rng.integers(-1, 2)))  # the readers' cores, too
             ld._reader._force_gather_in_next(mode)
             left -= 1
             got.append(fp.to_np(b))

@@ -1,0 +1,65 @@
+#include "core/reader_placement.h"
+
+#include <algorithm>
+
+namespace fastpipe {
+
+void CorePlacement::restart() {
+  measuring_ = false;
+  batches_ = 0;
+}
+
+int CorePlacement::on_batch(Clock::time_point now, int64_t read_ns, double waited, int cpu) {
+  if (cores_ < 2) return -1;
+  if (cpu >= 0) cpu_ = cpu;  // the readers follow the consumer when it moves
+  if (hold_ > 0) --hold_;
+  if (spare_) ++spared_for_;
+  ++batches_;
+  if (!measuring_) {
+    if (batches_ >= kSettleBatches) {
+      measuring_ = true;
+      batches_ = 0;
+      t0_ = now;
+      read0_ = read_ns;
+      waited_ = 0;
+    }
+    return spare_ ? cpu_ : -1;
+  }
+  waited_ += waited;
+  const double wall = std::chrono::duration<double>(now - t0_).count();
+  if (batches_ < kWindowBatches || wall < kWindowSeconds) return spare_ ? cpu_ : -1;
+  last_demand_ = static_cast<double>(read_ns - read0_) * 1e-9 / wall;
+  const double wait_per_batch = waited_ / static_cast<double>(batches_);
+  batches_ = 0;
+  t0_ = now;
+  read0_ = read_ns;
+  waited_ = 0;
+  if (spare_) {
+    if (wait_per_batch > kMaxWaitPerBatch) {
+      if (spared_for_ >= kMaxRetry) retry_ = kFirstRetry;  // they kept up a long time: a passing stall
+      spare_ = false;
+      hold_ = retry_;
+      retry_ = std::min(2 * retry_, kMaxRetry);
+    }
+  } else if (hold_ == 0 && wait_per_batch <= kMaxWaitPerBatch && last_demand_ <= kMaxDemand * static_cast<double>(cores_ - 1)) {
+    spare_ = true;
+    spared_for_ = 0;
+  }
+  return spare_ ? cpu_ : -1;
+}
+
+CoreAvoider::CoreAvoider() {
+  CPU_ZERO(&allowed_);
+  if (sched_getaffinity(0, sizeof(allowed_), &allowed_) == 0) count_ = CPU_COUNT(&allowed_);
+}
+
+void CoreAvoider::keep_off(int cpu) {
+  if (cpu == applied_ || count_ == 0) return;
+  applied_ = cpu;
+  cpu_set_t set = allowed_;
+  if (cpu >= 0 && cpu < CPU_SETSIZE && CPU_ISSET(cpu, &set) && count_ > 1) CPU_CLR(cpu, &set);
+  // A failure (the cores were taken from the process meanwhile) leaves the thread where the kernel allows.
+  static_cast<void>(sched_setaffinity(0, sizeof(set), &set));
+}
+
+}  // namespace fastpipe

@@ -1,0 +1,76 @@
+// Which cores the reader threads run on: every core the process may use, or all but the one the
+// consumer (the training thread) takes its batches on.
+//
+// next() frees a slot and wakes a reader, and the kernel places a thread it wakes on the waker's core.
+// So the reader gathers its megabytes of records on the training thread's core while that thread
+// sleeps or waits on the GPU, and evicts the training thread's L1 and L2: after it wakes, its own work
+// runs 2-3x slower for tens of microseconds (+5-9% a 0.5 ms step on 2 cores; issue 21). Kept on the
+// other cores the readers cost the same step +0.5-1.5%. The readers lose a core by that, so they keep
+// off the consumer's core only while the other cores leave them ample time: a window in which they
+// were busy at most kMaxDemand of the other cores. Once the consumer waits for them there longer than
+// the cache misses cost it (kMaxWaitPerBatch, averaged over a window: a single stall of the readers'
+// core does not count), they take every core again, for 64 batches, doubling up to 512 while the tries
+// keep failing, before the next try.
+#pragma once
+
+#include <sched.h>
+
+#include <chrono>
+#include <cstdint>
+
+namespace fastpipe {
+
+class CorePlacement {
+ public:
+  using Clock = std::chrono::steady_clock;
+  // A window spans at least this many batches and this much time.
+  static constexpr int kWindowBatches = 8;
+  static constexpr double kWindowSeconds = 0.02;
+  // Batches taken after the readers resume before a window starts (they were paused: GatherIn::kAuto).
+  static constexpr int kSettleBatches = 2;
+  static constexpr double kMaxDemand = 0.75;          // of the cores but one, busy gathering
+  static constexpr double kMaxWaitPerBatch = 20e-6;  // seconds the consumer waited, per batch
+  static constexpr int64_t kFirstRetry = 64, kMaxRetry = 512;
+
+  explicit CorePlacement(long cores) : cores_(cores) {}
+
+  // Called for each batch the consumer takes while the readers read: on core `cpu`, with the readers'
+  // gather time so far (read_ns) and the seconds the consumer waited for this batch (the caller passes
+  // 0 for the first batches of a pass, waited for whatever the readers do). Returns the core the
+  // readers keep off from now on (-1: none).
+  int on_batch(Clock::time_point now, int64_t read_ns, double waited, int cpu);
+  // The readers pause (next() reads): windows start afresh, kSettleBatches after they resume.
+  void restart();
+
+  // Cores the readers were busy on in the last window (< 0: none measured yet).
+  double last_demand() const { return last_demand_; }
+
+ private:
+  long cores_;
+  bool spare_ = false;
+  int cpu_ = -1;
+  bool measuring_ = false;
+  int64_t batches_ = 0;  // in the window, or since restart()
+  int64_t hold_ = 0;     // batches before the readers may keep off the consumer's core again
+  int64_t retry_ = kFirstRetry;
+  int64_t spared_for_ = 0;  // batches since the readers last began to keep off it
+  Clock::time_point t0_;
+  int64_t read0_ = 0;
+  double waited_ = 0;  // in the window
+  double last_demand_ = -1;
+};
+
+// A reader thread's side: it keeps off one core of those it was allowed when it started.
+class CoreAvoider {
+ public:
+  CoreAvoider();  // on the reader thread
+  // Keeps the calling thread off core `cpu` (-1: on every allowed core); a system call only on a change.
+  void keep_off(int cpu);
+
+ private:
+  cpu_set_t allowed_;
+  int count_ = 0;  // allowed cores (0: unknown, nothing is changed)
+  int applied_ = -1;
+};
+
+}  // namespace fastpipe

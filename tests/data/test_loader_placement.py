@@ -1,0 +1,91 @@
+"""Reader threads keep off the core the training loop takes its batches on while the other cores leave
+them ample time, and take every core again once the loop waits for them (issue 21;
+csrc/core/reader_placement.h). The batches stay exact whichever cores read them (also
+test_loader_gather_auto.py's switches)."""
+
+import os
+import time
+
+import pytest
+
+from steps import Feed
+
+CORES = frozenset(os.sched_getaffinity(0))
+pytestmark = pytest.mark.skipif(len(CORES) < 2, reason="the readers keep off a core only where 2 are usable")
+
+
+def reader_threads():
+    """{thread id: the cores it may run on} of every fastpipe reader thread of this process."""
+    out = {}
+    for task in os.listdir("/proc/self/task"):
+        try:
+            with open(f"/proc/self/task/{task}/comm") as f:
+                if f.read().startswith("fastpipe-rd"):
+                    out[int(task)] = frozenset(os.sched_getaffinity(int(task)))
+        except OSError:  # it ended meanwhile
+            continue
+    return out
+
+
+@pytest.fixture
+def home_affinity():
+    """The training thread's cores, restored after the test pins it."""
+    home = os.sched_getaffinity(0)
+    yield
+    os.sched_setaffinity(0, home)
+
+
+def test_reader_keeps_off_the_training_threads_core(dataset_factory, fp, home_affinity):
+    ds, arrays, _ = dataset_factory(1001, {"x": ("uint8", (3, 9, 11)), "y": ("int64", ())})
+    others = set(reader_threads())
+    ld = fp.loader(ds, 13, shuffle=True, num_threads=1, prefetch=2)
+    (mine,) = set(reader_threads()) - others
+    core = max(CORES)
+    os.sched_setaffinity(0, {core})  # the training thread, on one core
+    feed = Feed(fp, ld, arrays)
+    ld._reader._force_spare_core(1)
+    # The one reader reads every batch; those after the first few were dispatched once it was told.
+    for _ in range(6):
+        s = feed.take(lambda: None)
+    assert reader_threads()[mine] == CORES - {core}
+    assert s["spare_cpu"] == core and s["spared_batches"] == 6, s
+    ld._reader._force_spare_core(0)
+    for _ in range(6):
+        s = feed.take(lambda: None)
+    assert reader_threads()[mine] == CORES
+    assert s["spare_cpu"] is None and s["spared_batches"] == 6, s
+    ld.close()
+
+
+def test_placement_follows_the_loop(dataset_factory, fp):
+    # 1.5 MB batches: a 3 ms step leaves the readers idle most of the time, so they keep off the training
+    # thread's core; a loop that only takes batches waits for them, so they take every core again.
+    ds, arrays, _ = dataset_factory(600, {"x": ("uint8", (64, 1024))})
+    ld = fp.loader(ds, 24, shuffle=True, num_threads=2)
+    feed = Feed(fp, ld, arrays)
+    s = feed.until(lambda: time.sleep(0.003), lambda s: s["spare_cpu"] is not None, 200)
+    assert s["reader_cores"] < 0.75 * (len(CORES) - 1) and s["spared_batches"] >= 1, s
+    spared = s["spared_batches"]
+    s = feed.until(lambda: None, lambda s: s["spare_cpu"] is None, 2000, verify=False)
+    assert s["spared_batches"] > spared, s
+    # Tried again after 64 batches, and more: the loop still waits for them, so they keep every core.
+    for _ in range(400):
+        s = feed.take(lambda: None, verify=False)
+    assert s["spare_cpu"] is None and s["spared_batches"] < spared + 200, s
+    ld.close()
+
+
+def test_one_usable_core_keeps_every_reader_where_it_was(dataset_factory, fp, home_affinity):
+    ds, arrays, _ = dataset_factory(300, {"x": ("uint8", (100,))})
+    core = min(CORES)
+    os.sched_setaffinity(0, {core})  # before the loader: its readers inherit the one core
+    others = set(reader_threads())
+    ld = fp.loader(ds, 10, shuffle=True, num_threads=2)
+    ld._reader._force_spare_core(1)
+    feed = Feed(fp, ld, arrays)
+    for _ in range(12):
+        s = feed.take(lambda: time.sleep(0.0005))
+    mine = {t: c for t, c in reader_threads().items() if t not in others}
+    assert len(mine) == 2 and all(c == {core} for c in mine.values()), mine
+    assert s["spare_cpu"] is None and s["spared_batches"] == 0 and s["reader_cores"] is None, s
+    ld.close()
