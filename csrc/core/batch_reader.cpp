@@ -277,6 +277,7 @@ void BatchReader::start(std::vector<int64_t> indices, bool drop_last, uint64_t e
   st.end_pass_locked();
   st.pass_active = true;
   st.pass_t0 = Clock::now();
+  if (placement_) placement_->on_pass_start(st.pass_t0);
   st.work_cv.notify_all();
 }
 
@@ -424,6 +425,7 @@ bool BatchReader::gather_in_next_locked() {
   const bool in_next = forced >= 0 ? forced != 0 : policy_->on_batch(Clock::now());
   if (in_next != st.readers_paused) {
     st.readers_paused = in_next;
+    st.spare_cpu = -1;  // paused, they read nothing; the next batch taken places them again
     if (placement_) placement_->restart();
     if (!in_next) st.work_cv.notify_all();
   }

@@ -9,8 +9,13 @@ void CorePlacement::restart() {
   batches_ = 0;
 }
 
+void CorePlacement::on_pass_start(Clock::time_point now) {
+  if (measuring_ && now > last_) t0_ += now - last_;  // last_ >= t0_: the window began at a batch
+}
+
 int CorePlacement::on_batch(Clock::time_point now, int64_t read_ns, double waited, int cpu) {
   if (cores_ < 2) return -1;
+  last_ = now;
   if (cpu >= 0) cpu_ = cpu;  // the readers follow the consumer when it moves
   if (hold_ > 0) --hold_;
   if (spare_) ++spared_for_;
@@ -25,23 +30,23 @@ int CorePlacement::on_batch(Clock::time_point now, int64_t read_ns, double waite
     }
     return spare_ ? cpu_ : -1;
   }
-  waited_ += waited;
+  if (waited > kLongWait) ++waited_;
   const double wall = std::chrono::duration<double>(now - t0_).count();
   if (batches_ < kWindowBatches || wall < kWindowSeconds) return spare_ ? cpu_ : -1;
   last_demand_ = static_cast<double>(read_ns - read0_) * 1e-9 / wall;
-  const double wait_per_batch = waited_ / static_cast<double>(batches_);
+  const bool waited_often = waited_ >= kMinWaitedBatches && 4 * waited_ > batches_;
   batches_ = 0;
   t0_ = now;
   read0_ = read_ns;
   waited_ = 0;
   if (spare_) {
-    if (wait_per_batch > kMaxWaitPerBatch) {
+    if (waited_often) {
       if (spared_for_ >= kMaxRetry) retry_ = kFirstRetry;  // they kept up a long time: a passing stall
       spare_ = false;
       hold_ = retry_;
       retry_ = std::min(2 * retry_, kMaxRetry);
     }
-  } else if (hold_ == 0 && wait_per_batch <= kMaxWaitPerBatch && last_demand_ <= kMaxDemand * static_cast<double>(cores_ - 1)) {
+  } else if (hold_ == 0 && !waited_often && last_demand_ <= kMaxDemand * static_cast<double>(cores_ - 1)) {
     spare_ = true;
     spared_for_ = 0;
   }

@@ -7,10 +7,11 @@
 // runs 2-3x slower for tens of microseconds (+5-9% a 0.5 ms step on 2 cores; issue 21). Kept on the
 // other cores the readers cost the same step +0.5-1.5%. The readers lose a core by that, so they keep
 // off the consumer's core only while the other cores leave them ample time: a window in which they
-// were busy at most kMaxDemand of the other cores. Once the consumer waits for them there longer than
-// the cache misses cost it (kMaxWaitPerBatch, averaged over a window: a single stall of the readers'
-// core does not count), they take every core again, for 64 batches, doubling up to 512 while the tries
-// keep failing, before the next try.
+// were busy at most kMaxDemand of the other cores. Once the consumer waits for them there (longer than
+// the cache misses cost it, kLongWait) for a quarter of a window's batches (a stall of the readers'
+// core, one batch, does not count), they take every core again, for 64 batches, doubling up to 512
+// while the tries keep failing, before the next try. Time between passes (the consumer took no batch)
+// is left out of the windows.
 #pragma once
 
 #include <sched.h>
@@ -28,8 +29,9 @@ class CorePlacement {
   static constexpr double kWindowSeconds = 0.02;
   // Batches taken after the readers resume before a window starts (they were paused: GatherIn::kAuto).
   static constexpr int kSettleBatches = 2;
-  static constexpr double kMaxDemand = 0.75;          // of the cores but one, busy gathering
-  static constexpr double kMaxWaitPerBatch = 20e-6;  // seconds the consumer waited, per batch
+  static constexpr double kMaxDemand = 0.75;  // of the cores but one, busy gathering
+  static constexpr double kLongWait = 20e-6;  // seconds the consumer waited for a batch
+  static constexpr int kMinWaitedBatches = 2;  // in a window, and more than a quarter of its batches
   static constexpr int64_t kFirstRetry = 64, kMaxRetry = 512;
 
   explicit CorePlacement(long cores) : cores_(cores) {}
@@ -41,6 +43,8 @@ class CorePlacement {
   int on_batch(Clock::time_point now, int64_t read_ns, double waited, int cpu);
   // The readers pause (next() reads): windows start afresh, kSettleBatches after they resume.
   void restart();
+  // A pass starts: the time since the last batch was taken is left out of the window.
+  void on_pass_start(Clock::time_point now);
 
   // Cores the readers were busy on in the last window (< 0: none measured yet).
   double last_demand() const { return last_demand_; }
@@ -54,9 +58,9 @@ class CorePlacement {
   int64_t hold_ = 0;     // batches before the readers may keep off the consumer's core again
   int64_t retry_ = kFirstRetry;
   int64_t spared_for_ = 0;  // batches since the readers last began to keep off it
-  Clock::time_point t0_;
+  Clock::time_point t0_, last_;
   int64_t read0_ = 0;
-  double waited_ = 0;  // in the window
+  int64_t waited_ = 0;  // batches of the window waited for longer than kLongWait
   double last_demand_ = -1;
 };
 

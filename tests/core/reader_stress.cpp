@@ -171,9 +171,12 @@ void check_placement() {
     read_ns += static_cast<int64_t>(demand * 1e6);
     return p.on_batch(now, read_ns, wait, cpu);
   };
-  // Readers busy 0.9 of the other core: too close to keep up without the consumer's.
-  for (int i = 0; i < 200; ++i)
+  // Readers busy 0.9 of the other core: too close to keep up without the consumer's, also when passes
+  // of 30 batches are a second apart (no batch is taken between them).
+  for (int i = 0; i < 200; ++i) {
+    if (i % 30 == 0) p.on_pass_start(now += std::chrono::seconds(1));
     if (batch(0.9, 0) != -1) return fail("kept off with too little time to spare");
+  }
   // Busy 0.3: off the consumer's core within a settle and a window, and it follows the consumer.
   int n = 1;
   while (batch(0.3, 0) != 3)
@@ -181,9 +184,9 @@ void check_placement() {
   if (batch(0.3, 0, 1) != 1) fail("did not follow the consumer to core 1");
   // One stall in a window does not count; waits in every batch do: every core again, for 64 batches,
   // then 128 and up to 512 while the tries keep failing.
-  if (batch(0.3, 200e-6) != 3) fail("a stall moved the readers");
+  if (batch(0.3, 5e-3) != 3) fail("a stall moved the readers");
   for (int i = 0; i < 40; ++i)
-    if (batch(0.3, 0) != 3) return fail("a stall averaged over a window moved the readers");
+    if (batch(0.3, 0) != 3) return fail("one stall in a window moved the readers");
   for (int64_t hold : {64, 128, 256, 512, 512}) {
     n = 0;
     while (batch(0.3, 100e-6) != -1)
