@@ -89,7 +89,7 @@ struct ReaderStats {
   bool gathering_in_next = false;  // where the next batches are read now
   double step_cores = -1;        // GatherIn::kAuto: cores the step used in the last window (< 0: not yet)
   // Where the readers run (reader_placement.h): the core they keep off now (-1: none), the batches
-  // taken while they kept off the consumer's core, the cores they were busy on in the last window.
+  // taken while they kept off the consumer's core, their reading time per second of the last window.
   int spare_cpu = -1;
   int64_t spared_batches = 0;
   double reader_cores = -1;

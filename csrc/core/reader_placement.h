@@ -1,17 +1,17 @@
 // Which cores the reader threads run on: every core the process may use, or all but the one the
 // consumer (the training thread) takes its batches on.
 //
-// next() frees a slot and wakes a reader, and the kernel places a thread it wakes on the waker's core.
-// So the reader gathers its megabytes of records on the training thread's core while that thread
-// sleeps or waits on the GPU, and evicts the training thread's L1 and L2: after it wakes, its own work
-// runs 2-3x slower for tens of microseconds (+5-9% a 0.5 ms step on 2 cores; issue 21). Kept on the
-// other cores the readers cost the same step +0.5-1.5%. The readers lose a core by that, so they keep
-// off the consumer's core only while the other cores leave them ample time: a window in which they
-// were busy at most kMaxDemand of the other cores. Once the consumer waits for them there (longer than
-// the cache misses cost it, kLongWait) for a quarter of a window's batches (a stall of the readers'
-// core, one batch, does not count), they take every core again, for 64 batches, doubling up to 512
-// while the tries keep failing, before the next try. Time between passes (the consumer took no batch)
-// is left out of the windows.
+// While the training thread sleeps or waits on the GPU its core is idle, and the kernel runs a reader
+// that wakes there (one next() wakes, it prefers to run on next()'s core): 40-65% of the gathers on 2
+// cores. The reader's megabytes of records evict the training thread's L1 and L2: after it wakes, its
+// own work runs 2-3x slower for tens of microseconds (+7-13% of a 0.4 ms step on 2 cores; issue 21).
+// Kept on the other cores the readers cost the same step +1-3%. The readers lose a core by that, so
+// they keep off the consumer's core only while the other cores leave them ample time: a window in
+// which they were busy at most kMaxDemand of the other cores. Once the consumer waits for them there
+// (longer than the cache misses cost it, kLongWait) for a quarter of a window's batches (a stall of
+// the readers' core, one batch, does not count), they take every core again, for 64 batches, doubling
+// up to 512 while the tries keep failing, before the next try. Time between passes (the consumer took
+// no batch) is left out of the windows.
 #pragma once
 
 #include <sched.h>
@@ -46,7 +46,8 @@ class CorePlacement {
   // A pass starts: the time since the last batch was taken is left out of the window.
   void on_pass_start(Clock::time_point now);
 
-  // Cores the readers were busy on in the last window (< 0: none measured yet).
+  // The readers' reading time per second of the last window, summed over them (< 0: none measured
+  // yet): the cores they kept busy, or more while they shared cores.
   double last_demand() const { return last_demand_; }
 
  private:

@@ -393,8 +393,9 @@ class Loader:
             threads), gathering_in_next (where the next batches are read), step_cores (unset
             ``num_threads``: the cores the training step used in the last window; None before one),
             spare_cpu (the core the reader threads keep off now: the training loop's; None: none),
-            spared_batches (taken while they kept off it), reader_cores (the cores the readers were
-            busy on in the last window; None before one),
+            spared_batches (taken while they kept off it), reader_cores (seconds the readers spent
+            reading per second of the last window, summed over them: the cores they kept busy, more
+            when they shared cores; None before one),
             images_replaced and replaced (on_error="replace": how many bad images were substituted, and
             the first of them: which, why, by what).
         """
