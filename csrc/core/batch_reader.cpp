@@ -472,7 +472,12 @@ std::shared_ptr<Lease> BatchReader::next(double timeout_s, const std::function<v
                     "create the Loader with a larger prefetch (slots = prefetch + 2), or use when_full='allocate'.");
   }
   if (in_next && can_fill_in_next_locked()) fill_in_next_locked(lk);
-  if (!ready_locked()) ++st.waits;
+  if (!ready_locked()) {
+    ++st.waits;
+    // While the consumer waits its core is free: the chunks readers take meanwhile may run there (the
+    // first batches of a pass, a slow one). Taking the batch places them again.
+    if (st.forced_spare.load(std::memory_order_relaxed) < 0) st.spare_cpu = -1;
+  }
   while (!ready_locked()) {
     if (in_next && can_fill_in_next_locked()) {  // a slot of an abandoned pass was freed meanwhile
       fill_in_next_locked(lk);

@@ -89,7 +89,8 @@ struct ReaderState {
   // they are dispatching, so that next() never waits on a batch nobody reads).
   bool readers_paused = false;
   // The core the readers keep off: the consumer's, while they keep up without it (reader_placement.h;
-  // -1: none). Each reader applies it to itself when it takes its next chunk.
+  // -1: none, also while the consumer waits in next()). Each reader applies it to itself when it takes
+  // its next chunk.
   int spare_cpu = -1;
 
   // Statistics.

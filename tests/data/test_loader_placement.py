@@ -4,6 +4,7 @@ csrc/core/reader_placement.h). The batches stay exact whichever cores read them 
 test_loader_gather_auto.py's switches)."""
 
 import os
+import threading
 import time
 
 import pytest
@@ -72,6 +73,27 @@ def test_placement_follows_the_loop(dataset_factory, fp):
     for _ in range(400):
         s = feed.take(lambda: None, verify=False)
     assert s["spare_cpu"] is None and s["spared_batches"] < spared + 200, s
+    ld.close()
+
+
+def test_readers_may_use_the_core_of_a_training_thread_that_waits(dataset_factory, fp):
+    ds, arrays, _ = dataset_factory(1001, {"x": ("uint8", (3, 9, 11))})
+    ld = fp.loader(ds, 13, shuffle=True, num_threads=1, prefetch=2)
+    feed = Feed(fp, ld, arrays)
+    feed.until(lambda: time.sleep(0.003), lambda s: s["spare_cpu"] is not None, 200)
+    fp.hooks(ld, hold_reads=True)  # the reader stops before its next chunk
+    waits = ld.stats()["waits"]
+    # At most prefetch batches are read ahead: the third take waits for the held reader.
+    taker = threading.Thread(target=lambda: [feed.take(lambda: None) for _ in range(3)], daemon=True)
+    taker.start()
+    assert fp.wait_until(lambda: ld.stats()["waits"] > waits), "next() never waited: the test proves nothing"
+    s = ld.stats()
+    assert s["spare_cpu"] is None, s  # set with the wait, under the loader's lock
+    fp.release(ld)
+    taker.join(fp.HANG)
+    assert not taker.is_alive()
+    s = feed.until(lambda: time.sleep(0.003), lambda s: s["spare_cpu"] is not None, 5)  # placed again
+    assert s["spared_batches"] > 0, s
     ld.close()
 
 
