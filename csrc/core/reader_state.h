@@ -38,6 +38,7 @@ struct Slot {
   int64_t batch = -1;   // batch number within that pass
   int64_t records = 0;
   int pending = 0;      // chunks not finished yet
+  int filler = -1;      // the reader thread that claimed it last (-1: next())
   std::exception_ptr error;
 };
 
@@ -129,10 +130,18 @@ struct ReaderState {
 
   // A free slot becomes batch b's, filling, with all its chunks pending (the caller knows one is free:
   // has_work() for the reader threads, not every slot leased for next()).
-  void claim_slot_locked(int64_t b) {
-    int s = 0;
-    while (slots[s].state != SlotState::kFree) ++s;
+  void claim_slot_locked(int64_t b, int filler = -1) {
+    int s = -1;
+    for (int k = 0; k < static_cast<int>(slots.size()); ++k) {
+      if (slots[k].state != SlotState::kFree) continue;
+      if (s < 0) s = k;
+      if (slots[k].filler == filler) {
+        s = k;
+        break;
+      }
+    }
     Slot& slot = slots[s];
+    slot.filler = filler;
     slot.state = SlotState::kFilling;
     slot.gen = gen;
     slot.batch = b;

@@ -139,7 +139,7 @@ void reader_loop(std::shared_ptr<ReaderState> sp, int thread_index) {
     w.indices = st.indices;
     w.epoch = st.epoch;
     const int64_t nchunks = st.batch_chunks(w.batch);
-    if (st.next_chunk == 0) st.claim_slot_locked(w.batch);
+    if (st.next_chunk == 0) st.claim_slot_locked(w.batch, thread_index);
     w.slot = st.ring[w.batch % st.opt.prefetch];
     w = chunk_of(st, w, st.next_chunk);
     if (++st.next_chunk == nchunks) {
