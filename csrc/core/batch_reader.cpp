@@ -301,7 +301,7 @@ std::shared_ptr<Lease> BatchReader::take_locked(std::unique_lock<std::mutex>& lk
   if (st.consumed == st.num_batches) st.end_pass_locked();
   auto lease = std::make_shared<Lease>(state_, s, slot.records, st.epoch);
   // The first batches of a pass are waited for whatever the readers do: not for want of a core.
-  place_readers_locked(st.consumed <= CorePlacement::kSettleBatches ? 0.0 : waited);
+  place_readers_locked(st.consumed <= BatchWindow::kSettleBatches ? 0.0 : waited);
   st.wake_reader(lk);  // the read-ahead window moved by one batch
   return lease;
 }

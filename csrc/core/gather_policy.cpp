@@ -86,42 +86,32 @@ int64_t step_cpu_ns(const CpuSample& before, const CpuSample& after) {
 CpuSample GatherPolicy::sample_timed() {
   const auto t0 = Clock::now();
   CpuSample s = sample_();
-  window_s_ = std::max(kWindowSeconds, kWindowOverSample * std::chrono::duration<double>(Clock::now() - t0).count());
+  window_s_ = std::max(BatchWindow::kSeconds,
+                       kWindowOverSample * std::chrono::duration<double>(Clock::now() - t0).count());
   return s;
 }
 
 bool GatherPolicy::on_batch(Clock::time_point now) {
-  ++batches_;
   if (in_next_) {
-    if (batches_ >= retry_after_) {  // try the readers again
+    if (++in_next_batches_ >= retry_after_) {  // try the readers again
       in_next_ = false;
-      measuring_ = false;
       after_retry_ = true;
-      batches_ = 0;
+      window_.restart();
     }
     return in_next_;
   }
-  if (!measuring_) {
-    if (batches_ < kSettleBatches) return false;
-    measuring_ = true;
-    batches_ = 0;
-    t0_ = now;
-    s0_ = sample_timed();
-    return false;
-  }
-  const double wall = std::chrono::duration<double>(now - t0_).count();
-  if (batches_ < kWindowBatches || wall < window_s_) return false;
+  const BatchWindow::Step step = window_.on_batch(now, window_s_);
+  if (step == BatchWindow::Step::kOpened) s0_ = sample_timed();
+  if (step != BatchWindow::Step::kClosed) return false;
   CpuSample s1 = sample_timed();
-  last_step_cores_ = static_cast<double>(step_cpu_ns(s0_, s1)) * 1e-9 / wall;
-  batches_ = 0;
+  last_step_cores_ = static_cast<double>(step_cpu_ns(s0_, s1)) * 1e-9 / window_.seconds();
   if (step_keeps_cores_busy(last_step_cores_, cores_)) {
     in_next_ = true;
-    measuring_ = false;
+    in_next_batches_ = 0;
     retry_after_ = after_retry_ ? std::min(2 * retry_after_, kMaxRetry) : kFirstRetry;
     return true;
   }
   after_retry_ = false;
-  t0_ = now;
   s0_ = std::move(s1);
   return false;
 }

@@ -13,10 +13,11 @@
 
 #include <sys/types.h>
 
-#include <chrono>
 #include <cstdint>
 #include <utility>
 #include <vector>
+
+#include "core/batch_window.h"
 
 namespace fastpipe {
 
@@ -41,15 +42,11 @@ int64_t step_cpu_ns(const CpuSample& before, const CpuSample& after);
 
 class GatherPolicy {
  public:
-  using Clock = std::chrono::steady_clock;
-  // A window spans at least this many batches and this much time (the CPU clocks are exact; the
-  // window only has to outlast the step's phases), and 200 times what reading the clocks took (one
-  // read per thread: a process of many threads samples less often, for <= 0.5% of its time).
-  static constexpr int kWindowBatches = 8;
-  static constexpr double kWindowSeconds = 0.02;
+  using Clock = BatchWindow::Clock;
+  // A window (batch_window.h) also spans 200 times what reading the clocks took (one read per thread:
+  // a process of many threads samples less often, for <= 0.5% of its time); the CPU clocks are exact,
+  // so the window only has to outlast the step's phases.
   static constexpr double kWindowOverSample = 200;
-  // Batches taken after the readers resume before a window starts: they fill the first batches.
-  static constexpr int kSettleBatches = 2;
   static constexpr double kMinIdleCores = 0.5;
   static constexpr int64_t kFirstRetry = 64, kMaxRetry = 512;
 
@@ -71,13 +68,12 @@ class GatherPolicy {
   long cores_;
   CpuSample (*sample_)();
   bool in_next_ = false;
-  bool measuring_ = false;
   bool after_retry_ = false;  // the window measures readers tried again
-  int64_t batches_ = 0;       // in the window, or since next() mode began
+  int64_t in_next_batches_ = 0;  // since next() mode began
   int64_t retry_after_ = kFirstRetry;
-  Clock::time_point t0_;
+  BatchWindow window_;
   CpuSample s0_;
-  double window_s_ = kWindowSeconds;
+  double window_s_ = BatchWindow::kSeconds;
   double last_step_cores_ = -1;
 
   CpuSample sample_timed();  // sample_(), and the window it sets (kWindowOverSample)

@@ -4,13 +4,10 @@
 
 namespace fastpipe {
 
-void CorePlacement::restart() {
-  measuring_ = false;
-  batches_ = 0;
-}
+void CorePlacement::restart() { window_.restart(); }
 
 void CorePlacement::on_pass_start(Clock::time_point now) {
-  if (measuring_ && now > last_) t0_ += now - last_;  // last_ >= t0_: the window began at a batch
+  if (now > last_) window_.leave_out(now - last_);  // an open window began at a batch: at or before last_
 }
 
 int CorePlacement::on_batch(Clock::time_point now, int64_t read_ns, double waited, int cpu) {
@@ -19,24 +16,20 @@ int CorePlacement::on_batch(Clock::time_point now, int64_t read_ns, double waite
   if (cpu >= 0) cpu_ = cpu;  // the readers follow the consumer when it moves
   if (hold_ > 0) --hold_;
   if (spare_) ++spared_for_;
-  ++batches_;
-  if (!measuring_) {
-    if (batches_ >= kSettleBatches) {
-      measuring_ = true;
-      batches_ = 0;
-      t0_ = now;
-      read0_ = read_ns;
-      waited_ = 0;
-    }
-    return spare_ ? cpu_ : -1;
+  const BatchWindow::Step step = window_.on_batch(now);
+  if (step == BatchWindow::Step::kOpened) {
+    read0_ = read_ns;
+    waited_ = 0;
+  } else if (step != BatchWindow::Step::kSettling && waited > kLongWait) {
+    ++waited_;
   }
-  if (waited > kLongWait) ++waited_;
-  const double wall = std::chrono::duration<double>(now - t0_).count();
-  if (batches_ < kWindowBatches || wall < kWindowSeconds) return spare_ ? cpu_ : -1;
-  last_demand_ = static_cast<double>(read_ns - read0_) * 1e-9 / wall;
-  const bool waited_often = waited_ >= kMinWaitedBatches && 4 * waited_ > batches_;
-  batches_ = 0;
-  t0_ = now;
+  if (step == BatchWindow::Step::kClosed) decide(read_ns);
+  return spare_ ? cpu_ : -1;
+}
+
+void CorePlacement::decide(int64_t read_ns) {
+  last_demand_ = static_cast<double>(read_ns - read0_) * 1e-9 / window_.seconds();
+  const bool waited_often = waited_ >= kMinWaitedBatches && 4 * waited_ > window_.batches();
   read0_ = read_ns;
   waited_ = 0;
   if (spare_) {
@@ -50,7 +43,6 @@ int CorePlacement::on_batch(Clock::time_point now, int64_t read_ns, double waite
     spare_ = true;
     spared_for_ = 0;
   }
-  return spare_ ? cpu_ : -1;
 }
 
 CoreAvoider::CoreAvoider() {

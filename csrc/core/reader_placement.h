@@ -16,19 +16,15 @@
 
 #include <sched.h>
 
-#include <chrono>
 #include <cstdint>
+
+#include "core/batch_window.h"
 
 namespace fastpipe {
 
 class CorePlacement {
  public:
-  using Clock = std::chrono::steady_clock;
-  // A window spans at least this many batches and this much time.
-  static constexpr int kWindowBatches = 8;
-  static constexpr double kWindowSeconds = 0.02;
-  // Batches taken after the readers resume before a window starts (they were paused: GatherIn::kAuto).
-  static constexpr int kSettleBatches = 2;
+  using Clock = BatchWindow::Clock;
   static constexpr double kMaxDemand = 0.75;  // of the cores but one, busy gathering
   static constexpr double kLongWait = 20e-6;  // seconds the consumer waited for a batch
   static constexpr int kMinWaitedBatches = 2;  // in a window, and more than a quarter of its batches
@@ -41,7 +37,7 @@ class CorePlacement {
   // 0 for the first batches of a pass, waited for whatever the readers do). Returns the core the
   // readers keep off from now on (-1: none).
   int on_batch(Clock::time_point now, int64_t read_ns, double waited, int cpu);
-  // The readers pause (next() reads): windows start afresh, kSettleBatches after they resume.
+  // The readers pause (next() reads): windows start afresh after they resume (BatchWindow::restart).
   void restart();
   // A pass starts: the time since the last batch was taken is left out of the window.
   void on_pass_start(Clock::time_point now);
@@ -54,15 +50,16 @@ class CorePlacement {
   long cores_;
   bool spare_ = false;
   int cpu_ = -1;
-  bool measuring_ = false;
-  int64_t batches_ = 0;  // in the window, or since restart()
   int64_t hold_ = 0;     // batches before the readers may keep off the consumer's core again
   int64_t retry_ = kFirstRetry;
   int64_t spared_for_ = 0;  // batches since the readers last began to keep off it
-  Clock::time_point t0_, last_;
-  int64_t read0_ = 0;
+  BatchWindow window_;
+  Clock::time_point last_;  // when the last batch was taken
+  int64_t read0_ = 0;       // read_ns when the window opened
   int64_t waited_ = 0;  // batches of the window waited for longer than kLongWait
   double last_demand_ = -1;
+
+  void decide(int64_t read_ns);  // at a window's close: keep off the consumer's core or not
 };
 
 // A reader thread's side: it keeps off one core of those it was allowed when it started.

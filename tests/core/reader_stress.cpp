@@ -139,14 +139,14 @@ void check_policy() {
   // are tried for one window after 64, 128, 256, 512 and 512 batches.
   int threads_run = 0;
   while (!batch(1.9))
-    if (++threads_run > 2 * GatherPolicy::kWindowBatches) return fail("busy step missed");
+    if (++threads_run > 2 * BatchWindow::kBatches) return fail("busy step missed");
   for (int64_t want : {64, 128, 256, 512, 512}) {
     int64_t run = 1;
     while (batch(1.9)) ++run;
     if (run != want) fail("in next() for the wrong number of batches before the readers were tried again");
     int window = 1;
     while (!batch(1.9))
-      if (++window > GatherPolicy::kSettleBatches + GatherPolicy::kWindowBatches) return fail("retry window too long");
+      if (++window > BatchWindow::kSettleBatches + BatchWindow::kBatches) return fail("retry window too long");
   }
   // The step turns idle: the next retry keeps the readers.
   int64_t run = 1;
@@ -180,7 +180,7 @@ void check_placement() {
   // Busy 0.3: off the consumer's core within a settle and a window, and it follows the consumer.
   int n = 1;
   while (batch(0.3, 0) != 3)
-    if (++n > 2 * (CorePlacement::kSettleBatches + 20)) return fail("never kept off the consumer's core");
+    if (++n > 2 * (BatchWindow::kSettleBatches + 20)) return fail("never kept off the consumer's core");
   if (batch(0.3, 0, 1) != 1) fail("did not follow the consumer to core 1");
   // One stall in a window does not count; waits in every batch do: every core again, for 64 batches,
   // then 128 and up to 512 while the tries keep failing.
