@@ -10,18 +10,19 @@ PYTEST_ARGS ?=
 
 .PHONY: setup system-deps test bench bench-peers test-cpu fuzz rehearse-device clean
 
-# libjpeg-turbo's headers for JPEG decoding (fastpipe.ImageFolder/ImageDataset): installed from Debian's
-# packages as root (or with sudo) when missing; elsewhere the build says JPEG decoding is OFF and why.
+# The image decoders' headers (fastpipe.ImageFolder/ImageDataset): libjpeg-turbo, libspng and libwebp,
+# installed from Debian's packages as root (or with sudo) when missing; elsewhere the build says which
+# decoder is OFF and why (PNG and WebP then go through Pillow).
 system-deps:
-	@pkg-config --exists libjpeg 2>/dev/null || { \
+	@pkg-config --exists libjpeg spng libwebp 2>/dev/null || { \
 	  if command -v apt-get >/dev/null; then \
-	    echo "installing libjpeg62-turbo-dev and pkg-config (JPEG decoding) ..."; \
+	    echo "installing libjpeg62-turbo-dev, libspng-dev, libwebp-dev and pkg-config (image decoding) ..."; \
 	    SUDO=$$([ "$$(id -u)" = 0 ] || echo sudo); \
 	    { $$SUDO apt-get update -qq && $$SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq \
-	        --no-install-recommends libjpeg62-turbo-dev pkg-config; } >/tmp/fastpipe-apt.log 2>&1 || \
+	        --no-install-recommends libjpeg62-turbo-dev libspng-dev libwebp-dev pkg-config; } >/tmp/fastpipe-apt.log 2>&1 || \
 	      { cat /tmp/fastpipe-apt.log >&2; exit 1; }; \
 	  else \
-	    echo "warning: libjpeg-turbo's headers not found and no apt-get: JPEG decoding will be OFF" >&2; \
+	    echo "warning: image decoders' headers not found and no apt-get: the build says which are OFF" >&2; \
 	  fi; }
 
 setup: system-deps

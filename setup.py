@@ -12,6 +12,8 @@ Environment knobs (each decision is printed):
   MAX_JOBS                 parallel compile jobs; default from cores and memory.
   FASTPIPE_JPEG=auto|0|1   auto: decode JPEGs (fastpipe.ImageFolder, ImageDataset) when libjpeg's headers
                            and library are found (pkg-config libjpeg, else a test compile).
+  FASTPIPE_PNG, FASTPIPE_WEBP  the same for PNG (libspng) and WebP (libwebp) in the reader threads; without
+                           them those formats are decoded by Pillow.
   DEBUG=1                  -O0 -g (and -lineinfo for CUDA).
 """
 
@@ -69,27 +71,42 @@ def find_cuda_home():
     return None, "no nvcc on PATH and no toolkit under /usr/local/cuda*"
 
 
-def find_libjpeg():
-    """(compile flags, link flags, why) for libjpeg(-turbo), or (None, None, why not)."""
-    flags = None
+# The image decoders the reader threads use: (format, knob, pkg-config package, test program, libraries
+# when pkg-config has no entry, Debian package); the knob FASTPIPE_X defines FASTPIPE_WITH_X. Without
+# libspng or libwebp, PNG or WebP is decoded by Pillow.
+IMAGE_LIBRARIES = [
+    ("JPEG", "FASTPIPE_JPEG", "libjpeg",
+     "#include <stdio.h>\n#include <jpeglib.h>\nint main(void) { struct jpeg_decompress_struct c; "
+     "jpeg_crop_scanline(&c, 0, 0); return 0; }\n", ["-ljpeg"], "libjpeg62-turbo-dev (or libjpeg-turbo8-dev)"),
+    ("PNG", "FASTPIPE_PNG", "spng",
+     "#include <spng.h>\nint main(void) { spng_ctx* c = spng_ctx_new(0); spng_ctx_free(c); return 0; }\n",
+     ["-lspng"], "libspng-dev"),
+    ("WebP", "FASTPIPE_WEBP", "libwebp",
+     "#include <webp/decode.h>\nint main(void) { return WebPGetDecoderVersion() > 0 ? 0 : 1; }\n", ["-lwebp"],
+     "libwebp-dev"),
+]
+
+
+def find_library(package, program, default_libs, debian):
+    """(compile flags, link flags, why) for a C library, or (None, None, why not): pkg-config's flags,
+    else the default libraries, confirmed by compiling and linking a test program."""
     try:
-        cflags = subprocess.run(["pkg-config", "--cflags", "libjpeg"], capture_output=True, text=True, check=True)
-        libs = subprocess.run(["pkg-config", "--libs", "libjpeg"], capture_output=True, text=True, check=True)
-        flags = (cflags.stdout.split(), libs.stdout.split(), "pkg-config libjpeg")
+        cflags = subprocess.run(["pkg-config", "--cflags", package], capture_output=True, text=True, check=True)
+        libs = subprocess.run(["pkg-config", "--libs", package], capture_output=True, text=True, check=True)
+        flags = (cflags.stdout.split(), libs.stdout.split(), f"pkg-config {package}")
     except (OSError, subprocess.CalledProcessError):
-        flags = ([], ["-ljpeg"], "a test compile against -ljpeg")
+        flags = ([], default_libs, f"a test compile against {' '.join(default_libs)}")
     cc = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
     if not cc:
-        return None, None, "no C compiler to check for libjpeg"
+        return None, None, "no C compiler to check for it"
     with tempfile.TemporaryDirectory() as tmp:
         src = os.path.join(tmp, "t.c")
         with open(src, "w") as f:
-            f.write("#include <stdio.h>\n#include <jpeglib.h>\nint main(void) { struct jpeg_decompress_struct c; "
-                    "jpeg_crop_scanline(&c, 0, 0); return 0; }\n")
+            f.write(program)
         r = subprocess.run([cc, src, "-o", os.path.join(tmp, "t")] + flags[0] + flags[1], capture_output=True, text=True)
     if r.returncode != 0:
-        return None, None, ("libjpeg-turbo's headers or library were not found (on Debian/Ubuntu: apt-get install "
-                            "libjpeg62-turbo-dev, or libjpeg-turbo8-dev; `make setup` does it)")
+        return None, None, (f"its headers or library were not found (on Debian/Ubuntu: apt-get install {debian}; "
+                            f"`make setup` does it)")
     return flags
 
 
@@ -125,13 +142,18 @@ if WITH_CUDA:
     os.environ["TORCH_CUDA_ARCH_LIST"] = ARCHS
     say(f"CUDA archs: {ARCHS}")
 
-JPEG_MODE = os.environ.get("FASTPIPE_JPEG", "auto").strip().lower()
-if JPEG_MODE not in ("auto", "0", "1"):
-    sys.exit(f"FASTPIPE_JPEG must be auto, 0 or 1, got {JPEG_MODE!r}")
-jpeg_cflags, jpeg_libs, jpeg_why = find_libjpeg() if JPEG_MODE != "0" else (None, None, "FASTPIPE_JPEG=0")
-if JPEG_MODE == "1" and jpeg_cflags is None:
-    sys.exit(f"FASTPIPE_JPEG=1 but JPEG decoding cannot be built: {jpeg_why}")
-say(f"JPEG decoding: {'ON' if jpeg_cflags is not None else 'OFF'} - {jpeg_why}")
+image_flags = []  # (define, compile flags, link flags) of each decoder built in
+for name, knob, package, program, default_libs, debian in IMAGE_LIBRARIES:
+    mode = os.environ.get(knob, "auto").strip().lower()
+    if mode not in ("auto", "0", "1"):
+        sys.exit(f"{knob} must be auto, 0 or 1, got {mode!r}")
+    cflags, libs, lib_why = find_library(package, program, default_libs, debian) if mode != "0" else (None, None, f"{knob}=0")
+    if mode == "1" and cflags is None:
+        sys.exit(f"{knob}=1 but {name} decoding cannot be built: {lib_why}")
+    fallback = "" if name == "JPEG" else "; Pillow decodes them instead"
+    say(f"{name} decoding: {'ON' if cflags is not None else 'OFF'} - {lib_why}{'' if cflags is not None else fallback}")
+    if cflags is not None:
+        image_flags.append((knob.replace("FASTPIPE_", "FASTPIPE_WITH_"), cflags, libs))
 
 DEBUG = os.environ.get("DEBUG", "0") == "1"
 if "MAX_JOBS" not in os.environ:
@@ -168,10 +190,10 @@ if torch.backends.openmp.is_available():
     # extension then needs libgomp.so.1, which resolves to the copy torch already loaded: one team.
     cxx_flags.append("-fopenmp")
     link_flags.append("-fopenmp")
-if jpeg_cflags is not None:
-    defines.append(("FASTPIPE_WITH_JPEG", "1"))
-    cxx_flags += jpeg_cflags
-    link_flags += jpeg_libs
+for define, cflags, libs in image_flags:
+    defines.append((define, "1"))
+    cxx_flags += cflags
+    link_flags += libs
 if WITH_CUDA:
     defines.append(("FASTPIPE_WITH_CUDA", "1"))
     extra["nvcc"] = ["--expt-relaxed-constexpr", "-Xcompiler", "-fvisibility=hidden"] + (

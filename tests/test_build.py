@@ -46,14 +46,16 @@ def test_build_info_values_consistent():
         assert info["device"] is None
 
 
-def test_jpeg_decoding_is_built_where_libjpeg_is_installed():
-    """Where the build could find libjpeg-turbo (make installs it: make system-deps), JPEG decoding must be
-    in the extension: a missing install step shows here, not as skipped image tests."""
+@pytest.mark.parametrize("fmt,package,library", [("JPEG", "libjpeg", "libjpeg"), ("PNG", "spng", "libspng"),
+                                                  ("WEBP", "libwebp", "libwebp")])
+def test_image_decoding_is_built_where_its_library_is_installed(fmt, package, library):
+    """Where the build could find a decoder's library (make installs them: make system-deps), it must be in
+    the extension: a missing install step shows here, not as images silently decoded by Pillow."""
     import shutil
-    if shutil.which("pkg-config") is None or subprocess.run(["pkg-config", "--exists", "libjpeg"]).returncode:
-        pytest.skip("libjpeg-turbo's development files are not installed here")
-    assert fastpipe._ext._C.JPEG["decode"], fastpipe._ext._C.JPEG
-    assert fastpipe._ext._C.JPEG["library"].startswith("libjpeg")
+    if shutil.which("pkg-config") is None or subprocess.run(["pkg-config", "--exists", package]).returncode:
+        pytest.skip(f"{package}'s development files are not installed here")
+    decoder = getattr(fastpipe._ext._C, fmt)
+    assert decoder["decode"] and decoder["library"].startswith(library), decoder
 
 
 def test_build_info_is_json_serialisable():

@@ -548,6 +548,8 @@ ReaderStats BatchReader::stats() const {
   s.spared_batches = st.spared_batches;
   if (placement_) s.reader_cores = placement_->last_demand();
   s.images_replaced = st.images_replaced.load();
+  for (const Column& c : st.columns)
+    if (c.spec.image && c.spec.image->fallback) s.images_fallback += c.spec.image->fallback->decoded();
   s.replace_log = st.replace_log;
   return s;
 }

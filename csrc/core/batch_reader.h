@@ -94,6 +94,7 @@ struct ReaderStats {
   int64_t spared_batches = 0;
   double reader_cores = -1;
   int64_t images_replaced = 0;   // bad images replaced by other records (ReaderOptions::replace_bad_images)
+  int64_t images_fallback = 0;   // images decoded by an image column's fallback decoder (Pillow), with the GIL
   std::vector<std::string> replace_log;  // the first of them: which image, why, and by which record
 };
 

@@ -93,6 +93,7 @@ File::File(const std::string& path, IoMode mode, bool random_access) : path_(pat
     throw_syscall("cannot stat '" + path + "'", err, __FILE__, __LINE__);
   }
   size_at_open_ = st.st_size;
+  mtime_ns_at_open_ = static_cast<int64_t>(st.st_mtim.tv_sec) * 1000000000 + st.st_mtim.tv_nsec;
   if (mode_ == IoMode::kMmap && size_at_open_ > 0) {
     ensure_sigbus_handler();
     map_len_ = static_cast<size_t>(size_at_open_);

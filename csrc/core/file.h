@@ -27,6 +27,7 @@ class File {
   IoMode mode() const { return mode_; }
   const std::string& fallback_reason() const { return fallback_reason_; }
   int64_t size_at_open() const { return size_at_open_; }
+  int64_t mtime_ns_at_open() const { return mtime_ns_at_open_; }
   int64_t current_size() const;
 
   // Asks the kernel to read [offset, offset + len) into the page cache, asynchronously (POSIX_FADV_WILLNEED;
@@ -53,6 +54,7 @@ class File {
   std::string fallback_reason_;
   int fd_ = -1;
   int64_t size_at_open_ = 0;
+  int64_t mtime_ns_at_open_ = 0;
   const char* map_ = nullptr;
   size_t map_len_ = 0;
 };

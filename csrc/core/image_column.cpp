@@ -8,8 +8,6 @@
 namespace fastpipe {
 namespace {
 
-std::string dims(int h, int w) { return std::to_string(w) + "x" + std::to_string(h); }
-
 [[noreturn]] void bad_image(const ImageSource& src, int64_t i, const std::string& why) {
   throw Error(ErrorKind::kValue, "image " + src.describe(i) + ": " + why);
 }
@@ -91,10 +89,6 @@ std::unique_ptr<File> open_image_column(const ImageColumnSpec& spec) {
   const images::ImageTransformParams& p = spec.transform;
   FP_CHECK_VALUE(p.out_height >= 1 && p.out_width >= 1, "the image transform's output size must be positive");
   FP_CHECK_VALUE(spec.max_record_bytes >= 1, "max_record_bytes must be positive");
-  if (!jpeg_decoding_built())
-    throw Error(ErrorKind::kState, "fastpipe was built without JPEG support (libjpeg's headers were not found at build "
-                                   "time): install libjpeg62-turbo-dev (Debian/Ubuntu; `make setup` does it) or "
-                                   "libjpeg-turbo-devel, then rebuild with `pip install --no-build-isolation -e .`");
   if (!src.packed()) return nullptr;
   auto f = std::make_unique<File>(src.packed_path, IoMode::kPread);
   const int64_t need = src.offsets.back();
@@ -110,53 +104,102 @@ void will_need_images(const ImageColumnSpec& spec, const File* packed, const int
   for (int64_t k = 0; k < count; ++k) packed->will_need(off[idx[k]], off[idx[k] + 1] - off[idx[k]]);
 }
 
-images::Geometry image_sample_geometry(const ImageColumnSpec& spec, int64_t index, int64_t draw, uint64_t epoch) {
-  const ImageSource& src = *spec.source;
-  return images::image_geometry(spec.transform, src.heights[index], src.widths[index], epoch,
-                                static_cast<uint64_t>(draw));
-}
-
 namespace {
 
-// Record i's bytes read into ts.encoded and its header checked (parsed, decodable, the size the dataset
-// recorded, complete): the bytes, and *info.
-int64_t load_checked(const ImageColumnSpec& spec, const File* packed, int64_t i, ImageThreadState& ts, JpegInfo* out) {
+// Record i's bytes read into ts.encoded and its header parsed and checked (a format read here, or one
+// for the fallback decoder; its data complete): the bytes, and *header.
+int64_t load_checked(const ImageColumnSpec& spec, const File* packed, int64_t i, ImageThreadState& ts,
+                     ImageHeader* header) {
   const ImageSource& src = *spec.source;
   const int64_t bytes = read_encoded(spec, packed, i, ts);
   const uint8_t* data = ts.encoded.data();
-  JpegInfo& info = *out;
   std::string why;
-  switch (read_jpeg_info(data, static_cast<size_t>(bytes), &info, &why)) {
-    case JpegParse::kOk: break;
-    case JpegParse::kNeedMore: bad_image(src, i, "truncated: the file ends inside the JPEG header");
-    case JpegParse::kError: bad_image(src, i, why);
+  switch (read_image_header(data, static_cast<size_t>(bytes), header, &why)) {
+    case HeaderParse::kOk: break;
+    case HeaderParse::kNeedMore:
+      bad_image(src, i, header->format == ImageFormat::kUnknown
+                            ? "truncated: the file ends before any image format's header"
+                            : std::string("truncated: the file ends inside the ") +
+                                  image_format_name(header->format) + " header");
+    case HeaderParse::kError: bad_image(src, i, why);
   }
-  why = jpeg_unsupported_reason(info);
-  if (!why.empty()) bad_image(src, i, "unsupported: " + why);
-  if (info.height != src.heights[i] || info.width != src.widths[i]) {
-    bad_image(src, i,
-              src.heights[i] == 0 ? "its header could not be read when the dataset was scanned"
-                                  : "its header says " + dims(info.height, info.width) + " but the dataset recorded " +
-                                        dims(src.heights[i], src.widths[i]) +
-                                        ": the file changed after the dataset was scanned (rescan it)");
-  }
-  if (!jpeg_has_end(data, static_cast<size_t>(bytes), info))
-    bad_image(src, i, "truncated: no end-of-image marker after the image data");
+  why = image_truncation(data, static_cast<size_t>(bytes), *header);
+  if (!why.empty()) bad_image(src, i, why);
   return bytes;
 }
 
-// The checked record in ts.encoded decoded (the region geometry g reads) and resampled into `out`.
-void decode_into(const ImageColumnSpec& spec, int64_t i, const JpegInfo& info, int64_t bytes,
-                 const images::Geometry& g, void* out, ImageThreadState& ts) {
+// The geometry of sample `draw` of `epoch` for an image of that size; decoders other than libjpeg do not
+// scale in the DCT.
+images::Geometry geometry_for(const ImageColumnSpec& spec, ImageFormat format, int height, int width, int64_t draw,
+                              uint64_t epoch) {
+  images::ImageTransformParams p = spec.transform;
+  if (format != ImageFormat::kJpeg) p.max_dct_denom = 1;
+  return images::image_geometry(p, height, width, epoch, static_cast<uint64_t>(draw));
+}
+
+// Whether a built-in decoder reads this header's image (a build without one hands that format to the
+// fallback decoder).
+bool decoded_here(const ImageHeader& h) {
+  switch (h.format) {
+    case ImageFormat::kJpeg: return jpeg_decoding_built();
+    case ImageFormat::kPng: return png_decoding_built();
+    case ImageFormat::kWebp: return webp_decoding_built() && !h.webp.animated;
+    default: return false;
+  }
+}
+
+// The record in ts.encoded decoded by the fallback decoder, whole, and resampled into `out`.
+// `failed`: why a built-in decoder could not ("" when none was tried).
+void fallback_into(const ImageColumnSpec& spec, int64_t i, const ImageHeader& header, int64_t bytes,
+                   const std::string& failed, int64_t draw, uint64_t epoch, void* out, ImageThreadState& ts) {
+  const ImageSource& src = *spec.source;
+  const std::string what = header.format == ImageFormat::kOther ? std::string("a ") + header.other + " image"
+                           : header.format == ImageFormat::kUnknown ? std::string("not an image format this library knows")
+                                                                     : std::string("a ") + image_format_name(header.format);
+  if (!spec.fallback) {
+    bad_image(src, i, failed.empty() ? what + ", and no fallback decoder (Pillow) was given to read it"
+                                     : "cannot be decoded: " + failed);
+  }
+  int height = 0, width = 0;
+  try {
+    spec.fallback->decode(ts.encoded.data(), static_cast<size_t>(bytes), &ts.fallback_rgb, &height, &width);
+  } catch (const std::runtime_error& e) {
+    bad_image(src, i, (failed.empty() ? what : "cannot be decoded: " + failed) +
+                          "; Pillow cannot decode it either (" + e.what() + ")");
+  }
+  const images::Geometry g = geometry_for(spec, ImageFormat::kOther, height, width, draw, epoch);
+  const images::Region r = images::taps_region(g);
+  const int64_t stride = static_cast<int64_t>(width) * 3;
+  resample_image(spec.transform, g, ts.fallback_rgb.data() + r.y0 * stride + r.x0 * 3, stride, r, out, ts.resample);
+}
+
+// The checked record in ts.encoded decoded (the region the geometry of sample `draw` reads) and
+// resampled into `out`.
+void decode_into(const ImageColumnSpec& spec, int64_t i, const ImageHeader& header, int64_t bytes, int64_t draw,
+                 uint64_t epoch, void* out, ImageThreadState& ts) {
+  if (!decoded_here(header)) return fallback_into(spec, i, header, bytes, "", draw, epoch, out, ts);
   const uint8_t* data = ts.encoded.data();
+  const images::Geometry g = geometry_for(spec, header.format, header.height, header.width, draw, epoch);
   const images::Region r = images::taps_region(g);
   const uint8_t* pixels = nullptr;
   int64_t stride = 0;
   if (r.y1 > r.y0 && r.x1 > r.x0) {
     try {
-      pixels = ts.decoder.decode(data, static_cast<size_t>(bytes), info, g.denom, r, &stride);
+      switch (header.format) {
+        case ImageFormat::kJpeg:
+          pixels = ts.decoder.decode(data, static_cast<size_t>(bytes), header.jpeg, g.denom, r, &stride);
+          break;
+        case ImageFormat::kPng:
+          pixels = ts.png.decode(data, static_cast<size_t>(bytes), header.png, r, &stride);
+          break;
+        default:
+          pixels = ts.webp.decode(data, static_cast<size_t>(bytes), header.webp, r, &stride);
+      }
     } catch (const std::runtime_error& e) {
-      bad_image(*spec.source, i, std::string("cannot be decoded: ") + e.what());
+      // A damaged JPEG is an error (Pillow would decode grey or garbage). A PNG or WebP that Pillow reads
+      // anyway (a bad checksum, which it does not verify) is read as torchvision reads it.
+      if (header.format == ImageFormat::kJpeg) bad_image(*spec.source, i, std::string("cannot be decoded: ") + e.what());
+      return fallback_into(spec, i, header, bytes, e.what(), draw, epoch, out, ts);
     }
   }
   resample_image(spec.transform, g, pixels, stride, r, out, ts.resample);
@@ -164,8 +207,10 @@ void decode_into(const ImageColumnSpec& spec, int64_t i, const JpegInfo& info, i
 
 // Why a record (its header, its geometry at full size, its encoded bytes) is decoded on the host rather
 // than on the device, or nullptr.
-const char* host_decode_reason(const ImageColumnSpec& spec, const JpegInfo& info, const images::Geometry& g,
+const char* host_decode_reason(const ImageColumnSpec& spec, const ImageHeader& header, const images::Geometry& g,
                                int64_t bytes) {
+  if (header.format != ImageFormat::kJpeg) return "not a JPEG";
+  const JpegInfo& info = header.jpeg;
   if (info.sof != 0) return "not a baseline JPEG";
   if (info.components == 3) {
     const bool chroma_1x1 = info.h_samp[1] == 1 && info.v_samp[1] == 1 && info.h_samp[2] == 1 && info.v_samp[2] == 1;
@@ -185,33 +230,32 @@ const char* host_decode_reason(const ImageColumnSpec& spec, const JpegInfo& info
 
 int64_t read_image(const ImageColumnSpec& spec, const File* packed, int64_t i, int64_t draw, uint64_t epoch,
                    void* out, ImageThreadState& ts) {
-  JpegInfo info;
-  const int64_t bytes = load_checked(spec, packed, i, ts, &info);
-  decode_into(spec, i, info, bytes, image_sample_geometry(spec, i, draw, epoch), out, ts);
+  ImageHeader header;
+  const int64_t bytes = load_checked(spec, packed, i, ts, &header);
+  decode_into(spec, i, header, bytes, draw, epoch, out, ts);
   return bytes;
 }
 
 int64_t read_image_for_device(const ImageColumnSpec& spec, const File* packed, int64_t i, int64_t draw,
                               uint64_t epoch, images::ImageDesc* desc, uint8_t* encoded, void* out,
                               ImageThreadState& ts) {
-  JpegInfo info;
-  const int64_t bytes = load_checked(spec, packed, i, ts, &info);
+  ImageHeader header;
+  const int64_t bytes = load_checked(spec, packed, i, ts, &header);
   images::ImageTransformParams whole = spec.transform;
   whole.max_dct_denom = 1;  // the device decodes the whole image at full size
-  const ImageSource& src = *spec.source;
-  const images::Geometry g = images::image_geometry(whole, src.heights[i], src.widths[i], epoch,
+  const images::Geometry g = images::image_geometry(whole, header.height, header.width, epoch,
                                                     static_cast<uint64_t>(draw));
   *desc = images::ImageDesc{};
-  desc->height = info.height;
-  desc->width = info.width;
+  desc->height = header.height;
+  desc->width = header.width;
   desc->encoded_bytes = bytes;
-  if (!host_decode_reason(spec, info, g, bytes)) {
+  if (!host_decode_reason(spec, header, g, bytes)) {
     desc->on = static_cast<int32_t>(images::DecodeOn::kDevice);
     desc->geometry = g;
     std::memcpy(encoded, ts.encoded.data(), static_cast<size_t>(bytes));
   } else {
     desc->on = static_cast<int32_t>(images::DecodeOn::kHost);
-    decode_into(spec, i, info, bytes, image_sample_geometry(spec, i, draw, epoch), out, ts);
+    decode_into(spec, i, header, bytes, draw, epoch, out, ts);
   }
   return bytes;
 }

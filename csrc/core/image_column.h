@@ -1,7 +1,8 @@
-// A column of encoded JPEG images: where each record's bytes live (one packed file, or one file per
-// record), the size its header gave when the dataset was scanned or packed, and how it becomes one
-// fixed-size image of the batch (read, header checked, crop drawn, region decoded, resampled). The
-// arena holds only the decoded outputs; the encoded bytes pass through a per-thread buffer.
+// A column of encoded images (JPEG, PNG, WebP; other formats through the fallback decoder): where each
+// record's bytes live (one packed file, or one file per record), the size its header gave when the
+// dataset was scanned or packed, and how it becomes one fixed-size image of the batch (read, header
+// checked, crop drawn from the size in the header, region decoded, resampled). The arena holds only the
+// decoded outputs; the encoded bytes pass through a per-thread buffer.
 #pragma once
 
 #include <cstdint>
@@ -10,8 +11,11 @@
 #include <vector>
 
 #include "core/file.h"
+#include "core/image_fallback.h"
 #include "core/jpeg_decode.h"
+#include "core/png_decode.h"
 #include "core/resample.h"
+#include "core/webp_decode.h"
 #include "cuda/image_transform.h"
 
 namespace fastpipe {
@@ -24,7 +28,8 @@ struct ImageSource {
   std::string root;
   std::string names;
   std::vector<int64_t> name_offsets;
-  // Stored sizes, from the headers (0 x 0: the scan could not read one; reading says why).
+  // Stored sizes, from the headers when the dataset was scanned or packed (0 x 0: it could not read one).
+  // The crop is drawn from the header read with the record: a file rewritten since keeps working.
   std::vector<int32_t> heights, widths;
 
   int64_t num_records() const { return static_cast<int64_t>(heights.size()); }
@@ -46,6 +51,8 @@ struct ImageColumnSpec {
   bool device_decode = false;
   int64_t encoded_budget = 0;
   int64_t pixel_budget = 0;
+  // Decodes what the built-in decoders do not (null: such a record is an error saying so).
+  std::shared_ptr<const FallbackDecoder> fallback;
 };
 
 // The host outputs of a column decoded on the device, per record: its ImageDesc, its encoded bytes
@@ -53,10 +60,13 @@ struct ImageColumnSpec {
 constexpr int kDeviceDecodeOutputs = 3;
 
 
-// A reader thread's decoder and buffers.
+// A reader thread's decoders and buffers.
 struct ImageThreadState {
   JpegDecoder decoder;
+  PngDecoder png;
+  WebpDecoder webp;
   std::vector<uint8_t> encoded;
+  std::vector<uint8_t> fallback_rgb;  // a whole image from the fallback decoder
   ResampleScratch resample;
 };
 
@@ -70,18 +80,15 @@ void will_need_images(const ImageColumnSpec& spec, const File* packed, const int
 // Reads record `index`, decodes the region its transform needs and writes the output image to `out`;
 // the crop and flip are drawn for sample `draw` of `epoch` (the record itself, unless it stands in for a
 // bad image). Returns the encoded bytes read. Throws Error naming the record and why: kValue for bad
-// data (not a JPEG, corrupt, truncated, changed since the scan), kIO when reading failed.
+// data (no decoder reads it, corrupt, truncated), kIO when reading failed.
 int64_t read_image(const ImageColumnSpec& spec, const File* packed, int64_t index, int64_t draw, uint64_t epoch,
                    void* out, ImageThreadState& ts);
 
 // The same for a column decoded on the device: the record's ImageDesc and encoded bytes, or its output
-// decoded here when the device decoder does not take it (not baseline, not grayscale or YCbCr with
-// standard chroma subsampling, over the byte or pixel budget, more than kDeviceTaps taps on an axis).
+// decoded here when the device decoder does not take it (not a JPEG, not baseline, not grayscale or YCbCr
+// with standard chroma subsampling, over the byte or pixel budget, more than kDeviceTaps taps on an axis).
 int64_t read_image_for_device(const ImageColumnSpec& spec, const File* packed, int64_t index, int64_t draw,
                               uint64_t epoch, images::ImageDesc* desc, uint8_t* encoded, void* out,
                               ImageThreadState& ts);
-
-// The geometry of record `index` (its stored size) drawn for sample `draw` of `epoch`.
-images::Geometry image_sample_geometry(const ImageColumnSpec& spec, int64_t index, int64_t draw, uint64_t epoch);
 
 }  // namespace fastpipe

@@ -1,7 +1,10 @@
 #include "core/image_scan.h"
 
+#include <sys/stat.h>
+
 #include <algorithm>
 #include <atomic>
+#include <functional>
 #include <system_error>
 #include <thread>
 
@@ -11,26 +14,30 @@
 namespace fastpipe {
 namespace {
 
-constexpr int64_t kHeadBytes = 64 << 10;
+// Enough for the header of nearly every file; a longer one is read in growing steps.
+constexpr int64_t kHeadBytes = 4 << 10;
 
-// The header of one file: "" (and *info, *bytes) or why it cannot be used.
-std::string scan_one(const std::string& path, std::vector<uint8_t>& buf, JpegInfo* info, int64_t* bytes) {
+// The header of one file: "" (and *header, *bytes, *mtime) or why it cannot be used.
+std::string scan_one(const std::string& path, std::vector<uint8_t>& buf, ImageHeader* header, int64_t* bytes,
+                     int64_t* mtime) {
   try {
     File f(path, IoMode::kPread);
     *bytes = f.size_at_open();
+    *mtime = f.mtime_ns_at_open();
     int64_t want = std::min<int64_t>(*bytes, kHeadBytes);
     for (;;) {
       buf.resize(static_cast<size_t>(want));
       const int64_t got = f.read_at_most(buf.data(), want, 0);
       std::string why;
-      const JpegParse r = read_jpeg_info(buf.data(), static_cast<size_t>(got), info, &why);
-      if (r == JpegParse::kOk) {
-        why = jpeg_unsupported_reason(*info);
-        return why.empty() ? why : "unsupported: " + why;
-      }
-      if (r == JpegParse::kError) return why;
-      if (got < want || want == *bytes) return "truncated: the file ends inside the JPEG header";
-      want = *bytes;  // a header longer than the head (large EXIF or ICC segments): read it all
+      const HeaderParse r = read_image_header(buf.data(), static_cast<size_t>(got), header, &why);
+      if (r == HeaderParse::kOk) return "";
+      if (r == HeaderParse::kError) return why;
+      if (got < want || want == *bytes)
+        return header->format == ImageFormat::kUnknown
+                   ? "truncated: the file ends before any image format's header"
+                   : std::string("truncated: the file ends inside the ") + image_format_name(header->format) +
+                         " header";
+      want = std::min(*bytes, want * 16);  // a header longer than the head (large EXIF or ICC segments)
     }
   } catch (const Error& e) {
     *bytes = -1;
@@ -38,44 +45,13 @@ std::string scan_one(const std::string& path, std::vector<uint8_t>& buf, JpegInf
   }
 }
 
-}  // namespace
-
-std::string check_jpeg(const uint8_t* data, size_t size, JpegInfo* info) {
-  std::string why;
-  switch (read_jpeg_info(data, size, info, &why)) {
-    case JpegParse::kOk: break;
-    case JpegParse::kNeedMore: return "truncated: the data ends inside the JPEG header";
-    case JpegParse::kError: return why;
-  }
-  why = jpeg_unsupported_reason(*info);
-  if (!why.empty()) return "unsupported: " + why;
-  if (!jpeg_has_end(data, size, *info)) return "truncated: no end-of-image marker after the image data";
-  return "";
-}
-
-ImageScan scan_image_files(const std::string& root, const std::string& names, const std::vector<int64_t>& offsets,
-                           int threads) {
-  const int64_t n = offsets.empty() ? 0 : static_cast<int64_t>(offsets.size()) - 1;
-  ImageScan s;
-  s.heights.assign(static_cast<size_t>(n), 0);
-  s.widths.assign(static_cast<size_t>(n), 0);
-  s.bytes.assign(static_cast<size_t>(n), -1);
-  std::vector<std::string> why(static_cast<size_t>(n));
+// body(k, buffer) for every k in [0, n), on `threads` threads (this one included), in blocks of 64.
+void for_each_file(int64_t n, int threads, const std::function<void(int64_t, std::vector<uint8_t>&)>& body) {
   std::atomic<int64_t> next{0};
   auto work = [&] {
     std::vector<uint8_t> buf;
-    for (int64_t i; (i = next.fetch_add(64)) < n;) {
-      for (int64_t k = i; k < std::min(n, i + 64); ++k) {
-        const std::string path = root + "/" + names.substr(static_cast<size_t>(offsets[k]),
-                                                           static_cast<size_t>(offsets[k + 1] - offsets[k]));
-        JpegInfo info;
-        why[k] = scan_one(path, buf, &info, &s.bytes[k]);
-        if (why[k].empty()) {
-          s.heights[k] = info.height;
-          s.widths[k] = info.width;
-        }
-      }
-    }
+    for (int64_t i; (i = next.fetch_add(64)) < n;)
+      for (int64_t k = i; k < std::min(n, i + 64); ++k) body(k, buf);
   };
   std::vector<std::thread> pool;
   for (int t = 1; t < std::max(1, threads); ++t) {
@@ -87,12 +63,65 @@ ImageScan scan_image_files(const std::string& root, const std::string& names, co
   }
   work();
   for (auto& t : pool) t.join();
+}
+
+std::string name_of(const std::string& names, const std::vector<int64_t>& offsets, int64_t k) {
+  return names.substr(static_cast<size_t>(offsets[k]), static_cast<size_t>(offsets[k + 1] - offsets[k]));
+}
+
+}  // namespace
+
+std::string check_image(const uint8_t* data, size_t size, ImageHeader* header) {
+  std::string why;
+  switch (read_image_header(data, size, header, &why)) {
+    case HeaderParse::kOk: break;
+    case HeaderParse::kNeedMore:
+      return header->format == ImageFormat::kUnknown ? "truncated: the data ends before any image format's header"
+                                                     : std::string("truncated: the data ends inside the ") +
+                                                           image_format_name(header->format) + " header";
+    case HeaderParse::kError: return why;
+  }
+  return image_truncation(data, size, *header);
+}
+
+ImageScan scan_image_files(const std::string& root, const std::string& names, const std::vector<int64_t>& offsets,
+                           int threads) {
+  const int64_t n = offsets.empty() ? 0 : static_cast<int64_t>(offsets.size()) - 1;
+  ImageScan s;
+  s.heights.assign(static_cast<size_t>(n), 0);
+  s.widths.assign(static_cast<size_t>(n), 0);
+  s.formats.assign(static_cast<size_t>(n), 0);
+  s.bytes.assign(static_cast<size_t>(n), -1);
+  s.mtimes.assign(static_cast<size_t>(n), -1);
+  std::vector<std::string> why(static_cast<size_t>(n));
+  for_each_file(n, threads, [&](int64_t k, std::vector<uint8_t>& buf) {
+    ImageHeader header;
+    why[k] = scan_one(root + "/" + name_of(names, offsets, k), buf, &header, &s.bytes[k], &s.mtimes[k]);
+    s.formats[k] = static_cast<int8_t>(header.format);
+    if (why[k].empty()) {
+      s.heights[k] = header.height;
+      s.widths[k] = header.width;
+    }
+  });
   for (int64_t i = 0; i < n; ++i) {
     if (why[i].empty()) continue;
     s.bad.push_back(i);
     s.reasons.push_back(std::move(why[i]));
   }
   return s;
+}
+
+void stat_image_files(const std::string& root, const std::string& names, const std::vector<int64_t>& offsets,
+                      int threads, std::vector<int64_t>* bytes, std::vector<int64_t>* mtimes) {
+  const int64_t n = offsets.empty() ? 0 : static_cast<int64_t>(offsets.size()) - 1;
+  bytes->assign(static_cast<size_t>(n), -1);
+  mtimes->assign(static_cast<size_t>(n), -1);
+  for_each_file(n, threads, [&](int64_t k, std::vector<uint8_t>&) {
+    struct stat st;
+    if (::stat((root + "/" + name_of(names, offsets, k)).c_str(), &st) != 0) return;
+    (*bytes)[k] = st.st_size;
+    (*mtimes)[k] = static_cast<int64_t>(st.st_mtim.tv_sec) * 1000000000 + st.st_mtim.tv_nsec;
+  });
 }
 
 }  // namespace fastpipe

@@ -271,6 +271,7 @@ class PyReader {
     d["spared_batches"] = s.spared_batches;
     d["reader_cores"] = s.reader_cores < 0 ? py::object(py::none()) : py::object(py::float_(s.reader_cores));
     d["images_replaced"] = s.images_replaced;
+    d["images_pillow"] = s.images_fallback;
     d["replaced"] = s.replace_log;
     if (pipeline_) {
       const DeviceStats ds = pipeline_->stats();

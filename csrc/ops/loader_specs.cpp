@@ -1,5 +1,6 @@
 // Python bindings of what the datasets and transforms hand the batch reader: column specs, the
-// transforms' parameters, image sources (packed files and folders) and the JPEG header reader.
+// transforms' parameters, image sources (packed files and folders), the image header reader and the
+// decoders this build has.
 #include <pybind11/numpy.h>
 #include <pybind11/stl.h>
 
@@ -11,6 +12,7 @@
 #include "core/image_scan.h"
 #include "core/jpeg_decode.h"
 #include "ops/bindings.h"
+#include "ops/pillow_decoder.h"
 #ifdef FASTPIPE_WITH_CUDA
 #include <cuda_runtime_api.h>
 
@@ -41,10 +43,20 @@ std::vector<T> to_vector(const py::array_t<T, py::array::c_style | py::array::fo
   return std::vector<T>(a.data(), a.data() + a.size());
 }
 
-py::dict info_dict(const JpegInfo& info) {
+py::dict header_dict(const ImageHeader& h) {
   py::dict d;
-  d["height"] = info.height;
-  d["width"] = info.width;
+  d["format"] = image_format_name(h.format);
+  d["height"] = h.height;
+  d["width"] = h.width;
+  if (h.format == ImageFormat::kOther) d["sniffed"] = h.other;
+  if (h.format == ImageFormat::kPng) {
+    d["bit_depth"] = h.png.bit_depth;
+    d["color_type"] = h.png.color_type;
+    d["interlaced"] = h.png.interlaced;
+  }
+  if (h.format == ImageFormat::kWebp) d["animated"] = h.webp.animated;
+  if (h.format != ImageFormat::kJpeg) return d;
+  const JpegInfo& info = h.jpeg;
   d["components"] = info.components;
   d["precision"] = info.precision;
   d["process"] = jpeg_process_name(info.sof);
@@ -201,7 +213,8 @@ void bind_loader_specs(py::module& m) {
 
   py::class_<ImageColumnSpec, std::shared_ptr<ImageColumnSpec>>(m, "ImageColumnSpec")
       .def(py::init([](std::shared_ptr<const ImageSource> source, const ImageTransformParams& transform,
-                       int64_t max_record_bytes, bool device_decode, int64_t encoded_budget, int64_t pixel_budget) {
+                       int64_t max_record_bytes, bool device_decode, int64_t encoded_budget, int64_t pixel_budget,
+                       py::object fallback) {
              TORCH_CHECK(!device_decode || (encoded_budget > 0 && pixel_budget > 0),
                          "a column decoded on the device needs positive encoded and pixel budgets");
              auto s = std::make_shared<ImageColumnSpec>();
@@ -211,10 +224,13 @@ void bind_loader_specs(py::module& m) {
              s->device_decode = device_decode;
              s->encoded_budget = encoded_budget;
              s->pixel_budget = pixel_budget;
+             if (!fallback.is_none()) s->fallback = python_fallback_decoder(std::move(fallback));
              return s;
            }),
            py::arg("source"), py::arg("transform"), py::arg("max_record_bytes"), py::arg("device_decode") = false,
-           py::arg("encoded_budget") = 0, py::arg("pixel_budget") = 0)
+           py::arg("encoded_budget") = 0, py::arg("pixel_budget") = 0, py::arg("fallback") = py::none())
+      .def_property_readonly("fallback_decoded",
+                             [](const ImageColumnSpec& s) { return s.fallback ? s.fallback->decoded() : 0; })
       .def(
           "_read",
           [](const ImageColumnSpec& spec, int64_t index, uint64_t epoch) {
@@ -236,15 +252,17 @@ void bind_loader_specs(py::module& m) {
           py::arg("index"), py::arg("epoch"));
 
   m.def(
-      "jpeg_info",
+      "image_info",
       [](py::bytes data) {
         const std::string_view v = data;
-        JpegInfo info;
-        const std::string why = check_jpeg(reinterpret_cast<const uint8_t*>(v.data()), v.size(), &info);
+        ImageHeader header;
+        const std::string why = check_image(reinterpret_cast<const uint8_t*>(v.data()), v.size(), &header);
         if (!why.empty()) throw Error(ErrorKind::kValue, why);
-        return info_dict(info);
+        return header_dict(header);
       },
-      py::arg("data"), "The header of an encoded JPEG (ValueError: why it is not one this library decodes).");
+      py::arg("data"),
+      "The header of an encoded image: its format (JPEG, PNG, WebP; 'other' or 'unknown' for the fallback decoder, "
+      "size 0 x 0) and size (ValueError: why a JPEG, PNG or WebP cannot be decoded).");
   m.def(
       "scan_image_files",
       [](const std::string& root, py::bytes names, const py::array_t<int64_t, py::array::c_style | py::array::forcecast>& offsets,
@@ -260,16 +278,43 @@ void bind_loader_specs(py::module& m) {
         d["heights"] = py::array_t<int32_t>(s.heights.size(), s.heights.data());
         d["widths"] = py::array_t<int32_t>(s.widths.size(), s.widths.data());
         d["bytes"] = py::array_t<int64_t>(s.bytes.size(), s.bytes.data());
+        d["formats"] = py::array_t<int8_t>(s.formats.size(), s.formats.data());
+        d["mtimes"] = py::array_t<int64_t>(s.mtimes.size(), s.mtimes.data());
         d["bad"] = py::array_t<int64_t>(s.bad.size(), s.bad.data());
         d["reasons"] = s.reasons;
         return d;
       },
       py::arg("root"), py::arg("names"), py::arg("offsets"), py::arg("threads"),
-      "Headers of files root/names[i]: heights, widths, bytes per file; bad records and why.");
-  py::dict jpeg;
-  jpeg["decode"] = jpeg_decoding_built();
-  jpeg["library"] = jpeg_library_version();
-  m.attr("JPEG") = jpeg;
+      "Headers of files root/names[i]: heights, widths, formats, bytes, mtimes per file; bad records and why.");
+  m.def(
+      "stat_image_files",
+      [](const std::string& root, py::bytes names, const py::array_t<int64_t, py::array::c_style | py::array::forcecast>& offsets,
+         int threads) {
+        const std::string n = names;
+        const std::vector<int64_t> off = to_vector(offsets, "offsets");
+        std::vector<int64_t> bytes, mtimes;
+        {
+          py::gil_scoped_release nogil;
+          stat_image_files(root, n, off, threads, &bytes, &mtimes);
+        }
+        return py::make_tuple(py::array_t<int64_t>(bytes.size(), bytes.data()),
+                              py::array_t<int64_t>(mtimes.size(), mtimes.data()));
+      },
+      py::arg("root"), py::arg("names"), py::arg("offsets"), py::arg("threads"),
+      "(bytes, mtimes in ns) of files root/names[i]; -1 where one cannot be stat'ed.");
+  // What this build decodes in the reader threads; other images go to the fallback decoder (Pillow).
+  auto decoder = [](bool built, const std::string& library) {
+    py::dict d;
+    d["decode"] = built;
+    d["library"] = library;
+    return d;
+  };
+  m.attr("JPEG") = decoder(jpeg_decoding_built(), jpeg_library_version());
+  m.attr("PNG") = decoder(png_decoding_built(), png_library_version());
+  m.attr("WEBP") = decoder(webp_decoding_built(), webp_library_version());
+  py::list formats;  // ImageFormat's values index this list (image folders' indexes store them)
+  for (int f = 0; f <= static_cast<int>(ImageFormat::kOther); ++f) formats.append(image_format_name(static_cast<ImageFormat>(f)));
+  m.attr("IMAGE_FORMATS") = py::tuple(formats);
   m.def(
       "nvjpeg_status",
       [](int device, const std::string& path) -> py::tuple {

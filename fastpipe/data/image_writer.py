@@ -1,4 +1,4 @@
-"""write_images: packs JPEG images (a folder, or a dataset of encoded bytes or paths) into an ImageDataset."""
+"""write_images: packs images (a folder, or a dataset of encoded bytes or paths) into an ImageDataset."""
 
 import io
 import json
@@ -66,8 +66,9 @@ def _encoded(data, name):
                     f"give the files)")
 
 
-def _to_jpeg(data, quality):
-    """``data`` (any format PIL opens) re-encoded as an RGB JPEG, or the reason it cannot be."""
+def _to_png(data):
+    """``data`` (any format Pillow opens) as Pillow's ``convert("RGB")`` of it, losslessly in a PNG, or the
+    reason it cannot be."""
     try:
         from PIL import Image
     except ImportError:
@@ -76,19 +77,38 @@ def _to_jpeg(data, quality):
         with Image.open(io.BytesIO(data)) as im:
             rgb = im.convert("RGB")
         out = io.BytesIO()
-        rgb.save(out, format="JPEG", quality=quality)
+        rgb.save(out, format="PNG", compress_level=1)
         return out.getvalue(), None
-    except Exception as e:  # PIL raises many types for undecodable data
+    except Exception as e:  # Pillow raises many types for undecodable data
         return None, f"Pillow cannot decode it either ({type(e).__name__}: {e})"
 
 
-def write_images(source, out_dir, *, progress=True, quality=95):
-    """Packs JPEG images into ``out_dir`` and returns the :class:`ImageDataset` that reads them.
+# Formats the reader threads decode: packed as they are.
+_KEPT = ("JPEG", "PNG", "WebP")
+
+
+def _packable(data):
+    """(bytes to pack, header info, why they were converted or None), or (None, None, why not)."""
+    try:
+        info = _C.image_info(data)
+        if info["format"] in _KEPT and not info.get("animated"):
+            return data, info, None
+        why = f"{info.get('sniffed') or 'an unknown format'}, decoded by Pillow"
+    except ValueError as e:
+        why = str(e)
+    converted, fail = _to_png(data)
+    if converted is None:
+        return None, None, f"{why}; {fail}"
+    return converted, _C.image_info(converted), why
+
+
+def write_images(source, out_dir, *, progress=True):
+    """Packs images into ``out_dir`` and returns the :class:`ImageDataset` that reads them.
 
     Parameters
     ----------
     source : path, ImageFolder, or map-style dataset
-        An ImageFolder tree (``root/<class>/<file>.jpg``) by path or as :class:`fastpipe.ImageFolder` (or
+        An ImageFolder tree (``root/<class>/<file>.jpg``, any format) by path or as :class:`fastpipe.ImageFolder` (or
         torchvision's, whose ``samples`` are used without decoding anything); or a dataset whose items are
         ``(image, label)``: the image as its encoded bytes or a path to its file, the label an int.
         ``source.classes`` names the labels when it has one.
@@ -99,20 +119,17 @@ def write_images(source, out_dir, *, progress=True, quality=95):
         temporary name, synced and renamed; ``meta.json`` last, so a folder without it is incomplete.
     progress : bool
         Show a progress bar (tqdm when installed).
-    quality : int
-        JPEG quality of the images that are converted.
 
     Notes
     -----
-    JPEGs are copied byte for byte, never re-encoded (grayscale and CMYK ones too: the decoder turns them
-    into RGB). An image that is not a JPEG this library decodes (a PNG, even under a .jpg name; a 12-bit
-    or lossless JPEG) is converted to an RGB JPEG with Pillow and listed in ``meta["converted"]``; one that
-    Pillow cannot read either (truncated, garbage) is left out and listed in ``meta["skipped"]`` with the
-    reason. A summary warning names the first of each.
+    JPEG, PNG and WebP files are copied byte for byte, never re-encoded (the reader threads decode them,
+    to RGB as Pillow does). Any other image Pillow reads (BMP, GIF, TIFF, an animated WebP, a 12-bit
+    JPEG) is stored as Pillow's ``convert("RGB")`` of it in a PNG, losslessly, and listed in
+    ``meta["converted"]``; one that Pillow cannot read either (truncated, garbage) is left out and listed
+    in ``meta["skipped"]`` with the reason. A summary warning names the first of each.
     """
     out_dir = os.path.abspath(checks.path(out_dir, "out_dir"))
     progress = checks.flag(progress, "progress")
-    quality = checks.integer(quality, "quality", low=1, high=100)
     n, classes, item = _records(source)
     if n == 0:
         raise ValueError("write_images: the source is empty; nothing was written")
@@ -132,18 +149,13 @@ def write_images(source, out_dir, *, progress=True, quality=95):
                 if isinstance(label, bool) or not isinstance(label, numbers.Integral) and not (
                         isinstance(label, torch.Tensor) and label.numel() == 1 and not label.is_floating_point()):
                     raise TypeError(f"write_images: {name}: the label must be an int, got {type(label).__name__}")
-                data = _encoded(data, name)
-                try:
-                    info = _C.jpeg_info(data)
-                except ValueError as e:
-                    why = str(e)
-                    data, fail = _to_jpeg(data, quality)
-                    if data is None:
-                        skipped.append({"index": i, "name": str(name), "reason": f"{why}; {fail}"})
-                        bar.update(1)
-                        continue
+                data, info, why = _packable(_encoded(data, name))
+                if data is None:
+                    skipped.append({"index": i, "name": str(name), "reason": why})
+                    bar.update(1)
+                    continue
+                if why is not None:
                     converted.append({"index": i, "name": str(name), "reason": why})
-                    info = _C.jpeg_info(data)
                 out.write(data)
                 offsets.append(offsets[-1] + len(data))
                 heights.append(info["height"])
@@ -188,7 +200,7 @@ def write_images(source, out_dir, *, progress=True, quality=95):
     if converted or skipped:
         parts = []
         if converted:
-            parts.append(f"{len(converted)} converted to JPEG (e.g. {converted[0]['name']}: {converted[0]['reason']})")
+            parts.append(f"{len(converted)} converted to PNG (e.g. {converted[0]['name']}: {converted[0]['reason']})")
         if skipped:
             parts.append(f"{len(skipped)} left out (e.g. {skipped[0]['name']}: {skipped[0]['reason']})")
         warnings.warn(f"write_images: of {n} images, {'; '.join(parts)}; meta.json lists them", stacklevel=2)

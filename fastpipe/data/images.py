@@ -1,17 +1,16 @@
-"""Image datasets: JPEG files read in place (ImageFolder) or packed into one file (ImageDataset).
+"""Image datasets: image files read in place (ImageFolder) or packed into one file (ImageDataset).
 
-Both yield ``(image, label)`` batches: the image decoded and transformed by a JPEG transform
+Both yield ``(image, label)`` batches: the image decoded and transformed by an image transform
 (:class:`fastpipe.transforms.RandomResizedCrop` or :class:`~fastpipe.transforms.CenterCrop`) in the
-reader threads, the label an int64. The images' sizes are known before they are decoded (read from
-their headers when the folder is scanned or the records packed), so each crop is drawn first and only
-its rows and columns are decoded.
+reader threads, the label an int64. JPEG, PNG and WebP are decoded there without the GIL; any other
+format torchvision's ImageFolder reads (BMP, GIF, TIFF, ...) by Pillow, holding the GIL for that image.
+The images' sizes are known before they are decoded (read from their headers), so each crop is drawn
+first and only the rows (and, for JPEG and WebP, the columns) it needs are decoded.
 """
 
-import hashlib
 import json
 import os
 import shutil
-import tempfile
 import warnings
 import weakref
 
@@ -20,14 +19,11 @@ import torch
 
 from fastpipe import _checks as checks
 from fastpipe._ext import _C
+from fastpipe.data import _pillow, image_index
 from fastpipe.data._source import ColumnSource
 
-# torchvision's ImageFolder extensions: the same files, in the same order, with the same labels.
-IMG_EXTENSIONS = (".jpg", ".jpeg", ".png", ".ppm", ".bmp", ".pgm", ".tif", ".tiff", ".webp")
 DEFAULT_MAX_RECORD_BYTES = 64 << 20
-_INDEX_FORMAT = "fastpipe.ImageFolder/2"
 _PACKED_FORMAT = "fastpipe.ImageDataset/1"
-_CACHE_ENV = "FASTPIPE_IMAGE_CACHE"
 
 
 def _transforms_module():
@@ -53,7 +49,7 @@ def _labels_column(path, n):
 
 
 class _Images(ColumnSource):
-    """What ImageFolder and ImageDataset share: ``(image, label)`` samples of JPEG records.
+    """What ImageFolder and ImageDataset share: ``(image, label)`` samples of encoded images.
 
     Subclasses set ``_source`` (a ``_C.ImageSource``), ``_labels_path``, ``_where`` (for messages),
     ``classes``, ``image_sizes`` ((N, 2) heights and widths), ``transform`` and ``max_record_bytes``.
@@ -94,7 +90,8 @@ class _Images(ColumnSource):
             budgets = dict(device_decode=True,
                            encoded_budget=int(min(self.max_record_bytes, max(256 << 10, 2 * self._mean_bytes()))),
                            pixel_budget=int(max(512 * 512, 2 * pixels.mean())))
-        image = _C.ImageColumnSpec(self._source, transform._image_params(seed), self.max_record_bytes, **budgets)
+        image = _C.ImageColumnSpec(self._source, transform._image_params(seed), self.max_record_bytes,
+                                   fallback=_pillow.decode_rgb, **budgets)
         n = len(self)
         columns = [_C.ColumnSpec(path=self._where, data_offset=0, record_stride=0, record_bytes=0, num_records=n,
                                  image=image),
@@ -116,7 +113,8 @@ class _Images(ColumnSource):
                 raise ValueError(f"image {self._source.describe(i)}: {self._bad_reason(i)}")
             transform = _transforms_module().CenterCrop((h, w), out_dtype=torch.uint8, layout="NHWC",
                                                          dct_scaling=False)
-        spec = _C.ImageColumnSpec(self._source, transform._image_params(0), self.max_record_bytes)
+        spec = _C.ImageColumnSpec(self._source, transform._image_params(0), self.max_record_bytes,
+                                  fallback=_pillow.decode_rgb)
         label = int(np.load(self._labels_path, mmap_mode="r")[i])
         return spec._read(i, 0), label
 
@@ -128,21 +126,30 @@ class _Images(ColumnSource):
 
 
 class ImageFolder(_Images):
-    """A folder of JPEG images, ``root/<class>/<...>/<file>.jpg``, read in place.
+    """Image files read in place: a folder ``root/<class>/<...>/<file>.jpg``, or a list of samples.
 
     The classes, sample order and labels are torchvision's ``ImageFolder``'s (class folders sorted by
     name, files sorted within them, torchvision's image extensions), so indices and labels agree with it.
+    A torchvision ``ImageFolder`` (or ``DatasetFolder``) given to :class:`fastpipe.Loader` is read through
+    this class with its own ``samples`` and ``classes``.
 
     Parameters
     ----------
-    root : path
+    root : path, optional
+        The folder. With ``samples``, the folder they are under (default: their common folder).
     transform : RandomResizedCrop or CenterCrop, optional
         How images become batch-sized (the Loader's ``transforms={0: ...}`` overrides it).
+    samples : list of (path, class_index), optional
+        The files and their labels, as torchvision's ``samples``: relative paths are relative to the
+        working directory (made absolute now). Default: the folder listed as torchvision lists it.
+    classes : list of str, optional
+        The class names of ``samples``' labels (default: their numbers).
     cache_dir : path, optional
-        Where the scan (file list, each image's size from its header, labels) is kept, so that a restart
-        does not scan again. Default: ``$FASTPIPE_IMAGE_CACHE`` or ``~/.cache/fastpipe/image_folders``;
-        ``"off"``: a temporary index for this process only. The index is reused while no folder of the
-        tree changed (their modification times); ``rescan=True`` forces a new scan.
+        Where the index (file list, each image's format and size from its header, labels) is kept, so that
+        a restart reads no header again. Default: ``$FASTPIPE_IMAGE_CACHE`` or
+        ``~/.cache/fastpipe/image_folders``; ``"off"``: an index for this process only. The index is reused
+        while no folder holding the files changed (their modification times); when one did, only the files
+        whose size or modification time changed are read again. ``rescan=True`` reads every header again.
     rescan : bool
     num_threads : int, optional
         Threads reading headers during a scan (default: the cores, at least 4: they mostly wait on the disk).
@@ -151,49 +158,42 @@ class ImageFolder(_Images):
 
     Notes
     -----
-    Files that are not JPEGs this library decodes (a PNG, even under a .jpg name; a 12-bit or lossless
-    JPEG) stay in the sample list, so indices match torchvision's, and are listed in ``bad`` with the
-    reason, with a warning: the Loader raises on them (``on_error="raise"``) or substitutes other samples
-    (``on_error="replace"``); :func:`fastpipe.write_images` converts them when it packs the folder.
-    Grayscale and CMYK JPEGs are decoded to RGB as PIL's ``convert("RGB")`` does. EXIF orientation is
-    not applied (as torchvision's ImageFolder, which opens images with PIL, does not).
+    Formats are told by content, not by file name (ImageNet holds a PNG named .JPEG). JPEG, PNG and WebP
+    are decoded in the reader threads, converted to RGB as Pillow's ``convert("RGB")`` does (what
+    torchvision trains on); other formats (BMP, GIF, TIFF, PNM, animated WebP) by Pillow itself, holding
+    the GIL for that image (counted in the Loader's ``stats()["images_pillow"]``). Files that cannot be
+    decoded (a 12-bit or lossless JPEG, a truncated file, not an image) stay in the sample list, so
+    indices match torchvision's, and are listed in ``bad`` with the reason, with a warning: the Loader
+    raises on them (``on_error="raise"``) or substitutes other samples (``on_error="replace"``). EXIF
+    orientation is not applied (as torchvision's ImageFolder, which opens images with PIL, does not).
     """
 
-    def __init__(self, root, transform=None, *, cache_dir=None, rescan=False, num_threads=None,
-                 max_record_bytes=DEFAULT_MAX_RECORD_BYTES):
-        self.root = os.path.abspath(checks.path(root, "root"))
-        if not os.path.isdir(self.root):
-            raise FileNotFoundError(f"ImageFolder: '{self.root}' is not a directory")
+    def __init__(self, root=None, transform=None, *, samples=None, classes=None, cache_dir=None, rescan=False,
+                 num_threads=None, max_record_bytes=DEFAULT_MAX_RECORD_BYTES):
         self._init_common(transform, max_record_bytes)
         rescan = checks.flag(rescan, "rescan")
         threads = max(4, os.cpu_count() or 1) if num_threads is None else checks.integer(num_threads, "num_threads",
                                                                                          low=1)
-        cache = os.environ.get(_CACHE_ENV) or os.path.join(os.path.expanduser("~"), ".cache", "fastpipe",
-                                                             "image_folders")
-        cache = cache if cache_dir is None else checks.path(cache_dir, "cache_dir")
-        key = hashlib.sha256(os.fsencode(self.root)).hexdigest()[:20]
-        index_dir = None if cache == "off" else os.path.join(cache, key)
-        index = None if rescan or index_dir is None else _load_index(index_dir, self.root)
-        self.rescanned = index is None
-        if index is None:
-            index = _scan(self.root, threads)
-            try:
-                if index_dir is not None:
-                    _save_index(index, index_dir)
-            except OSError as e:
-                warnings.warn(f"ImageFolder: cannot keep its index under '{cache}' ({e}); the folder will be "
-                              f"scanned again next time (set cache_dir= or ${_CACHE_ENV})", stacklevel=2)
-                index_dir = None
-            if index_dir is None:  # an index for this process only
-                index_dir = tempfile.mkdtemp(prefix="fastpipe-imagefolder-")
-                weakref.finalize(self, shutil.rmtree, index_dir, True)
-                _write_index(index, index_dir)
-        self._index_dir = index_dir
+        cache = None if cache_dir is None else checks.path(cache_dir, "cache_dir")
+        if samples is None:
+            if root is None:
+                raise TypeError("ImageFolder needs root (a folder of class folders) or samples")
+            self.root = os.path.abspath(checks.path(root, "root"))
+            if not os.path.isdir(self.root):
+                raise FileNotFoundError(f"ImageFolder: '{self.root}' is not a directory")
+            listing = {}
+        else:
+            self.root, listing = _sample_list(samples, classes, root)
+        index, self.rescanned = image_index.load_or_scan(self.root, cache=cache, rescan=rescan, threads=threads,
+                                                         **listing)
+        if index.get("_temporary"):
+            weakref.finalize(self, shutil.rmtree, index["index_dir"], True)
         self.classes = index["classes"]
         self._names, self._name_offsets = index["names"], index["name_offsets"]
         self.image_sizes = np.stack([index["heights"], index["widths"]], axis=1)
+        self.image_formats = [_C.IMAGE_FORMATS[f] for f in index["formats"]]
         self._len = len(self._name_offsets) - 1
-        self._labels_path = os.path.join(index_dir, "labels.npy")
+        self._labels_path = os.path.join(index["index_dir"], "labels.npy")
         self._where = self.root
         self.bad = [(i, self._path(i), why) for i, why in index["bad"]]
         self._file_bytes = index["bytes"]
@@ -201,10 +201,9 @@ class ImageFolder(_Images):
                                              index["widths"])
         if self.bad:
             i, path, why = self.bad[0]
-            warnings.warn(f"ImageFolder('{self.root}'): {len(self.bad)} of {self._len} files are not JPEGs this "
-                          f"library decodes (e.g. '{path}': {why}); see .bad. The Loader raises on them "
-                          f"(on_error='raise') or replaces them with other samples (on_error='replace'); "
-                          f"fastpipe.write_images converts them when it packs the folder.", stacklevel=2)
+            warnings.warn(f"ImageFolder('{self.root}'): {len(self.bad)} of {self._len} files cannot be decoded "
+                          f"(e.g. '{path}': {why}); see .bad. The Loader raises on them (on_error='raise') or "
+                          f"replaces them with other samples (on_error='replace').", stacklevel=2)
 
     def _path(self, i):
         name = self._names[self._name_offsets[i]:self._name_offsets[i + 1]]
@@ -226,6 +225,33 @@ class ImageFolder(_Images):
     def __repr__(self):
         return (f"ImageFolder('{self.root}': {self._len} images, {len(self.classes)} classes, "
                 f"transform={self.transform!r})")
+
+
+def _sample_list(samples, classes, root):
+    """(root, the index's listing keywords) of a sample list: names relative to root, labels, classes.
+    Vectorised where it can be: ImageNet's list holds 1.28 M samples."""
+    if not isinstance(samples, (list, tuple)) or not samples:
+        raise ValueError("samples must be a non-empty list of (path, class_index)")
+    try:
+        paths, labels = zip(*samples)
+    except (TypeError, ValueError):
+        raise TypeError("samples must be a list of (path, class_index) pairs") from None
+    labels = np.asarray(labels)
+    if labels.dtype.kind not in "iu" or labels.min() < 0:
+        raise ValueError(f"samples' class indices must be non-negative ints, got {labels.dtype} from {labels.min()}")
+    paths = [os.path.abspath(os.fspath(p)) for p in paths]
+    root = None if root is None else os.path.abspath(checks.path(root, "root"))
+    if root is None or not all(p.startswith(root + os.sep) for p in paths):
+        # No root, or samples outside it (a hand-made list): their common folder holds them.
+        common = os.path.commonpath(paths)
+        root = common if len(paths) > 1 and common not in paths else os.path.dirname(common)
+    if classes is None:
+        classes = [str(c) for c in range(int(labels.max()) + 1)]
+    elif int(labels.max()) >= len(classes):
+        raise ValueError(f"samples has class index {int(labels.max())} but classes names {len(classes)} classes")
+    cut = len(root) + (0 if root.endswith(os.sep) else 1)
+    names = [os.fsencode(p[cut:]) for p in paths]
+    return root, {"names": names, "labels": labels, "classes": [str(c) for c in classes]}
 
 
 class ImageDataset(_Images):
@@ -276,87 +302,3 @@ class ImageDataset(_Images):
     def __repr__(self):
         return (f"ImageDataset('{self.path}': {self._len} images, {len(self.classes)} classes, "
                 f"transform={self.transform!r})")
-
-
-# ---- ImageFolder's index: the scan and its cache ---------------------------------------------------------
-
-def _scan(root, threads):
-    """The folder's classes, files (relative names back to back), labels, header sizes and bad files."""
-    classes = sorted(e.name for e in os.scandir(root) if e.is_dir())
-    if not classes:
-        raise FileNotFoundError(f"ImageFolder: no class folder in '{root}' (expected root/<class>/<image>)")
-    names, labels, dirs, empty = [], [], {}, []
-    for ci, c in enumerate(classes):
-        found = len(names)
-        for dirpath, _, fnames in sorted(os.walk(os.path.join(root, c), followlinks=True)):
-            dirs[os.path.relpath(dirpath, root)] = os.stat(dirpath).st_mtime_ns
-            for f in sorted(fnames):
-                if f.lower().endswith(IMG_EXTENSIONS):
-                    names.append(os.fsencode(os.path.relpath(os.path.join(dirpath, f), root)))
-                    labels.append(ci)
-        if len(names) == found:
-            empty.append(c)
-    if empty:
-        raise FileNotFoundError(f"ImageFolder: no image file in the class folder(s) {empty[:5]} of '{root}' "
-                                f"(extensions {', '.join(IMG_EXTENSIONS)}), as torchvision's ImageFolder requires")
-    offsets = np.zeros(len(names) + 1, np.int64)
-    np.cumsum([len(n) for n in names], out=offsets[1:])
-    blob = b"".join(names)
-    scan = _C.scan_image_files(root, blob, offsets, threads)
-    return {"root": root, "classes": classes, "dirs": dirs, "names": blob, "name_offsets": offsets,
-            "labels": np.asarray(labels, np.int64), "heights": scan["heights"], "widths": scan["widths"],
-            "bytes": scan["bytes"],
-            "bad": [(int(i), why) for i, why in zip(scan["bad"], scan["reasons"])]}
-
-
-def _load_index(index_dir, root):
-    """The cached index of ``root`` when no folder of it changed since, else None."""
-    try:
-        with open(os.path.join(index_dir, "index.json")) as f:
-            meta = json.load(f)
-        if meta.get("format") != _INDEX_FORMAT or meta.get("root") != root:
-            return None
-        if sorted(e.name for e in os.scandir(root) if e.is_dir()) != meta["classes"]:
-            return None
-        for rel, mtime in meta["dirs"].items():
-            if os.stat(os.path.join(root, rel)).st_mtime_ns != mtime:
-                return None
-        with open(os.path.join(index_dir, "names.bin"), "rb") as f:
-            names = f.read()
-        index = dict(meta, names=names, bad=[tuple(b) for b in meta["bad"]])
-        for k in ("name_offsets", "heights", "widths", "bytes"):
-            index[k] = np.load(os.path.join(index_dir, f"{k}.npy"))
-        if len(index["name_offsets"]) != meta["num_images"] + 1 or int(index["name_offsets"][-1]) != len(names):
-            return None
-        return index
-    except (OSError, ValueError, KeyError, TypeError):
-        return None  # missing, partial or from another version: scan again
-
-
-def _save_index(index, index_dir):
-    """Writes the index to ``index_dir``, all or nothing: a folder renamed into place (OSError when the
-    cache cannot be written)."""
-    parent = os.path.dirname(index_dir)
-    os.makedirs(parent, exist_ok=True)
-    tmp = tempfile.mkdtemp(prefix=os.path.basename(index_dir) + ".partial-", dir=parent)
-    try:
-        _write_index(index, tmp)
-        if os.path.isdir(index_dir):
-            shutil.rmtree(index_dir, ignore_errors=True)
-        os.rename(tmp, index_dir)
-    except OSError:
-        # Another process (a DDP rank) put its index there first: it is the same scan.
-        shutil.rmtree(tmp, ignore_errors=True)
-        if not os.path.isdir(index_dir):
-            raise
-
-
-def _write_index(index, folder):
-    with open(os.path.join(folder, "names.bin"), "wb") as f:
-        f.write(index["names"])
-    for k in ("name_offsets", "heights", "widths", "labels", "bytes"):
-        np.save(os.path.join(folder, f"{k}.npy"), index[k])
-    meta = {"format": _INDEX_FORMAT, "root": index["root"], "classes": index["classes"], "dirs": index["dirs"],
-            "num_images": len(index["name_offsets"]) - 1, "bad": index["bad"]}
-    with open(os.path.join(folder, "index.json"), "w") as f:  # last: its presence marks a whole index
-        json.dump(meta, f)

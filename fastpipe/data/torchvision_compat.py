@@ -1,5 +1,5 @@
-"""A torchvision ``ImageFolder`` given to ``fastpipe.Loader`` as it is: the same folder read by
-:class:`fastpipe.ImageFolder`, and its transform pipeline turned into the fused JPEG transform that does
+"""A torchvision ``ImageFolder`` given to ``fastpipe.Loader`` as it is: its own sample list read by
+:class:`fastpipe.ImageFolder`, and its transform pipeline turned into the fused image transform that does
 the same thing (or an error naming the step that has no fused equivalent).
 
 Understood, in torchvision's v1 and v2 spellings: ``Compose``; ``RandomResizedCrop`` and ``Resize`` (+
@@ -113,9 +113,6 @@ def convert_dataset(dataset):
         raise ValueError("fastpipe.Loader reads torchvision ImageFolders that use the default (PIL) loader; "
                          "this one has a custom loader")
     transform = convert_transform(getattr(dataset, "transform", None))
-    ours = ImageFolder(dataset.root, transform=transform)
-    if list(ours.classes) != list(dataset.classes) or ours.samples != [tuple(s) for s in dataset.samples]:
-        raise ValueError(f"fastpipe.ImageFolder('{dataset.root}') lists other files than this torchvision dataset "
-                         "(custom extensions or is_valid_file?): pack its samples with fastpipe.write_images(dataset, "
-                         "out_dir) and read them with fastpipe.ImageDataset")
-    return ours
+    # Its own list: whatever its root (relative ones too), extensions, is_valid_file or a subclass's filter.
+    return ImageFolder(dataset.root, transform=transform, samples=list(dataset.samples),
+                       classes=list(dataset.classes))

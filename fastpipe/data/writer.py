@@ -113,6 +113,30 @@ def _fsync(path, directory=False):
         os.close(fd)
 
 
+def _columns(source):
+    """(structure, names, arrays) when ``source`` is a dict (str keys) or tuple of equal-length arrays or
+    tensors, one per column; else None (a map-style dataset of items)."""
+    if isinstance(source, dict) and source and all(isinstance(k, str) for k in source):
+        structure, names, values = "dict", list(source), list(source.values())
+        _fields(dict.fromkeys(names), 0)  # the keys must name files
+    elif isinstance(source, tuple) and source:
+        structure, names, values = "tuple", [str(j) for j in range(len(source))], list(source)
+    else:
+        return None
+    for k, v in zip(names, values):
+        if not isinstance(v, (torch.Tensor, np.ndarray)) or v.ndim < 1:
+            raise TypeError(f"write_npy: a {type(source).__name__} is written as columns, one per "
+                            f"{'key' if structure == 'dict' else 'element'}, each a tensor or array of one row per "
+                            f"record; column {k!r} is a {type(v).__name__}{' of 0 dimensions' if hasattr(v, 'ndim') else ''}"
+                            f" (for a dataset of items, give a list or a map-style dataset)")
+    arrays = [_to_numpy(v, f"column {k!r}") for k, v in zip(names, values)]
+    for k, a in zip(names[1:], arrays[1:]):
+        if len(a) != len(arrays[0]):
+            raise ValueError(f"write_npy: column {k!r} has {len(a)} rows but column {names[0]!r} has "
+                             f"{len(arrays[0])}: every column needs one row per record")
+    return structure, names, arrays
+
+
 def _get(dataset, i):
     try:
         return dataset[i]
@@ -158,11 +182,13 @@ def write_npy(dataset, out_dir, *, progress=True, chunk_size=1024):
 
     Parameters
     ----------
-    dataset : map-style dataset
+    dataset : map-style dataset, or a dict or tuple of columns
         ``len(dataset)`` and ``dataset[i]``; items are tensors, numpy arrays or numbers, or tuples or
         dicts of them, with the same fields, shapes and dtypes for every item (dict keys are matched by
         name, in any order). A field may also be a list of numbers (or of such lists), written as one
         array; other nesting (a dict or tuple of tensors inside an item) raises TypeError naming the field.
+        Or the columns themselves: ``{"image": x, "label": y}`` or ``(x, y)``, tensors or arrays with one
+        row per record (the same number of rows: ValueError naming both otherwise), written as they are.
     out_dir : path
         Created if missing. One file per field: ``data.npy`` for single items, ``0.npy``, ``1.npy``, ...
         for tuples, ``<key>.npy`` for dicts. Files appear complete or not at all: each is written under a
@@ -187,20 +213,42 @@ def write_npy(dataset, out_dir, *, progress=True, chunk_size=1024):
     TypeError
         A field of an unsupported type or dtype, or a nested one (naming the item and the field).
     """
-    if isinstance(dataset, (str, bytes, os.PathLike)) or not (hasattr(dataset, "__len__") and
-                                                               hasattr(dataset, "__getitem__")):
-        raise TypeError(f"dataset must be a map-style dataset (len(dataset) and dataset[i]), got "
-                        f"{type(dataset).__name__}")
+    columns = _columns(dataset)
+    if columns is None and (isinstance(dataset, (str, bytes, os.PathLike)) or not (
+            hasattr(dataset, "__len__") and hasattr(dataset, "__getitem__"))):
+        raise TypeError(f"dataset must be a map-style dataset (len(dataset) and dataset[i]), or a dict or tuple of "
+                        f"columns, got {type(dataset).__name__}")
     out_dir = checks.path(out_dir, "out_dir")
     chunk_size = checks.integer(chunk_size, "chunk_size", low=1)
     progress = checks.flag(progress, "progress")
-    n = len(dataset)
+    if columns is not None:
+        structure, names, arrays = columns
+        n = len(arrays[0])
+        firsts = [a[0] for a in arrays] if n else []
+
+        def chunk(start, stop):
+            return [a[start:stop] for a in arrays]
+    else:
+        n = len(dataset)
     if n == 0:
         raise ValueError("write_npy: the dataset is empty (len(dataset) == 0); nothing was written")
-    # Item 0 fixes the fields, shapes and dtypes; nothing is created before it is known to be writable.
-    structure, names, values = _fields(_get(dataset, 0), 0)
-    firsts = [_to_numpy(v, f"item 0, field {k!r}") for k, v in zip(names, values)]
-    del values
+    if columns is None:
+        # Item 0 fixes the fields, shapes and dtypes; nothing is created before it is known to be writable.
+        structure, names, values = _fields(_get(dataset, 0), 0)
+        firsts = [_to_numpy(v, f"item 0, field {k!r}") for k, v in zip(names, values)]
+        del values
+
+        def chunk(start, stop):
+            bufs = [np.empty((stop - start, *a.shape), a.dtype) for a in firsts]
+            for i in range(start, stop):
+                item_values = _match(_get(dataset, i), i, structure, names)
+                for buf, first, k, v in zip(bufs, firsts, names, item_values):
+                    a = _to_numpy(v, f"item {i}, field {k!r}")
+                    if a.shape != first.shape or a.dtype != first.dtype:
+                        raise ValueError(f"item {i}, field {k!r}: shape {a.shape} dtype {a.dtype} differs from item "
+                                         f"0's shape {first.shape} dtype {first.dtype}")
+                    buf[i - start] = a
+            return bufs
     paths = [os.path.join(out_dir, f"{k}.npy") for k in names]
     tmp_paths = [p + ".partial" for p in paths]
     for p in paths + tmp_paths:
@@ -215,16 +263,7 @@ def write_npy(dataset, out_dir, *, progress=True, chunk_size=1024):
             outs.append(np.lib.format.open_memmap(t, mode="w+", dtype=a.dtype, shape=(n, *a.shape)))
         for start in range(0, n, chunk_size):
             stop = min(n, start + chunk_size)
-            bufs = [np.empty((stop - start, *a.shape), a.dtype) for a in firsts]
-            for i in range(start, stop):
-                item_values = _match(_get(dataset, i), i, structure, names)
-                for buf, first, k, v in zip(bufs, firsts, names, item_values):
-                    a = _to_numpy(v, f"item {i}, field {k!r}")
-                    if a.shape != first.shape or a.dtype != first.dtype:
-                        raise ValueError(f"item {i}, field {k!r}: shape {a.shape} dtype {a.dtype} differs from item "
-                                         f"0's shape {first.shape} dtype {first.dtype}")
-                    buf[i - start] = a
-                del item_values, a
+            bufs = chunk(start, stop)
             for out, buf in zip(outs, bufs):
                 out[start:stop] = buf
             del bufs, out, buf

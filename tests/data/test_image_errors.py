@@ -4,6 +4,7 @@ on_error="replace", so one bad file never stops or silently skews a run."""
 
 import os
 import warnings
+import zlib
 
 import numpy as np
 import pytest
@@ -12,6 +13,7 @@ import torch
 import fastpipe
 from fastpipe.transforms import CenterCrop
 
+from image_files import pillow_bytes
 from jpegs import jpeg_bytes, picture, write
 
 pytestmark = pytest.mark.timeout(120, method="thread")
@@ -34,21 +36,39 @@ def with_sof(data, marker):
     return data[:at + 1] + bytes([marker]) + data[at + 2:]
 
 
-def png():
-    from PIL import Image
-    import io
-    out = io.BytesIO()
-    Image.fromarray(np.zeros((8, 9, 3), np.uint8)).save(out, format="PNG")
-    return out.getvalue()
+def other_format(fmt, **save):
+    """A small image in another format, from Pillow."""
+    yy, xx = np.mgrid[0:30, 0:41]
+    texture = (xx * 37 + yy * 91) % 23  # so that the compressed data spans a few hundred bytes
+    return pillow_bytes(np.stack([xx * 6, yy * 8, 255 - xx * 3], axis=-1).astype(np.uint8) + texture[..., None].astype(
+        np.uint8), fmt, **save)
 
 
-# kind -> (bytes from a good JPEG, the error class, what the message says)
+def png_with_corrupt_data():
+    """A PNG whose compressed image data is damaged, its chunk checksums made right again."""
+    data = bytearray(other_format("PNG"))
+    at = data.index(b"IDAT") + 4
+    length = int.from_bytes(data[at - 8:at - 4], "big")
+    data[at + length // 2:at + length // 2 + 8] = bytes(range(200, 208))
+    data[at + length:at + length + 4] = zlib.crc32(bytes(data[at - 4:at + length])).to_bytes(4, "big")
+    return bytes(data)
+
+
+# kind -> (bytes from a good JPEG, the error class, what the message says). The bad file is named .jpg
+# whatever it holds: formats are told by content.
 BAD = {
     "truncated": (lambda d: d[:len(d) * 2 // 3], ValueError, "truncated: no end-of-image marker"),
     "truncated_header": (lambda d: d[:40], ValueError, "truncated: the file ends inside the JPEG header"),
-    "garbage": (lambda d: bytes(range(256)) * 4, ValueError, r"not a JPEG \(no start-of-image marker\)"),
-    "png_named_jpg": (lambda d: png(), ValueError, "not a JPEG: the data is PNG"),
+    "garbage": (lambda d: bytes(range(256)) * 4, ValueError,
+                r"not an image format this library knows; Pillow cannot decode it either \(ValueError: not a format it knows\)"),
     "empty": (lambda d: b"", ValueError, "truncated"),
+    "png_truncated": (lambda d: other_format("PNG")[:-40], ValueError,
+                      "truncated: the file ends inside the PNG image data"),
+    "png_corrupt_data": (lambda d: png_with_corrupt_data(), ValueError,
+                         "cannot be decoded: .*; Pillow cannot decode it either"),
+    "webp_truncated": (lambda d: other_format("WEBP", quality=80)[:-60], ValueError,
+                       "truncated: the file ends inside the WebP image data"),
+    "bmp_truncated": (lambda d: other_format("BMP")[:-500], ValueError, "a BMP image; Pillow cannot decode it either"),
     "corrupt_scan": (corrupt_scan, ValueError, "cannot be decoded: Corrupt JPEG data: premature end of data segment"),
     "lossless": (lambda d: with_sof(d, 0xC3), ValueError, "unsupported: a lossless JPEG"),
     "hierarchical": (lambda d: with_sof(d, 0xC5), ValueError, "unsupported: a hierarchical JPEG"),
@@ -107,29 +127,44 @@ def test_on_error_replace_substitutes_another_sample_deterministically(make_fold
         assert any(np.array_equal(img, r) for r in refs)
 
 
-def test_the_scan_lists_files_that_are_not_jpegs(tmp_path, rng):
+def test_the_scan_lists_the_files_it_cannot_decode(tmp_path, rng):
     root = tmp_path / "t"
-    write(str(root / "c" / "good.jpg"), jpeg_bytes(picture(rng, 20, 30)))
-    write(str(root / "c" / "fake.jpg"), png())
-    write(str(root / "c" / "real.png"), png())
-    with pytest.warns(UserWarning, match=r"2 of 3 files are not JPEGs this library decodes"):
+    good = jpeg_bytes(picture(rng, 20, 30))
+    write(str(root / "c" / "good.jpg"), good)
+    write(str(root / "c" / "png_named.jpg"), other_format("PNG"))
+    write(str(root / "c" / "real.png"), other_format("PNG"))
+    write(str(root / "c" / "garbage.jpg"), bytes(range(256)) * 4)
+    write(str(root / "c" / "cut.jpg"), good[:40])
+    with pytest.warns(UserWarning, match=r"2 of 5 files cannot be decoded"):
         ds = fastpipe.ImageFolder(str(root), cache_dir="off")
-    assert len(ds) == 3  # kept, so that indices and labels are torchvision's
-    assert sorted(os.path.basename(p) for _, p, _ in ds.bad) == ["fake.jpg", "real.png"]
-    assert all("the data is PNG" in why for _, _, why in ds.bad)
-    with pytest.raises(ValueError, match="fake.jpg.*the data is PNG"):
-        ds[[i for i, (p, _) in enumerate(ds.samples) if p.endswith("fake.jpg")][0]]
+    assert len(ds) == 5  # kept, so that indices and labels are torchvision's
+    assert ds.image_formats == ["JPEG", "unknown", "JPEG", "PNG", "PNG"]  # sorted: cut, garbage, good, png_named, real
+    assert sorted(os.path.basename(p) for _, p, _ in ds.bad) == ["cut.jpg", "garbage.jpg"]
+    reasons = dict((os.path.basename(p), why) for _, p, why in ds.bad)
+    assert "truncated: the file ends inside the JPEG header" in reasons["cut.jpg"]
+    assert "not an image format this library knows; Pillow cannot read it either" in reasons["garbage.jpg"]
+    with pytest.raises(ValueError, match="garbage.jpg.*not an image format this library knows"):
+        ds[[i for i, (p, _) in enumerate(ds.samples) if p.endswith("garbage.jpg")][0]]
 
 
-def test_a_file_deleted_or_changed_after_the_scan(make_folder, rng):
+def test_a_file_deleted_or_rewritten_after_the_scan(make_folder, rng):
     ds, bad = make_folder("truncated")
     victim = ds.samples[0][0]
     os.remove(victim)
     with pytest.raises(FileNotFoundError, match=victim):
         every_batch(ds)
-    write(victim, jpeg_bytes(picture(rng, 13, 17)))  # back, but another size than the scan recorded
-    with pytest.raises(ValueError, match=r"header says 17x13 but the dataset recorded .*changed after"):
-        every_batch(ds, sampler=[0])
+    # Back, another size than the scan recorded, its folder's time kept (as an in-place rewrite keeps it):
+    # the index is reused, and the crop is drawn from the header read with the record.
+    folder_time = os.stat(os.path.dirname(victim)).st_mtime_ns
+    write(victim, jpeg_bytes(picture(rng, 13, 17)))
+    os.utime(os.path.dirname(victim), ns=(folder_time, folder_time))
+    got, _ = every_batch(ds, sampler=[0])
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        fresh = fastpipe.ImageFolder(ds.root, cache_dir="off")
+    assert tuple(fresh.image_sizes[0]) == (13, 17) and tuple(ds.image_sizes[0]) != (13, 17)
+    want, _ = every_batch(fresh, sampler=[0])
+    np.testing.assert_array_equal(got[0][0], want[0][0])
 
 
 def test_an_image_over_max_record_bytes_is_named(tmp_path, rng):
@@ -153,7 +188,7 @@ def test_a_packed_file_cut_short_is_refused_up_front_and_named(tmp_path, rng):
 def test_replacement_gives_up_when_nothing_can_be_read(tmp_path):
     root = tmp_path / "t"
     for k in range(3):
-        write(str(root / "c" / f"{k}.jpg"), png())
+        write(str(root / "c" / f"{k}.jpg"), bytes(range(256)) * 2)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         ds = fastpipe.ImageFolder(str(root), cache_dir="off")

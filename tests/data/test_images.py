@@ -114,7 +114,7 @@ def test_exif_orientation_is_not_applied_as_in_torchvision(tmp_path, rng):
     exif[0x0112] = 6  # "rotate 90 CW to display"
     path = write(str(tmp_path / "t" / "c" / "rotated.jpg"), jpeg_bytes(pic, exif=exif.tobytes()))
     data = open(path, "rb").read()
-    assert fastpipe._ext._C.jpeg_info(data)["orientation"] == 6
+    assert fastpipe._ext._C.image_info(data)["orientation"] == 6
     ds = fastpipe.ImageFolder(str(tmp_path / "t"), cache_dir="off")
     assert tuple(ds.image_sizes[0]) == (40, 70)
     np.testing.assert_array_equal(ds[0][0].numpy(), np.asarray(pil_rgb(path)))
@@ -398,25 +398,24 @@ def test_write_images_labels_identify_samples_across_shards(tmp_path, rng):
     assert sorted(seen) == list(range(12))
 
 
-def test_write_images_converts_non_jpeg_and_lists_what_it_cannot_read(tmp_path, rng):
-    from PIL import Image
-    import io
-    png = io.BytesIO()
-    yy, xx = np.mgrid[0:21, 0:34]
-    smooth = np.stack([xx * 7, yy * 12, 255 - xx * 5], axis=-1).astype(np.uint8)  # survives 4:2:0 chroma
-    Image.fromarray(smooth).save(png, format="PNG")
-    good = jpeg_bytes(picture(rng, 19, 23))
-    items = [(good, 0), (png.getvalue(), 1), (b"\xff\xd8garbage", 2), (good[:len(good) // 2], 3)]
-    with pytest.warns(UserWarning, match=r"1 converted to JPEG .* 2 left out"):
+def test_write_images_keeps_what_it_decodes_converts_the_rest_and_lists_what_it_cannot_read(tmp_path, rng):
+    from image_files import pil_rgb_array, pillow_bytes
+    pic = picture(rng, 21, 34)
+    good, png, webp, bmp = (jpeg_bytes(pic), pillow_bytes(pic, "PNG"), pillow_bytes(pic, "WEBP", quality=70),
+                            pillow_bytes(pic, "BMP"))
+    items = [(good, 0), (png, 1), (webp, 2), (bmp, 3), (b"\xff\xd8garbage", 4), (good[:len(good) // 2], 5)]
+    with pytest.warns(UserWarning, match=r"1 converted to PNG .* 2 left out"):
         ds = fastpipe.write_images(items, str(tmp_path / "p"), progress=False)
-    assert len(ds) == 2 and ds.targets == [0, 1]
+    assert len(ds) == 4 and ds.targets == [0, 1, 2, 3]
     meta = ds.meta
-    assert [c["index"] for c in meta["converted"]] == [1] and "PNG" in meta["converted"][0]["reason"]
-    assert [s["index"] for s in meta["skipped"]] == [2, 3]
+    assert [c["index"] for c in meta["converted"]] == [3] and "BMP" in meta["converted"][0]["reason"]
+    assert [s["index"] for s in meta["skipped"]] == [4, 5]
     assert "truncated" in meta["skipped"][1]["reason"]
-    stored = open(tmp_path / "p" / "images.bin", "rb").read()[np.load(tmp_path / "p" / "offsets.npy")[1]:]
-    np.testing.assert_array_equal(ds[1][0].numpy(), np.asarray(pil_rgb(stored)))
-    assert np.abs(ds[1][0].numpy().astype(float) - np.asarray(pil_rgb(png.getvalue()), float)).mean() < 4
+    offsets = np.load(tmp_path / "p" / "offsets.npy")
+    stored = open(tmp_path / "p" / "images.bin", "rb").read()
+    assert [stored[offsets[k]:offsets[k + 1]] for k in range(3)] == [good, png, webp]  # byte for byte
+    for k, original in enumerate((good, png, webp, bmp)):
+        np.testing.assert_array_equal(ds[k][0].numpy(), pil_rgb_array(original))  # the BMP losslessly
 
 
 def test_write_images_leaves_nothing_behind_when_the_source_fails(tmp_path, rng):

@@ -522,3 +522,35 @@ def test_a_directory_in_the_way_is_refused_before_writing(tmp_path, rng, fp):
     with pytest.raises(IsADirectoryError, match="1.npy"):
         fastpipe.write_npy(TensorDataset(x, x), out, progress=False)
     assert sorted(os.listdir(out)) == ["1.npy"] and os.listdir(out / "1.npy") == []
+
+
+def test_a_dict_or_tuple_of_columns_is_written_as_it_is(tmp_path, rng, fp):
+    n = 1237  # more than one chunk
+    x = rng.integers(0, 256, (n, 3, 5, 4), dtype=np.uint8)
+    y = torch.from_numpy(rng.integers(0, 10, n))
+    w = rng.standard_normal((n, 7)).astype(np.float16)
+    ds = fastpipe.write_npy({"image": torch.from_numpy(x), "label": y, "w": w}, tmp_path / "d", progress=False,
+                            chunk_size=500)
+    assert sorted(os.listdir(tmp_path / "d")) == ["image.npy", "label.npy", "w.npy"]
+    np.testing.assert_array_equal(np.load(tmp_path / "d" / "image.npy"), x)
+    np.testing.assert_array_equal(np.load(tmp_path / "d" / "label.npy"), y.numpy())
+    np.testing.assert_array_equal(np.load(tmp_path / "d" / "w.npy"), w)
+    batch = next(iter(fastpipe.Loader(ds, batch_size=n)))
+    assert set(batch) == {"image", "label", "w"} and torch.equal(batch["label"], y)
+    ds = fastpipe.write_npy((x, y), tmp_path / "t", progress=False)
+    a, b = next(iter(fastpipe.Loader(ds, batch_size=n)))
+    assert torch.equal(a, torch.from_numpy(x)) and torch.equal(b, y)
+
+
+@pytest.mark.parametrize("columns,error,match", [
+    (lambda: {"x": np.zeros((5, 2)), "y": np.zeros(4)}, ValueError, "column 'y' has 4 rows but column 'x' has 5"),
+    (lambda: (np.zeros(3), torch.zeros(2)), ValueError, "column '1' has 2 rows but column '0' has 3"),
+    (lambda: {"x": np.zeros(3), "y": [1, 2, 3]}, TypeError, "column 'y' is a list"),
+    (lambda: {"x": np.float32(2)}, TypeError, "column 'x' is a float32 of 0 dimensions"),
+    (lambda: {"a/b": np.zeros(3)}, ValueError, "cannot name a file"),
+    (lambda: {"x": torch.zeros(3, dtype=torch.bfloat16)}, TypeError, "bfloat16 has no .npy representation"),
+])
+def test_columns_that_do_not_fit_are_named(tmp_path, columns, error, match):
+    with pytest.raises(error, match=match):
+        fastpipe.write_npy(columns(), tmp_path / "d", progress=False)
+    assert not os.path.exists(tmp_path / "d")

@@ -1,6 +1,6 @@
 """Writes the fuzzers' seed corpus (tests/fuzz/corpus/): valid and defective .npy files for
-npy_header_fuzz, token-file inputs (control bytes + file) for token_file_fuzz, and JPEG inputs (control
-bytes + file, written with Pillow) for jpeg_fuzz.
+npy_header_fuzz, token-file inputs (control bytes + file) for token_file_fuzz, and JPEG, PNG and WebP
+inputs (control bytes + file, written with Pillow and tests/data/image_files.py) for image_fuzz.
 
 The files are committed, so run.sh needs neither numpy nor Pillow; rerun this after changing it
 (python3 tests/fuzz/make_corpus.py). Reproducers of fixed bugs are added by hand (named fixed-*) and
@@ -16,7 +16,7 @@ import numpy as np
 HERE = os.path.dirname(os.path.abspath(__file__))
 NPY = os.path.join(HERE, "corpus", "npy")
 TOKENS = os.path.join(HERE, "corpus", "tokens")
-JPEG = os.path.join(HERE, "corpus", "jpeg")
+IMAGE = os.path.join(HERE, "corpus", "image")
 
 # token_file_fuzz's control bytes: flags, dtype index / token_bytes, block_size (see its header).
 NPY_FILE, PREAD, DIRECT, SPEC, SIGNED = 1, 2, 4, 8, 16
@@ -112,8 +112,13 @@ def tokens_corpus():
     }
 
 
-def jpeg_corpus():
+def image_corpus():
+    import sys
+
     from PIL import Image
+
+    sys.path.insert(0, os.path.join(os.path.dirname(HERE), "data"))
+    from image_files import animated_webp, random_png
 
     rng = np.random.default_rng(7)
     pic = rng.integers(0, 256, (5, 6, 3), dtype=np.uint8)
@@ -128,7 +133,12 @@ def jpeg_corpus():
     exif[0x0112] = 6
     base = enc(im)
     sof = base.index(b"\xff\xc0")
-    # Control bytes (jpeg_fuzz.cpp): transform flags, output height, output width, area/ratio/DCT bits.
+    def webp(image, **kw):
+        out = io.BytesIO()
+        image.save(out, format="WEBP", **kw)
+        return out.getvalue()
+
+    # Control bytes (image_fuzz.cpp): transform flags, output height, output width, area/ratio/DCT bits.
     files = {
         "baseline_center.bin": b"\x00\x10\x18\x00" + base,
         "baseline_rrc_flip.bin": b"\x09\x20\x20\x5c" + base,
@@ -144,13 +154,24 @@ def jpeg_corpus():
         "truncated.bin": b"\x00\x10\x10\x00" + base[: len(base) * 2 // 3],
         "header_only.bin": b"\x00\x10\x10\x00" + base[: sof + 19],
         "lossless_sof3.bin": b"\x00\x10\x10\x00" + base[: sof + 1] + b"\xc3" + base[sof + 2:],
-        "png.bin": b"\x00\x10\x10\x00" + b"\x89PNG\r\n\x1a\n" + bytes(24),
+        "png_header_zeros.bin": b"\x00\x10\x10\x00" + b"\x89PNG\r\n\x1a\n" + bytes(24),
+        "webp_lossy_rrc.bin": b"\x09\x20\x18\x5c" + webp(im, quality=70),
+        "webp_lossless_center.bin": b"\x10\x0f\x11\x00" + webp(im, lossless=True),
+        "webp_alpha.bin": b"\x01\x10\x10\x00" + webp(im.convert("RGBA"), quality=60),
+        "webp_animated.bin": b"\x00\x10\x10\x00" + animated_webp([pic, 255 - pic]),
+        "webp_truncated.bin": b"\x00\x10\x10\x00" + webp(im, quality=70)[:-30],
+        "gif.bin": b"\x00\x10\x10\x00" + b"GIF89a" + bytes(20),
     }
+    for color_type, depth in ((0, 1), (0, 16), (2, 8), (3, 2), (4, 16), (6, 8)):
+        for interlace in (False, True):
+            data = random_png(rng, color_type, depth, 13, 21, interlace=interlace)
+            files[f"png_{color_type}_{depth}{'_adam7' if interlace else ''}.bin"] = b"\x41\x09\x0b\x00" + data
+    files["png_truncated.bin"] = b"\x00\x10\x10\x00" + random_png(rng, 2, 8, 13, 21)[:-40]
     return files
 
 
 def main():
-    for directory, files in ((NPY, npy_corpus()), (TOKENS, tokens_corpus()), (JPEG, jpeg_corpus())):
+    for directory, files in ((NPY, npy_corpus()), (TOKENS, tokens_corpus()), (IMAGE, image_corpus())):
         os.makedirs(directory, exist_ok=True)
         for name, data in files.items():
             with open(os.path.join(directory, name), "wb") as f:

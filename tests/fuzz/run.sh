@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Bounded coverage-guided fuzzing of the .npy header parser, the token-file opener and the JPEG path
-# of one image (header, geometry, region decode with libjpeg, resample) (`make fuzz`):
+# Bounded coverage-guided fuzzing of the .npy header parser, the token-file opener and the path of one
+# JPEG, PNG or WebP (header, geometry, region decode with libjpeg, libspng or libwebp, resample) (`make fuzz`):
 # libFuzzer with AddressSanitizer and UndefinedBehaviorSanitizer, over a copy of tests/fuzz/corpus.
 # Every input must end in a clean error; a crash, sanitizer report, leak, broken invariant or an input
 # running past -timeout fails the run, with the reproducer's path and head.
@@ -12,18 +12,18 @@ set -euo pipefail
 cd "$(dirname "$0")/../.."
 
 SECONDS_EACH=${FUZZ_SECONDS:-25}
-HARNESSES=(npy_header_fuzz token_file_fuzz jpeg_fuzz)
+HARNESSES=(npy_header_fuzz token_file_fuzz image_fuzz)
 # The engine sources each harness links (npy.cpp reads through File, which file.cpp's fault hooks need).
-# gather.cpp opens image columns too, so the token-file opener links the JPEG path.
-JPEG_PATH="jpeg_header jpeg_decode resample"
+# gather.cpp opens image columns too, so the token-file opener links the image path.
+IMAGE_PATH="image_format jpeg_header jpeg_decode png_decode webp_decode resample"
 declare -A SOURCES=([npy_header_fuzz]="npy file fault"
-                    [token_file_fuzz]="npy file fault gather image_column $JPEG_PATH"
-                    [jpeg_fuzz]="$JPEG_PATH image_scan file fault")
-declare -A CORPUS=([npy_header_fuzz]=npy [token_file_fuzz]=tokens [jpeg_fuzz]=jpeg)
+                    [token_file_fuzz]="npy file fault gather image_column $IMAGE_PATH"
+                    [image_fuzz]="$IMAGE_PATH image_scan file fault")
+declare -A CORPUS=([npy_header_fuzz]=npy [token_file_fuzz]=tokens [image_fuzz]=image)
 # Token files may be .npy files too.
 declare -A DICT=([npy_header_fuzz]=tests/fuzz/npy.dict [token_file_fuzz]=tests/fuzz/npy.dict)
 FLAGS=(-std=c++17 -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined -g -O1 -I csrc -I tests/fuzz
-       -DFASTPIPE_WITH_JPEG)
+       -DFASTPIPE_WITH_JPEG -DFASTPIPE_WITH_PNG -DFASTPIPE_WITH_WEBP)
 
 has_libfuzzer() {
   command -v "$1" >/dev/null &&
@@ -68,7 +68,7 @@ export ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1
 unset LD_PRELOAD
 
 # Each translation unit once, $(nproc) at a time: the engine files are shared by both harnesses.
-units=(canary_fuzz "${HARNESSES[@]}" npy file fault gather image_column $JPEG_PATH image_scan)
+units=(canary_fuzz "${HARNESSES[@]}" npy file fault gather image_column $IMAGE_PATH image_scan)
 for u in "${units[@]}"; do
   src=csrc/core/$u.cpp
   [[ -f $src ]] || src=tests/fuzz/$u.cpp
@@ -82,7 +82,7 @@ done
 link() {
   local name=$1 objs=("$WORK/obj/$1.o")
   for u in ${SOURCES[$name]:-}; do objs+=("$WORK/obj/$u.o"); done
-  "$CXX" "${FLAGS[@]}" "${objs[@]}" -o "$WORK/$name" -lpthread -ljpeg
+  "$CXX" "${FLAGS[@]}" "${objs[@]}" -o "$WORK/$name" -lpthread -ljpeg -lspng -lwebp
 }
 for h in canary_fuzz "${HARNESSES[@]}"; do link "$h"; done
 

@@ -15,14 +15,14 @@ import pytest
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
 FLAGS = ["-std=c++17", "-fsanitize=fuzzer,address,undefined", "-fno-sanitize-recover=undefined", "-g", "-O1",
-         "-I", os.path.join(ROOT, "csrc"), "-I", HERE, "-DFASTPIPE_WITH_JPEG"]
-# gather.cpp opens image columns too, so the token-file opener links the JPEG path.
-JPEG_PATH = ["jpeg_header", "jpeg_decode", "resample"]
+         "-I", os.path.join(ROOT, "csrc"), "-I", HERE, "-DFASTPIPE_WITH_JPEG", "-DFASTPIPE_WITH_PNG", "-DFASTPIPE_WITH_WEBP"]
+# gather.cpp opens image columns too, so the token-file opener links the image path.
+IMAGE_PATH = ["image_format", "jpeg_header", "jpeg_decode", "png_decode", "webp_decode", "resample"]
 # harness -> (engine sources it links, its corpus directory); as in run.sh.
 HARNESSES = {
     "npy_header_fuzz": (["npy", "file", "fault"], "npy"),
-    "token_file_fuzz": (["npy", "file", "fault", "gather", "image_column", *JPEG_PATH], "tokens"),
-    "jpeg_fuzz": ([*JPEG_PATH, "image_scan", "file", "fault"], "jpeg"),
+    "token_file_fuzz": (["npy", "file", "fault", "gather", "image_column", *IMAGE_PATH], "tokens"),
+    "image_fuzz": ([*IMAGE_PATH, "image_scan", "file", "fault"], "image"),
 }
 
 
@@ -70,7 +70,7 @@ def harnesses(tmp_path_factory):
     for name, sources in [("canary_fuzz", []), *((n, s) for n, (s, _) in HARNESSES.items())]:
         exes[name] = str(out / name)
         subprocess.run([_fuzz_cxx(), *FLAGS, *(str(out / f"{u}.o") for u in [name, *sources]), "-o", exes[name],
-                        "-lpthread", "-ljpeg"], check=True, capture_output=True, text=True)
+                        "-lpthread", "-ljpeg", "-lspng", "-lwebp"], check=True, capture_output=True, text=True)
     return exes
 
 
