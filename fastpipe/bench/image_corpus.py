@@ -1,8 +1,10 @@
-"""The images suite's corpus: natural-image-like JPEGs in an ImageFolder tree, and its packed copy.
+"""The images suite's corpora: natural-image-like photos in an ImageFolder tree, and its packed copy.
 
 Crops of matplotlib's bundled sample photo, colour-jittered, sharpened like a camera's output and with
 sensor-like grain, at ImageNet-like sizes and file sizes (a few large ones), written once and reused
-while its marker (corpus.json, written last) is there.
+while its marker (corpus.json, written last) is there. The same images come in three kinds: ``jpeg``
+(quality-90 4:2:0 JPEGs), ``png`` (every one a PNG, as screenshots, medical or rendered data come) and
+``mixed`` (90% JPEG, 5% PNG, 5% WebP, as scraped data come).
 """
 
 from __future__ import annotations
@@ -33,6 +35,9 @@ SHARPEN_PERCENT = 150
 LARGE_EVERY = 20  # every 20th image (5%) is large: 1600x1200 and 3000x2000 in turn
 CORPUS_VERSION = 1
 NOISE_TILE = 1024
+KINDS = ("jpeg", "png", "mixed")
+WEBP_QUALITY = 90
+_EXTENSIONS = {"JPEG": ".jpg", "PNG": ".png", "WEBP": ".webp"}
 
 
 # --------------------------------------------------------------------------------------------------
@@ -40,15 +45,16 @@ NOISE_TILE = 1024
 # --------------------------------------------------------------------------------------------------
 class Corpus(NamedTuple):
     dir: str
-    tree: str  # the ImageFolder tree: tree/class_XX/img_NNNNN.jpg
+    tree: str  # the ImageFolder tree: tree/class_XX/img_NNNNN.jpg (.png, .webp)
     packed: str  # fastpipe.write_images(tree)
     beton: str  # FFCV's copy (written only when FFCV runs)
     index: str  # fastpipe.ImageFolder's scan cache
     facts_path: str
 
 
-def corpus_paths(data_dir: str, n: int, seed: int, grain: float) -> Corpus:
-    d = os.path.join(os.path.abspath(data_dir), f"images_n{n}_seed{seed}_grain{grain:g}_v{CORPUS_VERSION}")
+def corpus_paths(data_dir: str, n: int, seed: int, grain: float, kind: str = "jpeg") -> Corpus:
+    d = os.path.join(os.path.abspath(data_dir), f"images_n{n}_seed{seed}_grain{grain:g}_v{CORPUS_VERSION}"
+                     + ("" if kind == "jpeg" else f"_{kind}"))
     return Corpus(d, os.path.join(d, "tree"), os.path.join(d, "packed"), os.path.join(d, "ffcv_q90.beton"),
                   os.path.join(d, "fastpipe_index"), os.path.join(d, "corpus.json"))
 
@@ -98,7 +104,8 @@ class _Painter:
         lum = out[..., :1] * math.sqrt(1 - GRAIN_CHROMA ** 2)
         return self.grain * (lum + GRAIN_CHROMA * out)
 
-    def jpeg(self, i: int, seed: int) -> tuple[bytes, int, int]:
+    def encode(self, i: int, seed: int, fmt: str = "JPEG") -> tuple[bytes, int, int]:
+        """Image i of the corpus (a pure function of (seed, i)) encoded as fmt: JPEG, PNG or WEBP."""
         from PIL import Image, ImageFilter
 
         rng = np.random.default_rng([seed, i])
@@ -122,17 +129,27 @@ class _Painter:
         a = a * rng.uniform(0.85, 1.15, 3).astype(np.float32)  # white balance
         a += self._grain(rng, h, w)
         buf = io.BytesIO()
-        Image.fromarray(np.clip(a, 0, 255).astype(np.uint8)).save(buf, format="JPEG", quality=JPEG_QUALITY,
-                                                                  subsampling="4:2:0")
+        options = {"JPEG": dict(quality=JPEG_QUALITY, subsampling="4:2:0"), "PNG": {},
+                   "WEBP": dict(quality=WEBP_QUALITY)}[fmt]
+        Image.fromarray(np.clip(a, 0, 255).astype(np.uint8)).save(buf, format=fmt, **options)
         return buf.getvalue(), w, h
 
 
-def image_relpath(i: int) -> str:
-    return os.path.join(f"class_{i % CLASSES:02d}", f"img_{i:05d}.jpg")
+def image_format(i: int, kind: str) -> str:
+    """The format of image i in a corpus of that kind."""
+    if kind == "png":
+        return "PNG"
+    if kind == "mixed":
+        return {3: "PNG", 13: "WEBP"}.get(i % 20, "JPEG")
+    return "JPEG"
 
 
-def corpus_facts(files: list[tuple[int, int, int]], seconds: float, grain: float) -> dict:
-    """Count, size groups, mean KB and bits per pixel from (width, height, bytes) per image."""
+def image_relpath(i: int, kind: str = "jpeg") -> str:
+    return os.path.join(f"class_{i % CLASSES:02d}", f"img_{i:05d}{_EXTENSIONS[image_format(i, kind)]}")
+
+
+def corpus_facts(files: list[tuple[int, int, int]], seconds: float, grain: float, kind: str = "jpeg") -> dict:
+    """Count, formats, size groups, mean KB and bits per pixel from (width, height, bytes) per image."""
     groups: dict[str, list] = {}
     for w, h, nbytes in files:
         groups.setdefault(size_group(w, h), []).append((w * h, nbytes))
@@ -146,16 +163,21 @@ def corpus_facts(files: list[tuple[int, int, int]], seconds: float, grain: float
     total_b = sum(x for _, _, x in files)
     total_px = sum(w * h for w, h, _ in files)
     typical = [x for w, h, x in files if size_group(w, h) not in ("1600x1200", "3000x2000")]
-    return {"count": len(files), "classes": CLASSES, "groups": g, "total_mb": total_b / 1e6,
+    formats: dict[str, int] = {}
+    for i in range(len(files)):
+        formats[image_format(i, kind)] = formats.get(image_format(i, kind), 0) + 1
+    return {"count": len(files), "kind": kind, "formats": formats, "classes": CLASSES, "groups": g,
+            "total_mb": total_b / 1e6,
             "mean_kb": total_b / len(files) / 1e3,
             "mean_kb_typical": sum(typical) / len(typical) / 1e3 if typical else float("nan"),
             "bpp": 8 * total_b / total_px, "generate_seconds": seconds, "grain_sigma": grain,
             "grain_chroma": GRAIN_CHROMA, "sharpen_percent": SHARPEN_PERCENT, "jpeg_quality": JPEG_QUALITY,
+            "webp_quality": WEBP_QUALITY,
             "subsampling": "4:2:0", "source_photo": f"matplotlib sample_data/{SAMPLE_PHOTO}",
             "version": CORPUS_VERSION}
 
 
-def ensure_corpus(c: Corpus, n: int, seed: int, grain: float, threads: int, out) -> dict:
+def ensure_corpus(c: Corpus, n: int, seed: int, grain: float, threads: int, out, kind: str = "jpeg") -> dict:
     """The tree (made when its marker is missing or names another count), its packed copy, and
     fastpipe.ImageFolder's scan of it (kept under ``c.index``, so that no case process scans)."""
     import warnings
@@ -181,14 +203,14 @@ def ensure_corpus(c: Corpus, n: int, seed: int, grain: float, threads: int, out)
                 os.remove(p)
         for k in range(CLASSES):
             os.makedirs(os.path.join(c.tree, f"class_{k:02d}"), exist_ok=True)
-        out.log(f"  generating {n} JPEGs in {c.tree} ...")
+        out.log(f"  generating {n} images ({kind}) in {c.tree} ...")
         t0 = time.perf_counter()
         painter = _Painter(grain, seed)
         made = [None] * n
 
         def one(i):
-            data, w, h = painter.jpeg(i, seed)
-            with open(os.path.join(c.tree, image_relpath(i)), "wb") as f:
+            data, w, h = painter.encode(i, seed, image_format(i, kind))
+            with open(os.path.join(c.tree, image_relpath(i, kind)), "wb") as f:
                 f.write(data)
             made[i] = (w, h, len(data))
 
@@ -199,9 +221,9 @@ def ensure_corpus(c: Corpus, n: int, seed: int, grain: float, threads: int, out)
                 fut.result()
                 bar.update()
         os.sync()  # dirty pages cannot be evicted: the cold passes need the files on disk
-        facts = corpus_facts(made, time.perf_counter() - t0, grain)
+        facts = corpus_facts(made, time.perf_counter() - t0, grain, kind)
         bc.write_json(facts, c.facts_path)  # last: the marker of a whole corpus
-        out.log(f"  generated {n} JPEGs ({facts['total_mb']:.0f} MB) in {facts['generate_seconds']:.1f} s")
+        out.log(f"  generated {n} images ({facts['total_mb']:.0f} MB) in {facts['generate_seconds']:.1f} s")
     folder = fastpipe.ImageFolder(c.tree, cache_dir=c.index)
     packed_ok = False
     try:

@@ -1,7 +1,8 @@
-"""The images suite: JPEG training input pipelines, fastpipe against DataLoader + torchvision, DALI and FFCV.
+"""The images suite: image training input pipelines, fastpipe against DataLoader + torchvision, DALI and FFCV.
 
-On a generated corpus of natural-image-like JPEGs (ImageNet-like sizes and file sizes, a few large ones,
-10 classes in an ImageFolder tree; also packed with ``fastpipe.write_images``) every loader produces
+On generated corpora of natural-image-like photos (ImageNet-like sizes and file sizes, a few large ones,
+10 classes in an ImageFolder tree; also packed with ``fastpipe.write_images``): JPEGs, the same images as
+PNGs, and a mixed tree (90% JPEG, 5% PNG, 5% WebP), every loader produces
 the same training batches: RandomResizedCrop(S) + horizontal flip + float32 + ImageNet normalisation,
 ``[B, 3, S, S]`` NCHW float32 and int64 labels, at equal cores (``k`` = the usable CPUs: fastpipe's
 ``num_threads``, DataLoader's ``num_workers``, DALI's and FFCV's threads). For each output size S
@@ -37,7 +38,8 @@ from fastpipe.bench import common as bc
 from fastpipe.bench import image_baselines as ib
 from fastpipe.bench.image_measure import (COLD_LIMIT, SAMPLE_INTERVAL, MemorySampler, cpu_seconds, evict,
                                           prepare_cache, source_files)
-from fastpipe.bench.image_corpus import CLASSES, GRAIN_SIGMA, JPEG_QUALITY, Corpus, corpus_paths, ensure_corpus
+from fastpipe.bench.image_corpus import (CLASSES, GRAIN_SIGMA, JPEG_QUALITY, KINDS, Corpus, corpus_paths,
+                                         ensure_corpus)
 from fastpipe.bench.loader_timing import rotated
 
 SIZES = (224, 160)
@@ -77,11 +79,17 @@ LOADERS = {
                       "FFCV re-encodes every image (it cannot keep the original bytes)"),
 }
 BASELINE = "dl_pil"
+# Rows that read only the JPEG corpus: they cannot read the other formats as they are.
+JPEG_ONLY = {"dl_decode_jpeg": "torchvision.io.decode_jpeg reads JPEGs only",
+             "ffcv": "FFCV's .beton re-encodes every image as a JPEG: not the same input"}
 
 
 def add_arguments(p):
     p.add_argument("--loaders", default=",".join(LOADERS),
                    help="comma-separated subset of the rows (default: %(default)s)")
+    p.add_argument("--corpora", default=",".join(KINDS),
+                   help="the corpora: jpeg, png (the same images as PNGs), mixed (90%% JPEG, 5%% PNG, 5%% WebP) "
+                        "(default: %(default)s)")
     p.add_argument("--sizes", default=",".join(map(str, SIZES)), help="output sizes S (default: %(default)s)")
     p.add_argument("--cache", default=",".join(STATES), help="page-cache states: warm, cold (default: %(default)s)")
     p.add_argument("--reps", type=int, default=None, help=f"repetitions (default {FULL_REPS}; --quick 1)")
@@ -371,7 +379,9 @@ def _pct(v):
 
 
 def report(results: dict, keys: list, sizes: list, states: list, out) -> None:
+    """The tables and plots of one corpus's results."""
     k = results["settings"]["threads"]
+    kind = results["corpus"]["kind"]
     base_label = LOADERS[BASELINE].label
     for size in sizes:
         for state in states:
@@ -397,8 +407,9 @@ def report(results: dict, keys: list, sizes: list, states: list, out) -> None:
                               _pct(r["spread_pct"] / 100), _pct(r["cached_at_start"])])
             out.table(["loader", "images/s", f"x vs {base_label}", "CPU s / 1000 img", "peak RSS MiB",
                        "peak PSS MiB", "spread", "cached at start"], table,
-                      title=f"{size}x{size}, {state} page cache, k={k}, batch {results['settings']['batch']} "
-                            f"(images/s: median of {results['settings']['reps']} repetition(s))")
+                      title=f"{kind} corpus, {size}x{size}, {state} page cache, k={k}, batch "
+                            f"{results['settings']['batch']} (images/s: median of {results['settings']['reps']} "
+                            f"repetition(s))")
             if " !" in marks:
                 out.note(f"! more than {COLD_LIMIT:.0%} of this loader's files were still cached when a cold pass "
                          "started (pages a process keeps mapped cannot be evicted): its cold figure is flattered")
@@ -406,7 +417,8 @@ def report(results: dict, keys: list, sizes: list, states: list, out) -> None:
                 out.note("* DALI's file reader keeps up to initial_fill=1024 samples of the next epoch mapped in its "
                          "shuffle buffer: they stay cached, but were read from the disk during an untimed cold "
                          "epoch just before, as in steady-state training on data that does not fit in memory")
-        out.bars(f"images_{size}", f"{size}x{size}, k={k}: images/s (median of repetitions)",
+        out.bars(f"images_{size}" if kind == "jpeg" else f"images_{kind}_{size}",
+                 f"{kind} corpus, {size}x{size}, k={k}: images/s (median of repetitions)",
                  {state: {LOADERS[key].label: results["rows"][f"{size}_{state}"][key].get("images_per_s")
                           for key in keys} for state in states}, "images/s")
     out.note("Every row yields float32 [B, 3, S, S] NCHW + int64 labels from RandomResizedCrop(S) + flip + "
@@ -429,14 +441,16 @@ def report(results: dict, keys: list, sizes: list, states: list, out) -> None:
     if st:
         warmup = results["settings"]["warmup"]
         out.table(["loader", "launch to first batch s", "build s", f"warm-up s ({warmup} batches)"],
-                  st, title="Start-up (median over processes): interpreter + imports + build + first batch; "
-                            "DALI builds and FFCV JIT-compiles in the warm-up")
+                  st, title=f"{kind} corpus, start-up (median over processes): interpreter + imports + build + "
+                            "first batch; DALI builds and FFCV JIT-compiles in the warm-up")
 
 
 def headline(results: dict, sizes: list, states: list) -> list[str]:
+    """One corpus's headline lines."""
     size = 224 if 224 in sizes else sizes[0]
     state = "warm" if "warm" in states else states[0]
     k = results["settings"]["threads"]
+    kind = results["corpus"]["kind"]
     lines = []
     fp = [key for key in ("fastpipe_folder", "fastpipe_packed") if key in results["runs"]]
     names = {"fastpipe_folder": "ImageFolder", "fastpipe_packed": "packed"}
@@ -444,14 +458,15 @@ def headline(results: dict, sizes: list, states: list) -> list[str]:
         if not fp:
             break
         if peer in results["skipped"]:
-            lines.append(f"fastpipe vs {what}, {size} {state}: skipped ({results['skipped'][peer]})")
+            if peer not in JPEG_ONLY or kind == "jpeg":
+                lines.append(f"fastpipe vs {what}, {kind}, {size} {state}: skipped ({results['skipped'][peer]})")
             continue
         if peer not in results["runs"]:
             continue
         parts = [f"{names[key]} {_times(pair_ratio(results, key, peer, size, state))}" for key in fp]
         rows = results["rows"][f"{size}_{state}"]
         rates = " and ".join(bc.fmt_rate(rows[key].get("images_per_s")) for key in fp)
-        lines.append(f"fastpipe vs {what}, {size}x{size} {state}, k={k}: {', '.join(parts)} "
+        lines.append(f"fastpipe vs {what}, {kind}, {size}x{size} {state}, k={k}: {', '.join(parts)} "
                      f"({rates} vs {bc.fmt_rate(rows[peer].get('images_per_s'))} images/s)")
     return lines
 
@@ -462,6 +477,9 @@ def run(args, out) -> dict:
     bad = [s for s in keys if s not in LOADERS]
     if bad or not keys:
         raise SystemExit(f"images --loaders: unknown {bad}; choose from {','.join(LOADERS)}")
+    kinds = [s.strip() for s in args.corpora.split(",") if s.strip()]
+    if not kinds or any(s not in KINDS for s in kinds):
+        raise SystemExit(f"images --corpora: a subset of {','.join(KINDS)}, got {args.corpora!r}")
     try:
         sizes = [int(s) for s in args.sizes.split(",") if s.strip()]
     except ValueError:
@@ -475,54 +493,75 @@ def run(args, out) -> dict:
     reps = args.reps or (1 if quick else FULL_REPS)
     if n < CLASSES or n // batch < 1 or k < 1 or reps < 1:
         raise SystemExit(f"images: need --images >= {CLASSES} and at least one batch ({n} images, batch {batch})")
-    data_dir = os.path.join(args.data_dir, "quick") if quick else args.data_dir
-    timeout = CASE_TIMEOUT["quick" if quick else "full"]
 
-    facts = out.facts
-    out.log(f"fastpipe images benchmark — {bc.machine_line(facts)}")
+    out.log(f"fastpipe images benchmark — {bc.machine_line(out.facts)}")
     out.note(f"k = {k} threads or workers for every loader, batch {batch}, sizes {sizes}, cache {states}, "
-             f"{reps} repetition(s), {n} images" + ("; QUICK mode: not figures" if quick else ""))
-    c = corpus_paths(data_dir, n, args.seed, args.grain)
-    corpus = ensure_corpus(c, n, args.seed, args.grain, k, out)
-    facts["data_dir"] = c.dir
+             f"{reps} repetition(s), {n} images per corpus ({', '.join(kinds)})"
+             + ("; QUICK mode: not figures" if quick else ""))
+    settings = {"images": n, "batch": batch, "threads": k, "sizes": sizes, "states": states, "corpora": kinds,
+                "reps": reps, "warmup": WARMUP_BATCHES if not quick else 2, "seed": args.seed,
+                "baseline": BASELINE, "cold_limit": COLD_LIMIT, "sample_interval_s": SAMPLE_INTERVAL,
+                "loaders": {key: LOADERS[key]._asdict() for key in keys}}
+    results = {"settings": settings, "corpora": {}}
+
+    def checkpoint(kind, partial):
+        results["corpora"][kind] = partial
+        out.checkpoint(results)
+
+    for kind in kinds:
+        results["corpora"][kind] = run_corpus(kind, keys, settings, args, out, checkpoint)
+    results["headline"] = [line for kind in kinds
+                           for line in headline(results["corpora"][kind], sizes, states)]
+    return results
+
+
+def run_corpus(kind: str, keys: list, settings: dict, args, out, checkpoint) -> dict:
+    """Every loader on one corpus: its facts, skipped rows, runs and summary rows (and its report)."""
+    n, batch, k, reps = settings["images"], settings["batch"], settings["threads"], settings["reps"]
+    sizes, states = settings["sizes"], settings["states"]
+    data_dir = os.path.join(args.data_dir, "quick") if args.quick else args.data_dir
+    timeout = CASE_TIMEOUT["quick" if args.quick else "full"]
+    facts = out.facts
+    c = corpus_paths(data_dir, n, args.seed, args.grain, kind)
+    corpus = ensure_corpus(c, n, args.seed, args.grain, k, out, kind)
+    corpus["kind"] = kind
+    facts["data_dir"] = os.path.dirname(c.dir)
     facts["data_dir_filesystem"] = bc.filesystem_of(c.dir)
     if facts["usable_cpus"] and os.getloadavg()[0] > 0.5 * facts["usable_cpus"]:
-        out.note(f"NOTE: load average {os.getloadavg()[0]:.1f} on {facts['usable_cpus']} CPUs before starting: "
-                 "other work is running, the numbers will be noisy (see the spread column)")
+        out.note(f"NOTE: load average {os.getloadavg()[0]:.1f} on {facts['usable_cpus']} CPUs before the {kind} "
+                 "corpus: other work is running, the numbers will be noisy (see the spread column)")
 
     skipped = {}
     for key in keys:
         needs = LOADERS[key].needs
-        why = ib.peer_missing(needs) if needs else None
+        why = (JPEG_ONLY[key] if kind != "jpeg" and key in JPEG_ONLY else None) or (
+            ib.peer_missing(needs) if needs else None)
         if why:
             skipped[key] = why
     if "ffcv" in keys and "ffcv" not in skipped:
         why = ensure_beton(c, k, corpus, out, timeout)
         if why:
             skipped["ffcv"] = why
+    formats = ", ".join(f"{v} {f}" for f, v in corpus.get("formats", {"JPEG": n}).items())
     out.table(["images", "count", "mean KB", "bits/pixel"],
               [[g, v["count"], bc.fmt(v["mean_kb"], ".1f"), bc.fmt(v["bpp"], ".2f")]
                for g, v in corpus["groups"].items()]
               + [["all", corpus["count"], bc.fmt(corpus["mean_kb"], ".1f"), bc.fmt(corpus["bpp"], ".2f")]],
-              title=f"Corpus: {n} JPEGs in {CLASSES} classes from {corpus['source_photo']} (crops, zoom, flips, "
-                    f"colour jitter, sharpening, grain sigma {corpus['grain_sigma']:g}), q{JPEG_QUALITY} 4:2:0; "
-                    f"{corpus['total_mb']:.0f} MB, packed {corpus['packed_mb']:.0f} MB"
+              title=f"Corpus ({kind}): {n} images ({formats}) in {CLASSES} classes from {corpus['source_photo']} "
+                    f"(crops, zoom, flips, colour jitter, sharpening, grain sigma {corpus['grain_sigma']:g}), "
+                    f"JPEG q{JPEG_QUALITY} 4:2:0; {corpus['total_mb']:.0f} MB, packed {corpus['packed_mb']:.0f} MB"
                     + (f", FFCV .beton {corpus['beton_mb']:.0f} MB" if "beton_mb" in corpus else ""))
     out.note(f"corpus: {c.dir} ({facts['data_dir_filesystem'].get('fstype')}); mean file "
              f"{corpus['mean_kb_typical']:.0f} KB without the large ones (ImageNet's train images: ~110 KB)")
     for key, why in skipped.items():
-        out.note(f"skipped {LOADERS[key].label}: {why}")
+        out.note(f"{kind} corpus: skipped {LOADERS[key].label}: {why}")
 
     active = [key for key in keys if key not in skipped]
-    results = {"settings": {"images": n, "batch": batch, "threads": k, "sizes": sizes, "states": states,
-                            "reps": reps, "warmup": WARMUP_BATCHES if not quick else 2, "seed": args.seed,
-                            "baseline": BASELINE, "cold_limit": COLD_LIMIT, "sample_interval_s": SAMPLE_INTERVAL,
-                            "loaders": {key: LOADERS[key]._asdict() for key in keys}},
-               "corpus": corpus, "skipped": skipped, "runs": {key: [] for key in active}}
+    results = {"settings": settings, "corpus": corpus, "skipped": skipped, "runs": {key: [] for key in active}}
     spec = {"action": "measure", "tree": c.tree, "packed": c.packed, "beton": c.beton, "index": c.index,
             "num_images": n, "classes": CLASSES, "batch": batch, "threads": k, "seed": args.seed,
-            "warmup": results["settings"]["warmup"]}
-    with out.progress(total=reps * len(active), desc="images", unit="case") as bar:
+            "warmup": settings["warmup"]}
+    with out.progress(total=reps * len(active), desc=f"images {kind}", unit="case") as bar:
         for r in range(reps):
             for key in rotated(active, r):
                 if key in skipped:  # its import failed in an earlier repetition
@@ -541,15 +580,14 @@ def run(args, out) -> dict:
                 results["runs"][key].append(res)
                 done = [f"{s} {st} {bc.fmt_rate(p['images_per_s'])}/s" for s, e in res.get("sizes", {}).items()
                         for st, p in e.get("passes", {}).items()]
-                out.progress_line(f"  rep {r + 1}/{reps} {LOADERS[key].label}: {', '.join(done) or 'no pass'}")
-                out.checkpoint(results)
+                out.progress_line(f"  {kind} rep {r + 1}/{reps} {LOADERS[key].label}: {', '.join(done) or 'no pass'}")
+                checkpoint(kind, results)
                 bar.update()
     for key in list(results["runs"]):
         if key in skipped:
             del results["runs"][key]
     results["rows"] = summarize(results, keys, sizes, states)
     report(results, keys, sizes, states, out)
-    results["headline"] = headline(results, sizes, states)
     return results
 
 

@@ -56,13 +56,45 @@ def check_files(doc, suite):
 
 
 @pytest.fixture(scope="module")
-def loader_run(tmp_path_factory):
-    d = tmp_path_factory.mktemp("loader")
-    p = bench("loader", "--quick", "--out-dir", "res", "--data-dir", str(d / "data"), "--no-progress", cwd=d)
-    (path,) = glob.glob(str(d / "res" / "loader_*.json"))
-    return json.loads(open(path).read()), p.stdout, d
+def make_bench_run(tmp_path_factory):
+    """What `make bench` runs (the loader, train and images suites), quick, as a new user runs it: from a
+    directory outside the checkout, with relative data and results folders (a relative ImageFolder root
+    once failed the train suite there)."""
+    d = tmp_path_factory.mktemp("bench")
+    assert REPO not in d.parents
+    p = bench("all", "--suites", "loader,train,images", "--quick", "--out-dir", "res", "--data-dir", "data",
+              "--no-progress", cwd=d, timeout=900)
+    docs = {}
+    for suite in ("loader", "train", "images"):
+        (path,) = glob.glob(str(d / "res" / f"{suite}_*.json"))
+        docs[suite] = json.loads(open(path).read())
+    return docs, p.stdout, d
 
 
+@pytest.fixture(scope="module")
+def loader_run(make_bench_run):
+    docs, stdout, d = make_bench_run
+    return docs["loader"], stdout, d
+
+
+@pytest.mark.timeout(900)
+def test_make_bench_suites_run_from_outside_the_checkout(make_bench_run):
+    docs, stdout, d = make_bench_run
+    assert "FAILED" not in stdout
+    for suite, doc in docs.items():
+        check_files(doc, suite)
+        assert doc["options"]["data_dir"] == "data" and os.path.isdir(d / "data" / "quick"), suite
+    images = docs["images"]["results"]
+    assert list(images["corpora"]) == ["jpeg", "png", "mixed"]
+    for kind, corpus in images["corpora"].items():
+        assert corpus["corpus"]["kind"] == kind
+        for state in ("warm", "cold"):
+            row = corpus["rows"][f"224_{state}"]["fastpipe_folder"]
+            assert "error" not in row and row["images_per_s"] > 0, (kind, state, row)
+        assert corpus["skipped"].get("ffcv", "").startswith("FFCV's .beton") == (kind != "jpeg")
+
+
+@pytest.mark.timeout(900)
 def test_loader_quick_writes_every_row_and_check(loader_run):
     doc, stdout, d = loader_run
     md = check_files(doc, "loader")

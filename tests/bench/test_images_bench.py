@@ -38,9 +38,9 @@ def test_images_are_deterministic_and_imagenet_like():
     assert shapes[10] == (1600, 1200) and shapes[30] == (3000, 2000)  # every 20th is large
     assert sum(image_corpus.size_group(w, h) in ("1600x1200", "3000x2000") for w, h in shapes) == 2
     i = next(i for i, s in enumerate(shapes) if s == (500, 375))
-    data, w, h = painter.jpeg(i, seed=3)
+    data, w, h = painter.encode(i, seed=3)
     assert (w, h) == (500, 375) and data[:2] == b"\xff\xd8"
-    assert painter.jpeg(i, seed=3)[0] == data  # a pure function of (seed, index)
+    assert painter.encode(i, seed=3)[0] == data  # a pure function of (seed, index)
     assert 60_000 < len(data) < 150_000, len(data)  # ImageNet-like file size for q90 4:2:0 at 500x375
 
 
@@ -61,6 +61,35 @@ def test_corpus_is_made_once_and_reused(tmp_path):
 
 
 @pytest.mark.skipif(not HAS_FINCORE, reason="needs util-linux fincore")
+def test_png_and_mixed_corpora_hold_the_same_images_in_their_formats(tmp_path):
+    import io
+
+    from PIL import Image
+
+    import fastpipe
+
+    def pil_rgb_array(data):
+        with Image.open(io.BytesIO(data)) as im:
+            return np.asarray(im.convert("RGB"))
+
+    trees = {}
+    for kind in ("png", "mixed"):
+        c = image_corpus.corpus_paths(str(tmp_path), 40, 1, image_corpus.GRAIN_SIGMA, kind)
+        facts = image_corpus.ensure_corpus(c, 40, 1, image_corpus.GRAIN_SIGMA, 2, _Out(), kind)
+        assert facts["kind"] == kind and facts["count"] == 40
+        trees[kind] = fastpipe.ImageFolder(c.tree, cache_dir="off")
+        assert not trees[kind].bad
+    assert facts["formats"] == {"JPEG": 36, "PNG": 2, "WEBP": 2}
+    assert trees["mixed"].image_formats.count("WebP") == 2 and set(trees["png"].image_formats) == {"PNG"}
+    # The same picture in every corpus: PNG losslessly the pixels the JPEG was encoded from.
+    i = next(i for i, f in enumerate(trees["mixed"].image_formats) if f == "PNG")
+    png_path, mixed_path = trees["png"].samples[i][0], trees["mixed"].samples[i][0]
+    assert open(png_path, "rb").read() == open(mixed_path, "rb").read()
+    painter = image_corpus._Painter(image_corpus.GRAIN_SIGMA, seed=1)
+    jpeg, _, _ = painter.encode(int(os.path.basename(png_path)[4:9]), seed=1)  # img_NNNNN.png
+    assert np.abs(pil_rgb_array(jpeg).astype(int) - pil_rgb_array(open(png_path, "rb").read())).mean() < 8
+
+
 def test_evict_and_warm_move_files_out_of_and_into_the_page_cache(tmp_path):
     paths = []
     for i in range(3):
@@ -91,14 +120,15 @@ def test_quick_run_reports_every_row(tmp_path, monkeypatch):
     monkeypatch.setattr(ib, "peer_missing",
                         lambda m: "pretend: not installed" if m in ("nvidia.dali", "ffcv") else real(m))
     out = tmp_path / "res" / "images.json"
-    rc = cli.main(["images", "--quick", "--images", "40", "--batch-size", "8", "--sizes", "160",
+    rc = cli.main(["images", "--quick", "--images", "40", "--batch-size", "8", "--sizes", "160", "--corpora", "jpeg",
                    "--loaders", "fastpipe_folder,fastpipe_packed,dl_pil,dali_cpu,ffcv",
                    "--data-dir", str(tmp_path / "data"), "--out", str(out), "--no-progress"],
                   prog="fastpipe-bench")
     assert rc == 0
     doc = json.loads(out.read_text())
     assert doc["suite"] == "images" and doc["complete"] and doc["options"]["quick"]
-    res = doc["results"]
+    assert doc["results"]["settings"]["corpora"] == ["jpeg"] and list(doc["results"]["corpora"]) == ["jpeg"]
+    res = doc["results"]["corpora"]["jpeg"]
     assert res["settings"]["threads"] == images.usable_cpus() and res["settings"]["reps"] == 1
     assert res["corpus"]["count"] == 40 and os.path.isdir(tmp_path / "data" / "quick")
     assert res["skipped"] == {"dali_cpu": "pretend: not installed", "ffcv": "pretend: not installed"}
@@ -125,8 +155,9 @@ def test_quick_run_reports_every_row(tmp_path, monkeypatch):
             assert p["images"] == 40 // 8 * 8 and p["batches"] == 5
             # DataLoader's work happens in its worker processes: their CPU time must be counted.
             assert (p["cpu_children_s"] > 0) if key == "dl_pil" else (p["cpu_children_s"] < 0.05), (key, p)
-    assert any(line.startswith("fastpipe vs DataLoader + v2 (PIL), 160x160 warm") for line in res["headline"])
-    assert any("DALI CPU" in line and "skipped (pretend: not installed)" in line for line in res["headline"])
+    lines = doc["results"]["headline"]
+    assert any(line.startswith("fastpipe vs DataLoader + v2 (PIL), jpeg, 160x160 warm") for line in lines)
+    assert any("DALI CPU" in line and "skipped (pretend: not installed)" in line for line in lines)
     md = open(doc["files"]["markdown"]).read()
-    assert "160x160, cold page cache" in md and "skipped: pretend: not installed" in md
-    assert "Corpus: 40 JPEGs in 10 classes" in md
+    assert "jpeg corpus, 160x160, cold page cache" in md and "skipped: pretend: not installed" in md
+    assert "Corpus (jpeg): 40 images (40 JPEG) in 10 classes" in md
