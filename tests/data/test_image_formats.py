@@ -213,3 +213,34 @@ def test_pillow_records_with_next_reading_the_batches(tmp_path, rng):
     for (x, _), (rx, _) in zip(ld, want, strict=True):
         assert torch.equal(x, rx)
     assert ld.stats()["images_pillow"] == len(ds)
+
+
+@pytest.mark.parametrize("image_decode", ["host", "device"])
+def test_a_mixed_tree_on_the_simulated_device_equals_the_cpu_loader(tmp_path, rng, image_decode):
+    # Other formats are decoded on the CPU on a CUDA loader too (with image_decode="device", the JPEGs
+    # the device is given are decoded there), and the batch copied.
+    from fastpipe.data import _device
+
+    writers = [jpeg_bytes, lambda p: pillow_bytes(p, "PNG"), lambda p: pillow_bytes(p, "WEBP", quality=85),
+               lambda p: pillow_bytes(p, "BMP")]
+    for k in range(8):
+        write(str(tmp_path / "t" / f"c{k % 2}" / f"{k}.img.png"), writers[k % 4](picture(rng, 50 + k, 61)))
+    ds = fastpipe.ImageFolder(str(tmp_path / "t"), cache_dir="off")
+    t = CenterCrop(40, resize=44, dct_scaling=False)
+    cpu = [(x.numpy().copy(), y.numpy().copy()) for x, y in fastpipe.Loader(ds, batch_size=3, transforms={0: t})]
+    with _device.simulated(max_delay_us=100, seed=3) as sim:
+        ld = fastpipe.Loader(ds, batch_size=3, transforms={0: t}, device="cuda", image_decode=image_decode,
+                             timeout=60)
+        dev = []
+        for x, y in ld:
+            sim.synchronize(sim.consumer_stream())
+            dev.append((x.numpy().copy(), y.numpy().copy()))
+        stats = ld.stats()
+        del ld
+        sim.drain()
+    assert stats["images_pillow"] == 2
+    if image_decode == "device":
+        assert stats["images_decoded_on_device"] == 2 and stats["images_decoded_on_host"] == 6
+    for (a, la), (b, lb) in zip(cpu, dev, strict=True):
+        np.testing.assert_array_equal(la, lb)
+        np.testing.assert_allclose(b, a, atol=2e-5 * 255, rtol=0)
