@@ -14,7 +14,9 @@ namespace fastpipe {
 namespace {
 
 struct Context {
-  spng_ctx* ctx = spng_ctx_new(0);
+  // Checksums are not verified, as Pillow verifies none over the image data (what torchvision reads, read
+  // here too); zlib still stops at data that does not inflate. Saves ~6% of a decode.
+  spng_ctx* ctx = spng_ctx_new(SPNG_CTX_IGNORE_ADLER32);
   ~Context() { spng_ctx_free(ctx); }
 };
 
@@ -83,6 +85,7 @@ const uint8_t* PngDecoder::decode(const uint8_t* data, size_t size, const PngInf
   Context c;
   if (!c.ctx) throw std::runtime_error("libspng could not allocate its context");
   check(spng_set_png_buffer(c.ctx, data, size));
+  check(spng_set_crc_action(c.ctx, SPNG_CRC_USE, SPNG_CRC_DISCARD));
   // The image's size was checked against kMaxImagePixels; metadata chunks (text, profiles) are bounded
   // by the file, and their decompressed copies to 16 MiB.
   check(spng_set_image_limits(c.ctx, static_cast<uint32_t>(info.width), static_cast<uint32_t>(info.height)));
