@@ -152,7 +152,8 @@ class ImageFolder(_Images):
         whose size or modification time changed are read again. ``rescan=True`` reads every header again.
     rescan : bool
     num_threads : int, optional
-        Threads reading headers during a scan (default: the cores, at least 4: they mostly wait on the disk).
+        Threads reading headers during a scan (default: the cores, at least 32: they mostly wait on the disk,
+        and a disk serves many reads at once; 4 took twice as long over ImageNet's 1.28 M files here).
     max_record_bytes : int
         An image file larger than this is an error naming it (64 MiB).
 
@@ -172,8 +173,8 @@ class ImageFolder(_Images):
                  num_threads=None, max_record_bytes=DEFAULT_MAX_RECORD_BYTES):
         self._init_common(transform, max_record_bytes)
         rescan = checks.flag(rescan, "rescan")
-        threads = max(4, os.cpu_count() or 1) if num_threads is None else checks.integer(num_threads, "num_threads",
-                                                                                         low=1)
+        threads = max(32, os.cpu_count() or 1) if num_threads is None else checks.integer(num_threads, "num_threads",
+                                                                                          low=1)
         cache = None if cache_dir is None else checks.path(cache_dir, "cache_dir")
         if samples is None:
             if root is None:
