@@ -102,7 +102,7 @@ def test_random_choices_depend_on_seed_epoch_and_sample_only(images, fp):
         ld = fp.loader(ds, 5, shuffle=True, transforms={"image": t}, **kw)
         out = {}
         for b in ld:
-            for i, im in zip(b["idx"].tolist(), b["image"]):
+            for i, im in zip(b["idx"].tolist(), b["image"], strict=True):
                 out[i] = im.clone()
         return out
 

@@ -67,7 +67,7 @@ def test_device_decode_matches_the_host_path(folder, transform):
     assert stats["images_decoded_on_device"] + stats["images_decoded_on_host"] == len(folder)
     assert stats["images_decoded_on_device"] >= len(folder) // 2
     tol = 1e-2 if transform.out_dtype == torch.bfloat16 else FLOAT_TOL * 255  # values are normalised
-    for (a, la), (b, lb) in zip(host, dev):
+    for (a, la), (b, lb) in zip(host, dev, strict=True):
         np.testing.assert_array_equal(la, lb)
         np.testing.assert_allclose(b, a, atol=tol, rtol=0 if transform.out_dtype != torch.bfloat16 else 1e-2)
 
@@ -87,7 +87,7 @@ def test_records_the_device_is_not_given_are_decoded_on_the_host(tmp_path, rng):
     dev, stats = device_batches(ds, t)
     assert stats["images_decoded_on_device"] == 3  # baseline, baseline2, gray
     assert stats["images_decoded_on_host"] == 3    # progressive, cmyk, big
-    for (a, _), (b, _) in zip(host, dev):
+    for (a, _), (b, _) in zip(host, dev, strict=True):
         np.testing.assert_allclose(b, a, atol=FLOAT_TOL * 255)
 
 
@@ -136,14 +136,14 @@ def test_nvjpeg_decode_on_a_gpu_is_close_to_the_host_path(folder):
     assert ld.stats()["images_decoded_on_device"] == len(folder)
     diff = np.abs(np.concatenate([b for b, _ in dev]) - np.concatenate([a for a, _ in host])) * 255
     subsampling = [int(os.path.basename(folder._path(i))[:-4]) % 3 for i in range(len(folder))]  # PIL's: 0 = 4:4:4
-    for d, s in zip(diff, subsampling):
+    for d, s in zip(diff, subsampling, strict=True):
         print(f"subsampling {s}: mean {d.mean():.2f} levels, p99 {np.percentile(d, 99):.1f}, max {d.max():.1f}")
     # Without chroma subsampling nvJPEG's IDCT gave libjpeg-turbo's bytes exactly on an H200.
-    full = np.stack([d for d, s in zip(diff, subsampling) if s == 0])
+    full = np.stack([d for d, s in zip(diff, subsampling, strict=True) if s == 0])
     assert full.max() <= 1.0, full.max()
     # Subsampled chroma is upsampled otherwise than libjpeg-turbo's triangular ("fancy") filter: on these
     # pictures' hard colour edges the H200 saw means of 2.9-6.6 levels, p99 17-47, max 76.
-    part = np.stack([d for d, s in zip(diff, subsampling) if s != 0])
+    part = np.stack([d for d, s in zip(diff, subsampling, strict=True) if s != 0])
     assert part.mean() < 8 and np.percentile(part, 99) < 64, (part.mean(), np.percentile(part, 99))
-    for (_, la), (_, lb) in zip(host, dev):
+    for (_, la), (_, lb) in zip(host, dev, strict=True):
         np.testing.assert_array_equal(la, lb)

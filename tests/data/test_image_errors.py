@@ -116,7 +116,7 @@ def test_on_error_replace_substitutes_another_sample_deterministically(make_fold
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         again, _ = every_batch(ds, on_error="replace", shuffle=True, seed=3)
-    for (a, la), (b, lb) in zip(first, again):
+    for (a, la), (b, lb) in zip(first, again, strict=True):
         np.testing.assert_array_equal(a, b)
         np.testing.assert_array_equal(la, lb)
     # The substitute is a good image, whole: its pixels are those of one of the good samples.
@@ -213,8 +213,8 @@ def test_replaced_samples_keep_their_labels_consistent(tmp_path, rng):
         folder = fastpipe.ImageFolder(str(root), cache_dir="off")
         got, _ = every_batch(folder, on_error="replace", seed=1)
     good, _ = every_batch(folder, sampler=[0, 1, 3, 4, 5])
-    by_label = {int(y): x for xs, ys in good for x, y in zip(xs, ys)}
+    by_label = {int(y): x for xs, ys in good for x, y in zip(xs, ys, strict=True)}
     for xs, ys in got:
-        for x, y in zip(xs, ys):
+        for x, y in zip(xs, ys, strict=True):
             assert int(y) != 2
             np.testing.assert_array_equal(x, by_label[int(y)])

@@ -59,7 +59,7 @@ def test_webp_and_the_formats_pillow_decodes_match_pillow_and_are_counted(tmp_pa
         write(str(tmp_path / "t" / "c" / name), data)
     ds = fastpipe.ImageFolder(str(tmp_path / "t"), cache_dir="off")
     assert not ds.bad
-    by_name = {os.path.basename(p): (f, tuple(hw)) for (p, _), f, hw in zip(ds.samples, ds.image_formats, ds.image_sizes)}
+    by_name = {os.path.basename(p): (f, tuple(hw)) for (p, _), f, hw in zip(ds.samples, ds.image_formats, ds.image_sizes, strict=True)}
     assert {n: f for n, (f, _) in by_name.items()} == {
         "alpha.webp": "WebP", "animated.webp": "WebP", "grey.pgm": "other", "lossless.webp": "WebP",
         "lossy.webp": "WebP", "x.bmp": "other", "gif_named.png": "other", "x.ppm": "other", "x.tiff": "other"}
@@ -90,7 +90,7 @@ def test_crops_of_png_and_webp_match_pillow(tmp_path, rng, fmt):
     ld = fastpipe.Loader(ds, batch_size=2, transforms={0: t}, seed=5)
     got = [x for xs, _ in ld for x in xs]
     for (path, _), x, (top, left, h, w, flip) in zip(ds.samples, got, t.boxes(ds, range(len(ds)), 0, seed=5),
-                                                     strict=True):
+                                                     strict=True, strict=True):
         diff = np.abs(as_hwc_255(x) - reference_resized_crop(pil_rgb(path), top, left, h, w, (57, 91), flip))
         assert diff.max() <= EXACT_TOL, f"{path} box {(top, left, h, w, flip)}: {diff.max()}"
 
@@ -196,7 +196,7 @@ def test_only_changed_files_are_read_again_when_a_folder_changes(tmp_path, rng, 
     write(str(root / "c1" / "1.png"), pillow_bytes(picture(rng, 31, 7), "PNG"))   # a file is rewritten
     third = fastpipe.ImageFolder(str(root), cache_dir=cache)
     assert third.rescanned and sorted(read_again) == ["c0/new.png", "c1/1.png"]
-    sizes = {os.path.relpath(p, root): tuple(hw) for (p, _), hw in zip(third.samples, third.image_sizes)}
+    sizes = {os.path.relpath(p, root): tuple(hw) for (p, _), hw in zip(third.samples, third.image_sizes, strict=True)}
     assert sizes["c1/1.png"] == (31, 7) and sizes["c0/new.png"] == (9, 9) and sizes["c0/0.png"] == (10, 12)
 
 

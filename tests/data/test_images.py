@@ -67,7 +67,7 @@ def test_imagefolder_lists_files_classes_and_labels_as_torchvision(tree, folder)
 
 
 def test_image_sizes_come_from_the_headers(folder):
-    for (path, _), (h, w) in zip(folder.samples, folder.image_sizes):
+    for (path, _), (h, w) in zip(folder.samples, folder.image_sizes, strict=True):
         assert pil_rgb(path).size == (w, h)
 
 
@@ -128,7 +128,7 @@ def test_center_crop_matches_resize_and_center_crop(folder, size, resize):
     t = CenterCrop(size, resize=resize, dct_scaling=False)
     hw = (size, size) if isinstance(size, int) else size
     got = [x for xs, _ in batches(loader(folder, t)) for x in xs]
-    for (path, _), x in zip(folder.samples, got):
+    for (path, _), x in zip(folder.samples, got, strict=True):
         ref = reference_center_crop(pil_rgb(path), hw, resize)
         ours = as_hwc_255(torch.from_numpy(x))
         diff = np.abs(ours - ref)
@@ -145,7 +145,7 @@ def test_random_resized_crop_matches_torchvision_on_its_boxes(folder, size):
         ld.set_epoch(epoch)
         got = [x for xs, _ in batches(ld) for x in xs]
         boxes = t.boxes(folder, range(len(folder)), epoch, seed=11)
-        for (path, _), x, (top, left, h, w, flip) in zip(folder.samples, got, boxes):
+        for (path, _), x, (top, left, h, w, flip) in zip(folder.samples, got, boxes, strict=True):
             ref = reference_resized_crop(pil_rgb(path), top, left, h, w, hw, flip)
             diff = np.abs(as_hwc_255(torch.from_numpy(x)) - ref)
             assert diff.max() <= EXACT_TOL, f"{os.path.basename(path)} box {(top, left, h, w, flip)}: {diff.max()}"
@@ -270,7 +270,7 @@ def test_same_batches_for_any_thread_count_and_new_crops_each_epoch(folder):
     t = RandomResizedCrop(24, **IMAGENET)
     one = batches(loader(folder, t, num_threads=1, shuffle=True, seed=2))
     three = batches(loader(folder, t, num_threads=3, shuffle=True, seed=2))
-    for (a, la), (b, lb) in zip(one, three):
+    for (a, la), (b, lb) in zip(one, three, strict=True):
         np.testing.assert_array_equal(a, b)
         np.testing.assert_array_equal(la, lb)
     ld = loader(folder, t, shuffle=False, seed=2)
@@ -290,7 +290,7 @@ def test_resume_mid_epoch_yields_exactly_the_remaining_batches(folder):
     again.load_state_dict(json.loads(json.dumps(state)))
     resumed = batches(again)
     assert len(resumed) == len(rest) > 0
-    for (a, la), (b, lb) in zip(rest, resumed):
+    for (a, la), (b, lb) in zip(rest, resumed, strict=True):
         np.testing.assert_array_equal(a, b)
         np.testing.assert_array_equal(la, lb)
 
@@ -301,7 +301,7 @@ def test_dataset_transform_and_loader_transforms(tree, tmp_path):
     with_t = fastpipe.ImageFolder(str(root), transform=t, cache_dir=str(tmp_path / "c"))
     a = batches(fastpipe.Loader(with_t, batch_size=4))
     b = batches(loader(fastpipe.ImageFolder(str(root), cache_dir=str(tmp_path / "c")), t, batch_size=4))
-    for (xa, ya), (xb, yb) in zip(a, b):
+    for (xa, ya), (xb, yb) in zip(a, b, strict=True):
         np.testing.assert_array_equal(xa, xb)
     img, label = with_t[1]
     np.testing.assert_array_equal(img.numpy(), a[0][0][1])
@@ -321,7 +321,7 @@ def test_on_the_simulated_device_batches_equal_the_cpu_loader(folder):
             dev.append((x.float().numpy().copy(), y.numpy().copy()))
         del ld
         sim.drain()
-    for (a, la), (b, lb) in zip(cpu, dev):
+    for (a, la), (b, lb) in zip(cpu, dev, strict=True):
         np.testing.assert_array_equal(a, b)
         np.testing.assert_array_equal(la, lb)
 
@@ -331,7 +331,7 @@ def test_on_a_gpu_batches_equal_the_cpu_loader(folder):
     t = RandomResizedCrop(28, **IMAGENET)
     cpu = batches(loader(folder, t, seed=6))
     gpu = [(x.cpu().numpy(), y.cpu().numpy()) for x, y in loader(folder, t, seed=6, device="cuda")]
-    for (a, la), (b, lb) in zip(cpu, gpu):
+    for (a, la), (b, lb) in zip(cpu, gpu, strict=True):
         np.testing.assert_array_equal(a, b)
         np.testing.assert_array_equal(la, lb)
 
@@ -353,7 +353,7 @@ def test_write_images_keeps_the_original_bytes(tree, tmp_path):
                                                       "offsets.npy", "widths.npy"]
     t = RandomResizedCrop(33, **IMAGENET)
     for (a, la), (b, lb) in zip(batches(loader(folder, t, seed=1, shuffle=True)),
-                                batches(loader(ds, t, seed=1, shuffle=True))):
+                                batches(loader(ds, t, seed=1, shuffle=True)), strict=True):
         np.testing.assert_array_equal(a, b)
         np.testing.assert_array_equal(la, lb)
 
@@ -392,7 +392,7 @@ def test_write_images_labels_identify_samples_across_shards(tmp_path, rng):
     seen = []
     for rank in range(3):
         for x, y in loader(ds, t, shuffle=True, seed=8, rank=rank, world_size=3, shard_remainder="drop"):
-            for img, label in zip(x, y.tolist()):
+            for img, label in zip(x, y.tolist(), strict=True):
                 np.testing.assert_array_equal(img.numpy(), reference[label])
                 seen.append(label)
     assert sorted(seen) == list(range(12))

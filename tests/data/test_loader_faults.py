@@ -113,7 +113,7 @@ def test_a_failing_device_call_is_an_error_in_the_loop(tmp_path, rng, fp, what, 
     ds = fastpipe.NpyDataset({"idx": str(tmp_path / "idx.npy"), "x": str(tmp_path / "x.npy")})
     transforms = {"x": CropMirrorNormalize((0.4, 0.5, 0.6), (0.2, 0.25, 0.3), out_dtype=torch.float32)}
     # The CPU loader runs the same per-element code: its batches are the bit-exact reference.
-    want = {int(i): row for b in fp.epoch(fp.loader(ds, 8, transforms=transforms)) for i, row in zip(b["idx"], b["x"])}
+    want = {int(i): row for b in fp.epoch(fp.loader(ds, 8, transforms=transforms)) for i, row in zip(b["idx"], b["x"], strict=True)}
     threads = fp.count_threads()
     _device_failure(fp, ds, transforms, want, what, call, after)
     assert fp.wait_until(lambda: fp.count_threads() <= threads), "threads were left behind"
@@ -122,7 +122,7 @@ def test_a_failing_device_call_is_an_error_in_the_loop(tmp_path, rng, fp, what, 
 def _device_failure(fp, ds, transforms, want, what, call, after):
     def exact(batches):
         for b in batches:
-            for i, row in zip(b["idx"], b["x"]):
+            for i, row in zip(b["idx"], b["x"], strict=True):
                 assert row.tobytes() == want[int(i)].tobytes(), f"record {i}: stale or wrong bytes"
         return sorted(int(i) for b in batches for i in b["idx"])
 

@@ -56,7 +56,7 @@ def test_holding_every_slot_with_when_full_error_raises_at_once(dataset_factory,
     assert "all 3 arena slots are held" in msg, f"the message should say how many batches are held: {msg}"
     assert "prefetch" in msg and "clone" in msg and "when_full='allocate'" in msg, f"the remedies: {msg}"
     assert ld.stats()["slots_leased"] == 3
-    for h, s in zip(held, sums):
+    for h, s in zip(held, sums, strict=True):
         assert digest(h) == s, "a held batch changed while the loader waited"
         check_live(h, arrays)
     del h
@@ -66,7 +66,7 @@ def test_holding_every_slot_with_when_full_error_raises_at_once(dataset_factory,
     nxt = next(it)
     assert nxt["idx"].numpy().tolist() == list(range(30, 40))
     check_live(nxt, arrays)
-    for h, s in zip(held, sums[1:]):
+    for h, s in zip(held, sums[1:], strict=True):
         assert digest(h) == s
     del nxt, h
     held.clear()

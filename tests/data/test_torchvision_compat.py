@@ -33,7 +33,7 @@ def test_eval_pipeline_matches_torchvision_dataloader(root):
         theirs = list(torch.utils.data.DataLoader(ds, batch_size=2))
         assert len(ours) == len(theirs)
         std = torch.tensor(STD).view(1, 3, 1, 1) * 255
-        for (x, y), (rx, ry) in zip(ours, theirs):
+        for (x, y), (rx, ry) in zip(ours, theirs, strict=True):
             assert torch.equal(y, ry)
             assert x.shape == rx.shape and x.dtype == rx.dtype
             assert float(((x - rx) * std).abs().max()) <= EXACT_TOL  # in levels of 255
@@ -47,7 +47,7 @@ def test_train_pipeline_becomes_the_fused_transform(root):
     fused = RandomResizedCrop(32, scale=(0.3, 1.0), mirror=0.25, out_dtype=torch.bfloat16, mean=MEAN, std=STD)
     want = [(x.float(), y) for x, y in fastpipe.Loader(fastpipe.ImageFolder(root, transform=fused), batch_size=2,
                                                        seed=3, shuffle=True)]
-    for (a, la), (b, lb) in zip(got, want):
+    for (a, la), (b, lb) in zip(got, want, strict=True):
         assert torch.equal(a, b) and torch.equal(la, lb)
     x, _ = next(iter(fastpipe.Loader(tv.datasets.ImageFolder(root, transform=T1.Compose(
         [T1.CenterCrop(20), T1.PILToTensor()])), batch_size=5)))

@@ -53,8 +53,8 @@ def check_backward(shape, batch, dtype, layout, need, activation, generator, dev
     will get is filled with NaN (an element a kernel skips shows)."""
     _, _, _, _, stride, padding, dilation = shape
     x, weight, bias = tensors(shape, batch, dtype, layout, generator, device)
-    leaves = [t.detach().clone().requires_grad_(n) for t, n in zip((x, weight, bias), need)]
-    ref = [t.detach().double().requires_grad_(n) for t, n in zip((x, weight, bias), need)]
+    leaves = [t.detach().clone().requires_grad_(n) for t, n in zip((x, weight, bias), need, strict=True)]
+    ref = [t.detach().double().requires_grad_(n) for t, n in zip((x, weight, bias), need, strict=True)]
     act = {"identity": lambda t: t, "silu": F.silu, "relu": torch.relu}[activation]
     want = act(F.conv2d(ref[0], ref[1], ref[2], stride, padding, dilation, groups=x.shape[1]))
     grad = torch.randn(want.shape, generator=generator, device=device)
@@ -71,7 +71,7 @@ def check_backward(shape, batch, dtype, layout, need, activation, generator, dev
     with fnn.use_conv_engine("depthwise"):
         _, ran = run_engines(step, backward=True)
     assert ran == ["depthwise"], ran
-    for got, exp, name in zip(leaves, ref, ("input", "weight", "bias")):
+    for got, exp, name in zip(leaves, ref, ("input", "weight", "bias"), strict=True):
         if exp.grad is None:
             assert got.grad is None, name
             continue

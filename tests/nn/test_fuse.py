@@ -224,7 +224,7 @@ def check_same(model, *inputs, fused=None):
         ref = copy.deepcopy(model).double()(*ref_in)
     assert ours.dtype == torch_own.dtype and ours.shape == torch_own.shape, (ours.dtype, ours.shape, torch_own.shape)
     check_error("fused model", ours, ref, torch_own, dtype)
-    for k, (a, b, r) in enumerate(zip(ours_in, own_in, ref_in)):
+    for k, (a, b, r) in enumerate(zip(ours_in, own_in, ref_in, strict=True)):
         check_error(f"input {k} after the call", a, r, b, dtype)
     return fused
 

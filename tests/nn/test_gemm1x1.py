@@ -48,7 +48,7 @@ def reference(x, w, b, r, fn):
 def test_the_plan_through_a_model_of_cublaslt(shape, bias, residual):
     g = torch.Generator().manual_seed(sum(shape))
     x, w, b, r = inputs(shape, bias, residual, g)
-    for (act, kwargs, fn), name in zip(ACTIVATIONS, ACT_IDS):
+    for (act, kwargs, fn), name in zip(ACTIVATIONS, ACT_IDS, strict=True):
         act_name, act_args = fnn._activations.resolve(act, kwargs)
         got = torch.ops.fastpipe._gemm1x1_host(x, w, b, r, act_name, act_args)
         want = reference(x, w, b, r, fn)
@@ -110,7 +110,7 @@ def test_the_engine_on_a_gpu(shape, dtype, residual):
     w, b = w.to(dtype), b.to(dtype)
     tol = {torch.float32: 1e-4, torch.float16: 1e-2, torch.bfloat16: 5e-2}[dtype]
     assert suggest_memory_format(x) == cl and (r is None or suggest_memory_format(r) == cl)
-    for (act, kwargs, fn), name in zip(ACTIVATIONS, ACT_IDS):
+    for (act, kwargs, fn), name in zip(ACTIVATIONS, ACT_IDS, strict=True):
         poison_cuda_allocations((shape[0], shape[2], shape[3], shape[4]), dtype=dtype)
         with fnn.use_conv_engine("gemm1x1"):
             got, ran = run_engines(lambda: conv2d_act(x, w, b, activation=act, residual=r, **kwargs))

@@ -100,7 +100,7 @@ def test_gradients_match_reference(device, act, act_kwargs, layout):
         _, ref = grads(to64(x), to64(w), to64(b), to64(r), eager)
         fmt = torch.channels_last if layout == "channels_last" else torch.contiguous_format
         assert out.is_contiguous(memory_format=fmt)
-        for name, o, t, f in zip(("input", "weight", "bias", "residual"), ours, torch_own, ref):
+        for name, o, t, f in zip(("input", "weight", "bias", "residual"), ours, torch_own, ref, strict=True):
             check_error(f"{engine} grad {name}", o, f, t, torch.float32)
 
 
