@@ -90,7 +90,7 @@ def test_crops_of_png_and_webp_match_pillow(tmp_path, rng, fmt):
     ld = fastpipe.Loader(ds, batch_size=2, transforms={0: t}, seed=5)
     got = [x for xs, _ in ld for x in xs]
     for (path, _), x, (top, left, h, w, flip) in zip(ds.samples, got, t.boxes(ds, range(len(ds)), 0, seed=5),
-                                                     strict=True, strict=True):
+                                                     strict=True):
         diff = np.abs(as_hwc_255(x) - reference_resized_crop(pil_rgb(path), top, left, h, w, (57, 91), flip))
         assert diff.max() <= EXACT_TOL, f"{path} box {(top, left, h, w, flip)}: {diff.max()}"
 
