@@ -83,6 +83,13 @@ def _dirs_unchanged(root, dirs):
     return True
 
 
+def _index_dir(cache, root, list_digest=b""):
+    """One index per root for its listing, and one per sample list (lists of one root never overwrite
+    each other's)."""
+    key = os.fsencode(root) + (b"\0" + list_digest if list_digest else b"")
+    return os.path.join(cache, hashlib.sha256(key).hexdigest()[:20])
+
+
 def load_or_scan(root, *, names=None, labels=None, classes=None, cache=None, rescan=False, threads=4):
     """The index of ``root`` (a dict), and whether headers were read for it.
 
@@ -90,42 +97,36 @@ def load_or_scan(root, *, names=None, labels=None, classes=None, cache=None, res
     tree is listed as torchvision does. ``cache``: the cache folder, or "off".
     """
     cache = default_cache() if cache is None else cache
-    index_dir = None if cache == "off" else os.path.join(cache, hashlib.sha256(os.fsencode(root)).hexdigest()[:20])
-    previous = None if index_dir is None else _load(index_dir, root)
     listed = names is None
     if listed:
-        if previous is not None and not rescan and previous["listed"] and _dirs_unchanged(root, previous["dirs"]):
-            return _with_dir(previous, index_dir), False
+        index_dir = None if cache == "off" else _index_dir(cache, root)
+        previous = None if index_dir is None else _load(index_dir, root)
+        if previous is not None and not rescan and _dirs_unchanged(root, previous["dirs"]):
+            return previous, False
         classes, names, labels, dirs = list_folder(root)
     else:
         dirs = {os.fsdecode(os.path.dirname(n)) or "." for n in names}
     blob, offsets = _blob(names)
     labels = np.asarray(labels, np.int64)
-    if (not listed and previous is not None and not rescan and previous["names"] == blob
-            and np.array_equal(previous["labels"], labels) and previous["classes"] == list(classes)
-            and _dirs_unchanged(root, previous["dirs"])):
-        return _with_dir(previous, index_dir), False
+    if not listed:
+        digest = hashlib.sha256(blob + labels.tobytes() + "\0".join(classes).encode()).digest()
+        index_dir = None if cache == "off" else _index_dir(cache, root, digest)
+        previous = None if index_dir is None else _load(index_dir, root)
+        if (previous is not None and not rescan and previous["names"] == blob
+                and np.array_equal(previous["labels"], labels) and previous["classes"] == list(classes)
+                and _dirs_unchanged(root, previous["dirs"])):
+            return previous, False
+        if previous is None and index_dir is not None:
+            previous = _load(_index_dir(cache, root), root)  # the folder's own index: headers of unchanged files
     index = _scan(root, blob, offsets, threads, None if rescan else previous)
-    index.update(root=root, classes=list(classes), labels=labels, listed=listed,
-                 dirs=_dir_times(root, dirs))
+    index.update(root=root, classes=list(classes), labels=labels, dirs=_dir_times(root, dirs))
     try:
         if index_dir is not None:
             _save(index, index_dir)
     except OSError as e:
         warnings.warn(f"ImageFolder: cannot keep its index under '{cache}' ({e}); the folder will be scanned again "
                       f"next time (set cache_dir= or ${CACHE_ENV})", stacklevel=3)
-        index_dir = None
-    return _with_dir(index, index_dir), True
-
-
-def _with_dir(index, index_dir):
-    """The index and the folder holding its labels.npy (a temporary one for this process without a cache)."""
-    if index_dir is None:
-        index_dir = tempfile.mkdtemp(prefix="fastpipe-imagefolder-")
-        index["_temporary"] = True
-        _write(index, index_dir)
-    index["index_dir"] = index_dir
-    return index
+    return index, True
 
 
 def _scan(root, blob, offsets, threads, previous):
@@ -223,6 +224,6 @@ def _write(index, folder):
     for k in _ARRAYS:
         np.save(os.path.join(folder, f"{k}.npy"), index[k])
     meta = {"format": _INDEX_FORMAT, "root": index["root"], "classes": index["classes"], "dirs": index["dirs"],
-            "listed": index["listed"], "num_images": len(index["name_offsets"]) - 1, "bad": index["bad"]}
+            "num_images": len(index["name_offsets"]) - 1, "bad": index["bad"]}
     with open(os.path.join(folder, "index.json"), "w") as f:  # last: its presence marks a whole index
         json.dump(meta, f)

@@ -11,6 +11,7 @@ first and only the rows (and, for JPEG and WebP, the columns) it needs are decod
 import json
 import os
 import shutil
+import tempfile
 import warnings
 import weakref
 
@@ -187,14 +188,17 @@ class ImageFolder(_Images):
             self.root, listing = _sample_list(samples, classes, root)
         index, self.rescanned = image_index.load_or_scan(self.root, cache=cache, rescan=rescan, threads=threads,
                                                          **listing)
-        if index.get("_temporary"):
-            weakref.finalize(self, shutil.rmtree, index["index_dir"], True)
+        # The labels the readers read, in a file of this dataset's own: a cached index may be replaced
+        # under it (the tree changed, and another dataset of it scanned again).
+        labels_dir = tempfile.mkdtemp(prefix="fastpipe-imagefolder-")
+        weakref.finalize(self, shutil.rmtree, labels_dir, True)
+        self._labels_path = os.path.join(labels_dir, "labels.npy")
+        np.save(self._labels_path, index["labels"])
         self.classes = index["classes"]
         self._names, self._name_offsets = index["names"], index["name_offsets"]
         self.image_sizes = np.stack([index["heights"], index["widths"]], axis=1)
         self.image_formats = [_C.IMAGE_FORMATS[f] for f in index["formats"]]
         self._len = len(self._name_offsets) - 1
-        self._labels_path = os.path.join(index["index_dir"], "labels.npy")
         self._where = self.root
         self.bad = [(i, self._path(i), why) for i, why in index["bad"]]
         self._file_bytes = index["bytes"]

@@ -244,3 +244,22 @@ def test_a_mixed_tree_on_the_simulated_device_equals_the_cpu_loader(tmp_path, rn
     for (a, la), (b, lb) in zip(cpu, dev, strict=True):
         np.testing.assert_array_equal(la, lb)
         np.testing.assert_allclose(b, a, atol=2e-5 * 255, rtol=0)
+
+
+def test_sample_lists_of_one_root_keep_their_own_labels(tmp_path, rng):
+    # Two subsets of one tree (a train and a validation split, say) alive together, and the tree's own
+    # index scanned again under them: each reads its own files and labels.
+    paths = [write(str(tmp_path / "t" / "c" / f"{k}.png"), pillow_bytes(picture(rng, 10 + k, 12), "PNG"))
+             for k in range(6)]
+    cache = str(tmp_path / "cache")
+    a = fastpipe.ImageFolder(samples=[(p, 0) for p in paths[:4]], classes=["a", "b"], cache_dir=cache)
+    b = fastpipe.ImageFolder(samples=[(p, 1) for p in paths[2:]], classes=["a", "b"], cache_dir=cache)
+    fastpipe.ImageFolder(str(tmp_path / "t"), cache_dir=cache)
+    again = fastpipe.ImageFolder(samples=[(p, 1) for p in paths[2:]], classes=["a", "b"], cache_dir=cache)
+    assert not again.rescanned  # its own index, beside the tree's and the other list's
+    write(str(tmp_path / "t" / "c" / "new.png"), pillow_bytes(picture(rng, 9, 9), "PNG"))
+    assert len(fastpipe.ImageFolder(str(tmp_path / "t"), cache_dir=cache)) == 7
+    t = {0: CenterCrop(8, out_dtype=torch.uint8)}
+    for ds, label, files in ((a, 0, paths[:4]), (b, 1, paths[2:])):
+        ys = torch.cat([y for _, y in fastpipe.Loader(ds, batch_size=3, transforms=t)])
+        assert ys.tolist() == [label] * 4 and [p for p, _ in ds.samples] == files
