@@ -85,33 +85,22 @@ const char* onednn_why_not(const ConvArgs& a) {
   }
 }
 
-at::Tensor onednn_run(const ConvArgs& a) {
-  const OneDnnOps& ops = onednn_ops();
-  if (a.residual) {
-    // The binary form fuses only relu after the add; other activations follow in place. Where oneDNN
-    // cannot fuse the add (NCHW, grouped convolutions, ...) torch falls back to ATen's add_relu, which
-    // has only a float32 kernel: in reduced precision relu follows in place too.
-    const bool fuse_relu = a.act.act == Act::Relu && a.input.scalar_type() == at::kFloat;
-    at::Tensor y = ops.binary->call(a.input, *a.residual, a.weight, a.bias, a.padding, a.stride, a.dilation,
-                                    a.groups, "add", std::nullopt,
-                                    fuse_relu ? std::optional<c10::string_view>("relu") : std::nullopt,
-                                    c10::List<std::optional<at::Scalar>>(), std::nullopt);
-    return fuse_relu ? y : apply_activation(y, a.act, /*inplace=*/true);
-  }
+// The unary form: the convolution with `act` fused (Identity: none).
+at::Tensor onednn_conv(const ConvArgs& a, const ActSpec& act) {
   const char* attr = "none";
   c10::List<std::optional<at::Scalar>> scalars;
   std::optional<c10::string_view> algorithm;
-  switch (a.act.act) {
+  switch (act.act) {
     case Act::Identity: break;
     case Act::Relu: attr = "relu"; break;
     case Act::Hardtanh:
       attr = "hardtanh";
-      scalars.push_back(at::Scalar(a.act.alpha));
-      scalars.push_back(at::Scalar(a.act.beta));
+      scalars.push_back(at::Scalar(act.alpha));
+      scalars.push_back(at::Scalar(act.beta));
       break;
     case Act::LeakyRelu:
       attr = "leaky_relu";
-      scalars.push_back(at::Scalar(a.act.alpha));
+      scalars.push_back(at::Scalar(act.alpha));
       break;
     case Act::Silu: attr = "swish"; break;
     case Act::Gelu:
@@ -126,8 +115,25 @@ at::Tensor onednn_run(const ConvArgs& a) {
     case Act::Tanh: attr = "tanh"; break;
     case Act::Hardswish: attr = "hardswish"; break;
   }
-  return ops.unary->call(a.input, a.weight, a.bias, a.padding, a.stride, a.dilation, a.groups, attr, scalars,
-                         algorithm);
+  return onednn_ops().unary->call(a.input, a.weight, a.bias, a.padding, a.stride, a.dilation, a.groups, attr,
+                                  scalars, algorithm);
+}
+
+at::Tensor onednn_run(const ConvArgs& a) {
+  if (!a.residual) return onednn_conv(a, a.act);
+  // torch 2.11's fused convolution + add cannot create its memory for an output of one pixel in
+  // channels_last ("could not create a memory"; 2.14 can): there the add follows the convolution.
+  if (a.residual->size(2) == 1 && a.residual->size(3) == 1)
+    return apply_activation(onednn_conv(a, ActSpec{}).add_(*a.residual), a.act, /*inplace=*/true);
+  // The binary form fuses only relu after the add; other activations follow in place. Where oneDNN
+  // cannot fuse the add (NCHW, grouped convolutions, ...) torch falls back to ATen's add_relu, which
+  // has only a float32 kernel: in reduced precision relu follows in place too.
+  const bool fuse_relu = a.act.act == Act::Relu && a.input.scalar_type() == at::kFloat;
+  at::Tensor y = onednn_ops().binary->call(a.input, *a.residual, a.weight, a.bias, a.padding, a.stride, a.dilation,
+                                           a.groups, "add", std::nullopt,
+                                           fuse_relu ? std::optional<c10::string_view>("relu") : std::nullopt,
+                                           c10::List<std::optional<at::Scalar>>(), std::nullopt);
+  return fuse_relu ? y : apply_activation(y, a.act, /*inplace=*/true);
 }
 
 // Names for the introspection ops (float64 only ever by the test override).
