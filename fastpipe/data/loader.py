@@ -53,8 +53,8 @@ class Loader:
     ----------
     dataset : NpyDataset, TokenDataset, ImageFolder or ImageDataset
         Other datasets can be converted once with :func:`fastpipe.write_npy` (tensors) or
-        :func:`fastpipe.write_images` (JPEGs). A torchvision ``ImageFolder`` is taken as it is: the same
-        files are read by :class:`fastpipe.ImageFolder` and its transform pipeline becomes the fused one
+        :func:`fastpipe.write_images` (images). A torchvision ``ImageFolder`` is taken as it is: its own
+        sample list is read by :class:`fastpipe.ImageFolder` and its transform pipeline becomes the fused one
         (RandomResizedCrop or Resize + CenterCrop, RandomHorizontalFlip, ToTensor/ToImage + ToDtype,
         Normalize; a step without a fused equivalent is an error naming it).
     batch_size : int
@@ -117,7 +117,7 @@ class Loader:
         single-tensor dataset). Random choices depend on ``seed``, the epoch and the sample only. For
         an image dataset, ``{0: RandomResizedCrop(224)}`` (or ``"image"``) overrides its ``transform``.
     on_error : {"raise", "replace"}
-        An image that cannot be read or decoded (corrupt, truncated, not a JPEG, deleted): "raise" fails
+        An image that cannot be read or decoded (corrupt, truncated, not an image, deleted): "raise" fails
         its batch with an error naming the file and why; "replace" substitutes another sample, drawn from
         (seed, epoch, sample) so runs still reproduce, counted in ``stats()["images_replaced"]`` (the first
         ones listed in ``stats()["replaced"]``) with one warning. Rows of an image below its crop are not
@@ -161,7 +161,7 @@ class Loader:
             raise TypeError(f"fastpipe.Loader reads NpyDataset, TokenDataset, ImageFolder and ImageDataset (and "
                             f"torchvision's ImageFolder), got {type(dataset).__name__}: convert a map-style dataset "
                             f"once with `ds = fastpipe.write_npy(dataset, out_dir)` (tensors) or "
-                            f"`fastpipe.write_images(dataset, out_dir)` (JPEG bytes or paths, and labels) and pass that")
+                            f"`fastpipe.write_images(dataset, out_dir)` (encoded images or paths, and labels) and pass that")
         for name, value, why in (
             ("collate_fn", collate_fn, "batches are assembled by C++ readers straight into tensors; apply your "
              "transform to the batch in the training loop"),
@@ -397,7 +397,8 @@ class Loader:
             reading per second of the last window, summed over them: the cores they kept busy, more
             when they shared cores; None before one),
             images_replaced and replaced (on_error="replace": how many bad images were substituted, and
-            the first of them: which, why, by what).
+            the first of them: which, why, by what), images_pillow (images of formats without a decoder
+            in the reader threads, decoded by Pillow holding the GIL: BMP, GIF, TIFF, ...).
         """
         s = self._reader.stats()
         wall = s["wall_seconds"]
