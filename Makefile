@@ -64,7 +64,7 @@ fuzz: system-deps
 rehearse-device:
 	@test -x .venv-torch211/bin/python || $(PYTHON) -m venv .venv-torch211
 	.venv-torch211/bin/python -m pip install -q -r requirements/device-rehearsal.txt
-	PYTHON=$(CURDIR)/.venv-torch211/bin/python bash benchmarks/device_check.sh "" rehearse
+	PYTHON=$(CURDIR)/.venv-torch211/bin/python PACK_DIR=/tmp/fastpipe-device-rehearsal-pack bash benchmarks/device_check.sh "" rehearse
 
 clean:
 	rm -rf build fastpipe/*.so *.egg-info

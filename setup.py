@@ -15,6 +15,8 @@ Environment knobs (each decision is printed):
   FASTPIPE_PNG, FASTPIPE_WEBP  the same for PNG (libspng) and WebP (libwebp) in the reader threads; without
                            them those formats are decoded by Pillow.
   DEBUG=1                  -O0 -g (and -lineinfo for CUDA).
+  FASTPIPE_LINEINFO=1      an optimised build with line tables (-g, and -lineinfo for CUDA): native stacks
+                           and sanitizer reports name files and lines (the GPU check builds so).
 """
 
 import glob
@@ -156,11 +158,13 @@ for name, knob, package, program, default_libs, debian in IMAGE_LIBRARIES:
         image_flags.append((knob.replace("FASTPIPE_", "FASTPIPE_WITH_"), cflags, libs))
 
 DEBUG = os.environ.get("DEBUG", "0") == "1"
+LINEINFO = os.environ.get("FASTPIPE_LINEINFO", "0") == "1" and not DEBUG
 if "MAX_JOBS" not in os.environ:
     # A translation unit that includes torch headers needs about 1.5 GB while compiling.
     mem_gb = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
     os.environ["MAX_JOBS"] = str(max(1, min(os.cpu_count() or 1, int(mem_gb // 1.5))))
-say(f"compile jobs: {os.environ['MAX_JOBS']}, {'debug' if DEBUG else 'release'} build")
+say(f"compile jobs: {os.environ['MAX_JOBS']}, {'debug' if DEBUG else 'release'} build"
+    + (" with line tables (FASTPIPE_LINEINFO=1)" if LINEINFO else ""))
 
 
 def sources(pattern):
@@ -178,7 +182,7 @@ defines = [
     ("FASTPIPE_TORCH_VERSION", f'"{torch.__version__}"'),
     ("FASTPIPE_CUDA_ARCHS", f'"{ARCHS if WITH_CUDA else ""}"'),
 ]
-opt = ["-O0", "-g"] if DEBUG else ["-O3"]
+opt = ["-O0", "-g"] if DEBUG else ["-O3", "-g"] if LINEINFO else ["-O3"]
 # No -std here: torch picks the standard its headers need (C++20 since 2.10); csrc/core is C++17.
 cxx_flags = ["-Wall", "-Wno-unused-function", "-fvisibility=hidden"] + opt
 include_dirs = [os.path.join(ROOT, "csrc")]
@@ -197,7 +201,7 @@ for define, cflags, libs in image_flags:
 if WITH_CUDA:
     defines.append(("FASTPIPE_WITH_CUDA", "1"))
     extra["nvcc"] = ["--expt-relaxed-constexpr", "-Xcompiler", "-fvisibility=hidden"] + (
-        ["-O0", "-g", "-lineinfo"] if DEBUG else ["-O3", "--use_fast_math"]
+        ["-O0", "-g", "-lineinfo"] if DEBUG else ["-O3", "--use_fast_math"] + (["-lineinfo"] if LINEINFO else [])
     )
     # pip-installed torch ships CUDA library headers (cuDNN, cuSPARSE, ...) in nvidia-* wheels, not in
     # the toolkit; torch's CUDA headers include them.

@@ -14,10 +14,14 @@
 # build,loader+conv+sanitize,bench); or rehearse: on a machine WITHOUT a GPU, every step that needs none (a copy of the tree
 # built with $PYTHON, e.g. torch 2.11.0+cu130 from `make rehearse-device`, for sm_90; GPU tests collected
 # and skipped; sanitizer and benchmark entry points checked), each part timed.
-# RESULTS_DIR (default: $OUT when set, else benchmarks/results/gpu; /tmp/fastpipe-device-rehearsal for
-# the rehearsal) receives summary.txt (machine facts,
-# then one line per part: status and seconds), <part>.log, the tests' and sanitizers' logs and the
-# benchmarks' .json/.txt/.md. Exit status: non-zero when a prerequisite is missing, the build fails, a
+# RESULTS_DIR (default: /tmp/fastpipe-device-check when $OUT is set, else benchmarks/results/gpu;
+# /tmp/fastpipe-device-rehearsal for the rehearsal) receives summary.txt (machine facts,
+# then one line per part: status and seconds), <part>.log, the tests' logs (with every failure's reason)
+# and JUnit XML, each crashed test rerun alone with every thread's native stack, the sanitizers' logs
+# with the reports that name fastpipe's code whole, and the benchmarks' .json/.txt/.md.
+# PACK_DIR (default: $OUT when set): at the end, or when the build fails, everything is packed there into
+# at most 8 files of 16 MiB (what a lease brings back): summary.txt and results.tgz.N (a tar split in
+# parts; a log too large for them keeps its first and last MiBs, the reports naming fastpipe stay whole). Exit status: non-zero when a prerequisite is missing, the build fails, a
 # test fails, or a sanitizer reports errors or runs out of time.
 # DEADLINE_S (seconds from the start; default none) fits the whole check into a lease: every part's and
 # benchmark's limit is cut to the time left before it, and a part with under 20 s left is skipped.
@@ -26,8 +30,10 @@ cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
 PARTS=${2:-all}
 DEFAULT_RESULTS=benchmarks/results/gpu
+[ -n "${OUT:-}" ] && DEFAULT_RESULTS=/tmp/fastpipe-device-check  # $OUT gets the packed results
 [ "$PARTS" = rehearse ] && DEFAULT_RESULTS=/tmp/fastpipe-device-rehearsal  # it holds a copy of the tree
-RESULTS=${1:-${OUT:-$DEFAULT_RESULTS}}
+RESULTS=${1:-$DEFAULT_RESULTS}
+PACK_DIR=${PACK_DIR:-${OUT:-}}
 case "$PARTS" in
   all) PARTS=build,loader+conv+sanitize,bench ;;
   tests) PARTS=build,loader+conv ;;
@@ -87,8 +93,9 @@ export PATH="$CUDA_HOME/bin:$PATH"
 NVCC_MAJOR=$("$CUDA_HOME/bin/nvcc" --version | sed -n 's/.*release \([0-9]*\)\..*/\1/p')
 TORCH_MAJOR=$($PY -c 'import torch; print((torch.version.cuda or "none").split(".")[0])')
 [ "$NVCC_MAJOR" = "$TORCH_MAJOR" ] || fail "nvcc is CUDA $NVCC_MAJOR but torch was built with CUDA $TORCH_MAJOR: extensions must match"
-# Compile for this GPU only (fewer passes than the default list), and fail rather than build CPU-only.
-export FASTPIPE_CUDA=1 FASTPIPE_CUDA_ARCHS=$CAP TORCH_CUDA_ARCH_LIST=$CAP
+# Compile for this GPU only (fewer passes than the default list), and fail rather than build CPU-only;
+# with line tables, so that native stacks and sanitizer reports name our files and lines.
+export FASTPIPE_CUDA=1 FASTPIPE_CUDA_ARCHS=$CAP TORCH_CUDA_ARCH_LIST=$CAP FASTPIPE_LINEINFO=1
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"  # the in-place build, from any script
 XDIST=""
 $PY -c "import xdist" 2>/dev/null && XDIST="-n ${TEST_WORKERS:-6}"
@@ -138,21 +145,46 @@ native_stacks() {
 }
 
 # pytest over the GPU tests of some paths; the rehearsal collects them and checks they skip cleanly.
+# Every failure's reason (-rfE) and a JUnit XML beside the log; a test whose worker crashed is rerun
+# alone, outside xdist, with every thread's native stack (rerun_crashed).
 gpu_tests() {  # log name, seconds, paths...
   local log=$1 limit=$2; shift 2
+  local report=(-rfE --junitxml="$RESULTS/${log%.log}.xml")
   if [ "$REHEARSE" = 1 ]; then
     $PY -m pytest "$@" -m gpu -q -p no:cacheprovider -o addopts="" --collect-only >"$RESULTS/$log.collect" 2>&1 || return 1
     echo "collected: $(tail -1 "$RESULTS/$log.collect")"
-    timeout "$limit" $PY -m pytest "$@" -m gpu -q -p no:cacheprovider -o addopts="" $XDIST >"$RESULTS/$log" 2>&1
+    timeout "$limit" $PY -m pytest "$@" -m gpu -q -p no:cacheprovider -o addopts="" "${report[@]}" $XDIST \
+      >"$RESULTS/$log" 2>&1
   else
     FASTPIPE_REQUIRE_GPU=1 LD_PRELOAD="$NATIVE_BACKTRACE" NATIVE_BACKTRACE_LOG="$RESULTS/${log%.log}_stacks.txt" timeout "$(capped "$limit" 30)" $PY -m pytest "$@" -m gpu -q \
-      -p no:cacheprovider -o addopts="" $XDIST >"$RESULTS/$log" 2>&1
+      -p no:cacheprovider -o addopts="" "${report[@]}" $XDIST >"$RESULTS/$log" 2>&1
   fi
   local rc=$?
   tail -3 "$RESULTS/$log"
   grep -E "^(FAILED|ERROR)" "$RESULTS/$log" | head -20
   native_stacks "$RESULTS/${log%.log}_stacks.txt"
+  rerun_crashed "$RESULTS/$log"
   return $rc
+}
+
+# The tests whose xdist worker crashed in LOG (the first 3), each run again alone under gdb (every
+# thread's backtrace; the crash reporter's stack without gdb): LOG_crash_K.log.
+rerun_crashed() {
+  local log=$1 k=0 id out
+  grep -o "crashed while running '[^']*'" "$log" | sed "s/^crashed while running '//; s/'$//" | sort -u | head -3 |
+    while IFS= read -r id; do
+      k=$((k + 1)); out="${log%.log}_crash_$k.log"
+      say "rerunning the crashed $id alone: $(basename "$out")"
+      if command -v gdb >/dev/null; then
+        FASTPIPE_REQUIRE_GPU=1 timeout "$(capped 90 30)" gdb -batch -nx -ex "set pagination off" -ex run \
+          -ex "thread apply all bt 40" --args $PY -m pytest "$id" -q -p no:cacheprovider -o addopts="" -rfE >"$out" 2>&1
+      else
+        FASTPIPE_REQUIRE_GPU=1 LD_PRELOAD="$NATIVE_BACKTRACE" NATIVE_BACKTRACE_LOG="${out%.log}_stacks.txt" \
+          timeout "$(capped 90 30)" $PY -m pytest "$id" -q -p no:cacheprovider -o addopts="" -rfE >"$out" 2>&1
+        native_stacks "${out%.log}_stacks.txt" >>"$out"
+      fi
+      grep -E "^(Thread|#[0-9]+ .*fastpipe|Program received)" "$out" | head -12
+    done
 }
 
 part_build() {
@@ -211,13 +243,16 @@ part_conv() {
 }
 
 # sanitizer_reports LOG: "OURS OTHERS", the compute-sanitizer reports in LOG that name fastpipe's kernels
-# (fastpipe::) or a frame in its extension (_C*.so), and the rest.
+# (fastpipe::) or a frame in its extension (_C*.so), and the rest. sanitizer_reports LOG ours: those
+# reports themselves, whole.
 sanitizer_reports() {
-  awk '/^========= [^ ]/ && !/COMPUTE-SANITIZER|SUMMARY|Target application/ {
-         if (open) { if (hit) ours++; else others++ } open = 1; hit = 0 }
-       /^=========  / && /fastpipe::|\/_C[^\/ ]*\.so/ { hit = 1 }
-       /^[^=]/ { if (open) { if (hit) ours++; else others++ } open = 0 }
-       END { if (open) { if (hit) ours++; else others++ } print ours + 0, others + 0 }' "$1"
+  awk -v print_ours="${2:-}" '
+       function close_report() { if (open) { if (hit) { ours++; if (print_ours) printf "%s", text } else others++ } open = 0 }
+       /^========= [^ ]/ && !/COMPUTE-SANITIZER|SUMMARY|Target application/ { close_report(); open = 1; hit = 0; text = "" }
+       open && /^=========  / && /fastpipe::|\/_C[^\/ ]*\.so/ { hit = 1 }
+       /^[^=]/ { close_report() }
+       open { text = text $0 "\n" }
+       END { close_report(); if (!print_ours) print ours + 0, others + 0 }' "$1"
 }
 
 # compute-sanitizer over slices of the kernel tests and the device loader's tests (it slows kernels
@@ -264,6 +299,7 @@ part_sanitize() {
       # initcheck reports torch's and CUB's reductions reading staging memory they fill in ways it cannot
       # follow (NVIDIA/cccl#1790 and others): only reports that name fastpipe's kernels or extension count.
       read -r ours others < <(sanitizer_reports "$RESULTS/sanitizer_${names_log[$k]}.log")
+      sanitizer_reports "$RESULTS/sanitizer_${names_log[$k]}.log" ours >"$RESULTS/sanitizer_${names_log[$k]}_ours.txt"
       if [ "$ours" = 0 ]; then
         r=0; what="clean ($others reports outside fastpipe's code, not counted)"
       else
@@ -334,16 +370,49 @@ PYEOF
   return $rc
 }
 
+# Everything in RESULTS packed into PACK_DIR as at most 8 files of 16 MiB, 64 MiB in all (what a lease
+# brings back): summary.txt, and results.tgz.0... (cat them, then tar -xzf). Logs are kept whole while the
+# archive fits in 4 parts of 15 MiB; otherwise each log over 2 MiB keeps its first and last MiB (the
+# reports naming fastpipe's code, in their own files, stay whole).
+pack_results() {
+  [ -n "$PACK_DIR" ] || return 0
+  mkdir -p "$PACK_DIR" && rm -f "$PACK_DIR"/results.tgz.*
+  cp "$SUMMARY" "$PACK_DIR/summary.txt"
+  local stage f
+  stage=$(mktemp -d)
+  (cd "$RESULTS" && find . -path ./tree -prune -o -type f -size -64M -print0 | tar --null -T - -cf - 2>/dev/null) |
+    tar -xf - -C "$stage"
+  cut_log() {  # FILE [DEST]: its first and last MiB
+    { head -c 1M "$1"; printf '\n[... %s bytes cut by pack_results ...]\n' "$(stat -c %s "$1")"; tail -c 1M "$1"; } >"$2"
+  }
+  (cd "$RESULTS" && find . -path ./tree -prune -o -type f -size +64M -print) | while IFS= read -r f; do
+    mkdir -p "$stage/$(dirname "$f")" && cut_log "$RESULTS/$f" "$stage/$f"
+  done
+  (cd "$stage" && tar -czf - .) | split -b 15M -d -a 1 - "$PACK_DIR/results.tgz."
+  if [ "$(ls "$PACK_DIR"/results.tgz.* | wc -l)" -gt 4 ]; then
+    rm -f "$PACK_DIR"/results.tgz.*
+    find "$stage" -type f -size +2M ! -name '*_ours.txt' | while IFS= read -r f; do
+      cut_log "$f" "$f.cut" && mv "$f.cut" "$f"
+    done
+    (cd "$stage" && tar -czf - .) | split -b 15M -d -a 1 - "$PACK_DIR/results.tgz."
+  fi
+  rm -rf "$stage"
+  local n
+  n=$(ls "$PACK_DIR" | wc -l)
+  say "packed into $PACK_DIR: $(cd "$PACK_DIR" && ls | tr '\n' ' ')($(du -sh "$PACK_DIR" | cut -f1))"
+  [ "$n" -le 8 ] || say "WARNING: $n files in $PACK_DIR: a lease brings back 8"
+}
+
 # The rehearsal's machine has a few cores where the GPU machine has 16: its limits are scaled (the times
 # it reports are what to compare).
 SCALE=${LIMIT_SCALE:-$([ "$REHEARSE" = 1 ] && echo 8 || echo 1)}
 NATIVE_BACKTRACE=/tmp/fastpipe_native_backtrace.so
 export PY RESULTS REHEARSE CAP XDIST SUMMARY T0 SCALE DEADLINE_S NATIVE_BACKTRACE
-export -f say capped native_stacks sanitizer_reports gpu_tests bench_step part_build part_loader part_conv part_sanitize part_bench
+export -f say capped native_stacks sanitizer_reports gpu_tests rerun_crashed bench_step part_build part_loader part_conv part_sanitize part_bench
 declare -A LIMIT=([build]=330 [loader]=270 [conv]=400 [sanitize]=330 [bench]=560)
 for group in ${PARTS//,/ }; do
   if [ "$group" = build ]; then
-    run_part build "$((LIMIT[build] * SCALE))" || { say "the build failed: nothing else can run"; exit 1; }
+    run_part build "$((LIMIT[build] * SCALE))" || { say "the build failed: nothing else can run"; pack_results; exit 1; }
     continue
   fi
   pids=()
@@ -354,4 +423,5 @@ for group in ${PARTS//,/ }; do
   for pid in "${pids[@]}"; do wait "$pid" || RC=1; done
 done
 say "done; exit status $RC"
+pack_results
 exit $RC
