@@ -19,6 +19,10 @@
 namespace fastpipe {
 namespace {
 
+int64_t mtime_ns(const struct stat& st) {
+  return static_cast<int64_t>(st.st_mtim.tv_sec) * 1000000000 + st.st_mtim.tv_nsec;
+}
+
 // SIGBUS guard. Reading a mapped page past the end of a file that shrank raises SIGBUS. A reader
 // thread arms a jump buffer around its copies; the handler jumps back to it. A fault that is not ours
 // goes once to the handler installed before ours (e.g. faulthandler, which prints the traceback) and
@@ -93,7 +97,7 @@ File::File(const std::string& path, IoMode mode, bool random_access) : path_(pat
     throw_syscall("cannot stat '" + path + "'", err, __FILE__, __LINE__);
   }
   size_at_open_ = st.st_size;
-  mtime_ns_at_open_ = static_cast<int64_t>(st.st_mtim.tv_sec) * 1000000000 + st.st_mtim.tv_nsec;
+  mtime_ns_at_open_ = mtime_ns(st);
   if (mode_ == IoMode::kMmap && size_at_open_ > 0) {
     ensure_sigbus_handler();
     map_len_ = static_cast<size_t>(size_at_open_);
@@ -199,5 +203,13 @@ AlignedBuffer::AlignedBuffer(size_t bytes) : size_(bytes) {
 }
 
 AlignedBuffer::~AlignedBuffer() { ::munmap(data_, size_ ? size_ : 1); }
+
+bool stat_path(const std::string& path, int64_t* bytes, int64_t* mtime) {
+  struct stat st;
+  if (::stat(path.c_str(), &st) != 0) return false;
+  *bytes = st.st_size;
+  *mtime = mtime_ns(st);
+  return true;
+}
 
 }  // namespace fastpipe

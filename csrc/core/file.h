@@ -10,6 +10,9 @@
 
 namespace fastpipe {
 
+// The size and modification time (ns) of `path`, without opening it; false when it cannot be stat'ed.
+bool stat_path(const std::string& path, int64_t* bytes, int64_t* mtime_ns);
+
 // Alignment of O_DIRECT offsets, lengths and buffers; 4096 satisfies every common logical block size.
 constexpr int64_t kDirectAlign = 4096;
 

@@ -116,11 +116,7 @@ int64_t load_checked(const ImageColumnSpec& spec, const File* packed, int64_t i,
   std::string why;
   switch (read_image_header(data, static_cast<size_t>(bytes), header, &why)) {
     case HeaderParse::kOk: break;
-    case HeaderParse::kNeedMore:
-      bad_image(src, i, header->format == ImageFormat::kUnknown
-                            ? "truncated: the file ends before any image format's header"
-                            : std::string("truncated: the file ends inside the ") +
-                                  image_format_name(header->format) + " header");
+    case HeaderParse::kNeedMore: bad_image(src, i, header_truncation(*header, "file"));
     case HeaderParse::kError: bad_image(src, i, why);
   }
   why = image_truncation(data, static_cast<size_t>(bytes), *header);

@@ -182,6 +182,13 @@ HeaderParse read_image_header(const uint8_t* data, size_t size, ImageHeader* hea
   return HeaderParse::kOk;
 }
 
+std::string header_truncation(const ImageHeader& header, const char* what) {
+  return header.format == ImageFormat::kUnknown
+             ? std::string("truncated: the ") + what + " ends before any image format's header"
+             : std::string("truncated: the ") + what + " ends inside the " + image_format_name(header.format) +
+                   " header";
+}
+
 std::string image_truncation(const uint8_t* data, size_t size, const ImageHeader& header) {
   switch (header.format) {
     case ImageFormat::kJpeg:

@@ -50,6 +50,9 @@ enum class HeaderParse {
 
 HeaderParse read_image_header(const uint8_t* data, size_t size, ImageHeader* header, std::string* reason);
 
+// Why a header that asked for more (kNeedMore) when `what` ("file" or "data") held no more is bad.
+std::string header_truncation(const ImageHeader& header, const char* what);
+
 // The largest image decoded here, in pixels: Pillow's decompression-bomb limit (2 * MAX_IMAGE_PIXELS),
 // past which torchvision's ImageFolder fails too. JPEGs are exempt (their decode is bounded by the crop).
 constexpr int64_t kMaxImagePixels = 2 * 89478485LL;

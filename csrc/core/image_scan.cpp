@@ -1,7 +1,5 @@
 #include "core/image_scan.h"
 
-#include <sys/stat.h>
-
 #include <algorithm>
 #include <atomic>
 #include <functional>
@@ -32,11 +30,7 @@ std::string scan_one(const std::string& path, std::vector<uint8_t>& buf, ImageHe
       const HeaderParse r = read_image_header(buf.data(), static_cast<size_t>(got), header, &why);
       if (r == HeaderParse::kOk) return "";
       if (r == HeaderParse::kError) return why;
-      if (got < want || want == *bytes)
-        return header->format == ImageFormat::kUnknown
-                   ? "truncated: the file ends before any image format's header"
-                   : std::string("truncated: the file ends inside the ") + image_format_name(header->format) +
-                         " header";
+      if (got < want || want == *bytes) return header_truncation(*header, "file");
       want = std::min(*bytes, want * 16);  // a header longer than the head (large EXIF or ICC segments)
     }
   } catch (const Error& e) {
@@ -75,10 +69,7 @@ std::string check_image(const uint8_t* data, size_t size, ImageHeader* header) {
   std::string why;
   switch (read_image_header(data, size, header, &why)) {
     case HeaderParse::kOk: break;
-    case HeaderParse::kNeedMore:
-      return header->format == ImageFormat::kUnknown ? "truncated: the data ends before any image format's header"
-                                                     : std::string("truncated: the data ends inside the ") +
-                                                           image_format_name(header->format) + " header";
+    case HeaderParse::kNeedMore: return header_truncation(*header, "data");
     case HeaderParse::kError: return why;
   }
   return image_truncation(data, size, *header);
@@ -117,10 +108,11 @@ void stat_image_files(const std::string& root, const std::string& names, const s
   bytes->assign(static_cast<size_t>(n), -1);
   mtimes->assign(static_cast<size_t>(n), -1);
   for_each_file(n, threads, [&](int64_t k, std::vector<uint8_t>&) {
-    struct stat st;
-    if (::stat((root + "/" + name_of(names, offsets, k)).c_str(), &st) != 0) return;
-    (*bytes)[k] = st.st_size;
-    (*mtimes)[k] = static_cast<int64_t>(st.st_mtim.tv_sec) * 1000000000 + st.st_mtim.tv_nsec;
+    int64_t b = 0, m = 0;
+    if (stat_path(root + "/" + name_of(names, offsets, k), &b, &m)) {
+      (*bytes)[k] = b;
+      (*mtimes)[k] = m;
+    }
   });
 }
 

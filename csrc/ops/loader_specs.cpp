@@ -38,6 +38,11 @@ transforms::OutDtype parse_out_dtype(const std::string& name, bool allow_uint8) 
 }
 
 template <typename T>
+py::array_t<T> as_array(const std::vector<T>& v) {
+  return py::array_t<T>(v.size(), v.data());
+}
+
+template <typename T>
 std::vector<T> to_vector(const py::array_t<T, py::array::c_style | py::array::forcecast>& a, const char* what) {
   TORCH_CHECK(a.ndim() == 1, what, " must be 1-D, got ", a.ndim(), "-D");
   return std::vector<T>(a.data(), a.data() + a.size());
@@ -275,12 +280,12 @@ void bind_loader_specs(py::module& m) {
           s = scan_image_files(root, n, off, threads);
         }
         py::dict d;
-        d["heights"] = py::array_t<int32_t>(s.heights.size(), s.heights.data());
-        d["widths"] = py::array_t<int32_t>(s.widths.size(), s.widths.data());
-        d["bytes"] = py::array_t<int64_t>(s.bytes.size(), s.bytes.data());
-        d["formats"] = py::array_t<int8_t>(s.formats.size(), s.formats.data());
-        d["mtimes"] = py::array_t<int64_t>(s.mtimes.size(), s.mtimes.data());
-        d["bad"] = py::array_t<int64_t>(s.bad.size(), s.bad.data());
+        d["heights"] = as_array(s.heights);
+        d["widths"] = as_array(s.widths);
+        d["bytes"] = as_array(s.bytes);
+        d["formats"] = as_array(s.formats);
+        d["mtimes"] = as_array(s.mtimes);
+        d["bad"] = as_array(s.bad);
         d["reasons"] = s.reasons;
         return d;
       },
@@ -297,8 +302,7 @@ void bind_loader_specs(py::module& m) {
           py::gil_scoped_release nogil;
           stat_image_files(root, n, off, threads, &bytes, &mtimes);
         }
-        return py::make_tuple(py::array_t<int64_t>(bytes.size(), bytes.data()),
-                              py::array_t<int64_t>(mtimes.size(), mtimes.data()));
+        return py::make_tuple(as_array(bytes), as_array(mtimes));
       },
       py::arg("root"), py::arg("names"), py::arg("offsets"), py::arg("threads"),
       "(bytes, mtimes in ns) of files root/names[i]; -1 where one cannot be stat'ed.");

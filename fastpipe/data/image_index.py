@@ -22,7 +22,8 @@ from fastpipe.data import _pillow
 # torchvision's ImageFolder extensions: the same files, in the same order, with the same labels.
 IMG_EXTENSIONS = (".jpg", ".jpeg", ".png", ".ppm", ".bmp", ".pgm", ".tif", ".tiff", ".webp")
 _INDEX_FORMAT = "fastpipe.ImageFolder/3"
-_ARRAYS = ("name_offsets", "labels", "heights", "widths", "formats", "bytes", "mtimes")
+_PER_FILE = ("heights", "widths", "formats", "bytes", "mtimes")  # what the scan reads of each file
+_ARRAYS = ("name_offsets", "labels") + _PER_FILE
 # Formats the reader threads hand to Pillow: their sizes come from Pillow too.
 _PILLOW_FORMATS = (_C.IMAGE_FORMATS.index("other"), _C.IMAGE_FORMATS.index("unknown"))
 CACHE_ENV = "FASTPIPE_IMAGE_CACHE"
@@ -74,13 +75,7 @@ def _dir_times(root, dirs):
 
 
 def _dirs_unchanged(root, dirs):
-    for rel, mtime in dirs.items():
-        try:
-            if os.stat(os.path.join(root, rel)).st_mtime_ns != mtime:
-                return False
-        except OSError:
-            return False
-    return True
+    return _dir_times(root, dirs) == dirs
 
 
 def _index_dir(cache, root, list_digest=b""):
@@ -143,7 +138,7 @@ def _scan(root, blob, offsets, threads, previous):
         prev_bad = dict(previous["bad"])
         safe = np.maximum(at, 0)
         keep = (at >= 0) & (size >= 0) & (previous["bytes"][safe] == size) & (previous["mtimes"][safe] == mtime)
-        for k in ("heights", "widths", "formats", "bytes", "mtimes"):
+        for k in _PER_FILE:
             index[k][keep] = previous[k][at[keep]]
         bad = {int(i): prev_bad[int(at[i])] for i in np.flatnonzero(keep) if int(at[i]) in prev_bad}
         todo = np.flatnonzero(~keep)
@@ -151,7 +146,7 @@ def _scan(root, blob, offsets, threads, previous):
         sub_blob, sub_offsets = _blob([blob[offsets[i]:offsets[i + 1]] for i in todo]) if len(todo) < n else (
             blob, offsets)
         scan = _C.scan_image_files(root, sub_blob, sub_offsets, threads)
-        for k in ("heights", "widths", "formats", "bytes", "mtimes"):
+        for k in _PER_FILE:
             index[k][todo] = scan[k]
         bad.update({int(todo[i]): why for i, why in zip(scan["bad"], scan["reasons"])})
         # Sizes of the formats Pillow decodes, as Pillow reads them (it says what it cannot read).
