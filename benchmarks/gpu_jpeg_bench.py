@@ -61,7 +61,8 @@ def run_mode(ds, mode, batch, threads, epochs, device, sync):
     ld.close()
     return {"images_per_s": statistics.median(rates), "reps": rates,
             "decoded_on_device": s.get("images_decoded_on_device", 0),
-            "decoded_on_host": s.get("images_decoded_on_host", 0)}
+            "decoded_on_host": s.get("images_decoded_on_host", 0),
+            "decoded_planar": s.get("images_decoded_planar", 0)}
 
 
 def main():

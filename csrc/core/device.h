@@ -45,10 +45,11 @@ struct CropMirrorNormalizeKernel {
 };
 
 // The JPEG transforms' last pass for images decoded on the device: record k (descs[k], device memory)
-// decoded whole at staging + k * image_stride becomes output image k of `out`; records decoded on the
-// host (DecodeOn::kHost) are left alone (their outputs are copied).
+// decoded whole at staging + k * image_stride in `layout` becomes output image k of `out`; records
+// decoded on the host (DecodeOn::kHost) are left alone (their outputs are copied).
 struct ResampleImagesKernel {
   images::ImageTransformParams params;
+  images::DecodedLayout layout = images::DecodedLayout::kYccPlanar;
   const images::ImageDesc* descs = nullptr;
   const uint8_t* staging = nullptr;
   int64_t image_stride = 0;
@@ -63,13 +64,14 @@ struct DeviceKernel {
   ResampleImagesKernel resample;
 };
 
-// JPEG images to decode on the device, each whole into interleaved RGB (height * width * 3 bytes at
-// out[k], device memory) from its bitstream in page-locked host memory.
+// JPEG images to decode on the device, each whole from its bitstream in page-locked host memory into
+// out[k] (device memory, height * width * 3 bytes): as planes[k] says (DecodedLayout::kYccPlanar), or
+// as interleaved RGB where the decoder cannot write planes.
 struct JpegDecodeJob {
   std::vector<const uint8_t*> data;
   std::vector<size_t> sizes;
   std::vector<uint8_t*> out;
-  std::vector<int> heights, widths;
+  std::vector<images::YccPlanes> planes;
 };
 
 // How a thread's calls interact with graph captures (CUDA's cudaStreamCaptureMode, same values). Under
@@ -104,8 +106,9 @@ class Device {
 
   virtual void copy_to_device(void* dst, const void* src, size_t bytes, Stream* s) = 0;
   virtual void launch(const DeviceKernel& k, Stream* s) = 0;
-  // Decodes the job's images on s (the bitstreams must stay unchanged until s passes this point).
-  virtual void decode_jpegs(const JpegDecodeJob& job, Stream* s) = 0;
+  // Decodes the job's images on s (the bitstreams must stay unchanged until s passes this point);
+  // returns the layout it wrote them in.
+  virtual images::DecodedLayout decode_jpegs(const JpegDecodeJob& job, Stream* s) = 0;
   virtual void record(Event* e, Stream* s) = 0;
   virtual void wait(Stream* s, Event* e) = 0;
   virtual void synchronize(Event* e) = 0;

@@ -121,7 +121,7 @@ struct PipelineState {
   // decode and resample run in copy-stream order, so the next decode comes after the last read).
   uint8_t* decoded = nullptr;
   int64_t decoded_stride = 0;
-  std::atomic<int64_t> decoded_on_device{0}, decoded_on_host{0};
+  std::atomic<int64_t> decoded_on_device{0}, decoded_on_host{0}, decoded_planar{0};
   Event* overflow_ready = nullptr;
   Event* overflow_alloc = nullptr;  // the consumer's stream when an overflow buffer was allocated
   OverflowFn overflow;
@@ -211,6 +211,7 @@ struct PipelineState {
   // Queues batch `lease`'s copy and conversions into `base` on the copy stream, then `ready`.
   void enqueue(const Lease& lease, char* base, Event* ready) {
     const int64_t n = lease.records();
+    std::vector<images::DecodedLayout> layouts(plans.size(), images::DecodedLayout::kYccPlanar);  // per plan
     for (const Plan& p : plans) {
       const char* src = lease.data(p.host_output);
       const size_t bytes = static_cast<size_t>(n * p.host_record_bytes);
@@ -219,7 +220,7 @@ struct PipelineState {
         continue;
       }
       device->copy_to_device(base + p.staging, src, bytes, copy);
-      if (p.kind == Conversion::kDecodeImages) enqueue_decode(p, lease, base);
+      if (p.kind == Conversion::kDecodeImages) layouts[&p - plans.data()] = enqueue_decode(p, lease, base);
     }
     if (index_offset >= 0)
       device->copy_to_device(base + index_offset, lease.indices(), static_cast<size_t>(n * 8), copy);
@@ -238,7 +239,8 @@ struct PipelineState {
                                           reinterpret_cast<const int64_t*>(base + index_offset), lease.epoch()};
       } else if (p.kind == Conversion::kDecodeImages) {
         k.kind = DeviceKernel::Kind::kResampleImages;
-        k.resample = ResampleImagesKernel{p.image->transform, reinterpret_cast<const images::ImageDesc*>(base + p.staging),
+        k.resample = ResampleImagesKernel{p.image->transform, layouts[&p - plans.data()],
+                                          reinterpret_cast<const images::ImageDesc*>(base + p.staging),
                                           decoded, decoded_stride, base + outputs[p.first_output].offset, n};
       } else {
         continue;
@@ -250,8 +252,8 @@ struct PipelineState {
   }
 
   // A batch's images: those the reader left to the device decoded into `decoded` (the resample kernel
-  // takes them from there), those it decoded itself copied to their outputs.
-  void enqueue_decode(const Plan& p, const Lease& lease, char* base) {
+  // takes them from there), those it decoded itself copied to their outputs. Returns the decoded layout.
+  images::DecodedLayout enqueue_decode(const Plan& p, const Lease& lease, char* base) {
     const auto* descs = reinterpret_cast<const images::ImageDesc*>(lease.data(p.host_output));
     const auto* encoded = reinterpret_cast<const uint8_t*>(lease.data(p.host_output + 1));
     const char* host_out = lease.data(p.host_output + 2);
@@ -264,15 +266,17 @@ struct PipelineState {
         job.data.push_back(encoded + k * p.image->encoded_budget);
         job.sizes.push_back(static_cast<size_t>(d.encoded_bytes));
         job.out.push_back(decoded + k * decoded_stride);
-        job.heights.push_back(d.height);
-        job.widths.push_back(d.width);
+        job.planes.push_back(d.planes);
       } else {
         device->copy_to_device(out + k * out_bytes, host_out + k * out_bytes, static_cast<size_t>(out_bytes), copy);
       }
     }
-    if (!job.data.empty()) device->decode_jpegs(job, copy);
+    const images::DecodedLayout layout =
+        job.data.empty() ? images::DecodedLayout::kYccPlanar : device->decode_jpegs(job, copy);
     decoded_on_device += static_cast<int64_t>(job.data.size());
+    if (layout == images::DecodedLayout::kYccPlanar) decoded_planar += static_cast<int64_t>(job.data.size());
     decoded_on_host += lease.records() - static_cast<int64_t>(job.data.size());
+    return layout;
   }
 };
 
@@ -554,6 +558,7 @@ DeviceStats DevicePipeline::stats() const {
   s.overflow_batches = state_->overflow_batches;
   s.images_decoded_on_device = state_->decoded_on_device.load();
   s.images_decoded_on_host = state_->decoded_on_host.load();
+  s.images_decoded_planar = state_->decoded_planar.load();
   return s;
 }
 

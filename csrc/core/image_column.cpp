@@ -212,6 +212,8 @@ const char* host_decode_reason(const ImageColumnSpec& spec, const ImageHeader& h
     const bool chroma_1x1 = info.h_samp[1] == 1 && info.v_samp[1] == 1 && info.h_samp[2] == 1 && info.v_samp[2] == 1;
     const int h = info.h_samp[0], v = info.v_samp[0];
     if (!chroma_1x1 || !((h == 1 || h == 2 || h == 4) && (v == 1 || v == 2))) return "nonstandard chroma subsampling";
+    // Adobe's transform 0: the components are RGB, which libjpeg does not convert (the device would).
+    if (info.adobe_transform == 0) return "RGB components (Adobe transform 0)";
   } else if (info.components != 1) {
     return "not grayscale or YCbCr";
   }
@@ -248,6 +250,8 @@ int64_t read_image_for_device(const ImageColumnSpec& spec, const File* packed, i
   if (!host_decode_reason(spec, header, g, bytes)) {
     desc->on = static_cast<int32_t>(images::DecodeOn::kDevice);
     desc->geometry = g;
+    const JpegInfo& info = header.jpeg;  // chroma 1x1 (host_decode_reason): Y's factors are the ratios
+    desc->planes = images::ycc_planes(header.height, header.width, info.v_samp[0], info.h_samp[0], info.components == 1);
     std::memcpy(encoded, ts.encoded.data(), static_cast<size_t>(bytes));
   } else {
     desc->on = static_cast<int32_t>(images::DecodeOn::kHost);

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <csetjmp>
 #include <cstdio>
+#include <cstring>
 #include <stdexcept>
 
 #ifdef FASTPIPE_WITH_JPEG
@@ -137,7 +138,60 @@ bool decode_rows(jpeg_decompress_struct* cinfo, ErrorManager* err, const uint8_t
   return true;
 }
 
+// libjpeg's raw output of the whole image into the planes p at out, one iMCU row at a time through
+// `rows` (room for 16 rows of p.width + 32 bytes per component). Same contract as decode_rows.
+bool decode_raw(jpeg_decompress_struct* cinfo, ErrorManager* err, const uint8_t* data, size_t size,
+                const images::YccPlanes& p, uint8_t* out, uint8_t* rows) {
+  if (setjmp(err->jump)) {
+    jpeg_abort_decompress(cinfo);
+    return false;
+  }
+  jpeg_mem_src(cinfo, data, static_cast<unsigned long>(size));
+  jpeg_read_header(cinfo, TRUE);
+  const int components = p.gray ? 1 : 3;
+  bool as_described = cinfo->num_components == components && cinfo->image_height == static_cast<JDIMENSION>(p.height) &&
+                      cinfo->image_width == static_cast<JDIMENSION>(p.width) && cinfo->max_v_samp_factor <= 2 &&
+                      cinfo->max_h_samp_factor <= 4;  // what `rows` has room for
+  for (int c = 1; as_described && c < components; ++c)
+    as_described = cinfo->comp_info[c].h_samp_factor * p.h_ratio == cinfo->max_h_samp_factor &&
+                   cinfo->comp_info[c].v_samp_factor * p.v_ratio == cinfo->max_v_samp_factor;
+  if (!as_described) {
+    std::snprintf(err->message, sizeof(err->message),
+                  "the image's components or sampling are not those of the planes it was to be decoded into");
+    jpeg_abort_decompress(cinfo);
+    return false;
+  }
+  cinfo->raw_data_out = TRUE;
+  cinfo->dct_method = JDCT_ISLOW;
+  jpeg_start_decompress(cinfo);
+  const int row_bytes = p.width + 32, row_group = cinfo->max_v_samp_factor * DCTSIZE;
+  JSAMPROW pointers[3][2 * DCTSIZE];
+  JSAMPARRAY planes[3];
+  for (int c = 0; c < components; ++c) {
+    for (int r = 0; r < 2 * DCTSIZE; ++r) pointers[c][r] = rows + (c * 2 * DCTSIZE + r) * row_bytes;
+    planes[c] = pointers[c];
+  }
+  for (int imcu = 0; cinfo->output_scanline < cinfo->output_height; ++imcu) {
+    jpeg_read_raw_data(cinfo, planes, static_cast<JDIMENSION>(row_group));
+    for (int c = 0; c < components; ++c) {
+      const int plane_rows = c ? p.c_height : p.height, plane_cols = c ? p.c_width : p.width;
+      const int per_imcu = cinfo->comp_info[c].v_samp_factor * DCTSIZE;
+      uint8_t* plane = out + (c == 0 ? 0 : c == 1 ? p.cb_offset : p.cr_offset);
+      for (int r = 0; r < per_imcu && imcu * per_imcu + r < plane_rows; ++r)
+        std::memcpy(plane + static_cast<int64_t>(imcu * per_imcu + r) * plane_cols, pointers[c][r],
+                    static_cast<size_t>(plane_cols));
+    }
+  }
+  jpeg_abort_decompress(cinfo);
+  return true;
+}
+
 }  // namespace
+
+void JpegDecoder::decode_planes(const uint8_t* data, size_t size, const images::YccPlanes& p, uint8_t* out) {
+  pixels_.resize(static_cast<size_t>(3 * 2 * DCTSIZE * (p.width + 32)));
+  if (!decode_raw(&s_->cinfo, &s_->err, data, size, p, out, pixels_.data())) throw std::runtime_error(s_->err.message);
+}
 
 const uint8_t* JpegDecoder::decode(const uint8_t* data, size_t size, const JpegInfo& info, int denom,
                                    const images::Region& r, int64_t* stride) {
@@ -168,6 +222,10 @@ std::string jpeg_library_version() { return ""; }
 
 JpegDecoder::JpegDecoder() = default;
 JpegDecoder::~JpegDecoder() = default;
+
+void JpegDecoder::decode_planes(const uint8_t* data, size_t size, const images::YccPlanes&, uint8_t*) {
+  decode(data, size, JpegInfo{}, 1, images::Region{}, nullptr);
+}
 
 const uint8_t* JpegDecoder::decode(const uint8_t*, size_t, const JpegInfo&, int, const images::Region&, int64_t*) {
   throw std::runtime_error(

@@ -14,6 +14,7 @@
 
 #include "core/jpeg_header.h"
 #include "cuda/image_transform.h"
+#include "cuda/jpeg_color.h"
 
 namespace fastpipe {
 
@@ -35,6 +36,11 @@ class JpegDecoder {
   // warning that the data is damaged counts: it would decode as grey or garbage).
   const uint8_t* decode(const uint8_t* data, size_t size, const JpegInfo& info, int denom,
                         const images::Region& r, int64_t* stride);
+
+  // Decodes the whole image at full size into `p`'s planes at `out`: libjpeg's raw output (JDCT_ISLOW),
+  // before upsampling and colour conversion, which is what a GPU decoder's planar output holds. Throws
+  // std::runtime_error as decode() does, and where the image's components or sampling are not p's.
+  void decode_planes(const uint8_t* data, size_t size, const images::YccPlanes& p, uint8_t* out);
 
  private:
   struct State;

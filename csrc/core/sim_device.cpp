@@ -95,6 +95,7 @@ struct SimDevice::Impl {
   int max_delay_us = 0;
   uint64_t seed = 0;
   int index = 1;
+  std::atomic<images::DecodedLayout> jpeg_layout{images::DecodedLayout::kYccPlanar};
   // What a GPU would not survive (queuing on a deleted stream, ...), for tests to assert there was none.
   std::vector<std::string> misuses;
   // The overflow allocator's pool: blocks by size, reusable as soon as they are back (torch's caching
@@ -331,40 +332,49 @@ void SimDevice::launch(const DeviceKernel& k, Stream* s) {
   s->push([k] { run_kernel_on_host(k); });
 }
 
-void SimDevice::decode_jpegs(const JpegDecodeJob& job, Stream* s) {
+images::DecodedLayout SimDevice::decode_jpegs(const JpegDecodeJob& job, Stream* s) {
   impl_->maybe_fail(2, "decode_jpegs");
   impl_->loader_work("decode_jpegs", s);
   // Decoded now with libjpeg, as a device's decoder parses and checks on the host in the call, and
   // written to the device memory in stream order (the staging it fills may still be read by work queued
-  // before).
+  // before). Planes are libjpeg's raw output, as nvJPEG's planar output; RGB its full decode.
+  const images::DecodedLayout layout = impl_->jpeg_layout.load();
   auto decoded = std::make_shared<std::vector<std::vector<uint8_t>>>(job.data.size());
   JpegDecoder decoder;
   for (size_t k = 0; k < job.data.size(); ++k) {
+    const images::YccPlanes& p = job.planes[k];
     JpegInfo info;
     std::string why;
-    if (read_jpeg_info(job.data[k], job.sizes[k], &info, &why) != JpegParse::kOk || info.height != job.heights[k] ||
-        info.width != job.widths[k])
+    if (read_jpeg_info(job.data[k], job.sizes[k], &info, &why) != JpegParse::kOk || info.height != p.height ||
+        info.width != p.width)
       throw Error(ErrorKind::kState, "simulated device: decode_jpegs: image " + std::to_string(k) + " is not the JPEG it "
                                      "was described as" + (why.empty() ? "" : ": " + why));
-    int64_t stride = 0;
-    const images::Region whole{0, info.height, 0, info.width};
-    const uint8_t* px = nullptr;
+    std::vector<uint8_t>& out = (*decoded)[k];
     try {
-      px = decoder.decode(job.data[k], job.sizes[k], info, 1, whole, &stride);
+      if (layout == images::DecodedLayout::kYccPlanar) {
+        out.resize(static_cast<size_t>(images::ycc_planes_bytes(p)));
+        decoder.decode_planes(job.data[k], job.sizes[k], p, out.data());
+      } else {
+        int64_t stride = 0;
+        const uint8_t* px = decoder.decode(job.data[k], job.sizes[k], info, 1, images::Region{0, p.height, 0, p.width},
+                                           &stride);
+        const size_t row = static_cast<size_t>(p.width) * 3;
+        out.resize(row * p.height);
+        for (int y = 0; y < p.height; ++y) std::memcpy(out.data() + y * row, px + y * stride, row);
+      }
     } catch (const std::runtime_error& e) {
       throw Error(ErrorKind::kState, std::string("simulated device: decode_jpegs: image ") + std::to_string(k) +
                                          " cannot be decoded: " + e.what());
     }
-    std::vector<uint8_t>& rgb = (*decoded)[k];
-    rgb.resize(static_cast<size_t>(info.height) * info.width * 3);
-    for (int y = 0; y < info.height; ++y)
-      std::memcpy(rgb.data() + static_cast<size_t>(y) * info.width * 3, px + y * stride, static_cast<size_t>(info.width) * 3);
   }
   std::vector<uint8_t*> out = job.out;
   s->push([decoded, out] {
     for (size_t k = 0; k < out.size(); ++k) std::memcpy(out[k], (*decoded)[k].data(), (*decoded)[k].size());
   });
+  return layout;
 }
+
+void SimDevice::set_jpeg_layout(images::DecodedLayout layout) { impl_->jpeg_layout = layout; }
 
 void SimDevice::fail(const std::string& what, int count, int after) {
   int kind = 0;
@@ -499,7 +509,7 @@ void run_kernel_on_host(const DeviceKernel& k) {
       const ResampleImagesKernel& r = k.resample;
       const int64_t total = r.count * images::out_image_elements(r.params);
       for (int64_t i = 0; i < total; ++i)
-        images::resample_element(r.params, r.descs, r.staging, r.image_stride, r.out, i);
+        images::resample_element(r.params, r.layout, r.descs, r.staging, r.image_stride, r.out, i);
       return;
     }
   }

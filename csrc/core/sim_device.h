@@ -34,7 +34,8 @@ class SimDevice : public Device {
   void delete_event(Event* e) override;
   void copy_to_device(void* dst, const void* src, size_t bytes, Stream* s) override;
   void launch(const DeviceKernel& k, Stream* s) override;
-  void decode_jpegs(const JpegDecodeJob& job, Stream* s) override;  // libjpeg, whole images
+  // libjpeg, whole images, into planes (libjpeg's raw output) or, after set_jpeg_layout, interleaved RGB.
+  images::DecodedLayout decode_jpegs(const JpegDecodeJob& job, Stream* s) override;
   void record(Event* e, Stream* s) override;
   void wait(Stream* s, Event* e) override;
   void synchronize(Event* e) override;
@@ -54,6 +55,8 @@ class SimDevice : public Device {
   // Waits until every stream has run everything queued before the call.
   void drain();
   void set_max_delay_us(int us);
+  // The layout decode_jpegs writes: a GPU decoder that cannot write planes writes interleaved RGB.
+  void set_jpeg_layout(images::DecodedLayout layout);
   // The overflow allocator's model of torch's caching allocator: a block given back is handed out again
   // at once, whatever streams still read it, unless the caller waits for them (stream-ordered frees).
   void* pool_alloc(size_t bytes);

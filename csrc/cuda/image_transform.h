@@ -21,6 +21,7 @@
 #include <stdint.h>
 
 #include "cuda/host_device.h"
+#include "cuda/jpeg_color.h"
 #include "cuda/transforms.h"
 
 namespace fastpipe::images {
@@ -296,21 +297,31 @@ struct ImageDesc {
   int32_t height = 0, width = 0;
   int64_t encoded_bytes = 0;
   Geometry geometry;  // denom 1: the whole image is decoded
+  YccPlanes planes;   // where a planar decode puts its components (DecodedLayout::kYccPlanar)
 };
 
-// The resampled value of channel c at output row oy, column ox before the flip, of an image decoded
-// whole into `image` (RGB, `width` pixels a row): both axes' taps computed here, with the host resample's
-// weights (summed per element, in another order: equal to float rounding). Needs max_taps <= kDeviceTaps.
-FASTPIPE_HD inline float resampled_value(const Geometry& g, const uint8_t* image, int width, int c, int oy, int ox) {
+// Channel c of pixel (y, x) of image `d` decoded whole into `image` in `layout`.
+FASTPIPE_HD inline float decoded_pixel(DecodedLayout layout, const ImageDesc& d, const uint8_t* image, int y, int x,
+                                       int c) {
+  if (layout == DecodedLayout::kYccPlanar) return static_cast<float>(ycc_pixel(image, d.planes, y, x, c));
+  return static_cast<float>(image[(static_cast<int64_t>(y) * d.width + x) * kChannels + c]);
+}
+
+// The resampled value of channel c at output row oy, column ox before the flip, of image `d` decoded
+// whole into `image`: both axes' taps computed here, with the host resample's weights (summed per
+// element, in another order: equal to float rounding). Needs max_taps <= kDeviceTaps.
+FASTPIPE_HD inline float resampled_value(DecodedLayout layout, const ImageDesc& d, const uint8_t* image, int c, int oy,
+                                         int ox) {
+  const Geometry& g = d.geometry;
   float wy[kDeviceTaps], wx[kDeviceTaps];
   int fy = 0, fx = 0;
   const int ny = output_taps(g.y, oy, &fy, wy);
   const int nx = output_taps(g.x, ox, &fx, wx);
   float acc = 0.0f;
   for (int i = 0; i < ny; ++i) {
-    const uint8_t* row = image + (static_cast<int64_t>(g.y.origin + fy + i) * width + g.x.origin + fx) * kChannels + c;
+    const int y = g.y.origin + fy + i;
     float h = 0.0f;
-    for (int j = 0; j < nx; ++j) h += wx[j] * static_cast<float>(row[j * kChannels]);
+    for (int j = 0; j < nx; ++j) h += wx[j] * decoded_pixel(layout, d, image, y, g.x.origin + fx + j, c);
     acc += wy[i] * h;
   }
   return acc;
@@ -318,8 +329,8 @@ FASTPIPE_HD inline float resampled_value(const Geometry& g, const uint8_t* image
 
 // Element i of the device resample's output (images of out_image_elements(p) each): the whole body of
 // its kernel, run per element on the GPU and over every element by the simulation.
-FASTPIPE_HD inline void resample_element(const ImageTransformParams& p, const ImageDesc* descs, const uint8_t* staging,
-                                         int64_t image_stride, void* out, int64_t i);
+FASTPIPE_HD inline void resample_element(const ImageTransformParams& p, DecodedLayout layout, const ImageDesc* descs,
+                                         const uint8_t* staging, int64_t image_stride, void* out, int64_t i);
 
 // Element offset of output (c, y, x) in one image of the output layout.
 FASTPIPE_HD inline int64_t out_offset(const ImageTransformParams& p, int c, int y, int x) {
@@ -337,8 +348,8 @@ FASTPIPE_HD inline float normalized(const ImageTransformParams& p, int c, float 
   return p.out_dtype == OutDtype::UInt8 ? v : v * p.scale[c] + p.shift[c];
 }
 
-FASTPIPE_HD inline void resample_element(const ImageTransformParams& p, const ImageDesc* descs, const uint8_t* staging,
-                                         int64_t image_stride, void* out, int64_t i) {
+FASTPIPE_HD inline void resample_element(const ImageTransformParams& p, DecodedLayout layout, const ImageDesc* descs,
+                                         const uint8_t* staging, int64_t image_stride, void* out, int64_t i) {
   const int64_t per_image = out_image_elements(p);
   const int64_t n = i / per_image, e = i % per_image;
   const ImageDesc& d = descs[n];
@@ -354,7 +365,7 @@ FASTPIPE_HD inline void resample_element(const ImageTransformParams& p, const Im
     c = static_cast<int>(e / p.out_width / p.out_height);
   }
   const int source_x = d.geometry.flip ? p.out_width - 1 - x : x;
-  const float v = resampled_value(d.geometry, staging + n * image_stride, d.width, c, y, source_x);
+  const float v = resampled_value(layout, d, staging + n * image_stride, c, y, source_x);
   transforms::store(p.out_dtype, out, i, normalized(p, c, v));
 }
 

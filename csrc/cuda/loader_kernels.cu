@@ -53,7 +53,7 @@ __global__ void resample_images_kernel(ResampleImagesKernel k) {
   const int64_t total = k.count * images::out_image_elements(k.params);
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < total;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x)
-    images::resample_element(k.params, k.descs, k.staging, k.image_stride, k.out, i);
+    images::resample_element(k.params, k.layout, k.descs, k.staging, k.image_stride, k.out, i);
 }
 
 int blocks_for(int64_t total) {

@@ -281,6 +281,7 @@ class PyReader {
       d["overflow_batches"] = ds.overflow_batches;
       d["images_decoded_on_device"] = ds.images_decoded_on_device;
       d["images_decoded_on_host"] = ds.images_decoded_on_host;
+      d["images_decoded_planar"] = ds.images_decoded_planar;
     }
     return d;
   }

@@ -1,5 +1,7 @@
-// Python bindings used by the tests only: the CPU simulation of a device (core/sim_device.h) and the
-// fault injection in the file layer (core/fault.h).
+// Python bindings used by the tests only: the CPU simulation of a device (core/sim_device.h), the
+// fault injection in the file layer (core/fault.h) and the device decode's colour model
+// (cuda/jpeg_color.h) against libjpeg.
+#include <pybind11/numpy.h>
 #include <pybind11/stl.h>
 
 #include <chrono>
@@ -7,6 +9,8 @@
 #include <thread>
 
 #include "core/fault.h"
+#include "core/jpeg_decode.h"
+#include "core/jpeg_header.h"
 #include "core/sim_device.h"
 #include "ops/bindings.h"
 
@@ -59,6 +63,15 @@ void bind_loader_test_hooks(py::module& m) {
           py::arg("stream"))
       .def("drain", &SimDevice::drain, py::call_guard<py::gil_scoped_release>())
       .def("set_max_delay_us", &SimDevice::set_max_delay_us, py::arg("us"))
+      .def(
+          "set_jpeg_layout",
+          [](SimDevice& d, const std::string& layout) {
+            if (layout != "planar" && layout != "rgb")
+              throw py::value_error("layout must be planar or rgb, got '" + layout + "'");
+            d.set_jpeg_layout(layout == "planar" ? images::DecodedLayout::kYccPlanar
+                                                 : images::DecodedLayout::kRgbInterleaved);
+          },
+          py::arg("layout"), "How decode_jpegs writes images: planar YCbCr (nvJPEG's YUV) or interleaved RGB.")
       .def("_fail", &SimDevice::fail, py::arg("what"), py::arg("count") = 1, py::arg("after") = 0)
       .def("misuses", &SimDevice::misuses)
       .def(
@@ -98,6 +111,44 @@ void bind_loader_test_hooks(py::module& m) {
       py::arg("seed") = 0);
   m.def("_fault_disarm", &fault::disarm);
   m.def("_fault_count", &fault::injected);
+
+  // The device decode's colour model over a whole JPEG: (its planes through images::ycc_pixel, libjpeg's
+  // RGB decode), each height x width x 3 uint8, from the same libjpeg; the planes as decoded (Y, Cb, Cr).
+  m.def(
+      "_jpeg_ycc_model",
+      [](const py::bytes& jpeg) {
+        const std::string data = jpeg;
+        const auto* bytes = reinterpret_cast<const uint8_t*>(data.data());
+        JpegInfo info;
+        std::string why;
+        if (read_jpeg_info(bytes, data.size(), &info, &why) != JpegParse::kOk) throw py::value_error("not a JPEG: " + why);
+        if (info.components == 3 && !(info.h_samp[1] == 1 && info.v_samp[1] == 1 && info.h_samp[2] == 1 &&
+                                      info.v_samp[2] == 1))
+          throw py::value_error("the model takes chroma sampled 1x1 (Y's factors are the ratios)");
+        const images::YccPlanes p =
+            images::ycc_planes(info.height, info.width, info.v_samp[0], info.h_samp[0], info.components == 1);
+        std::vector<uint8_t> planes(static_cast<size_t>(images::ycc_planes_bytes(p)));
+        py::array_t<uint8_t> model({info.height, info.width, 3}), reference({info.height, info.width, 3});
+        JpegDecoder decoder;
+        try {
+          decoder.decode_planes(bytes, data.size(), p, planes.data());
+          uint8_t* m_out = model.mutable_data();
+          for (int y = 0; y < info.height; ++y)
+            for (int x = 0; x < info.width; ++x)
+              for (int c = 0; c < 3; ++c)
+                *m_out++ = static_cast<uint8_t>(images::ycc_pixel(planes.data(), p, y, x, c));
+          int64_t stride = 0;
+          const uint8_t* px =
+              decoder.decode(bytes, data.size(), info, 1, images::Region{0, info.height, 0, info.width}, &stride);
+          for (int y = 0; y < info.height; ++y)
+            std::memcpy(reference.mutable_data(y), px + y * stride, static_cast<size_t>(info.width) * 3);
+        } catch (const std::runtime_error& e) {
+          throw py::value_error(e.what());
+        }
+        return py::make_tuple(model, reference,
+                              py::bytes(reinterpret_cast<const char*>(planes.data()), planes.size()));
+      },
+      py::arg("jpeg"));
 }
 
 }  // namespace fastpipe

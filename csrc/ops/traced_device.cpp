@@ -36,10 +36,10 @@ void TracedDevice::launch(const DeviceKernel& k, Stream* s) {
   inner_->launch(k, s);
 }
 
-void TracedDevice::decode_jpegs(const JpegDecodeJob& job, Stream* s) {
+images::DecodedLayout TracedDevice::decode_jpegs(const JpegDecodeJob& job, Stream* s) {
   RECORD_FUNCTION(kDecode, std::vector<c10::IValue>());
   trace::Range range(kDecode);
-  inner_->decode_jpegs(job, s);
+  return inner_->decode_jpegs(job, s);
 }
 
 }  // namespace fastpipe

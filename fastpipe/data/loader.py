@@ -398,7 +398,11 @@ class Loader:
             when they shared cores; None before one),
             images_replaced and replaced (on_error="replace": how many bad images were substituted, and
             the first of them: which, why, by what), images_pillow (images of formats without a decoder
-            in the reader threads, decoded by Pillow holding the GIL: BMP, GIF, TIFF, ...).
+            in the reader threads, decoded by Pillow holding the GIL: BMP, GIF, TIFF, ...),
+            and with ``image_decode="device"`` images_decoded_on_device, images_decoded_on_host (those
+            the device was not given: progressive, CMYK, over the budgets, shrunk more than 4x) and
+            images_decoded_planar (those on the device decoded into YCbCr planes, whose upsampling and
+            colour conversion are libjpeg's: the host path's colours; else nvJPEG's interleaved RGB).
         """
         s = self._reader.stats()
         wall = s["wall_seconds"]

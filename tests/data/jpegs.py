@@ -8,6 +8,8 @@ the antialiasing filter both matter; sizes are awkward on purpose.
 
 import io
 import os
+import shutil
+import subprocess
 
 import numpy as np
 import pytest
@@ -42,6 +44,31 @@ def jpeg_bytes(array, mode="RGB", **save):
     out = io.BytesIO()
     im.save(out, format="JPEG", quality=save.pop("quality", 90), **save)
     return out.getvalue()
+
+
+CJPEG = shutil.which("cjpeg")  # libjpeg-turbo-progs (`make system-deps`): Pillow writes no 4:4:0 or 4:1:1
+
+
+def cjpeg_bytes(array, sample):
+    """``array`` encoded by libjpeg's cjpeg with luma sampling ``sample`` ("1x2": 4:4:0, "4x1": 4:1:1);
+    skips the test where cjpeg is not installed."""
+    if CJPEG is None:
+        pytest.skip("cjpeg (libjpeg-turbo-progs) is not installed: `make system-deps` installs it")
+    ppm = io.BytesIO()
+    Image.fromarray(array).save(ppm, format="PPM")
+    return subprocess.run([CJPEG, "-quality", "90", "-sample", sample], input=ppm.getvalue(),
+                          capture_output=True, check=True).stdout
+
+
+# Every chroma sampling the device decodes, by name: an encoder of (H, W, 3) uint8 arrays.
+SAMPLINGS = {
+    "444": lambda a: jpeg_bytes(a, subsampling=0),
+    "422": lambda a: jpeg_bytes(a, subsampling=1),
+    "420": lambda a: jpeg_bytes(a, subsampling=2),
+    "gray": lambda a: jpeg_bytes(a, mode="L"),
+    "440": lambda a: cjpeg_bytes(a, "1x2"),
+    "411": lambda a: cjpeg_bytes(a, "4x1"),
+}
 
 
 def write(path, data):

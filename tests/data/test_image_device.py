@@ -1,9 +1,11 @@
 """JPEGs decoded on the device (Loader(device="cuda", image_decode="device")): on the simulated device
 (core/sim_device.h) the whole path runs on the CPU: the reader threads hand over each record's encoded
 bytes and geometry (decoding themselves only what the device is not given), the simulated decoder
-(libjpeg, whole images) fills the staging in stream order, and the resample kernel's per-element code
-(image_transform.h: resample_element) makes the outputs. Checked against the host path, which sums the
-same weights in another order; on a GPU (the gpu tests) nvJPEG's decode differs from libjpeg's a little.
+(libjpeg's raw output: YCbCr planes, as nvJPEG's planar output; or its RGB, as nvJPEG's interleaved
+output) fills the staging in stream order, and the resample kernel's per-element code
+(image_transform.h: resample_element, with jpeg_color.h's upsampling and colour conversion for planes)
+makes the outputs. Checked against the host path, which sums the same weights in another order; on a
+GPU (the gpu tests) nvJPEG's IDCT differs from libjpeg's a little.
 """
 
 import os
@@ -17,7 +19,7 @@ import fastpipe
 from fastpipe.data import _device
 from fastpipe.transforms import CenterCrop, RandomResizedCrop
 
-from jpegs import jpeg_bytes, picture, write
+from jpegs import SAMPLINGS, jpeg_bytes, picture, write
 
 pytestmark = pytest.mark.timeout(180, method="thread")
 IMAGENET = dict(mean=(0.485, 0.456, 0.406), std=(0.229, 0.224, 0.225))
@@ -38,8 +40,9 @@ def host_batches(ds, transform, **kw):
     return [(x.float().numpy().copy(), y.numpy().copy()) for x, y in ld]
 
 
-def device_batches(ds, transform, sim_delay=100, fail=None, **kw):
+def device_batches(ds, transform, sim_delay=100, fail=None, layout="planar", **kw):
     with _device.simulated(max_delay_us=sim_delay, seed=7) as sim:
+        sim.set_jpeg_layout(layout)
         if fail:
             sim._fail(*fail)
         ld = fastpipe.Loader(ds, batch_size=4, transforms={0: transform}, timeout=60, device="cuda",
@@ -60,16 +63,60 @@ def device_batches(ds, transform, sim_delay=100, fail=None, **kw):
     CenterCrop(40, resize=44, out_dtype=torch.bfloat16, dct_scaling=False, **IMAGENET),
     CenterCrop(120, dct_scaling=False),  # larger than some images: padding
 ], ids=["rrc", "rrc-nhwc", "center-bf16", "center-pad"])
-def test_device_decode_matches_the_host_path(folder, transform):
+@pytest.mark.parametrize("layout", ["planar", "rgb"])
+def test_device_decode_matches_the_host_path(folder, transform, layout):
     host = host_batches(folder, transform, seed=5, shuffle=True)
-    dev, stats = device_batches(folder, transform, seed=5, shuffle=True)
+    dev, stats = device_batches(folder, transform, seed=5, shuffle=True, layout=layout)
     # Every record one way or the other (shrinks of more than 4x, e.g. to 21 columns, stay on the host).
     assert stats["images_decoded_on_device"] + stats["images_decoded_on_host"] == len(folder)
     assert stats["images_decoded_on_device"] >= len(folder) // 2
+    planar = stats["images_decoded_on_device"] if layout == "planar" else 0
+    assert stats["images_decoded_planar"] == planar
     tol = 1e-2 if transform.out_dtype == torch.bfloat16 else FLOAT_TOL * 255  # values are normalised
     for (a, la), (b, lb) in zip(host, dev, strict=True):
         np.testing.assert_array_equal(la, lb)
         np.testing.assert_allclose(b, a, atol=tol, rtol=0 if transform.out_dtype != torch.bfloat16 else 1e-2)
+
+
+@pytest.fixture
+def samplings(tmp_path, rng):
+    """Every chroma sampling the device decodes, at sizes odd and even."""
+    root = tmp_path / "s"
+    sizes = [(75, 100), (61, 89), (90, 31), (120, 160)]
+    for name, encode in sorted(SAMPLINGS.items()):
+        for k, (h, w) in enumerate(sizes):
+            write(str(root / name / f"{k}.jpg"), encode(picture(rng, h, w)))
+    return fastpipe.ImageFolder(str(root), cache_dir="off")
+
+
+def test_every_sampling_decodes_on_the_device_as_on_the_host(samplings):
+    """Planes upsampled and converted in the resample kernel are libjpeg's RGB: only float rounding differs."""
+    t = RandomResizedCrop(40, scale=(0.3, 1.0), dct_scaling=False)
+    host = host_batches(samplings, t, seed=3)
+    dev, stats = device_batches(samplings, t, seed=3)
+    assert stats["images_decoded_planar"] == stats["images_decoded_on_device"] == len(samplings)
+    for (a, la), (b, lb) in zip(host, dev, strict=True):
+        np.testing.assert_array_equal(la, lb)
+        np.testing.assert_allclose(b, a, atol=FLOAT_TOL * 255)
+
+
+def test_device_decode_is_the_host_path_without_dct_scaling(samplings):
+    """By default the host decodes at 1/2 or 1/4 in the DCT where a crop shrinks that much; the device
+    decodes the whole image, so each device-decoded sample is the exact path's (dct_scaling=False), each
+    host-decoded one the default path's. (The DCT-scaled path's own distance from the exact one is
+    printed: on these hard-edged pictures means of 0.4-10 levels, on a photograph 0.6-1.5.)"""
+    t = RandomResizedCrop(24, scale=(0.5, 1.0), layout="NHWC", out_dtype=torch.uint8)
+    exact_t = RandomResizedCrop(24, scale=(0.5, 1.0), layout="NHWC", out_dtype=torch.uint8, dct_scaling=False)
+    host = np.concatenate([a for a, _ in host_batches(samplings, t, seed=11)])
+    exact = np.concatenate([a for a, _ in host_batches(samplings, exact_t, seed=11)])
+    dev, stats = device_batches(samplings, t, seed=11)
+    dev = np.concatenate([b for b, _ in dev])
+    like_exact = [np.abs(d - e).max() <= 1 and np.abs(d - h).max() > 1 for d, e, h in zip(dev, exact, host, strict=True)]
+    like_host = [np.abs(d - h).max() <= 1 for d, h in zip(dev, host, strict=True)]
+    assert all(a or b for a, b in zip(like_exact, like_host, strict=True))
+    assert 0 < sum(like_exact) <= stats["images_decoded_on_device"] < len(samplings)
+    d = np.abs(exact - host)
+    print(f"DCT-scaled host path vs exact: mean {d.mean():.2f} levels, p99 {np.percentile(d, 99):.1f}")
 
 
 def test_records_the_device_is_not_given_are_decoded_on_the_host(tmp_path, rng):
@@ -133,7 +180,10 @@ def test_nvjpeg_decode_on_a_gpu_is_close_to_the_host_path(folder):
     host = host_batches(folder, t, seed=5)
     ld = fastpipe.Loader(folder, batch_size=4, transforms={0: t}, seed=5, device="cuda", image_decode="device")
     dev = [(x.float().cpu().numpy(), y.cpu().numpy()) for x, y in ld]
-    assert ld.stats()["images_decoded_on_device"] == len(folder)
+    stats = ld.stats()
+    assert stats["images_decoded_on_device"] == len(folder)
+    _, backend = fastpipe._ext._C.nvjpeg_status(torch.cuda.current_device(), _device.nvjpeg_library())
+    print("nvJPEG:", backend, "| decoded into planes:", stats["images_decoded_planar"])
     diff = np.abs(np.concatenate([b for b, _ in dev]) - np.concatenate([a for a, _ in host])) * 255
     subsampling = [int(os.path.basename(folder._path(i))[:-4]) % 3 for i in range(len(folder))]  # PIL's: 0 = 4:4:4
     for d, s in zip(diff, subsampling, strict=True):
@@ -141,9 +191,11 @@ def test_nvjpeg_decode_on_a_gpu_is_close_to_the_host_path(folder):
     # Without chroma subsampling nvJPEG's IDCT gave libjpeg-turbo's bytes exactly on an H200.
     full = np.stack([d for d, s in zip(diff, subsampling, strict=True) if s == 0])
     assert full.max() <= 1.0, full.max()
-    # Subsampled chroma is upsampled otherwise than libjpeg-turbo's triangular ("fancy") filter: on these
-    # pictures' hard colour edges the H200 saw means of 2.9-6.6 levels, p99 17-47, max 76.
+    # Interleaved RGB upsampled the chroma otherwise than libjpeg-turbo's triangle ("fancy") filter: on
+    # these pictures' hard colour edges an H200 gave means of 2.9-6.6 levels, p99 17-47, max 76. Planes
+    # upsampled and converted as libjpeg does leave the IDCT's rounding only (issue 30's accuracy).
+    assert stats["images_decoded_planar"] == len(folder), backend
     part = np.stack([d for d, s in zip(diff, subsampling, strict=True) if s != 0])
-    assert part.mean() < 8 and np.percentile(part, 99) < 64, (part.mean(), np.percentile(part, 99))
+    assert part.mean() <= 1.0 and np.percentile(part, 99) <= 4.0, (part.mean(), np.percentile(part, 99))
     for (_, la), (_, lb) in zip(host, dev, strict=True):
         np.testing.assert_array_equal(la, lb)

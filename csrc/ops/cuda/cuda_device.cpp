@@ -87,14 +87,14 @@ class CudaDevice : public Device {
         return;
     }
   }
-  void decode_jpegs(const JpegDecodeJob& job, Stream* s) override {
+  images::DecodedLayout decode_jpegs(const JpegDecodeJob& job, Stream* s) override {
     std::unique_lock<std::mutex> lk(decoder_mu_);
     if (!decoder_ && why_no_decoder_.empty()) {
       decoder_ = cuda::make_jpeg_decoder(nvjpeg_path_, &why_no_decoder_);  // once, on first use
     }
     if (!decoder_) throw Error(ErrorKind::kState, "GPU JPEG decoding is unavailable: " + why_no_decoder_);
     lk.unlock();
-    decoder_->decode(job, raw(s));
+    return decoder_->decode(job, raw(s));
   }
   void record(Event* e, Stream* s) override { check(cudaEventRecord(raw(e), raw(s)), "cudaEventRecord"); }
   void wait(Stream* s, Event* e) override { check(cudaStreamWaitEvent(raw(s), raw(e), 0), "cudaStreamWaitEvent"); }

@@ -72,42 +72,91 @@ void* load_library(const std::string& path, std::string* why_not) {
   return nullptr;
 }
 
+// Planar YCbCr (NVJPEG_OUTPUT_YUV, each component at its own resolution) is asked for first, so that the
+// resample kernel upsamples and converts the colour as libjpeg does (cuda/jpeg_color.h); where nvJPEG
+// refuses it, interleaved RGB (its own upsampling) from then on, the refusal kept in backend().
 class NvjpegDecoder final : public JpegBatchDecoder {
  public:
   NvjpegDecoder(const Api& api, nvjpegHandle_t handle, nvjpegJpegState_t state, std::string backend)
-      : api_(api), handle_(handle), state_(state), backend_(std::move(backend)) {}
+      : api_(api), handle_(handle), state_(state), backend_(std::move(backend)), described_(backend_ + " (planar YCbCr)") {}
   ~NvjpegDecoder() override {
     // Destructors never throw: a failure here leaks the handle, which the process end reclaims.
     api_.state_destroy(state_);
     api_.destroy(handle_);
   }
 
-  void decode(const JpegDecodeJob& job, cudaStream_t stream) override {
+  images::DecodedLayout decode(const JpegDecodeJob& job, cudaStream_t stream) override {
     const int n = static_cast<int>(job.data.size());
-    if (n == 0) return;
-    std::vector<nvjpegImage_t> out(static_cast<size_t>(n));
-    for (int k = 0; k < n; ++k) {
-      out[k] = nvjpegImage_t{};
-      out[k].channel[0] = job.out[k];
-      out[k].pitch[0] = static_cast<size_t>(job.widths[k]) * 3;
-    }
+    if (n == 0) return images::DecodedLayout::kYccPlanar;
     std::lock_guard<std::mutex> lk(mu_);  // one decode state: batches decode one at a time
-    nvjpegStatus_t s = api_.batched_initialize(handle_, state_, n, 1, NVJPEG_OUTPUT_RGBI);
-    if (s != NVJPEG_STATUS_SUCCESS) throw Error(ErrorKind::kState, failed("nvjpegDecodeBatchedInitialize", s));
-    s = api_.batched(handle_, state_, job.data.data(), job.sizes.data(), out.data(), stream);
-    if (s != NVJPEG_STATUS_SUCCESS)
-      throw Error(ErrorKind::kState, failed("nvjpegDecodeBatched", s) + " for a batch of " + std::to_string(n) +
-                                         " images on the " + backend_ + " backend");
+    if (planar_) {
+      const nvjpegStatus_t s = run(job, NVJPEG_OUTPUT_YUV, stream);
+      if (s == NVJPEG_STATUS_SUCCESS) return images::DecodedLayout::kYccPlanar;
+      if (!refuses_format(s)) throw Error(ErrorKind::kState, message_ + " for a batch of " + std::to_string(n) +
+                                                                 " images on the " + backend_ + " backend");
+      refuse_planar(message_);
+    }
+    if (run(job, NVJPEG_OUTPUT_RGBI, stream) != NVJPEG_STATUS_SUCCESS)
+      throw Error(ErrorKind::kState,
+                  message_ + " for a batch of " + std::to_string(n) + " images on the " + backend_ + " backend");
+    return images::DecodedLayout::kRgbInterleaved;
   }
 
-  const std::string& backend() const override { return backend_; }
+  // Asks nvJPEG whether it decodes batches into planes (at creation: nvjpeg_status reports the answer).
+  void probe_planar() {
+    const nvjpegStatus_t s = api_.batched_initialize(handle_, state_, 1, 1, NVJPEG_OUTPUT_YUV);
+    if (s != NVJPEG_STATUS_SUCCESS) refuse_planar(failed("nvjpegDecodeBatchedInitialize(NVJPEG_OUTPUT_YUV)", s));
+  }
+
+  const std::string& backend() const override { return described_; }
 
  private:
+  // A status that says the output format, not the data or the device, is the problem.
+  static bool refuses_format(nvjpegStatus_t s) {
+    return s == NVJPEG_STATUS_INVALID_PARAMETER || s == NVJPEG_STATUS_IMPLEMENTATION_NOT_SUPPORTED ||
+           s == NVJPEG_STATUS_JPEG_NOT_SUPPORTED;
+  }
+
+  void refuse_planar(const std::string& why) {
+    planar_ = false;
+    described_ = backend_ + " (interleaved RGB, nvJPEG's own chroma upsampling: " + why + ")";
+  }
+
+  // One batched decode in `format`; on failure message_ names the call and its status.
+  nvjpegStatus_t run(const JpegDecodeJob& job, nvjpegOutputFormat_t format, cudaStream_t stream) {
+    const size_t n = job.data.size();
+    std::vector<nvjpegImage_t> out(n);
+    for (size_t k = 0; k < n; ++k) {
+      const images::YccPlanes& p = job.planes[k];
+      out[k] = nvjpegImage_t{};
+      out[k].channel[0] = job.out[k];
+      if (format == NVJPEG_OUTPUT_YUV) {
+        out[k].pitch[0] = static_cast<size_t>(p.width);
+        out[k].channel[1] = job.out[k] + p.cb_offset;
+        out[k].channel[2] = job.out[k] + p.cr_offset;
+        out[k].pitch[1] = out[k].pitch[2] = static_cast<size_t>(p.c_width);
+      } else {
+        out[k].pitch[0] = static_cast<size_t>(p.width) * 3;
+      }
+    }
+    nvjpegStatus_t s = api_.batched_initialize(handle_, state_, static_cast<int>(n), 1, format);
+    if (s != NVJPEG_STATUS_SUCCESS) {
+      message_ = failed("nvjpegDecodeBatchedInitialize", s);
+      return s;
+    }
+    s = api_.batched(handle_, state_, job.data.data(), job.sizes.data(), out.data(), stream);
+    if (s != NVJPEG_STATUS_SUCCESS) message_ = failed("nvjpegDecodeBatched", s);
+    return s;
+  }
+
   Api api_;
   nvjpegHandle_t handle_;
   nvjpegJpegState_t state_;
   std::string backend_;
+  std::string described_;  // backend_ and the layout
   std::mutex mu_;
+  bool planar_ = true;
+  std::string message_;
 };
 
 }  // namespace
@@ -146,7 +195,9 @@ std::unique_ptr<JpegBatchDecoder> make_jpeg_decoder(const std::string& path, std
     *why_not = failed("nvjpegJpegStateCreate", s);
     return nullptr;
   }
-  return std::make_unique<NvjpegDecoder>(api, handle, state, backend);
+  auto decoder = std::make_unique<NvjpegDecoder>(api, handle, state, backend);
+  decoder->probe_planar();
+  return decoder;
 }
 
 #else  // built without nvjpeg.h

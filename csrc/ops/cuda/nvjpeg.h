@@ -1,6 +1,6 @@
 // nvJPEG, loaded at run time (dlopen of libnvjpeg.so.13: the nvidia-nvjpeg wheel's, or the system's) so
-// that the extension imports without it: batched decode of whole images into interleaved RGB on a
-// stream, on the GPU's hardware JPEG engines where nvjpegGetHardwareDecoderInfo reports some (A100,
+// that the extension imports without it: batched decode of whole images into planar YCbCr (else
+// interleaved RGB) on a stream, on the GPU's hardware JPEG engines where nvjpegGetHardwareDecoderInfo reports some (A100,
 // H100, H200), else nvJPEG's default (hybrid) backend, whose Huffman stage runs in the calling thread.
 #pragma once
 
@@ -16,9 +16,10 @@ namespace fastpipe::cuda {
 class JpegBatchDecoder {
  public:
   virtual ~JpegBatchDecoder() = default;
-  // Throws Error(kState) naming the nvJPEG call and its status.
-  virtual void decode(const JpegDecodeJob& job, cudaStream_t stream) = 0;
-  virtual const std::string& backend() const = 0;  // "hardware" or "default"
+  // Throws Error(kState) naming the nvJPEG call and its status; returns the layout written.
+  virtual images::DecodedLayout decode(const JpegDecodeJob& job, cudaStream_t stream) = 0;
+  // "hardware" or "default", then the layout: "(planar YCbCr)", or "(interleaved RGB, ...: why)".
+  virtual const std::string& backend() const = 0;
 };
 
 // A decoder for the current CUDA device, from the library at `path` ("" : the usual names); null with
