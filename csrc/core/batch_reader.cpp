@@ -179,7 +179,7 @@ BatchReader::BatchReader(std::vector<ColumnSpec> columns, ReaderOptions opt) : o
   } else if (opt.num_threads == 0) {
     bool any_direct = false;
     for (const Column& c : st->columns) any_direct |= c.file && c.file->mode() == IoMode::kDirect;
-    opt.num_threads = default_num_threads(usable_cores(), any_direct);
+    opt.num_threads = default_num_threads(usable_cores(), any_direct, decodes);
   }
   st->opt = opt;
   st->chunk_records = chunk_records(opt.batch_size, opt.num_threads, record_bytes_total, decodes);

@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cstring>
 
+#include "core/batch_reader.h"
 #include "core/error.h"
 
 namespace fastpipe {
@@ -21,9 +22,11 @@ constexpr int64_t kSmallRecord = 64 << 10;
 // is smaller than kMinChunkBytes: below that, handing work between threads costs more than it saves.
 constexpr int64_t kChunkBytes = 1 << 20;
 constexpr int64_t kMinChunkBytes = 256 << 10;
-// Reader threads by default: the usable cores (compute-bound gathers), or more for O_DIRECT, whose
-// threads mostly wait on the device: random record reads reach a disk's sequential bandwidth only with
-// a deep queue (measured: 16 reads in flight on a virtio disk).
+// Reader threads by default: the usable cores up to 8 for gathers (memory-bound copies), every core but
+// the training loop's for records that decode (CPU-bound: an H200's 16 cores fed at most 8 readers and
+// left the loop waiting 67% of a JPEG training step), or more for O_DIRECT, whose threads mostly wait on
+// the device: random record reads reach a disk's sequential bandwidth only with a deep queue (measured:
+// 16 reads in flight on a virtio disk).
 constexpr int kMaxDefaultThreads = 8;
 constexpr int kDirectDefaultThreads = 16;
 // Images to decode: at most this many per work item (a decode takes about a millisecond; handing out
@@ -104,8 +107,10 @@ IoMode choose_mode(IoMode io, int64_t record_bytes, int64_t total_data_bytes, in
   return IoMode::kMmap;
 }
 
-int default_num_threads(long cores, bool any_direct) {
-  const int threads = static_cast<int>(std::clamp<long>(cores, 2, kMaxDefaultThreads));
+int default_num_threads(long cores, bool any_direct, bool decodes) {
+  // At least 2 either way: on 2 cores both read, kept off the loop's core while it computes (issue 21).
+  const int threads = static_cast<int>(decodes ? std::clamp<long>(cores - 1, 2, kMaxReaderThreads)
+                                               : std::clamp<long>(cores, 2, kMaxDefaultThreads));
   return any_direct ? std::max(threads, kDirectDefaultThreads) : threads;
 }
 

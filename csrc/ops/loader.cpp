@@ -463,7 +463,8 @@ void bind_loader(py::module& m) {
         return std::string(io_mode_name(choose_mode(parse_io_mode(io), record_bytes, total_bytes, mem_available)));
       },
       py::arg("io"), py::arg("record_bytes"), py::arg("total_bytes"), py::arg("mem_available"));
-  m.def("_default_num_threads", &default_num_threads, py::arg("cores"), py::arg("any_direct"));
+  m.def("_default_num_threads", &default_num_threads, py::arg("cores"), py::arg("any_direct"),
+        py::arg("decodes") = false);
   m.def("_default_prefetch", &default_prefetch, py::arg("batch_bytes"));
 
   m.def("record_stream", &record_stream, py::arg("tensor"), py::arg("stream"));

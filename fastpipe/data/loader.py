@@ -72,8 +72,9 @@ class Loader:
         that the current stream waits for (the host never does). Use :func:`fastpipe.record_stream`
         when a batch is also used on another stream.
     num_threads : int, optional
-        Reader threads; default: the cores, between 2 and 8 (at least 16 when reading with O_DIRECT,
-        whose threads mostly wait on the device). 0: no reader threads; ``next()`` reads each batch when
+        Reader threads; default: the cores, between 2 and 8, or for image datasets (decoding is
+        CPU-bound) every core but the training loop's, at least 2 (at least 16 when reading with
+        O_DIRECT, whose threads mostly wait on the device). 0: no reader threads; ``next()`` reads each batch when
         it is asked for, its records spread over torch's intra-op threads (``torch.get_num_threads()``).
         For a training step that itself keeps every core busy with torch ops (CPU training with torch's
         default threads), where reader threads would compete with it for the cores; CPU batches only.

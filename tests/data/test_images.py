@@ -276,6 +276,8 @@ def test_same_batches_for_any_thread_count_and_new_crops_each_epoch(folder):
     ld = loader(folder, t, shuffle=False, seed=2)
     e0, e1 = batches(ld), batches(ld)
     assert not np.array_equal(e0[0][0], e1[0][0])
+    # Unset num_threads: decoding is CPU-bound, so every core but the training loop's reads (at least 2).
+    assert ld.stats()["num_threads"] == max(2, len(os.sched_getaffinity(0)) - 1)
 
 
 def test_resume_mid_epoch_yields_exactly_the_remaining_batches(folder):

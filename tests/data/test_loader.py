@@ -329,11 +329,15 @@ def test_io_auto_policy(io, record, total, mem, mode):
 
 
 @pytest.mark.parametrize(
-    "cores,direct,threads",
-    [(1, False, 2), (2, False, 2), (5, False, 5), (8, False, 8), (64, False, 8), (1, True, 16), (64, True, 16)],
+    "cores,direct,decodes,threads",
+    [(1, False, False, 2), (2, False, False, 2), (5, False, False, 5), (8, False, False, 8), (64, False, False, 8),
+     (1, True, False, 16), (64, True, False, 16),
+     # Images: every core but the training loop's, at least 2 (both cores of a 2-core machine read).
+     (1, False, True, 2), (2, False, True, 2), (3, False, True, 2), (16, False, True, 15), (64, False, True, 63),
+     (8, True, True, 16), (32, True, True, 31)],
 )
-def test_default_thread_policy(cores, direct, threads):
-    assert fastpipe._C._default_num_threads(cores, direct) == threads
+def test_default_thread_policy(cores, direct, decodes, threads):
+    assert fastpipe._C._default_num_threads(cores, direct, decodes) == threads
 
 
 @pytest.mark.parametrize("batch_bytes,prefetch", [(0, 16), (44, 16), (262144, 16), (262145, 16), (279621, 15),
@@ -344,7 +348,7 @@ def test_default_prefetch_policy(batch_bytes, prefetch):
 
 
 def test_default_threads_and_prefetch(dataset_factory, fp):
-    """Without num_threads: the usable cores (2 to 8); without prefetch: about 4 MiB of batches read
+    """Without num_threads (records that do not decode): the usable cores (2 to 8); without prefetch: about 4 MiB of batches read
     ahead, 2 to 16 batches, so the arena holds prefetch + 2."""
     cores = len(os.sched_getaffinity(0))
     # batch bytes 44 (16: the cap), 528 KB (ceil 7.9), 3.1 MB (2: the floor), 341 KB (ceil 12.3)
