@@ -105,7 +105,11 @@ class NvjpegDecoder final : public JpegBatchDecoder {
   // Asks nvJPEG whether it decodes batches into planes (at creation: nvjpeg_status reports the answer).
   void probe_planar() {
     const nvjpegStatus_t s = api_.batched_initialize(handle_, state_, 1, 1, NVJPEG_OUTPUT_YUV);
-    if (s != NVJPEG_STATUS_SUCCESS) refuse_planar(failed("nvjpegDecodeBatchedInitialize(NVJPEG_OUTPUT_YUV)", s));
+    if (s != NVJPEG_STATUS_SUCCESS) {
+      refuse_planar(failed("nvjpegDecodeBatchedInitialize(NVJPEG_OUTPUT_YUV)", s));
+    } else {
+      initialized_n_ = 1;
+    }
   }
 
   const std::string& backend() const override { return described_; }
@@ -139,13 +143,23 @@ class NvjpegDecoder final : public JpegBatchDecoder {
         out[k].pitch[0] = static_cast<size_t>(p.width) * 3;
       }
     }
-    nvjpegStatus_t s = api_.batched_initialize(handle_, state_, static_cast<int>(n), 1, format);
-    if (s != NVJPEG_STATUS_SUCCESS) {
-      message_ = failed("nvjpegDecodeBatchedInitialize", s);
-      return s;
+    // nvjpeg.h: initialised once per batch size and format, and again to reset a failed batch.
+    nvjpegStatus_t s = NVJPEG_STATUS_SUCCESS;
+    if (static_cast<int>(n) != initialized_n_ || format != initialized_format_) {
+      initialized_n_ = 0;
+      s = api_.batched_initialize(handle_, state_, static_cast<int>(n), 1, format);
+      if (s != NVJPEG_STATUS_SUCCESS) {
+        message_ = failed("nvjpegDecodeBatchedInitialize", s);
+        return s;
+      }
+      initialized_n_ = static_cast<int>(n);
+      initialized_format_ = format;
     }
     s = api_.batched(handle_, state_, job.data.data(), job.sizes.data(), out.data(), stream);
-    if (s != NVJPEG_STATUS_SUCCESS) message_ = failed("nvjpegDecodeBatched", s);
+    if (s != NVJPEG_STATUS_SUCCESS) {
+      message_ = failed("nvjpegDecodeBatched", s);
+      initialized_n_ = 0;
+    }
     return s;
   }
 
@@ -157,6 +171,8 @@ class NvjpegDecoder final : public JpegBatchDecoder {
   std::mutex mu_;
   bool planar_ = true;
   std::string message_;
+  int initialized_n_ = 0;  // the batch size and format the state was initialised for (0: none)
+  nvjpegOutputFormat_t initialized_format_ = NVJPEG_OUTPUT_YUV;
 };
 
 }  // namespace
