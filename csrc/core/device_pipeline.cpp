@@ -4,9 +4,12 @@
 
 #include <algorithm>
 #include <atomic>
+#include <chrono>
+#include <condition_variable>
 #include <deque>
 #include <exception>
 #include <mutex>
+#include <thread>
 
 #include "core/error.h"
 #include "core/pinned_arena.h"
@@ -85,6 +88,13 @@ struct Plan {
   std::shared_ptr<const ImageColumnSpec> image;  // kDecodeImages: host outputs desc, encoded, host-decoded
 };
 
+// Whether the submitter thread has queued a batch's device work yet, and how that went (guarded by the
+// pipeline's mu).
+struct Submission {
+  bool done = false;
+  std::exception_ptr error;  // the device refused its copies, decode or kernels
+};
+
 struct Issued {
   int slot;  // -1: overflow
   char* base;
@@ -92,6 +102,17 @@ struct Issued {
   Event* ready;
   std::shared_ptr<void> overflow;
   std::exception_ptr error;  // the device refused its copies or kernels: next() raises this at its turn
+  std::shared_ptr<Submission> submission;  // queued by the submitter thread (null: queued by issue())
+};
+
+// A batch whose device work the submitter thread queues: it holds the host batch (its slot is not
+// refilled) until the copy out of it is fenced.
+struct Job {
+  std::shared_ptr<Lease> lease;
+  char* base;
+  Event* ready;
+  int slot;
+  std::shared_ptr<Submission> submission;
 };
 
 }  // namespace
@@ -127,9 +148,16 @@ struct PipelineState {
   OverflowFn overflow;
   std::atomic<bool> skip_release_fence{false};
 
-  std::mutex mu;  // slots, issued, stats: batches are released from any thread
+  std::mutex mu;  // slots, issued, jobs, stats: batches are released from any thread
   std::vector<DeviceSlot> slots;
   std::deque<Issued> issued;
+  // Pipelines that decode images queue each batch's device work in a thread of their own: nvJPEG parses
+  // every bitstream on the host inside its call, which next() on the training thread would otherwise pay.
+  std::deque<Job> jobs;
+  bool submitting = false;        // the submitter is queuing a job's work (taken off `jobs`)
+  bool stop_submitter = false;
+  std::condition_variable jobs_cv;       // a job queued, or stop
+  std::condition_variable submitted_cv;  // a job done
   int leased = 0;
   int releasing = 0;  // slots kReleasing
   int64_t overflow_batches = 0;
@@ -278,6 +306,47 @@ struct PipelineState {
     decoded_on_host += lease.records() - static_cast<int64_t>(job.data.size());
     return layout;
   }
+
+  // The submitter thread: queues the jobs' device work in order until stopped (after the last job).
+  void submit_loop() {
+    std::unique_lock<std::mutex> lk(mu);
+    for (;;) {
+      jobs_cv.wait(lk, [&] { return stop_submitter || !jobs.empty(); });
+      if (jobs.empty()) return;
+      Job job = std::move(jobs.front());
+      jobs.pop_front();
+      submitting = true;
+      lk.unlock();
+      std::exception_ptr error = submit(job);
+      job.lease.reset();  // the host slot may be refilled once the copy out of it (fenced) is done
+      lk.lock();
+      if (error && job.slot >= 0) slots[job.slot].state = DeviceSlot::State::kFree;
+      job.submission->error = error;
+      job.submission->done = true;
+      submitting = false;
+      submitted_cv.notify_all();
+    }
+  }
+
+  // A job's work on the copy stream; a failure is returned for next() to raise at the batch's turn, the
+  // host slot fenced after the copies queued before it (as issue() does for work it queues itself).
+  std::exception_ptr submit(const Job& job) {
+    try {
+      DeviceGuard guard(*device);
+      try {
+        enqueue(*job.lease, job.base, job.ready);
+      } catch (const Error&) {
+        try {
+          fences->record(job.lease->slot(), copy);
+        } catch (const Error&) {
+        }
+        throw;
+      }
+      return nullptr;
+    } catch (...) {
+      return std::current_exception();
+    }
+  }
 };
 
 DeviceBatch::DeviceBatch(std::shared_ptr<PipelineState> state, int slot, char* base, int64_t records,
@@ -393,15 +462,28 @@ DevicePipeline::DevicePipeline(std::shared_ptr<Device> device, std::vector<Colum
   st.overflow_ready = device_->new_event();
   st.overflow_alloc = device_->new_event();
   st.copy = device_->new_stream();
+  if (pixel_budget > 0) submitter_ = std::thread([state = state_] { state->submit_loop(); });
 }
 
-DevicePipeline::~DevicePipeline() { close(); }
+DevicePipeline::~DevicePipeline() {
+  if (getpid() != state_->owner_pid) {
+    // Forked child: the submitter exists only in the parent (as the reader threads: batch_reader.cpp).
+    if (submitter_.joinable()) new std::thread(std::move(submitter_));
+    return;
+  }
+  close();
+}
+
+void DevicePipeline::wait_submitted(std::unique_lock<std::mutex>& lk) {
+  state_->submitted_cv.wait(lk, [&] { return state_->jobs.empty() && !state_->submitting; });
+}
 
 void DevicePipeline::start(std::vector<int64_t> indices, bool drop_last, uint64_t epoch) {
   {
-    // Batches issued for the abandoned pass are dropped: their slots are free again once the copy
-    // stream passes them (the next copy into a slot is queued behind them anyway).
-    std::lock_guard<std::mutex> lk(state_->mu);
+    // Batches issued for the abandoned pass are dropped (once their work is queued): their slots are
+    // free again once the copy stream passes them (the next copy into a slot is queued behind them anyway).
+    std::unique_lock<std::mutex> lk(state_->mu);
+    wait_submitted(lk);
     for (const Issued& i : state_->issued)
       if (i.slot >= 0) state_->slots[i.slot].state = DeviceSlot::State::kFree;
     state_->issued.clear();
@@ -464,6 +546,13 @@ bool DevicePipeline::issue(bool block, double timeout_s, const std::function<voi
     item.ready = st.overflow_ready;
     ++st.overflow_batches;
   }
+  if (submitter_.joinable()) {
+    item.submission = std::make_shared<Submission>();
+    st.jobs.push_back(Job{std::move(lease), item.base, item.ready, item.slot, item.submission});
+    st.issued.push_back(std::move(item));
+    st.jobs_cv.notify_one();
+    return true;
+  }
   try {
     st.enqueue(*lease, item.base, item.ready);
   } catch (const Error&) {
@@ -485,6 +574,22 @@ bool DevicePipeline::issue(bool block, double timeout_s, const std::function<voi
   return true;
 }
 
+void DevicePipeline::wait_first_submitted(double timeout_s, const std::function<void()>& poll) {
+  PipelineState& st = *state_;
+  const auto start = std::chrono::steady_clock::now();
+  std::unique_lock<std::mutex> lk(st.mu);
+  while (st.issued.front().submission && !st.issued.front().submission->done) {
+    // Polled (a signal raises from poll) and bounded: a device whose queuing calls hang would hang next().
+    if (st.submitted_cv.wait_for(lk, std::chrono::milliseconds(50)) == std::cv_status::no_timeout) continue;
+    lk.unlock();
+    if (poll) poll();
+    if (timeout_s > 0 && std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count() > timeout_s)
+      throw Error(ErrorKind::kTimeout, "the device work of the next batch was not queued within timeout=" +
+                                           std::to_string(timeout_s) + " s (its decode calls did not return)");
+    lk.lock();
+  }
+}
+
 std::shared_ptr<DeviceBatch> DevicePipeline::next(double timeout_s, const std::function<void()>& poll) {
   PipelineState& st = *state_;
   DeviceGuard guard(*device_);
@@ -502,10 +607,15 @@ std::shared_ptr<DeviceBatch> DevicePipeline::next(double timeout_s, const std::f
     have = !st.issued.empty();
   }
   if (!have && !issue(true, timeout_s, poll)) return nullptr;  // the pass is over
+  wait_first_submitted(timeout_s, poll);
   Issued item;
   {
     std::lock_guard<std::mutex> lk(st.mu);
     item = std::move(st.issued.front());
+    if (item.submission && item.submission->error) {
+      item.slot = -1;  // freed by the submitter
+      item.error = item.submission->error;
+    }
     st.issued.pop_front();
     if (item.error) std::rethrow_exception(item.error);
     if (item.slot >= 0) {
@@ -536,6 +646,14 @@ void DevicePipeline::close() {
   if (!reader_) return;
   reader_->close();
   if (getpid() != state_->owner_pid) return;
+  if (submitter_.joinable()) {  // it queues what was issued, then stops
+    {
+      std::lock_guard<std::mutex> lk(state_->mu);
+      state_->stop_submitter = true;
+    }
+    state_->jobs_cv.notify_all();
+    submitter_.join();
+  }
   try {  // a device that failed (a sticky error) cannot be waited for: reported, and close() goes on
     DeviceGuard guard(*device_);
     refuse_teardown_in_capture(*device_);

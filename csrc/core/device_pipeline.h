@@ -1,7 +1,9 @@
 // The device data path. A BatchReader fills page-locked host slots with records as they are; each batch
 // is copied into a fixed device arena (prefetch + 2 slots, allocated once) on one copy stream, converted
-// there (token windows widened to int64, images through CropMirrorNormalize) and marked by an event; the
-// consumer's stream waits on that event, the host never does. Batches are issued ahead of the one handed
+// there (token windows widened to int64, images through CropMirrorNormalize, JPEGs decoded and
+// resampled) and marked by an event; the consumer's stream waits on that event, the host never does.
+// Where images are decoded on the device, a thread of the pipeline's own queues each batch's work (the
+// decoder parses the bitstreams on the host in its call), so that next() only hands batches out. Batches are issued ahead of the one handed
 // out, so that the copy of batch k+1 overlaps the model's work on batch k while the readers fill k+2.
 //
 // Reuse is stream-ordered: dropping a batch's last tensor records a release event on every stream it was
@@ -12,6 +14,8 @@
 
 #include <functional>
 #include <memory>
+#include <mutex>
+#include <thread>
 #include <vector>
 
 #include "core/batch_reader.h"
@@ -95,9 +99,13 @@ class DevicePipeline {
 
  private:
   bool issue(bool block, double timeout_s, const std::function<void()>& poll);
+  // Until the submitter has queued every job (with state_->mu held), or the first issued batch's.
+  void wait_submitted(std::unique_lock<std::mutex>& lk);
+  void wait_first_submitted(double timeout_s, const std::function<void()>& poll);
   std::shared_ptr<Device> device_;
   std::shared_ptr<PipelineState> state_;
   std::unique_ptr<BatchReader> reader_;
+  std::thread submitter_;  // image pipelines: queues each batch's device work (PipelineState::submit_loop)
 };
 
 }  // namespace fastpipe

@@ -138,6 +138,57 @@ def test_records_the_device_is_not_given_are_decoded_on_the_host(tmp_path, rng):
         np.testing.assert_allclose(b, a, atol=FLOAT_TOL * 255)
 
 
+@pytest.mark.filterwarnings("ignore:fastpipe.Loader. the program holds every one")
+def test_the_submitter_thread_under_held_dropped_abandoned_and_overflowing_batches(tmp_path, rng):
+    """Each batch's decode is queued by the pipeline's submitter thread while the loop holds batches out of
+    order (more than the slots: overflow batches), abandons passes midway and closes with work in flight,
+    on streams with random delays: every batch equals the host path's and a held one never changes."""
+    root = tmp_path / "t"
+    for k in range(40):
+        h, w = 40 + 7 * (k % 5), 60 - 5 * (k % 4)
+        write(str(root / f"c{k % 3}" / f"{k}.jpg"), jpeg_bytes(picture(rng, h, w), subsampling=k % 3))
+    ds = fastpipe.ImageFolder(str(root), cache_dir="off")
+    t = RandomResizedCrop(24, scale=(0.5, 1.0), dct_scaling=False)
+    stops = [None, 2, None, 1, None, 1]  # passes 1, 3 and 5 abandoned after that many batches
+    hl = fastpipe.Loader(ds, batch_size=4, transforms={0: t}, shuffle=True, seed=9, timeout=60)
+    want = []
+    for stop in stops:
+        want.append([])
+        for x, _ in hl:
+            want[-1].append(x.numpy().copy())
+            if len(want[-1]) == stop:
+                break
+    order = np.random.default_rng(int(rng.integers(1 << 30)))
+    with _device.simulated(max_delay_us=2000, seed=3) as sim:
+        ld = fastpipe.Loader(ds, batch_size=4, transforms={0: t}, shuffle=True, seed=9, timeout=60, device="cuda",
+                             image_decode="device", prefetch=1, when_full="allocate")
+        held = []
+        for p, stop in enumerate(stops[:-1]):
+            got = 0
+            for x, _ in ld:
+                sim.synchronize(sim.consumer_stream())
+                np.testing.assert_allclose(x.numpy(), want[p][got], atol=FLOAT_TOL * 255)
+                got += 1
+                if order.random() < 0.5:
+                    held.append((x, want[p][got - 1]))
+                while len(held) > 5 or (held and order.random() < 0.3):
+                    x_held, expected = held.pop(int(order.integers(len(held))))
+                    sim.synchronize(sim.consumer_stream())
+                    np.testing.assert_allclose(x_held.numpy(), expected, atol=FLOAT_TOL * 255)
+                if got == stop:
+                    break
+            assert got == len(want[p])
+        stats = ld.stats()
+        assert stats["overflow_batches"] > 0 and stats["images_decoded_on_device"] > 0
+        x_last, _ = next(iter(ld))
+        ld.close()  # with the next batches' decode queued
+        sim.synchronize(sim.consumer_stream())
+        np.testing.assert_allclose(x_last.numpy(), want[-1][0], atol=FLOAT_TOL * 255)
+        del ld, held, x_last
+        sim.drain()
+        assert not sim.misuses()
+
+
 def test_a_failing_device_decode_reaches_the_loop_at_its_batch(folder):
     t = CenterCrop(24, resize=30, dct_scaling=False)
     with pytest.raises(RuntimeError, match="decode_jpegs failed"):
