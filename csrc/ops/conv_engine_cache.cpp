@@ -1,6 +1,6 @@
 // The engine cache's report and persistence: the cached choices as lines for people, and as text that
 // fastpipe/nn/_engines.py keeps in a file so that the next run makes the same choices without timing,
-// with the margin each was made by (a thin one is re-timed by the next run: conv_tuner_state.h).
+// with the margin each was made by (a thin one is re-timed by the next run: core/choice_cache.h).
 #include <ATen/core/Tensor.h>
 #include <c10/core/Device.h>
 
@@ -102,23 +102,12 @@ Margin parse_margin(const std::string& text, const std::string& line) {
 
 }  // namespace
 
-Choice merge_retimed(Choice saved, Choice fresh) {
-  auto strength = [](const Margin& m) { return (m.vs_runner_up - 1) / std::max(m.spread, 0.005); };
-  const int timings = saved.margin.timings + fresh.margin.timings;
-  // A fresh key with eager alone (a candidate failing here now) runs what this process can run.
-  const bool keep_saved = fresh.timed && strength(saved.margin) > strength(fresh.margin);  // NaN: false
-  Choice kept = keep_saved ? std::move(saved) : std::move(fresh);
-  kept.margin.timings = timings;
-  kept.origin = keep_saved ? Origin::kRetimedKept : Origin::kRetimedReplaced;
-  kept.retime = false;
-  return kept;
-}
-
 std::vector<std::string> engine_cache() {
   TunerState& st = tuner_state();
+  const auto choices = st.choices.entries();
   std::lock_guard<std::mutex> lock(st.mutex);
   std::vector<std::string> lines;
-  for (const auto& [key, choice] : st.cache)
+  for (const auto& [key, choice] : choices)
     lines.push_back(choice.report + status(choice, st.persisted.count(key[0])));
   std::sort(lines.begin(), lines.end());
   return lines;
@@ -128,11 +117,10 @@ std::vector<std::string> engine_cache() {
 std::vector<std::string> engine_export(c10::string_view device) {
   const int64_t type = device_type(device);
   TunerState& st = tuner_state();
-  std::lock_guard<std::mutex> lock(st.mutex);
   std::vector<std::string> lines;
-  for (const auto& [key, choice] : st.cache) {
+  for (const auto& [key, choice] : st.choices.entries()) {
     if (key[0] != type || !choice.timed) continue;
-    const auto& cands = st.devices.at(slot(static_cast<c10::DeviceType>(type), key[1])).candidates;
+    const auto& cands = st.by_slot[slot(static_cast<c10::DeviceType>(type), key[1])]->candidates;
     lines.push_back(key_text(key) + '\t' + cands[choice.index].name + '\t' + margin_text(choice.margin) + '\t' +
                     choice.report);
   }
@@ -142,7 +130,6 @@ std::vector<std::string> engine_export(c10::string_view device) {
 
 int64_t engine_import(std::vector<std::string> lines) {
   TunerState& st = tuner_state();
-  std::lock_guard<std::mutex> lock(st.mutex);
   int64_t added = 0;
   for (const std::string& line : lines) {
     size_t tab[3];
@@ -172,33 +159,24 @@ int64_t engine_import(std::vector<std::string> lines) {
     if (key[0] < 0 || key[0] >= static_cast<int64_t>(c10::DeviceType::COMPILE_TIME_MAX_DEVICE_TYPES) ||
         (key[1] != 0 && key[1] != 1))
       continue;
-    auto dev = st.devices.find(slot(static_cast<c10::DeviceType>(key[0]), key[1]));
-    if (dev == st.devices.end()) continue;
+    const DeviceCandidates* dev = st.by_slot[slot(static_cast<c10::DeviceType>(key[0]), key[1])];
+    if (!dev) continue;
     const std::string name = line.substr(tab[0] + 1, tab[1] - tab[0] - 1);
-    const auto& cands = dev->second.candidates;
+    const auto& cands = dev->candidates;
     auto it = std::find_if(cands.begin(), cands.end(), [&](const Candidate& c) { return name == c.name; });
     if (it == cands.end()) continue;
-    Choice choice{static_cast<size_t>(it - cands.begin()), line.substr(tab[2] + 1), true, margin, Origin::kLoaded,
-                  is_thin(margin) && margin.timings < kMaxTimings};
-    added += st.cache.emplace(key, std::move(choice)).second;
+    added += st.choices.import(key, static_cast<size_t>(it - cands.begin()), line.substr(tab[2] + 1), margin);
   }
   return added;
 }
 
 std::vector<std::string> engine_forget(c10::string_view device, bool thin_only) {
   const int64_t type = device_type(device);
-  TunerState& st = tuner_state();
-  std::lock_guard<std::mutex> lock(st.mutex);
   std::vector<std::string> keys;
-  for (auto it = st.cache.begin(); it != st.cache.end();) {
-    if (it->first[0] == type && (!thin_only || (it->second.timed && is_thin(it->second.margin)))) {
-      keys.push_back(key_text(it->first));
-      it = st.cache.erase(it);
-    } else {
-      ++it;
-    }
-  }
-  ++st.generation;  // threads' lookup caches may hold a forgotten choice
+  for (const Key& key : tuner_state().choices.forget([&](const Key& k, const Choice& c) {
+         return k[0] == type && (!thin_only || (c.timed && is_thin(c.margin)));
+       }))
+    keys.push_back(key_text(key));
   std::sort(keys.begin(), keys.end());
   return keys;
 }

@@ -58,17 +58,6 @@ EngineOut run_eager_backward(const ConvArgs& a) {
 
 constexpr double kSwitchMargin = 1.03;  // a candidate replaces eager only when at least 3% faster
 
-// A thread's recent choices, so that a call whose key was seen finds its engine without the lock.
-struct RecentChoice {
-  uint64_t generation = 0;
-  Key key{};
-  const DeviceCandidates* dev = nullptr;
-  size_t index = 0;
-};
-constexpr size_t kRecent = 8;
-thread_local std::array<RecentChoice, kRecent> recent;
-thread_local size_t recent_next = 0;
-
 int64_t bits_of(double v) {
   int64_t b;
   std::memcpy(&b, &v, sizeof b);
@@ -404,40 +393,9 @@ Selection select_engine(const ConvArgs& a) {
   // hardware yet): eager, with no key kept. This is also the forced path's code, which ran every CUDA
   // engine on an H200; the keyed path crashed there, cause not yet found (issue 20's GPU run).
   if (!dev->any_validated && !st.time_unvalidated.load(std::memory_order_relaxed)) return eager;
-  const Key key = make_key(a);
-  const uint64_t generation = st.generation.load(std::memory_order_acquire);
-  for (const RecentChoice& r : recent)
-    if (r.generation == generation && r.dev == dev && r.key == key) return Selection{dev, r.index, false};
-  std::unique_lock<std::mutex> lock(st.mutex);
-  auto it = st.cache.find(key);
-  if (it != st.cache.end() && !it->second.retime) {
-    const size_t index = it->second.index;
-    lock.unlock();
-    recent[recent_next++ % kRecent] = RecentChoice{generation, key, dev, index};
-    return Selection{dev, index, false};
-  }
-  // A new key, or a thin loaded choice's first call: timed now, unless that would break a graph capture
-  // (then the loaded choice, or eager, runs and the key stays out of `recent` to be timed after it).
-  const std::optional<size_t> loaded = it == st.cache.end() ? std::nullopt : std::optional(it->second.index);
-  lock.unlock();
-  if (dev->hooks.capturing && dev->hooks.capturing()) return Selection{dev, loaded.value_or(0), false};
-  lock.lock();
-  it = st.cache.find(key);
-  const bool retime = it != st.cache.end() && it->second.retime;
-  if (it != st.cache.end() && !retime) return Selection{dev, it->second.index, false};  // another thread timed it
-  if (retime) it->second.retime = false;  // once per process, whatever this timing finds
-  lock.unlock();
-  Choice choice = tune(st, a, *dev);
-  lock.lock();
-  it = st.cache.find(key);
-  if (it == st.cache.end()) {
-    it = st.cache.emplace(key, std::move(choice)).first;
-  } else if (retime) {
-    it->second = merge_retimed(std::move(it->second), std::move(choice));
-  }
-  const size_t index = it->second.index;
-  lock.unlock();
-  recent[recent_next++ % kRecent] = RecentChoice{generation, key, dev, index};
+  const size_t index = st.choices.select(
+      make_key(a), [&] { return tune(st, a, *dev); },
+      [&] { return dev->hooks.capturing && dev->hooks.capturing(); });
   return Selection{dev, index, false};
 }
 
@@ -483,12 +441,11 @@ std::vector<std::string> engine_names(c10::string_view device, bool backward) {
 
 void engine_clear() {
   TunerState& st = tuner_state();
+  st.choices.clear();
   std::lock_guard<std::mutex> lock(st.mutex);
-  st.cache.clear();
   st.failed.clear();
   st.any_failed = false;
   st.warned.clear();
-  ++st.generation;
 }
 
 std::string engine_force(c10::string_view name) {
