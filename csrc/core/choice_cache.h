@@ -2,7 +2,7 @@
 // (csrc/ops/conv_tuner.cpp) keeps between calls, and the rules of when a key is timed. The tuner makes
 // the key from a call and times its candidates (the `tune` callback); this file decides whether a call
 // needs that, from any number of threads at once (CUDA autograd runs a key's backward on a device thread
-// of its own).
+// of its own), and is stress-tested on its own under ThreadSanitizer and ASan (tests/core/tuner_stress.cpp).
 #pragma once
 
 #include <array>

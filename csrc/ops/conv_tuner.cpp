@@ -391,7 +391,8 @@ Selection select_engine(const ConvArgs& a) {
   }
   // Nothing that timing could pick (a device type whose engines have not passed their tests on its
   // hardware yet): eager, with no key kept. This is also the forced path's code, which ran every CUDA
-  // engine on an H200; the keyed path crashed there, cause not yet found (issue 20's GPU run).
+  // engine on an H200; the keyed path crashed there, cause not yet found (issue 20's GPU run). Its
+  // choice logic (core/choice_cache.h) runs under ThreadSanitizer and ASan in tests/core/tuner_stress.cpp.
   if (!dev->any_validated && !st.time_unvalidated.load(std::memory_order_relaxed)) return eager;
   const size_t index = st.choices.select(
       make_key(a), [&] { return tune(st, a, *dev); },

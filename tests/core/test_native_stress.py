@@ -1,4 +1,5 @@
-"""The C++ batch reader and device pipeline on their own, under ThreadSanitizer and AddressSanitizer/UBSan.
+"""The C++ batch reader, device pipeline and conv tuner's choice cache on their own, under ThreadSanitizer
+and AddressSanitizer/UBSan.
 
 ThreadSanitizer cannot run inside CPython, so csrc/core is compiled with tests/core/*_stress.cpp
 into a standalone binary. A deliberately broken canary proves each sanitizer is really active.
@@ -13,7 +14,7 @@ import pytest
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 CORE = sorted(os.path.join(ROOT, "csrc", "core", f) for f in os.listdir(os.path.join(ROOT, "csrc", "core"))
               if f.endswith(".cpp"))
-STRESS = {name: os.path.join(ROOT, "tests", "core", f"{name}_stress.cpp") for name in ("reader", "pipeline")}
+STRESS = {name: os.path.join(ROOT, "tests", "core", f"{name}_stress.cpp") for name in ("reader", "pipeline", "tuner")}
 CXX = os.environ.get("CXX", "g++")
 
 pytestmark = pytest.mark.skipif(shutil.which(CXX) is None, reason=f"no C++ compiler ({CXX})")
@@ -48,7 +49,9 @@ def _run(cmd):
 @pytest.mark.parametrize("sanitizer", sorted(SANITIZERS))
 def test_stress_under_sanitizer(tmp_path, sanitizer, program):
     """reader: the batch reader's threads, leases and passes; pipeline: the device pipeline on the
-    simulated device (streams with random delays, stream-ordered release, overflow)."""
+    simulated device (streams with random delays, stream-ordered release, overflow); tuner: the conv
+    engine choices selected from forward and backward threads while they are cleared, forgotten,
+    imported and exported and graph captures begin and end."""
     flags, canary_report, canary_src = SANITIZERS[sanitizer]
     canary = tmp_path / "canary.cpp"
     canary.write_text(canary_src)
