@@ -73,11 +73,16 @@ size_t ChoiceCache::select(const Key& key, FunctionRef<Choice()> tune, FunctionR
   if (it == choices_.end()) {
     it = choices_.emplace(key, std::move(fresh)).first;
   } else if (retime) {
+    const size_t loaded_index = it->second.index;
     it->second = merge_retimed(std::move(it->second), std::move(fresh));
+    // Threads that called the key while it was re-timed remember the loaded engine.
+    if (it->second.index != loaded_index) invalidate_recent();
   }
   const size_t index = it->second.index;
+  // A thin choice imported while this call timed its key (new then) is re-timed at the next call.
+  const bool settled = !it->second.retime;
   lock.unlock();
-  return remember(index);
+  return settled ? remember(index) : index;
 }
 
 bool ChoiceCache::import(const Key& key, size_t index, std::string report, const Margin& margin) {

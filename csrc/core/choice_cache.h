@@ -78,9 +78,10 @@ class ChoiceCache {
   // The engine of `key`'s call: its cached choice, else `tune()`'s, which is cached. A thin loaded
   // choice's first call in this process re-times it (merge_retimed decides which is kept). tune() runs
   // without the lock, so that other keys go on meanwhile; a thread calling the key while it runs gets the
-  // loaded choice, two threads calling a new key may both time it (the first result is kept). While
-  // `capturing()` (a CUDA graph capture: no timing then) the loaded choice, or 0, is returned and the key
-  // is timed at a call after the capture. What tune() throws surfaces, and nothing is cached from it.
+  // loaded choice (the re-timed one from its next call on), two threads calling a new key may both time
+  // it (the first result is kept). While `capturing()` (a CUDA graph capture: no timing then) the loaded
+  // choice, or 0, is returned and the key is timed at a call after the capture. What tune() throws
+  // surfaces, and nothing is cached from it.
   size_t select(const Key& key, FunctionRef<Choice()> tune, FunctionRef<bool()> capturing);
 
   // Adds a choice read from the cache file, unless `key` has one; returns whether it was added. A thin
@@ -99,7 +100,7 @@ class ChoiceCache {
 
   mutable std::mutex mutex_;
   std::unordered_map<Key, Choice, KeyHash> choices_;
-  // Tags threads' recent choices (choice_cache.cpp); changed whenever cached choices are dropped.
+  // Tags threads' recent choices (choice_cache.cpp); changed whenever a cached choice is dropped or replaced.
   std::atomic<uint64_t> generation_;
 };
 

@@ -4,8 +4,8 @@
 // choices, export them, and start and end a graph capture. The timing is a fake whose answer is a pure
 // function of the key, slow for some keys and throwing at times for others (eager failing: the error
 // surfaces). Checks every engine a call gets against what its key may run, that a thin loaded choice is
-// re-timed once, that every thread agrees with the cache once the churn stops, and (scripted) a call
-// during a capture. Exits non-zero on any violation.
+// re-timed once, that every thread agrees with the cache once the churn stops, and (scripted with gates)
+// a call that meets a re-timing, an import or a capture. Exits non-zero on any violation.
 #include <algorithm>
 #include <array>
 #include <atomic>
@@ -229,6 +229,25 @@ class Barrier {
   uint64_t round_ = 0;
 };
 
+// A flag that threads wait for.
+class Gate {
+ public:
+  void open() {
+    std::lock_guard<std::mutex> lock(mutex_);
+    open_ = true;
+    cv_.notify_all();
+  }
+  void wait() {
+    std::unique_lock<std::mutex> lock(mutex_);
+    cv_.wait(lock, [&] { return open_; });
+  }
+
+ private:
+  std::mutex mutex_;
+  std::condition_variable cv_;
+  bool open_ = false;
+};
+
 void pause(std::mt19937& rng, int max_us) {
   std::this_thread::sleep_for(std::chrono::microseconds(rng() % max_us));
 }
@@ -422,6 +441,73 @@ void retime_once(int threads, int rounds) {
 
 const auto never = [] { return false; };
 
+// A thread that calls a key while another re-times it gets the loaded choice; once the re-timing
+// replaced that choice, its next call gets the new one.
+void call_during_retime() {
+  const int i = find_key([](int k) { return saved_kind(k) == Saved::kThinWeak; });
+  ChoiceCache cache;
+  import_key(cache, i);
+  Gate started, release;
+  size_t retimed = 0;
+  std::thread timing([&] {
+    retimed = cache.select(
+        key_of(i),
+        [&] {
+          started.open();
+          release.wait();
+          return fresh_choice(i);
+        },
+        never);
+  });
+  started.wait();
+  auto no_timing = [&] {
+    fail(name(i) + " timed twice");
+    return fresh_choice(i);
+  };
+  expect(cache.select(key_of(i), no_timing, never) == loaded(i),
+         "a call during the re-timing did not get the loaded choice");
+  release.open();
+  timing.join();
+  expect(retimed == answer(i), "the re-timing kept a weak loaded choice");
+  expect(cache.select(key_of(i), no_timing, never) == answer(i),
+         "a thread that called during the re-timing still gets the replaced choice");
+}
+
+// A thin choice imported while a thread timed its key (new then) wins, and that thread's next call
+// re-times it as its first call would have.
+void import_during_timing() {
+  const int i = find_key([](int k) { return saved_kind(k) == Saved::kThinWeak; });
+  ChoiceCache cache;
+  Gate started, release;
+  int timings = 0;
+  size_t first = 0, second = 0;
+  std::thread caller([&] {
+    first = cache.select(
+        key_of(i),
+        [&] {
+          ++timings;
+          started.open();
+          release.wait();
+          return fresh_choice(i);
+        },
+        never);
+    second = cache.select(
+        key_of(i),
+        [&] {
+          ++timings;
+          return fresh_choice(i);
+        },
+        never);
+  });
+  started.wait();
+  expect(import_key(cache, i), "the import did not add the key being timed");
+  release.open();
+  caller.join();
+  expect(first == loaded(i), "the first call did not get the imported choice");
+  expect(timings == 2 && second == answer(i),
+         "a thin choice imported during a timing was not re-timed at the next call");
+}
+
 // During a capture nothing is timed: a new key runs eager, a thin loaded one its loaded choice; after
 // it, both are timed at their next call (the capture did not cache them in the thread).
 void capture_defers() {
@@ -465,6 +551,8 @@ void caches_apart() {
 int main() {
   capture_defers();
   caches_apart();
+  call_during_retime();
+  import_during_timing();
   retime_once(4, 6);
   churn(3, 2, 2000);
   std::printf("%s\n", failures ? "FAILED" : "OK");
