@@ -35,7 +35,7 @@ SHARPEN_PERCENT = 150
 LARGE_EVERY = 20  # every 20th image (5%) is large: 1600x1200 and 3000x2000 in turn
 CORPUS_VERSION = 1
 NOISE_TILE = 1024
-KINDS = ("jpeg", "png", "mixed")
+KINDS = ("jpeg", "png", "mixed", "imagenet")
 WEBP_QUALITY = 90
 _EXTENSIONS = {"JPEG": ".jpg", "PNG": ".png", "WEBP": ".webp"}
 
@@ -104,8 +104,9 @@ class _Painter:
         lum = out[..., :1] * math.sqrt(1 - GRAIN_CHROMA ** 2)
         return self.grain * (lum + GRAIN_CHROMA * out)
 
-    def encode(self, i: int, seed: int, fmt: str = "JPEG") -> tuple[bytes, int, int]:
-        """Image i of the corpus (a pure function of (seed, i)) encoded as fmt: JPEG, PNG or WEBP."""
+    def encode(self, i: int, seed: int, fmt: str = "JPEG", variant: str = "4:2:0") -> tuple[bytes, int, int]:
+        """Image i of the corpus (a pure function of (seed, i)) encoded as fmt: JPEG (coded as
+        jpeg_variant says), PNG or WEBP."""
         from PIL import Image, ImageFilter
 
         rng = np.random.default_rng([seed, i])
@@ -129,10 +130,22 @@ class _Painter:
         a = a * rng.uniform(0.85, 1.15, 3).astype(np.float32)  # white balance
         a += self._grain(rng, h, w)
         buf = io.BytesIO()
-        options = {"JPEG": dict(quality=JPEG_QUALITY, subsampling="4:2:0"), "PNG": {},
-                   "WEBP": dict(quality=WEBP_QUALITY)}[fmt]
-        Image.fromarray(np.clip(a, 0, 255).astype(np.uint8)).save(buf, format=fmt, **options)
+        jpeg = dict(quality=JPEG_QUALITY, subsampling="4:2:0" if variant in ("gray", "progressive") else variant,
+                    progressive=variant == "progressive")
+        options = {"JPEG": jpeg, "PNG": {}, "WEBP": dict(quality=WEBP_QUALITY)}[fmt]
+        out = Image.fromarray(np.clip(a, 0, 255).astype(np.uint8))
+        (out.convert("L") if fmt == "JPEG" and variant == "gray" else out).save(buf, format=fmt, **options)
         return buf.getvalue(), w, h
+
+
+def jpeg_variant(i: int, kind: str) -> str:
+    """How image i of a JPEG corpus is coded. "imagenet": ImageNet's kinds of JPEG, in shares near its
+    training set's (mostly 4:2:0 baseline; some 4:4:4, 4:2:2, grayscale and progressive files), so that
+    a decoder's share of what it cannot take shows; every other kind: 4:2:0 baseline."""
+    if kind != "imagenet":
+        return "4:2:0"
+    k = i % 100
+    return "gray" if k < 2 else "progressive" if k < 4 else "4:2:2" if k < 7 else "4:4:4" if k < 12 else "4:2:0"
 
 
 def image_format(i: int, kind: str) -> str:
@@ -164,8 +177,11 @@ def corpus_facts(files: list[tuple[int, int, int]], seconds: float, grain: float
     total_px = sum(w * h for w, h, _ in files)
     typical = [x for w, h, x in files if size_group(w, h) not in ("1600x1200", "3000x2000")]
     formats: dict[str, int] = {}
+    variants: dict[str, int] = {}
     for i in range(len(files)):
         formats[image_format(i, kind)] = formats.get(image_format(i, kind), 0) + 1
+        if image_format(i, kind) == "JPEG":
+            variants[jpeg_variant(i, kind)] = variants.get(jpeg_variant(i, kind), 0) + 1
     return {"count": len(files), "kind": kind, "formats": formats, "classes": CLASSES, "groups": g,
             "total_mb": total_b / 1e6,
             "mean_kb": total_b / len(files) / 1e3,
@@ -173,7 +189,7 @@ def corpus_facts(files: list[tuple[int, int, int]], seconds: float, grain: float
             "bpp": 8 * total_b / total_px, "generate_seconds": seconds, "grain_sigma": grain,
             "grain_chroma": GRAIN_CHROMA, "sharpen_percent": SHARPEN_PERCENT, "jpeg_quality": JPEG_QUALITY,
             "webp_quality": WEBP_QUALITY,
-            "subsampling": "4:2:0", "source_photo": f"matplotlib sample_data/{SAMPLE_PHOTO}",
+            "jpeg_variants": variants, "source_photo": f"matplotlib sample_data/{SAMPLE_PHOTO}",
             "version": CORPUS_VERSION}
 
 
@@ -209,7 +225,7 @@ def ensure_corpus(c: Corpus, n: int, seed: int, grain: float, threads: int, out,
         made = [None] * n
 
         def one(i):
-            data, w, h = painter.encode(i, seed, image_format(i, kind))
+            data, w, h = painter.encode(i, seed, image_format(i, kind), jpeg_variant(i, kind))
             with open(os.path.join(c.tree, image_relpath(i, kind)), "wb") as f:
                 f.write(data)
             made[i] = (w, h, len(data))

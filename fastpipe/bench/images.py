@@ -87,9 +87,10 @@ JPEG_ONLY = {"dl_decode_jpeg": "torchvision.io.decode_jpeg reads JPEGs only",
 def add_arguments(p):
     p.add_argument("--loaders", default=",".join(LOADERS),
                    help="comma-separated subset of the rows (default: %(default)s)")
-    p.add_argument("--corpora", default=",".join(KINDS),
-                   help="the corpora: jpeg, png (the same images as PNGs), mixed (90%% JPEG, 5%% PNG, 5%% WebP) "
-                        "(default: %(default)s)")
+    p.add_argument("--corpora", default="jpeg,png,mixed",
+                   help="the corpora: jpeg, png (the same images as PNGs), mixed (90%% JPEG, 5%% PNG, 5%% WebP), "
+                        "imagenet (JPEGs coded as ImageNet's are: 4:2:0 mostly, some 4:4:4, 4:2:2, grayscale "
+                        "and progressive) (default: %(default)s)")
     p.add_argument("--sizes", default=",".join(map(str, SIZES)), help="output sizes S (default: %(default)s)")
     p.add_argument("--cache", default=",".join(STATES), help="page-cache states: warm, cold (default: %(default)s)")
     p.add_argument("--reps", type=int, default=None, help=f"repetitions (default {FULL_REPS}; --quick 1)")

@@ -185,6 +185,24 @@ def test_benchmarks_script_keeps_its_flags_and_defaults(tmp_path):
     assert doc["options"]["out_dir"] == str(REPO / "benchmarks" / "results")
 
 
+@pytest.mark.skipif(not (HAS_MATPLOTLIB and HAS_TORCHVISION), reason="the corpus needs matplotlib's sample photo, "
+                    "the torchvision row torchvision")
+def test_gpu_jpeg_bench_smoke_reports_every_row(tmp_path):
+    """benchmarks/gpu_jpeg_bench.py --smoke: its rows on the simulated device (torchvision's on the CPU), on
+    the ImageNet-coded corpus, with what the device check brings back per row."""
+    out = tmp_path / "jpeg.json"
+    bench("--smoke", "--data-dir", str(tmp_path / "d"), "--out", str(out), cwd=tmp_path, script="gpu_jpeg_bench.py")
+    doc = json.loads(out.read_text())
+    assert set(doc["jpeg_variants"]) == {"4:2:0", "4:2:2", "4:4:4", "gray", "progressive"}, doc["jpeg_variants"]
+    for row in ("host", "device", "torchvision"):
+        r = doc[row]
+        assert r["images_per_s"] > 0 and r["batch_gap_ms_p99"] >= r["batch_gap_ms_p50"] > 0 and r["cpu_cores"] > 0, r
+    # Progressive files (and the large ones, shrunk more than 4x) decode on the host, the rest in planes.
+    dev = doc["device"]
+    assert dev["decoded_planar"] == dev["decoded_on_device"] > 0 and dev["decoded_on_host"] > 0, dev
+    assert doc["host"]["decoded_on_device"] == 0
+
+
 def test_help_lists_the_suites(capsys):
     with pytest.raises(SystemExit) as e:
         cli.main(["--help"], prog="fastpipe-bench")
