@@ -107,7 +107,9 @@ class Device {
   virtual void copy_to_device(void* dst, const void* src, size_t bytes, Stream* s) = 0;
   virtual void launch(const DeviceKernel& k, Stream* s) = 0;
   // Decodes the job's images on s (the bitstreams must stay unchanged until s passes this point);
-  // returns the layout it wrote them in.
+  // returns the layout it wrote them in. Throws Error(kValue) when the decoder refuses an image's data
+  // (nvJPEG finds some JPEGs corrupt that libjpeg decodes; nothing was queued then), Error(kState) when
+  // the device fails.
   virtual images::DecodedLayout decode_jpegs(const JpegDecodeJob& job, Stream* s) = 0;
   virtual void record(Event* e, Stream* s) = 0;
   virtual void wait(Stream* s, Event* e) = 0;

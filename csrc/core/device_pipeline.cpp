@@ -12,6 +12,8 @@
 #include <thread>
 
 #include "core/error.h"
+#include "core/file.h"
+#include "core/jpeg_decode.h"
 #include "core/pinned_arena.h"
 
 namespace fastpipe {
@@ -142,7 +144,12 @@ struct PipelineState {
   // decode and resample run in copy-stream order, so the next decode comes after the last read).
   uint8_t* decoded = nullptr;
   int64_t decoded_stride = 0;
-  std::atomic<int64_t> decoded_on_device{0}, decoded_on_host{0}, decoded_planar{0};
+  std::atomic<int64_t> decoded_on_device{0}, decoded_on_host{0}, decoded_planar{0}, decoded_after_refusal{0};
+  // Batches the device's decoder refused are decoded here (decode_refused): page-locked planes, the event
+  // after their copies, and the decoder; made at the first refusal (the submitter thread's only).
+  std::unique_ptr<AlignedBuffer> refused_planes;
+  Event* refused_copied = nullptr;
+  std::unique_ptr<JpegDecoder> refused_decoder;
   Event* overflow_ready = nullptr;
   Event* overflow_alloc = nullptr;  // the consumer's stream when an overflow buffer was allocated
   OverflowFn overflow;
@@ -196,6 +203,11 @@ struct PipelineState {
       device->delete_event(overflow_ready);
     }
     if (overflow_alloc) device->delete_event(overflow_alloc);
+    if (refused_copied) {
+      device->synchronize(refused_copied);
+      device->delete_event(refused_copied);
+      device->unpin(refused_planes->data());
+    }
     if (arena) device->free(arena);
     if (decoded) device->free(decoded);
     if (copy) device->delete_stream(copy);
@@ -288,9 +300,11 @@ struct PipelineState {
     const int64_t out_bytes = outputs[p.first_output].record_bytes;
     char* out = base + outputs[p.first_output].offset;
     JpegDecodeJob job;
+    std::vector<int64_t> samples;  // of the job's images
     for (int64_t k = 0; k < lease.records(); ++k) {
       const images::ImageDesc& d = descs[k];
       if (d.on == static_cast<int32_t>(images::DecodeOn::kDevice)) {
+        samples.push_back(lease.indices()[k]);
         job.data.push_back(encoded + k * p.image->encoded_budget);
         job.sizes.push_back(static_cast<size_t>(d.encoded_bytes));
         job.out.push_back(decoded + k * decoded_stride);
@@ -299,12 +313,45 @@ struct PipelineState {
         device->copy_to_device(out + k * out_bytes, host_out + k * out_bytes, static_cast<size_t>(out_bytes), copy);
       }
     }
-    const images::DecodedLayout layout =
-        job.data.empty() ? images::DecodedLayout::kYccPlanar : device->decode_jpegs(job, copy);
+    images::DecodedLayout layout = images::DecodedLayout::kYccPlanar;
+    if (!job.data.empty()) {
+      try {
+        layout = device->decode_jpegs(job, copy);
+      } catch (const Error& e) {
+        if (e.kind() != ErrorKind::kValue) throw;
+        decode_refused(job, samples, e.what());
+      }
+    }
     decoded_on_device += static_cast<int64_t>(job.data.size());
     if (layout == images::DecodedLayout::kYccPlanar) decoded_planar += static_cast<int64_t>(job.data.size());
     decoded_on_host += lease.records() - static_cast<int64_t>(job.data.size());
     return layout;
+  }
+
+  // A batch the device's decoder refused (nvJPEG finds some JPEGs corrupt that libjpeg decodes): its
+  // images decoded here by libjpeg into planes, as the device would have laid them out, and copied there.
+  // An image libjpeg cannot decode either fails the batch, naming its sample.
+  void decode_refused(const JpegDecodeJob& job, const std::vector<int64_t>& samples, const char* why) {
+    if (!refused_planes) {
+      refused_planes = std::make_unique<AlignedBuffer>(static_cast<size_t>(decoded_stride * batch_size));
+      device->pin(refused_planes->data(), refused_planes->size());
+      refused_copied = device->new_event();
+      refused_decoder = std::make_unique<JpegDecoder>();
+    } else {
+      device->synchronize(refused_copied);  // the last refusal's copies out of the planes are done
+    }
+    for (size_t k = 0; k < job.data.size(); ++k) {
+      auto* planes = reinterpret_cast<uint8_t*>(refused_planes->data()) + static_cast<int64_t>(k) * decoded_stride;
+      try {
+        refused_decoder->decode_planes(job.data[k], job.sizes[k], job.planes[k], planes);
+      } catch (const std::runtime_error& e) {
+        throw Error(ErrorKind::kValue, "sample " + std::to_string(samples[k]) + " cannot be decoded: the device's "
+                                       "decoder refused its batch (" + why + ") and libjpeg says: " + e.what());
+      }
+      device->copy_to_device(job.out[k], planes, static_cast<size_t>(images::ycc_planes_bytes(job.planes[k])), copy);
+    }
+    device->record(refused_copied, copy);
+    decoded_after_refusal += static_cast<int64_t>(job.data.size());
   }
 
   // The submitter thread: queues the jobs' device work in order until stopped (after the last job).
@@ -410,7 +457,7 @@ DevicePipeline::DevicePipeline(std::shared_ptr<Device> device, std::vector<Colum
 
   auto fences = st.fences;
   options.raw_outputs = true;
-  options.index_output = needs_index;
+  options.index_output = needs_index || pixel_budget > 0;  // decode_refused names the samples
   pin_reader_arena(options, device_, [fences] { fences->wait_all(); }, "unpinning the loader's host arena");
   options.before_slot_fill = [fences](int slot) { fences->wait(slot); };
   reader_ = std::make_unique<BatchReader>(std::move(columns), std::move(options));
@@ -677,6 +724,7 @@ DeviceStats DevicePipeline::stats() const {
   s.images_decoded_on_device = state_->decoded_on_device.load();
   s.images_decoded_on_host = state_->decoded_on_host.load();
   s.images_decoded_planar = state_->decoded_planar.load();
+  s.images_decoded_after_refusal = state_->decoded_after_refusal.load();
   return s;
 }
 

@@ -39,6 +39,7 @@ struct DeviceStats {
   int64_t images_decoded_on_device = 0;  // image_decode="device": records decoded on the device
   int64_t images_decoded_on_host = 0;    // ... and those the reader threads decoded instead
   int64_t images_decoded_planar = 0;     // ... of those on the device, into planes (the host's colours)
+  int64_t images_decoded_after_refusal = 0;  // ... of those, in batches the decoder refused: by libjpeg
 };
 
 struct PipelineState;

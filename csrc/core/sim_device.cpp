@@ -62,8 +62,12 @@ namespace {
 thread_local int tl_capture_mode = kCaptureGlobal;
 thread_local int tl_current_device = 0;
 thread_local bool tl_stream_worker = false;  // the calling thread runs a stream's queue
-// The calls fail() can make fail, by kind (Impl::pass and failing are indexed alike).
-constexpr const char* kFailKinds[7] = {"copy", "launch", "decode", "record", "wait", "synchronize", "free"};
+// The calls fail() can make fail, by kind (Impl::pass and failing are indexed alike). "reject": the JPEG
+// decoder refuses a batch's data (as nvJPEG does an image it finds corrupt), not a device failure.
+constexpr int kNumFailKinds = 8;
+constexpr int kReject = 7;
+constexpr const char* kFailKinds[kNumFailKinds] = {"copy", "launch",      "decode", "record",
+                                                   "wait", "synchronize", "free",   "reject"};
 }  // namespace
 
 // A graph capture begun on `stream` by the thread `owner` (begin_capture).
@@ -77,7 +81,7 @@ struct Capture {
 struct SimDevice::Impl {
   std::mutex mu;
   // fail(): per kind (kFailKinds), calls still to let through, then calls to fail.
-  int pass[7] = {}, failing[7] = {};
+  int pass[kNumFailKinds] = {}, failing[kNumFailKinds] = {};
 
   void maybe_fail(int kind, const char* call) {
     std::lock_guard<std::mutex> lk(mu);
@@ -87,6 +91,9 @@ struct SimDevice::Impl {
       return;
     }
     --failing[kind];
+    if (kind == kReject)
+      throw Error(ErrorKind::kValue, std::string("simulated device: ") + call +
+                                         ": the decoder rejected the batch's data (injected by a test)");
     throw Error(ErrorKind::kState, std::string("simulated device: ") + call + " failed (injected by a test)");
   }
 
@@ -334,6 +341,7 @@ void SimDevice::launch(const DeviceKernel& k, Stream* s) {
 
 images::DecodedLayout SimDevice::decode_jpegs(const JpegDecodeJob& job, Stream* s) {
   impl_->maybe_fail(2, "decode_jpegs");
+  impl_->maybe_fail(kReject, "decode_jpegs");
   impl_->loader_work("decode_jpegs", s);
   // Decoded now with libjpeg, as a device's decoder parses and checks on the host in the call, and
   // written to the device memory in stream order (the staging it fills may still be read by work queued
@@ -362,8 +370,8 @@ images::DecodedLayout SimDevice::decode_jpegs(const JpegDecodeJob& job, Stream* 
         out.resize(row * p.height);
         for (int y = 0; y < p.height; ++y) std::memcpy(out.data() + y * row, px + y * stride, row);
       }
-    } catch (const std::runtime_error& e) {
-      throw Error(ErrorKind::kState, std::string("simulated device: decode_jpegs: image ") + std::to_string(k) +
+    } catch (const std::runtime_error& e) {  // data the decoder refuses, as nvJPEG's BAD_JPEG
+      throw Error(ErrorKind::kValue, std::string("simulated device: decode_jpegs: image ") + std::to_string(k) +
                                          " cannot be decoded: " + e.what());
     }
   }
@@ -378,10 +386,10 @@ void SimDevice::set_jpeg_layout(images::DecodedLayout layout) { impl_->jpeg_layo
 
 void SimDevice::fail(const std::string& what, int count, int after) {
   int kind = 0;
-  while (kind < 7 && what != kFailKinds[kind]) ++kind;
-  if (kind == 7)
-    throw Error(ErrorKind::kValue, "what must be copy, launch, decode, record, wait, synchronize or free, got '" +
-                                       what + "'");
+  while (kind < kNumFailKinds && what != kFailKinds[kind]) ++kind;
+  if (kind == kNumFailKinds)
+    throw Error(ErrorKind::kValue,
+                "what must be copy, launch, decode, record, wait, synchronize, free or reject, got '" + what + "'");
   std::lock_guard<std::mutex> lk(impl_->mu);
   impl_->failing[kind] = count;
   impl_->pass[kind] = after;

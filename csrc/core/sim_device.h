@@ -64,8 +64,9 @@ class SimDevice : public Device {
   // What the program did that a GPU would not survive (work queued on a deleted stream, ...).
   std::vector<std::string> misuses() const;
   // Test hook: the next `count` calls of `what` (copy, launch, decode, record, wait, synchronize, free)
-  // fail as a device reports a failure
-  // (Error kState naming the call), after the first `after` of them succeed.
+  // fail as a device reports a failure (Error kState naming the call), or for "reject" the decode calls
+  // refuse their batch's data as a decoder refuses a corrupt image (Error kValue), after the first
+  // `after` of them succeed.
   void fail(const std::string& what, int count, int after);
 
  private:

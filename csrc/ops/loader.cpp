@@ -282,6 +282,7 @@ class PyReader {
       d["images_decoded_on_device"] = ds.images_decoded_on_device;
       d["images_decoded_on_host"] = ds.images_decoded_on_host;
       d["images_decoded_planar"] = ds.images_decoded_planar;
+      d["images_decoded_after_refusal"] = ds.images_decoded_after_refusal;
     }
     return d;
   }

@@ -403,7 +403,9 @@ class Loader:
             and with ``image_decode="device"`` images_decoded_on_device, images_decoded_on_host (those
             the device was not given: progressive, CMYK, over the budgets, shrunk more than 4x) and
             images_decoded_planar (those on the device decoded into YCbCr planes, whose upsampling and
-            colour conversion are libjpeg's: the host path's colours; else nvJPEG's interleaved RGB).
+            colour conversion are libjpeg's: the host path's colours; else nvJPEG's interleaved RGB),
+            images_decoded_after_refusal (of those, in batches nvJPEG refused as corrupt: decoded by
+            libjpeg in the loader's device thread instead; a file libjpeg refuses too fails its batch).
         """
         s = self._reader.stats()
         wall = s["wall_seconds"]

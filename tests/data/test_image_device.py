@@ -195,6 +195,40 @@ def test_a_failing_device_decode_reaches_the_loop_at_its_batch(folder):
         device_batches(folder, t, fail=("decode", 1, 1))
 
 
+@pytest.mark.parametrize("layout", ["planar", "rgb"])
+def test_a_batch_the_decoder_refuses_is_decoded_by_libjpeg(folder, layout):
+    """nvJPEG refuses a whole batch for one JPEG it finds corrupt (some that libjpeg decodes): the batch's
+    images are then decoded by libjpeg in the loader's device thread, into planes, and match the host path."""
+    t = CenterCrop(24, resize=30, dct_scaling=False)
+    host = host_batches(folder, t, seed=5)
+    dev, stats = device_batches(folder, t, seed=5, fail=("reject", 1, 1), layout=layout)  # the second batch's
+    assert 0 < stats["images_decoded_after_refusal"] < stats["images_decoded_on_device"] == len(folder)
+    for (a, la), (b, lb) in zip(host, dev, strict=True):
+        np.testing.assert_array_equal(la, lb)
+        np.testing.assert_allclose(b, a, atol=FLOAT_TOL * 255)
+
+
+def test_a_jpeg_neither_decoder_takes_fails_its_batch_naming_the_sample(tmp_path, rng):
+    root = tmp_path / "t"
+    for k in range(6):
+        data = bytearray(jpeg_bytes(picture(rng, 50, 70)))
+        if k == 4:  # a restart marker inside the scan: its markers and end are intact, its data is not
+            mid = (data.index(b"\xff\xda") + len(data)) // 2
+            data[mid:mid + 2] = b"\xff\xd3"
+        write(str(root / "c" / f"{k}.jpg"), bytes(data))
+    ds = fastpipe.ImageFolder(str(root), cache_dir="off")
+    t = CenterCrop(24, resize=30, dct_scaling=False)
+    with _device.simulated() as sim:
+        ld = fastpipe.Loader(ds, batch_size=2, transforms={0: t}, device="cuda", image_decode="device", timeout=60)
+        it = iter(ld)
+        for _ in range(2):  # samples 0-3
+            next(it)
+        with pytest.raises(ValueError, match="sample 4 cannot be decoded: the device's decoder refused its batch"):
+            next(it)
+        del it, ld
+        sim.drain()
+
+
 def test_device_decode_needs_a_device_and_images(folder, tmp_path):
     t = CenterCrop(24)
     with pytest.raises(ValueError, match="image_decode='device' decodes JPEGs on the Loader's GPU"):

@@ -92,12 +92,17 @@ class NvjpegDecoder final : public JpegBatchDecoder {
     if (planar_) {
       const nvjpegStatus_t s = run(job, NVJPEG_OUTPUT_YUV, stream);
       if (s == NVJPEG_STATUS_SUCCESS) return images::DecodedLayout::kYccPlanar;
-      if (!refuses_format(s)) throw Error(ErrorKind::kState, message_ + " for a batch of " + std::to_string(n) +
-                                                                 " images on the " + backend_ + " backend");
-      refuse_planar(message_);
+      // An image it does not take in planes (this batch goes as RGB, planes stay for the next), planes
+      // refused altogether (RGB from now on), or else the data or the device.
+      if (refuses_format(s)) {
+        refuse_planar(message_);
+      } else if (s != NVJPEG_STATUS_JPEG_NOT_SUPPORTED) {
+        throw Error(rejects_data(s) ? ErrorKind::kValue : ErrorKind::kState,
+                    message_ + " for a batch of " + std::to_string(n) + " images on the " + backend_ + " backend");
+      }
     }
-    if (run(job, NVJPEG_OUTPUT_RGBI, stream) != NVJPEG_STATUS_SUCCESS)
-      throw Error(ErrorKind::kState,
+    if (const nvjpegStatus_t s = run(job, NVJPEG_OUTPUT_RGBI, stream); s != NVJPEG_STATUS_SUCCESS)
+      throw Error(rejects_data(s) ? ErrorKind::kValue : ErrorKind::kState,
                   message_ + " for a batch of " + std::to_string(n) + " images on the " + backend_ + " backend");
     return images::DecodedLayout::kRgbInterleaved;
   }
@@ -117,8 +122,12 @@ class NvjpegDecoder final : public JpegBatchDecoder {
  private:
   // A status that says the output format, not the data or the device, is the problem.
   static bool refuses_format(nvjpegStatus_t s) {
-    return s == NVJPEG_STATUS_INVALID_PARAMETER || s == NVJPEG_STATUS_IMPLEMENTATION_NOT_SUPPORTED ||
-           s == NVJPEG_STATUS_JPEG_NOT_SUPPORTED;
+    return s == NVJPEG_STATUS_INVALID_PARAMETER || s == NVJPEG_STATUS_IMPLEMENTATION_NOT_SUPPORTED;
+  }
+  // A status that says an image's data is the problem: the pipeline decodes the batch on the host.
+  static bool rejects_data(nvjpegStatus_t s) {
+    return s == NVJPEG_STATUS_BAD_JPEG || s == NVJPEG_STATUS_JPEG_NOT_SUPPORTED ||
+           s == NVJPEG_STATUS_INCOMPLETE_BITSTREAM;
   }
 
   void refuse_planar(const std::string& why) {
