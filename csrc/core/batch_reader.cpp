@@ -28,15 +28,17 @@ std::string fmt_seconds(double s) {
 
 int64_t align_up(int64_t v, int64_t a) { return (v + a - 1) / a * a; }
 
-// The end of an output of `count` records of `bytes` placed at `offset` in a slot, aligned for direct
-// I/O; an absurd batch_size is refused here rather than wrapping around into a small arena.
-int64_t place_output(int64_t offset, int64_t bytes, int64_t count) {
+}  // namespace
+
+int64_t place_output(int64_t offset, int64_t bytes, int64_t count, int64_t align) {
   int64_t size = 0, end = 0;
   FP_CHECK_VALUE(!__builtin_mul_overflow(bytes, count, &size) && !__builtin_add_overflow(offset, size, &end) &&
-                     end <= INT64_MAX - kDirectAlign,
+                     end <= INT64_MAX - align,
                  "batch_size=" + std::to_string(count) + " is too large: one batch would exceed 2^63 bytes");
-  return align_up(end, kDirectAlign);
+  return align_up(end, align);
 }
+
+namespace {
 
 int64_t physical_memory_bytes() {
   const long pages = sysconf(_SC_PHYS_PAGES);
@@ -145,7 +147,7 @@ BatchReader::BatchReader(std::vector<ColumnSpec> columns, ReaderOptions opt) : o
     c.first_output = static_cast<int>(st->outputs.size());
     for (int k = 0; k < c.num_outputs(); ++k) {
       st->outputs.push_back({offset, c.output_record_bytes(k)});
-      offset = place_output(offset, c.output_record_bytes(k), opt.batch_size);
+      offset = place_output(offset, c.output_record_bytes(k), opt.batch_size, kDirectAlign);
     }
     st->columns.push_back(std::move(c));
   }
@@ -153,7 +155,7 @@ BatchReader::BatchReader(std::vector<ColumnSpec> columns, ReaderOptions opt) : o
   for (const OutputLayout& o : st->outputs) batch_bytes += o.record_bytes * opt.batch_size;
   if (opt.index_output) {
     st->index_offset = offset;
-    offset = place_output(offset, 8, opt.batch_size);
+    offset = place_output(offset, 8, opt.batch_size, kDirectAlign);
   }
   if (opt.prefetch == 0) opt.prefetch = default_prefetch(batch_bytes);
   if (opt.num_slots == 0) opt.num_slots = opt.prefetch + 2;

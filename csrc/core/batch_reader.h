@@ -104,6 +104,11 @@ struct OutputLayout {
   int64_t record_bytes;
 };
 
+// Where the next output of a slot starts after one of `count` records of `bytes` placed at `offset`,
+// aligned to `align`: the slot arithmetic of the host arena and of the device pipeline's. An absurd
+// batch_size is refused (Error kValue) rather than wrapping around into a small arena.
+int64_t place_output(int64_t offset, int64_t bytes, int64_t count, int64_t align);
+
 class BatchReader;
 class CorePlacement;
 class GatherPolicy;

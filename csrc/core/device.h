@@ -111,6 +111,9 @@ class Device {
   // (nvJPEG finds some JPEGs corrupt that libjpeg decodes; nothing was queued then), Error(kState) when
   // the device fails.
   virtual images::DecodedLayout decode_jpegs(const JpegDecodeJob& job, Stream* s) = 0;
+  // Opens the JPEG decoder decode_jpegs uses, once (a pipeline that decodes images calls it when it is
+  // made, so that a decoder that cannot work here is an error then, saying why, not at the first batch).
+  virtual void open_jpeg_decoder() = 0;
   virtual void record(Event* e, Stream* s) = 0;
   virtual void wait(Stream* s, Event* e) = 0;
   virtual void synchronize(Event* e) = 0;

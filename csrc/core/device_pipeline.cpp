@@ -24,8 +24,6 @@ constexpr int64_t kDeviceAlign = 256;
 // consumer's work on this one.
 constexpr size_t kIssueAhead = 2;
 
-int64_t align_up(int64_t v, int64_t a) { return (v + a - 1) / a * a; }
-
 // The copy out of host slot s records events[s]; a reader thread blocks on it before refilling s.
 struct HostFences {
   std::shared_ptr<Device> device;
@@ -455,6 +453,7 @@ DevicePipeline::DevicePipeline(std::shared_ptr<Device> device, std::vector<Colum
     needs_index |= p.kind == Conversion::kCropMirrorNormalize;
   }
 
+  if (pixel_budget > 0) device_->open_jpeg_decoder();
   auto fences = st.fences;
   options.raw_outputs = true;
   options.index_output = needs_index || pixel_budget > 0;  // decode_refused names the samples
@@ -470,7 +469,7 @@ DevicePipeline::DevicePipeline(std::shared_ptr<Device> device, std::vector<Colum
     p.first_output = static_cast<int>(st.outputs.size());
     auto add_output = [&](int64_t record_bytes) {
       st.outputs.push_back({offset, record_bytes});
-      offset = align_up(offset + record_bytes * st.batch_size, kDeviceAlign);
+      offset = place_output(offset, record_bytes, st.batch_size, kDeviceAlign);
     };
     switch (p.kind) {
       case Conversion::kCopy: add_output(p.host_record_bytes); break;
@@ -489,19 +488,19 @@ DevicePipeline::DevicePipeline(std::shared_ptr<Device> device, std::vector<Colum
     }
     if (p.kind != Conversion::kCopy) {
       p.staging = offset;
-      offset = align_up(offset + p.host_record_bytes * st.batch_size, kDeviceAlign);
+      offset = place_output(offset, p.host_record_bytes, st.batch_size, kDeviceAlign);
     }
   }
   if (needs_index) {
     st.index_offset = offset;
-    offset = align_up(offset + 8 * st.batch_size, kDeviceAlign);
+    offset = place_output(offset, 8, st.batch_size, kDeviceAlign);
   }
   st.plans = std::move(plans);
   st.slot_bytes = std::max<int64_t>(offset, kDeviceAlign);
-  const int num_slots = reader_->stats().prefetch + 2;
+  const int num_slots = reader_->stats().num_slots;  // a device slot per host slot
   st.arena = static_cast<char*>(device_->alloc(static_cast<size_t>(st.slot_bytes * num_slots)));
   if (pixel_budget > 0) {
-    st.decoded_stride = align_up(pixel_budget * 3, kDeviceAlign);
+    st.decoded_stride = place_output(0, pixel_budget, 3, kDeviceAlign);
     st.decoded = static_cast<uint8_t*>(device_->alloc(static_cast<size_t>(st.decoded_stride * st.batch_size)));
   }
   st.slots.resize(static_cast<size_t>(num_slots));

@@ -36,6 +36,7 @@ class SimDevice : public Device {
   void launch(const DeviceKernel& k, Stream* s) override;
   // libjpeg, whole images, into planes (libjpeg's raw output) or, after set_jpeg_layout, interleaved RGB.
   images::DecodedLayout decode_jpegs(const JpegDecodeJob& job, Stream* s) override;
+  void open_jpeg_decoder() override {}  // libjpeg, a decoder per call
   void record(Event* e, Stream* s) override;
   void wait(Stream* s, Event* e) override;
   void synchronize(Event* e) override;

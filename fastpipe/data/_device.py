@@ -68,7 +68,8 @@ def nvjpeg_library():
 def image_decoder(image_decode, reader_device):
     """Whether a Loader decodes JPEGs on its device: ``image_decode`` ("auto", "host" or "device"; "auto" is
     $FASTPIPE_IMAGE_DECODE, else "host": the device path is off until its tests have passed on a GPU).
-    RuntimeError when "device" cannot be honoured here."""
+    Whether nvJPEG works there is the device pipeline's to say: it opens the decoder it will use when it
+    is made (RuntimeError saying why)."""
     if image_decode == "auto":
         image_decode = os.environ.get("FASTPIPE_IMAGE_DECODE", "host")
         if image_decode not in ("host", "device"):
@@ -77,10 +78,6 @@ def image_decoder(image_decode, reader_device):
         return False
     if reader_device is None:
         raise ValueError("image_decode='device' decodes JPEGs on the Loader's GPU: it needs device='cuda'")
-    if isinstance(reader_device, int):
-        ok, why = _C.nvjpeg_status(reader_device, nvjpeg_library())
-        if not ok:
-            raise RuntimeError(f"image_decode='device': {why}; image_decode='host' decodes on the CPU")
     return True
 
 

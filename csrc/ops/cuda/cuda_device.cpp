@@ -88,13 +88,15 @@ class CudaDevice : public Device {
     }
   }
   images::DecodedLayout decode_jpegs(const JpegDecodeJob& job, Stream* s) override {
-    std::unique_lock<std::mutex> lk(decoder_mu_);
-    if (!decoder_ && why_no_decoder_.empty()) {
-      decoder_ = cuda::make_jpeg_decoder(nvjpeg_path_, &why_no_decoder_);  // once, on first use
-    }
-    if (!decoder_) throw Error(ErrorKind::kState, "GPU JPEG decoding is unavailable: " + why_no_decoder_);
-    lk.unlock();
+    open_jpeg_decoder();
     return decoder_->decode(job, raw(s));
+  }
+  void open_jpeg_decoder() override {
+    std::lock_guard<std::mutex> lk(decoder_mu_);
+    if (!decoder_ && why_no_decoder_.empty()) decoder_ = cuda::make_jpeg_decoder(nvjpeg_path_, &why_no_decoder_);
+    if (!decoder_)
+      throw Error(ErrorKind::kState, "image_decode='device': GPU JPEG decoding is unavailable here: " + why_no_decoder_ +
+                                         "; image_decode='host' decodes on the CPU");
   }
   void record(Event* e, Stream* s) override { check(cudaEventRecord(raw(e), raw(s)), "cudaEventRecord"); }
   void wait(Stream* s, Event* e) override { check(cudaStreamWaitEvent(raw(s), raw(e), 0), "cudaStreamWaitEvent"); }
