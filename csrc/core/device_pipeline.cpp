@@ -23,6 +23,9 @@ constexpr int64_t kDeviceAlign = 256;
 // Batches issued to the device ahead of the one handed out: the copy of the next one overlaps the
 // consumer's work on this one.
 constexpr size_t kIssueAhead = 2;
+// Batches whose images decode at once: a lane each (a stream, a decoder state, a buffer of decoded
+// images), so that the JPEG engines decode one batch while the SMs resample the other.
+constexpr int kDecodeLanes = 2;
 
 // The copy out of host slot s records events[s]; a reader thread blocks on it before refilling s.
 struct HostFences {
@@ -138,9 +141,17 @@ struct PipelineState {
   std::vector<OutputLayout> outputs;
   std::vector<Plan> plans;
   int64_t index_offset = -1;  // of the device copy of the sample indices, when a transform needs them
-  // Images decoded on the device land here, record k at k * decoded_stride (one buffer: each batch's
-  // decode and resample run in copy-stream order, so the next decode comes after the last read).
-  uint8_t* decoded = nullptr;
+  // Images decoded on the device land in a lane's buffer, record k at k * decoded_stride. A batch's
+  // decode and resample run on its lane's stream, in order after the lane's previous batch (which read
+  // the buffer last); the resample waits for the batch's copies on the copy stream (`copied`).
+  struct Lane {
+    Stream* stream = nullptr;
+    uint8_t* decoded = nullptr;
+    Event* copied = nullptr;  // the copy stream after the batch's copies
+    Event* done = nullptr;    // the lane after a batch, where the copy stream must follow it
+  };
+  std::vector<Lane> lanes;
+  uint64_t batches_decoded = 0;  // picks the lane (the submitter thread's only)
   int64_t decoded_stride = 0;
   std::atomic<int64_t> decoded_on_device{0}, decoded_on_host{0}, decoded_planar{0}, decoded_after_refusal{0};
   // Batches the device's decoder refused are decoded here (decode_refused): page-locked planes, the event
@@ -206,8 +217,17 @@ struct PipelineState {
       device->delete_event(refused_copied);
       device->unpin(refused_planes->data());
     }
+    for (Lane& l : lanes) {  // every slot's ready event (its lane's last work) was waited for above
+      if (l.done) {
+        device->record(l.done, l.stream);
+        device->synchronize(l.done);
+        device->delete_event(l.done);
+      }
+      if (l.copied) device->delete_event(l.copied);
+      if (l.decoded) device->free(l.decoded);
+      if (l.stream) device->delete_stream(l.stream);
+    }
     if (arena) device->free(arena);
-    if (decoded) device->free(decoded);
     if (copy) device->delete_stream(copy);
   }
 
@@ -246,9 +266,14 @@ struct PipelineState {
     }
   }
 
-  // Queues batch `lease`'s copy and conversions into `base` on the copy stream, then `ready`.
-  void enqueue(const Lease& lease, char* base, Event* ready) {
+  // Queues batch `lease`'s copies and conversions into `base`, then `ready`: on the copy stream, and a
+  // batch with images to decode also on a lane (its decode and resample; `ready` there, after the copies).
+  // An overflow batch's lane work is followed by the copy stream, whose order its memory's free follows.
+  void enqueue(const Lease& lease, char* base, Event* ready, bool overflow) {
     const int64_t n = lease.records();
+    Lane* lane = nullptr;
+    for (const Plan& p : plans)
+      if (p.kind == Conversion::kDecodeImages && !lane) lane = &lanes[batches_decoded++ % lanes.size()];
     std::vector<images::DecodedLayout> layouts(plans.size(), images::DecodedLayout::kYccPlanar);  // per plan
     for (const Plan& p : plans) {
       const char* src = lease.data(p.host_output);
@@ -258,12 +283,17 @@ struct PipelineState {
         continue;
       }
       device->copy_to_device(base + p.staging, src, bytes, copy);
-      if (p.kind == Conversion::kDecodeImages) layouts[&p - plans.data()] = enqueue_decode(p, lease, base);
+      if (p.kind == Conversion::kDecodeImages) layouts[&p - plans.data()] = enqueue_decode(p, lease, base, *lane);
     }
     if (index_offset >= 0)
       device->copy_to_device(base + index_offset, lease.indices(), static_cast<size_t>(n * 8), copy);
+    if (lane) {
+      device->record(lane->copied, copy);
+      device->wait(lane->stream, lane->copied);
+    }
     for (const Plan& p : plans) {
       DeviceKernel k{};
+      Stream* on = copy;
       if (p.kind == Conversion::kWidenTokens) {
         k.kind = DeviceKernel::Kind::kWidenTokens;
         k.widen = WidenTokensKernel{base + p.staging, p.host_record_bytes, p.token_bytes, p.token_signed, n,
@@ -279,19 +309,35 @@ struct PipelineState {
         k.kind = DeviceKernel::Kind::kResampleImages;
         k.resample = ResampleImagesKernel{p.image->transform, layouts[&p - plans.data()],
                                           reinterpret_cast<const images::ImageDesc*>(base + p.staging),
-                                          decoded, decoded_stride, base + outputs[p.first_output].offset, n};
+                                          lane->decoded, decoded_stride, base + outputs[p.first_output].offset, n};
+        on = lane->stream;
       } else {
         continue;
       }
-      device->launch(k, copy);
+      device->launch(k, on);
     }
-    device->record(ready, copy);
-    fences->record(lease.slot(), copy);  // the host slot may be refilled once the copy out of it is done
+    if (!lane) {
+      device->record(ready, copy);
+      fences->record(lease.slot(), copy);  // the host slot may be refilled once the copy out of it is done
+      return;
+    }
+    // The lane has waited for the copies: its stream's position covers the whole batch (and the decode's
+    // reads of the host slot).
+    device->record(ready, lane->stream);
+    fences->record(lease.slot(), lane->stream);
+    if (overflow) follow_lane(*lane);
   }
 
-  // A batch's images: those the reader left to the device decoded into `decoded` (the resample kernel
-  // takes them from there), those it decoded itself copied to their outputs. Returns the decoded layout.
-  images::DecodedLayout enqueue_decode(const Plan& p, const Lease& lease, char* base) {
+  // The copy stream waits for the lane's work so far.
+  void follow_lane(Lane& lane) {
+    device->record(lane.done, lane.stream);
+    device->wait(copy, lane.done);
+  }
+
+  // A batch's images: those the reader left to the device decoded on `lane` into its buffer (the
+  // resample kernel takes them from there), those it decoded itself copied to their outputs. Returns
+  // the decoded layout.
+  images::DecodedLayout enqueue_decode(const Plan& p, const Lease& lease, char* base, Lane& lane) {
     const auto* descs = reinterpret_cast<const images::ImageDesc*>(lease.data(p.host_output));
     const auto* encoded = reinterpret_cast<const uint8_t*>(lease.data(p.host_output + 1));
     const char* host_out = lease.data(p.host_output + 2);
@@ -305,7 +351,7 @@ struct PipelineState {
         samples.push_back(lease.indices()[k]);
         job.data.push_back(encoded + k * p.image->encoded_budget);
         job.sizes.push_back(static_cast<size_t>(d.encoded_bytes));
-        job.out.push_back(decoded + k * decoded_stride);
+        job.out.push_back(lane.decoded + k * decoded_stride);
         job.planes.push_back(d.planes);
       } else {
         device->copy_to_device(out + k * out_bytes, host_out + k * out_bytes, static_cast<size_t>(out_bytes), copy);
@@ -314,10 +360,10 @@ struct PipelineState {
     images::DecodedLayout layout = images::DecodedLayout::kYccPlanar;
     if (!job.data.empty()) {
       try {
-        layout = device->decode_jpegs(job, copy);
+        layout = device->decode_jpegs(job, lane.stream);
       } catch (const Error& e) {
         if (e.kind() != ErrorKind::kValue) throw;
-        decode_refused(job, samples, e.what());
+        decode_refused(job, samples, e.what(), lane.stream);
       }
     }
     decoded_on_device += static_cast<int64_t>(job.data.size());
@@ -329,7 +375,7 @@ struct PipelineState {
   // A batch the device's decoder refused (nvJPEG finds some JPEGs corrupt that libjpeg decodes): its
   // images decoded here by libjpeg into planes, as the device would have laid them out, and copied there.
   // An image libjpeg cannot decode either fails the batch, naming its sample.
-  void decode_refused(const JpegDecodeJob& job, const std::vector<int64_t>& samples, const char* why) {
+  void decode_refused(const JpegDecodeJob& job, const std::vector<int64_t>& samples, const char* why, Stream* on) {
     if (!refused_planes) {
       refused_planes = std::make_unique<AlignedBuffer>(static_cast<size_t>(decoded_stride * batch_size));
       device->pin(refused_planes->data(), refused_planes->size());
@@ -346,9 +392,9 @@ struct PipelineState {
         throw Error(ErrorKind::kValue, "sample " + std::to_string(samples[k]) + " cannot be decoded: the device's "
                                        "decoder refused its batch (" + why + ") and libjpeg says: " + e.what());
       }
-      device->copy_to_device(job.out[k], planes, static_cast<size_t>(images::ycc_planes_bytes(job.planes[k])), copy);
+      device->copy_to_device(job.out[k], planes, static_cast<size_t>(images::ycc_planes_bytes(job.planes[k])), on);
     }
-    device->record(refused_copied, copy);
+    device->record(refused_copied, on);
     decoded_after_refusal += static_cast<int64_t>(job.data.size());
   }
 
@@ -379,9 +425,10 @@ struct PipelineState {
     try {
       DeviceGuard guard(*device);
       try {
-        enqueue(*job.lease, job.base, job.ready);
+        enqueue(*job.lease, job.base, job.ready, job.slot < 0);
       } catch (const Error&) {
-        try {
+        try {  // the host slot fenced after whatever was queued from it, on the copy stream or a lane
+          for (Lane& l : lanes) follow_lane(l);
           fences->record(job.lease->slot(), copy);
         } catch (const Error&) {
         }
@@ -501,7 +548,13 @@ DevicePipeline::DevicePipeline(std::shared_ptr<Device> device, std::vector<Colum
   st.arena = static_cast<char*>(device_->alloc(static_cast<size_t>(st.slot_bytes * num_slots)));
   if (pixel_budget > 0) {
     st.decoded_stride = place_output(0, pixel_budget, 3, kDeviceAlign);
-    st.decoded = static_cast<uint8_t*>(device_->alloc(static_cast<size_t>(st.decoded_stride * st.batch_size)));
+    st.lanes.resize(kDecodeLanes);
+    for (PipelineState::Lane& l : st.lanes) {
+      l.decoded = static_cast<uint8_t*>(device_->alloc(static_cast<size_t>(st.decoded_stride * st.batch_size)));
+      l.copied = device_->new_event();
+      l.done = device_->new_event();
+      l.stream = device_->new_stream();
+    }
   }
   st.slots.resize(static_cast<size_t>(num_slots));
   for (DeviceSlot& s : st.slots) s.ready = device_->new_event();
@@ -566,6 +619,8 @@ bool DevicePipeline::issue(bool block, double timeout_s, const std::function<voi
     DeviceSlot& s = st.slots[slot];
     s.state = DeviceSlot::State::kIssued;
     for (size_t k = 0; k < s.released; ++k) device_->wait(st.copy, s.release[k]);  // the consumer's last use
+    // A batch never handed out (a pass abandoned) may still be resampled into the slot on a lane.
+    if (!st.lanes.empty()) device_->wait(st.copy, s.ready);
     s.released = 0;
     item.slot = slot;
     item.base = st.arena + static_cast<int64_t>(slot) * st.slot_bytes;
@@ -600,7 +655,7 @@ bool DevicePipeline::issue(bool block, double timeout_s, const std::function<voi
     return true;
   }
   try {
-    st.enqueue(*lease, item.base, item.ready);
+    st.enqueue(*lease, item.base, item.ready, item.slot < 0);
   } catch (const Error&) {
     // A copy or kernel the device refused. The batch fails at its own turn, after the batches issued
     // before it (never silently: the reader has moved past it), and its slot is free again (work queued

@@ -375,9 +375,21 @@ images::DecodedLayout SimDevice::decode_jpegs(const JpegDecodeJob& job, Stream* 
                                          " cannot be decoded: " + e.what());
     }
   }
-  std::vector<uint8_t*> out = job.out;
-  s->push([decoded, out] {
-    for (size_t k = 0; k < out.size(); ++k) std::memcpy(out[k], (*decoded)[k].data(), (*decoded)[k].size());
+  // A GPU decoder copies the bitstreams to the device in stream order: they are read again there, and a
+  // bitstream changed by then (its host slot refilled too early) is a misuse.
+  auto fingerprint = [](const uint8_t* p, size_t n) {
+    uint64_t h = 1469598103934665603ull;
+    for (size_t i = 0; i < n; ++i) h = (h ^ p[i]) * 1099511628211ull;
+    return h;
+  };
+  std::vector<uint64_t> prints(job.data.size());
+  for (size_t k = 0; k < job.data.size(); ++k) prints[k] = fingerprint(job.data[k], job.sizes[k]);
+  s->push([impl = impl_.get(), decoded, job, prints, fingerprint] {
+    for (size_t k = 0; k < job.out.size(); ++k) {
+      if (fingerprint(job.data[k], job.sizes[k]) != prints[k])
+        impl->report("decode_jpegs read a bitstream that changed before its stream decoded it");
+      std::memcpy(job.out[k], (*decoded)[k].data(), (*decoded)[k].size());
+    }
   });
   return layout;
 }

@@ -54,6 +54,7 @@ def device_batches(ds, transform, sim_delay=100, fail=None, layout="planar", **k
         stats = ld.stats()
         del ld
         sim.drain()
+        assert not sim.misuses()
     return out, stats
 
 
@@ -185,6 +186,26 @@ def test_the_submitter_thread_under_held_dropped_abandoned_and_overflowing_batch
         sim.synchronize(sim.consumer_stream())
         np.testing.assert_allclose(x_last.numpy(), want[-1][0], atol=FLOAT_TOL * 255)
         del ld, held, x_last
+        sim.drain()
+        assert not sim.misuses()
+
+
+def test_a_host_batch_is_refilled_only_after_the_device_decoded_it(tmp_path, rng):
+    """The decoder reads the bitstreams from the host batch in stream order (nvJPEG copies them to the
+    device on its stream): the reader must not refill that batch before the decode's stream got there,
+    however far the streams lag (the simulation reads them again then and reports any change)."""
+    root = tmp_path / "t"
+    for k in range(48):
+        write(str(root / "c" / f"{k}.jpg"), jpeg_bytes(picture(rng, 30 + k % 7, 40), subsampling=k % 3))
+    ds = fastpipe.ImageFolder(str(root), cache_dir="off")
+    t = CenterCrop(16, dct_scaling=False)
+    with _device.simulated(max_delay_us=5000, seed=int(rng.integers(1 << 30))) as sim:
+        ld = fastpipe.Loader(ds, batch_size=2, transforms={0: t}, device="cuda", image_decode="device", prefetch=1,
+                             timeout=60)
+        for _ in range(2):
+            n = sum(len(y) for _, y in ld)  # the consumer never waits: the readers run ahead of the streams
+            assert n == len(ds)
+        del ld
         sim.drain()
         assert not sim.misuses()
 

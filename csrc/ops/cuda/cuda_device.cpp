@@ -5,6 +5,7 @@
 
 #include <mutex>
 #include <string>
+#include <unordered_map>
 
 #include "core/error.h"
 #include "cuda/loader_kernels.h"
@@ -58,7 +59,6 @@ class CudaDevice : public Device {
     check(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), "cudaStreamCreate");
     return reinterpret_cast<Stream*>(s);
   }
-  void delete_stream(Stream* s) override { check(cudaStreamDestroy(raw(s)), "cudaStreamDestroy"); }
   Stream* consumer_stream() override {
     return reinterpret_cast<Stream*>(c10::cuda::getCurrentCUDAStream(static_cast<c10::DeviceIndex>(index_)).stream());
   }
@@ -87,16 +87,28 @@ class CudaDevice : public Device {
         return;
     }
   }
+  // A decoder per stream: nvJPEG's state holds a batch's buffers until its stream has decoded it, so the
+  // pipeline's lanes each need their own.
   images::DecodedLayout decode_jpegs(const JpegDecodeJob& job, Stream* s) override {
-    open_jpeg_decoder();
-    return decoder_->decode(job, raw(s));
+    cuda::JpegBatchDecoder* decoder = nullptr;
+    {
+      std::lock_guard<std::mutex> lk(decoder_mu_);
+      std::unique_ptr<cuda::JpegBatchDecoder>& d = decoders_[s];
+      if (!d) d = spare_decoder_ ? std::move(spare_decoder_) : open_locked();
+      decoder = d.get();
+    }
+    return decoder->decode(job, raw(s));
   }
   void open_jpeg_decoder() override {
     std::lock_guard<std::mutex> lk(decoder_mu_);
-    if (!decoder_ && why_no_decoder_.empty()) decoder_ = cuda::make_jpeg_decoder(nvjpeg_path_, &why_no_decoder_);
-    if (!decoder_)
-      throw Error(ErrorKind::kState, "image_decode='device': GPU JPEG decoding is unavailable here: " + why_no_decoder_ +
-                                         "; image_decode='host' decodes on the CPU");
+    if (decoders_.empty() && !spare_decoder_) spare_decoder_ = open_locked();
+  }
+  void delete_stream(Stream* s) override {
+    {
+      std::lock_guard<std::mutex> lk(decoder_mu_);
+      decoders_.erase(s);
+    }
+    check(cudaStreamDestroy(raw(s)), "cudaStreamDestroy");
   }
   void record(Event* e, Stream* s) override { check(cudaEventRecord(raw(e), raw(s)), "cudaEventRecord"); }
   void wait(Stream* s, Event* e) override { check(cudaStreamWaitEvent(raw(s), raw(e), 0), "cudaStreamWaitEvent"); }
@@ -127,9 +139,20 @@ class CudaDevice : public Device {
  private:
   int index_;
   std::string nvjpeg_path_;
+  // A new nvJPEG decoder (with decoder_mu_ held), or Error(kState) saying why there can be none.
+  std::unique_ptr<cuda::JpegBatchDecoder> open_locked() {
+    std::string why;
+    if (why_no_decoder_.empty())
+      if (auto d = cuda::make_jpeg_decoder(nvjpeg_path_, &why)) return d;
+    if (why_no_decoder_.empty()) why_no_decoder_ = why;
+    throw Error(ErrorKind::kState, "image_decode='device': GPU JPEG decoding is unavailable here: " + why_no_decoder_ +
+                                       "; image_decode='host' decodes on the CPU");
+  }
+
   std::mutex decoder_mu_;
-  std::unique_ptr<cuda::JpegBatchDecoder> decoder_;
-  std::string why_no_decoder_;
+  std::unordered_map<Stream*, std::unique_ptr<cuda::JpegBatchDecoder>> decoders_;
+  std::unique_ptr<cuda::JpegBatchDecoder> spare_decoder_;  // opened by open_jpeg_decoder, the first stream's
+  std::string why_no_decoder_;  // the first failure to open one: later ones are not tried
 };
 
 }  // namespace
