@@ -3,7 +3,9 @@
 // there (token windows widened to int64, images through CropMirrorNormalize, JPEGs decoded and
 // resampled) and marked by an event; the consumer's stream waits on that event, the host never does.
 // Where images are decoded on the device, a thread of the pipeline's own queues each batch's work (the
-// decoder parses the bitstreams on the host in its call), so that next() only hands batches out. Batches are issued ahead of the one handed
+// decoder parses the bitstreams on the host in its call), so that next() only hands batches out, and a
+// batch's decode and resample run on one of two lanes (a stream each, after the batch's copies), so
+// that one batch decodes while the other resamples. Batches are issued ahead of the one handed
 // out, so that the copy of batch k+1 overlaps the model's work on batch k while the readers fill k+2.
 //
 // Reuse is stream-ordered: dropping a batch's last tensor records a release event on every stream it was
