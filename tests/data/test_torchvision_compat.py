@@ -77,3 +77,29 @@ def test_target_transform_and_custom_loader_are_refused(root):
         fastpipe.Loader(tv.datasets.ImageFolder(root, transform=t, target_transform=lambda y: y + 1), batch_size=2)
     with pytest.raises(ValueError, match="custom loader"):
         fastpipe.Loader(tv.datasets.ImageFolder(root, transform=t, loader=lambda p: p), batch_size=2)
+
+
+@pytest.mark.parametrize("which", ["MixUp", "CutMix"])
+def test_mixup_and_cutmix_take_fastpipe_batches(root, which):
+    """Batch-level augmentations stay torchvision's: v2.MixUp and v2.CutMix on a fastpipe batch mix each
+    image with the previous one of the batch (torchvision's pairing: the batch rolled by one) and give
+    each label the share of the image it came from."""
+    ds = fastpipe.ImageFolder(root, transform=CenterCrop(24, mean=MEAN, std=STD))
+    x, y = next(iter(fastpipe.Loader(ds, batch_size=5, shuffle=True, seed=3)))
+    classes = len(ds.classes)
+    torch.manual_seed(0)
+    mixed, soft = getattr(T2, which)(num_classes=classes, alpha=1.0)(x, y)
+    assert mixed.shape == x.shape and soft.shape == (5, classes)
+    other, other_y = x.roll(1, 0), y.roll(1, 0)
+    if which == "MixUp":  # every pixel lam of its own image
+        share = float(((mixed - other) / (x - other))[(x - other).abs() > 0.1].median())
+        torch.testing.assert_close(mixed, share * x + (1 - share) * other, atol=1e-4, rtol=0)
+        shares = torch.full((5,), share)
+    else:  # one box pasted from the other image, the rest left exactly as it was
+        own = (mixed == x).all(dim=1)
+        assert torch.equal(own, own[:1].expand_as(own)) and not own.all()
+        assert torch.equal(mixed[:, :, ~own[0]], other[:, :, ~own[0]])
+        shares = own.float().mean(dim=(1, 2))
+    want = shares[:, None] * torch.nn.functional.one_hot(y, classes) + \
+        (1 - shares[:, None]) * torch.nn.functional.one_hot(other_y, classes)
+    torch.testing.assert_close(soft, want, atol=1e-4, rtol=0)
