@@ -17,7 +17,7 @@ import torch
 from fastpipe import _checks as checks
 from fastpipe._ext import _C
 
-__all__ = ["CenterCrop", "CropMirrorNormalize", "RandomResizedCrop"]
+__all__ = ["CenterCrop", "CropMirrorNormalize", "RandomErasing", "RandomResizedCrop"]
 
 _OUT_DTYPES = {torch.float32: "float32", torch.float16: "float16", torch.bfloat16: "bfloat16"}
 _IMAGE_OUT_DTYPES = {**_OUT_DTYPES, torch.uint8: "uint8"}
@@ -144,11 +144,59 @@ def _range(value, name, positive=True):
     return lo, hi
 
 
+class RandomErasing:
+    """torchvision's ``RandomErasing`` (v1 and v2), fused into the output of a :class:`RandomResizedCrop` or
+    :class:`CenterCrop` (``erase=RandomErasing(...)``), where torchvision's recipes apply it: last, after
+    ``Normalize``.
+
+    Parameters
+    ----------
+    p : float
+        Probability that a sample's output has a box erased.
+    scale : (float, float)
+        Range of the box's area as a fraction of the output's.
+    ratio : (float, float)
+        Range of the box's aspect ratio (height / width), drawn log-uniformly.
+    value : float or sequence of 3 floats
+        What the box's elements become, in the output's units (after normalisation; torchvision's default
+        0). torchvision's ``value="random"`` (per-pixel noise) is not supported.
+
+    Notes
+    -----
+    Drawn as torchvision's ``get_params`` draws (``p``, then up to 10 tries of area and ratio, the box
+    kept when it fits strictly inside the output; none when no try fits), from the hash of (seed, epoch,
+    sample) that the crop uses: the same box on the CPU and the GPU, in any run. :meth:`_JpegTransform.erased`
+    says which box each sample gets.
+    """
+
+    def __init__(self, p=0.5, scale=(0.02, 0.33), ratio=(0.3, 3.3), value=0.0):
+        self.p = checks.real(p, "p", low=0.0, high=1.0)
+        self.scale = _range(scale, "scale")
+        if self.scale[1] > 1:
+            raise ValueError(f"scale must be within (0, 1], got {tuple(scale)}")
+        self.ratio = _range(ratio, "ratio")
+        if isinstance(value, str):
+            raise ValueError(f"value={value!r}: fastpipe's RandomErasing takes a number or one per channel "
+                             f"(torchvision's per-pixel random noise is not supported)")
+        value = _per_channel(value, "value")
+        if len(value) not in (1, 3):
+            raise ValueError(f"value needs 1 or 3 values (RGB), got {len(value)}")
+        self.value = value * 3 if len(value) == 1 else value
+
+    def __repr__(self):
+        return f"RandomErasing(p={self.p}, scale={self.scale}, ratio={self.ratio}, value={self.value})"
+
+
 class _JpegTransform:
-    """What RandomResizedCrop and CenterCrop share: the output (dtype, layout, normalisation), the flip and
-    the C++ parameters."""
+    """What RandomResizedCrop and CenterCrop share: the output (dtype, layout, normalisation), the flip,
+    RandomErasing and the C++ parameters."""
 
     _mode = None
+
+    def _init_erase(self, erase):
+        if erase is not None and not isinstance(erase, RandomErasing):
+            raise TypeError(f"erase must be a fastpipe.transforms.RandomErasing or None, got {type(erase).__name__}")
+        self.erase = erase
 
     def _init_output(self, size, mirror, mean, std, out_dtype, layout, dct_scaling):
         self.size = _size_pair(size, "size")
@@ -180,11 +228,15 @@ class _JpegTransform:
         """The C++ parameters (_C.ImageTransformParams) for a Loader with ``seed``."""
         scale, shift = self._scale_shift()
         area, ratio, resize = self._geometry()
+        erase = {}
+        if self.erase is not None:
+            erase = dict(erase_p=self.erase.p, erase_scale=self.erase.scale, erase_ratio=self.erase.ratio,
+                         erase_value=self.erase.value)
         return _C.ImageTransformParams(
             mode=self._mode, out_height=self.size[0], out_width=self.size[1], area=area, ratio=ratio,
             resize_short=resize[0], resize_height=resize[1], resize_width=resize[2], mirror=self.mirror,
             out_nhwc=self.layout == "NHWC", out_dtype=_IMAGE_OUT_DTYPES[self.out_dtype], scale=scale, shift=shift,
-            seed=int(seed) & ((1 << 64) - 1), max_dct_denom=8 if self.dct_scaling else 1)
+            seed=int(seed) & ((1 << 64) - 1), max_dct_denom=8 if self.dct_scaling else 1, **erase)
 
     def _output(self):
         """(dtype name, shape) of one output image."""
@@ -219,10 +271,18 @@ class _JpegTransform:
             out.append((top, left, bh, bw, flip))
         return out
 
+    def erased(self, index, epoch, seed=0):
+        """RandomErasing's box in each sample's output, as the Loader draws it: a list of (top, left,
+        height, width) per index (height 0: nothing erased), in output pixels (after the flip)."""
+        params = self._image_params(seed)
+        return [tuple(params.erase_box(int(epoch), int(i))) for i in index]
+
     def __repr__(self):
         extra = ", ".join(f"{k}={v!r}" for k, v in self._repr_fields())
+        erase = f", erase={self.erase!r}" if self.erase is not None else ""
         return (f"{type(self).__name__}(size={self.size}, {extra}, mirror={self.mirror}, mean={self.mean}, "
-                f"std={self.std}, out_dtype={self.out_dtype}, layout={self.layout!r}, dct_scaling={self.dct_scaling})")
+                f"std={self.std}, out_dtype={self.out_dtype}, layout={self.layout!r}, dct_scaling={self.dct_scaling}"
+                f"{erase})")
 
 
 class RandomResizedCrop(_JpegTransform):
@@ -251,6 +311,9 @@ class RandomResizedCrop(_JpegTransform):
         many times the output on both sides, then resize the rest of the way: much faster on large
         images, but not the same pixels as torchvision's resize of the full-resolution crop (a mean
         difference of about one level in 255). False: always decode the crop at full resolution.
+    erase : RandomErasing, optional
+        torchvision's RandomErasing of the output, fused (after the normalisation, as in torchvision's
+        recipes).
 
     Notes
     -----
@@ -264,8 +327,9 @@ class RandomResizedCrop(_JpegTransform):
     _mode = "random_resized"
 
     def __init__(self, size, scale=(0.08, 1.0), ratio=(3.0 / 4.0, 4.0 / 3.0), mirror=0.5, mean=None, std=None,
-                 out_dtype=torch.float32, layout="NCHW", dct_scaling=True):
+                 out_dtype=torch.float32, layout="NCHW", dct_scaling=True, erase=None):
         self._init_output(size, mirror, mean, std, out_dtype, layout, dct_scaling)
+        self._init_erase(erase)
         self.scale = _range(scale, "scale")
         self.ratio = _range(ratio, "ratio")
 
@@ -288,7 +352,7 @@ class CenterCrop(_JpegTransform):
         First resize the image: an int makes its shorter side that long (torchvision's ``Resize(256)``),
         a pair resizes to exactly that size, None crops the image as it is (zero padding where the crop
         is larger, as torchvision's CenterCrop pads).
-    mean, std, out_dtype, layout, dct_scaling, mirror
+    mean, std, out_dtype, layout, dct_scaling, mirror, erase
         As :class:`RandomResizedCrop`'s (``mirror`` defaults to 0 here).
 
     Notes
@@ -299,8 +363,9 @@ class CenterCrop(_JpegTransform):
     _mode = "center"
 
     def __init__(self, size, resize=None, mean=None, std=None, out_dtype=torch.float32, layout="NCHW",
-                 dct_scaling=True, mirror=0.0):
+                 dct_scaling=True, mirror=0.0, erase=None):
         self._init_output(size, mirror, mean, std, out_dtype, layout, dct_scaling)
+        self._init_erase(erase)
         if resize is None:
             self.resize = None
         elif isinstance(resize, (tuple, list)):

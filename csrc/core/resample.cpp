@@ -105,6 +105,13 @@ void store(const float* __restrict__ plane, int n, float scale, float shift, typ
   }
 }
 
+// RandomErasing's box within an output row: n elements kStep apart set to `value` (the output's units).
+template <OutDtype D, int kStep>
+void fill(int n, float value, typename Out<D>::T* dst) {
+  const typename Out<D>::T v = Out<D>::convert(value);
+  for (int x = 0; x < n; ++x) dst[x * kStep] = v;
+}
+
 template <OutDtype D, int KY, int KX>
 void resample(const ImageTransformParams& p, const images::Geometry& g, const uint8_t* src, int64_t stride,
               const images::Region& r, void* out_image, ResampleScratch& s) {
@@ -147,11 +154,17 @@ void resample(const ImageTransformParams& p, const images::Geometry& g, const ui
     } else {  // padding: the whole row is 0 before normalisation
       for (float* pl : planes) std::fill(pl, pl + ow, 0.0f);
     }
+    const images::EraseBox& e = g.erase;
+    const bool erased = oy >= e.top && oy < e.top + e.height && e.width > 0;
     for (int c = 0; c < kChannels; ++c) {
       if (p.out_nhwc) {
-        store<D, kChannels>(planes[c], ow, p.scale[c], p.shift[c], out + static_cast<int64_t>(oy) * ow * kChannels + c);
+        typename Out<D>::T* dst = out + static_cast<int64_t>(oy) * ow * kChannels + c;
+        store<D, kChannels>(planes[c], ow, p.scale[c], p.shift[c], dst);
+        if (erased) fill<D, kChannels>(e.width, p.erase.value[c], dst + e.left * kChannels);
       } else {
-        store<D, 1>(planes[c], ow, p.scale[c], p.shift[c], out + c * plane + static_cast<int64_t>(oy) * ow);
+        typename Out<D>::T* dst = out + c * plane + static_cast<int64_t>(oy) * ow;
+        store<D, 1>(planes[c], ow, p.scale[c], p.shift[c], dst);
+        if (erased) fill<D, 1>(e.width, p.erase.value[c], dst + e.left);
       }
     }
   }

@@ -22,6 +22,8 @@
 
 #include "cuda/host_device.h"
 #include "cuda/jpeg_color.h"
+#include "cuda/random_erasing.h"
+#include "cuda/sample_draws.h"
 #include "cuda/transforms.h"
 
 namespace fastpipe::images {
@@ -51,6 +53,7 @@ struct ImageTransformParams {
   float shift[kChannels] = {0.0f, 0.0f, 0.0f};
   uint64_t seed = 0;
   int max_dct_denom = kMaxDctDenom;  // 1: always decode at full resolution
+  ErasingParams erase;               // RandomErasing of the output (random_erasing.h)
 };
 
 // One axis of the resampling. Output o samples source position origin + in0 + (start + o + 0.5) * step
@@ -73,6 +76,7 @@ struct Geometry {
   int denom = 1;
   // RandomResizedCrop's box in the stored image (CenterCrop: the resized image's crop, for reports).
   int top = 0, left = 0, height = 0, width = 0;
+  EraseBox erase;  // in the output image
 };
 
 // Source rows [y0, y1) and columns [x0, x1) of the decoded image that the taps read.
@@ -84,17 +88,6 @@ struct Region {
 // Draw numbers: 2 is the flip (as CropMirrorNormalize's); RandomResizedCrop's try t uses 16 + 4t + k.
 constexpr uint64_t kDrawFlip = 2;
 constexpr uint64_t kDrawBox = 16;
-
-// A uniform double in [0, 1) from the top 53 bits.
-FASTPIPE_HD inline double uniform01(uint64_t bits) {
-  return static_cast<double>(bits >> 11) * (1.0 / 9007199254740992.0);
-}
-
-// An integer in [0, n) (n >= 1); the bias of the modulo is below 2**-40 for any image size.
-FASTPIPE_HD inline int below(uint64_t bits, int n) { return static_cast<int>(bits % static_cast<uint64_t>(n)); }
-
-// Python's round(): half to even (rint under the default rounding mode).
-FASTPIPE_HD inline int round_half_even(double v) { return static_cast<int>(rint(v)); }
 
 FASTPIPE_HD inline bool draw_flip(const ImageTransformParams& p, uint64_t epoch, uint64_t index) {
   const uint32_t r = static_cast<uint32_t>(transforms::sample_bits(p.seed, epoch, index, kDrawFlip) >> 40);
@@ -215,6 +208,7 @@ FASTPIPE_HD inline Geometry image_geometry(const ImageTransformParams& p, int he
     g.height = p.out_height;
     g.width = p.out_width;
   }
+  g.erase = erase_box(p.erase, p.seed, epoch, index, p.out_height, p.out_width);
   g.denom = dct_denom(g.y.step, g.x.step, p.max_dct_denom);
   scale_axis(&g.y, g.denom, scaled_size(height, g.denom));
   scale_axis(&g.x, g.denom, scaled_size(width, g.denom));
@@ -363,6 +357,10 @@ FASTPIPE_HD inline void resample_element(const ImageTransformParams& p, DecodedL
     x = static_cast<int>(e % p.out_width);
     y = static_cast<int>(e / p.out_width % p.out_height);
     c = static_cast<int>(e / p.out_width / p.out_height);
+  }
+  if (inside(d.geometry.erase, y, x)) {  // erased after the flip, in the output's units
+    transforms::store(p.out_dtype, out, i, p.erase.value[c]);
+    return;
   }
   const int source_x = d.geometry.flip ? p.out_width - 1 - x : x;
   const float v = resampled_value(layout, d, staging + n * image_stride, c, y, source_x);

@@ -140,7 +140,9 @@ void bind_loader_specs(py::module& m) {
       .def(py::init([](const std::string& mode, int out_height, int out_width, std::pair<double, double> area,
                        std::pair<double, double> ratio, int resize_short, int resize_height, int resize_width,
                        float mirror, bool out_nhwc, const std::string& out_dtype, const std::vector<float>& scale,
-                       const std::vector<float>& shift, uint64_t seed, int max_dct_denom) {
+                       const std::vector<float>& shift, uint64_t seed, int max_dct_denom, float erase_p,
+                       std::pair<double, double> erase_scale, std::pair<double, double> erase_ratio,
+                       const std::vector<float>& erase_value) {
              ImageTransformParams p;
              TORCH_CHECK(mode == "random_resized" || mode == "center", "mode must be random_resized or center");
              p.mode = mode == "center" ? images::CropMode::kCenter : images::CropMode::kRandomResized;
@@ -167,12 +169,26 @@ void bind_loader_specs(py::module& m) {
              std::copy(shift.begin(), shift.end(), p.shift);
              p.seed = seed;
              p.max_dct_denom = max_dct_denom;
+             TORCH_CHECK(erase_p >= 0 && erase_p <= 1, "erase_p must be in [0, 1]");
+             TORCH_CHECK(erase_scale.first > 0 && erase_scale.first <= erase_scale.second && erase_scale.second <= 1,
+                         "erase_scale must be 0 < lo <= hi <= 1");
+             TORCH_CHECK(erase_ratio.first > 0 && erase_ratio.first <= erase_ratio.second, "erase_ratio must be 0 < lo <= hi");
+             TORCH_CHECK(erase_value.size() == images::kChannels, "erase_value needs 3 values");
+             p.erase.p = erase_p;
+             p.erase.scale_min = erase_scale.first;
+             p.erase.scale_max = erase_scale.second;
+             p.erase.ratio_min = erase_ratio.first;
+             p.erase.ratio_max = erase_ratio.second;
+             std::copy(erase_value.begin(), erase_value.end(), p.erase.value);
              return p;
            }),
            py::kw_only(), py::arg("mode"), py::arg("out_height"), py::arg("out_width"), py::arg("area"),
            py::arg("ratio"), py::arg("resize_short"), py::arg("resize_height"), py::arg("resize_width"),
            py::arg("mirror"), py::arg("out_nhwc"), py::arg("out_dtype"), py::arg("scale"), py::arg("shift"),
-           py::arg("seed"), py::arg("max_dct_denom"))
+           py::arg("seed"), py::arg("max_dct_denom"), py::arg("erase_p") = 0.0f,
+           py::arg("erase_scale") = std::pair<double, double>(0.02, 0.33),
+           py::arg("erase_ratio") = std::pair<double, double>(0.3, 3.3),
+           py::arg("erase_value") = std::vector<float>{0.0f, 0.0f, 0.0f})
       .def(
           "geometry",
           [](const ImageTransformParams& p, int height, int width, uint64_t epoch, uint64_t index) {
@@ -180,7 +196,15 @@ void bind_loader_specs(py::module& m) {
             return geometry_tuple(images::image_geometry(p, height, width, epoch, index));
           },
           py::arg("height"), py::arg("width"), py::arg("epoch"), py::arg("index"),
-          "(top, left, height, width, flip, dct_denom) of sample `index` of `epoch` for an image of that size.");
+          "(top, left, height, width, flip, dct_denom) of sample `index` of `epoch` for an image of that size.")
+      .def(
+          "erase_box",
+          [](const ImageTransformParams& p, uint64_t epoch, uint64_t index) {
+            const images::EraseBox b = images::erase_box(p.erase, p.seed, epoch, index, p.out_height, p.out_width);
+            return py::make_tuple(b.top, b.left, b.height, b.width);
+          },
+          py::arg("epoch"), py::arg("index"),
+          "RandomErasing's (top, left, height, width) in sample `index`'s output in `epoch` (height 0: none).");
 
   // Where an image column's encoded records are (core/image_column.h).
   py::class_<ImageSource, std::shared_ptr<ImageSource>>(m, "ImageSource")

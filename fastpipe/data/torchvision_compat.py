@@ -5,13 +5,13 @@ the same thing (or an error naming the step that has no fused equivalent).
 Understood, in torchvision's v1 and v2 spellings: ``Compose``; ``RandomResizedCrop`` and ``Resize`` (+
 ``CenterCrop``) with bilinear interpolation and antialiasing; ``CenterCrop``; ``RandomHorizontalFlip``;
 ``ToTensor``, ``PILToTensor``, ``ToImage``, ``ToDtype``/``ConvertImageDtype`` to float32, float16 or
-bfloat16 (scaled) or uint8; ``Normalize``.
+bfloat16 (scaled) or uint8; ``Normalize``; ``RandomErasing`` with a value (not "random"), last.
 """
 
 import torch
 
 _SUPPORTED = ("Compose, RandomResizedCrop, Resize + CenterCrop, CenterCrop, RandomHorizontalFlip, ToTensor, "
-              "PILToTensor, ToImage, ToDtype/ConvertImageDtype, Normalize")
+              "PILToTensor, ToImage, ToDtype/ConvertImageDtype, Normalize, RandomErasing (last)")
 
 
 def is_torchvision_folder(dataset):
@@ -48,11 +48,14 @@ def convert_transform(transform):
     pipeline does to a PIL image; ValueError naming the step it cannot fuse."""
     from fastpipe import transforms as ft
 
-    geometry, resize, mirror, dtype, scaled, mean, std = None, None, 0.0, None, False, None, None
+    geometry, resize, mirror, dtype, scaled, mean, std, erase = None, None, 0.0, None, False, None, None, None
     for step in _steps(transform):
         name = type(step).__name__
         if not type(step).__module__.startswith("torchvision"):
             _refuse(step, "not a torchvision transform")
+        if erase is not None:
+            _refuse(step, "after RandomErasing: fastpipe erases the finished output, as torchvision's recipes "
+                          "place RandomErasing last")
         if geometry is None and name == "Resize":
             _bilinear_antialiased(step)
             if getattr(step, "max_size", None) is not None:
@@ -86,6 +89,12 @@ def convert_transform(transform):
             dtype = target
         elif name == "Normalize" and dtype is not None and dtype != torch.uint8 and mean is None:
             mean, std = list(step.mean), list(step.std)
+        elif name == "RandomErasing" and dtype is not None:
+            value = step.value
+            if value is None or isinstance(value, str):  # v2 keeps "random" as None
+                _refuse(step, "value='random' (per-pixel noise)")
+            value = [float(v) for v in value] if isinstance(value, (list, tuple)) else float(value)
+            erase = ft.RandomErasing(step.p, tuple(step.scale), tuple(step.ratio), value)
         else:
             _refuse(step, "not supported here, or not at this place in the pipeline")
     if geometry is None:
@@ -94,7 +103,7 @@ def convert_transform(transform):
     if dtype is None:
         raise ValueError("the torchvision pipeline returns PIL images: end it with ToTensor(), or ToImage() + "
                          "ToDtype(...), for batches of tensors")
-    common = dict(mean=mean, std=std, out_dtype=dtype, mirror=mirror)
+    common = dict(mean=mean, std=std, out_dtype=dtype, mirror=mirror, erase=erase)
     if geometry[0] == "random":
         return ft.RandomResizedCrop(geometry[1], scale=geometry[2], ratio=geometry[3], **common)
     return ft.CenterCrop(geometry[1], resize=geometry[2], **common)

@@ -17,7 +17,7 @@ import torch
 
 import fastpipe
 from fastpipe.data import _device
-from fastpipe.transforms import CenterCrop, RandomResizedCrop
+from fastpipe.transforms import CenterCrop, RandomErasing, RandomResizedCrop
 
 from jpegs import SAMPLINGS, jpeg_bytes, picture, write
 
@@ -63,7 +63,8 @@ def device_batches(ds, transform, sim_delay=100, fail=None, layout="planar", **k
     RandomResizedCrop((33, 21), scale=(0.5, 1.0), layout="NHWC", dct_scaling=False),
     CenterCrop(40, resize=44, out_dtype=torch.bfloat16, dct_scaling=False, **IMAGENET),
     CenterCrop(120, dct_scaling=False),  # larger than some images: padding
-], ids=["rrc", "rrc-nhwc", "center-bf16", "center-pad"])
+    RandomResizedCrop(40, dct_scaling=False, erase=RandomErasing(0.7, value=(1.0, -2.0, 0.5)), **IMAGENET),
+], ids=["rrc", "rrc-nhwc", "center-bf16", "center-pad", "rrc-erasing"])
 @pytest.mark.parametrize("layout", ["planar", "rgb"])
 def test_device_decode_matches_the_host_path(folder, transform, layout):
     host = host_batches(folder, transform, seed=5, shuffle=True)
