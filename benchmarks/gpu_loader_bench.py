@@ -92,16 +92,16 @@ def small_net():
 FAIR_BOUND = "pinned copy_, a buffer per arena slot (fair bound)"
 
 
-def h2d(args, ds, device, sync, batch):
-    """Bytes per second: the loader, a pinned copy loop and a pageable copy loop, same batch bytes."""
+def loader_rate(ds, batch, batches, sync, device=None):
+    """(bytes per second, arena slots, bytes per batch) of a Loader delivering `batches` batches after 3
+    of warm-up: on `device`, or CPU batches (the reader threads' own rate)."""
     ld = fastpipe.Loader(ds, batch, shuffle=True, device=device, timeout=120)
     it = iter(ld)
-    nbytes = 0
-    for _ in range(3):  # warm-up
-        b = next(it)
+    for _ in range(3):
+        next(it)
     sync()
-    t0 = time.perf_counter()
-    for _ in range(args.h2d_batches):
+    nbytes, t0 = 0, time.perf_counter()
+    for _ in range(batches):
         try:
             b = next(it)
         except StopIteration:
@@ -110,13 +110,19 @@ def h2d(args, ds, device, sync, batch):
         nbytes += sum(v.numel() * v.element_size() for v in b.values())
         del b
     sync()
-    loader_bps = nbytes / (time.perf_counter() - t0)
+    rate = nbytes / (time.perf_counter() - t0)
     slots = ld.stats()["num_slots"]
     ld.close()
-    rows = {"fastpipe.Loader(device='cuda')": loader_bps, "readers alone (the Loader's CPU batches)":
-            reader_rate(ds, batch, args.h2d_batches)}
+    return rate, slots, nbytes // batches
+
+
+def h2d(args, ds, device, sync, batch):
+    """Bytes per second: the loader, the readers alone, and pinned (the fair bound, and one buffer) and
+    pageable copy loops of the same batch bytes."""
+    loader_bps, slots, per = loader_rate(ds, batch, args.h2d_batches, sync, device)
+    rows = {"fastpipe.Loader(device='cuda')": loader_bps,
+            "readers alone (the Loader's CPU batches)": loader_rate(ds, batch, args.h2d_batches, lambda: None)[0]}
     if torch.cuda.is_available() and not args.smoke:
-        per = nbytes // args.h2d_batches
         cases = ((FAIR_BOUND, True, slots), ("pinned copy_, one buffer copied again", True, 1),
                  ("pageable copy_", False, 1))
         for name, pin, buffers in cases:
@@ -131,26 +137,6 @@ def h2d(args, ds, device, sync, batch):
             torch.cuda.synchronize()
             rows[name] = per * args.h2d_batches / (time.perf_counter() - t0)
     return rows
-
-
-def reader_rate(ds, batch, batches):
-    """Bytes per second the reader threads deliver on their own: the same Loader making CPU batches."""
-    ld = fastpipe.Loader(ds, batch, shuffle=True, timeout=120)
-    it = iter(ld)
-    for _ in range(3):
-        next(it)
-    nbytes, t0 = 0, time.perf_counter()
-    for _ in range(batches):
-        try:
-            b = next(it)
-        except StopIteration:
-            it = iter(ld)
-            b = next(it)
-        nbytes += sum(v.numel() * v.element_size() for v in b.values())
-        del b
-    rate = nbytes / (time.perf_counter() - t0)
-    ld.close()
-    return rate
 
 
 def train(args, paths, device, loader_device, sync, which):

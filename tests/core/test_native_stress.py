@@ -55,8 +55,12 @@ def test_stress_under_sanitizer(tmp_path, sanitizer, program):
     flags, canary_report, canary_src = SANITIZERS[sanitizer]
     canary = tmp_path / "canary.cpp"
     canary.write_text(canary_src)
-    r = _run(_build(tmp_path, "canary", [str(canary)], flags))
-    assert canary_report in r.stderr, f"the {sanitizer} sanitizer did not catch its canary:\n{r.stderr[-2000:]}"
+    canary_exe = _build(tmp_path, "canary", [str(canary)], flags)
+    # ThreadSanitizer once let the canary's race pass on a loaded machine (empty stderr): a sanitizer that
+    # is active reports it in one of three runs.
+    reports = [_run(canary_exe).stderr for _ in range(3)]
+    assert any(canary_report in e for e in reports), \
+        f"the {sanitizer} sanitizer did not catch its canary in 3 runs:\n{reports[-1][-2000:]}"
 
     exe = _build(tmp_path, "stress", CORE + [STRESS[program]], flags)
     r = _run(exe)
