@@ -92,7 +92,7 @@ def small_net():
 FAIR_BOUND = "pinned copy_, a buffer per arena slot (fair bound)"
 
 
-def loader_rate(ds, batch, batches, sync, device=None):
+def loader_rate(ds, batch, batches, sync, device="cpu"):
     """(bytes per second, arena slots, bytes per batch) of a Loader delivering `batches` batches after 3
     of warm-up: on `device`, or CPU batches (the reader threads' own rate)."""
     ld = fastpipe.Loader(ds, batch, shuffle=True, device=device, timeout=120)

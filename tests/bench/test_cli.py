@@ -203,6 +203,16 @@ def test_gpu_jpeg_bench_smoke_reports_every_row(tmp_path):
     assert doc["host"]["decoded_on_device"] == 0
 
 
+def test_gpu_loader_bench_smoke_reports_h2d_and_training(tmp_path):
+    """benchmarks/gpu_loader_bench.py --smoke on the simulated device: the rows the device check reads."""
+    out = tmp_path / "loader.json"
+    bench("--smoke", "--out", str(out), cwd=tmp_path, script="gpu_loader_bench.py")
+    doc = json.loads(out.read_text())
+    h2d = doc["h2d_bytes_per_s"]
+    assert h2d["fastpipe.Loader(device='cuda')"] > 0 and h2d["readers alone (the Loader's CPU batches)"] > 0, h2d
+    assert set(doc["train"]) == {"DataLoader", "fastpipe"} and doc["ratios"]["fastpipe_over_dataloader_images_per_s"] > 0
+
+
 def test_help_lists_the_suites(capsys):
     with pytest.raises(SystemExit) as e:
         cli.main(["--help"], prog="fastpipe-bench")
