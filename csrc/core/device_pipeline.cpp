@@ -287,34 +287,15 @@ struct PipelineState {
     }
     if (index_offset >= 0)
       device->copy_to_device(base + index_offset, lease.indices(), static_cast<size_t>(n * 8), copy);
-    if (lane) {
-      device->record(lane->copied, copy);
-      device->wait(lane->stream, lane->copied);
-    }
-    for (const Plan& p : plans) {
-      DeviceKernel k{};
-      Stream* on = copy;
-      if (p.kind == Conversion::kWidenTokens) {
-        k.kind = DeviceKernel::Kind::kWidenTokens;
-        k.widen = WidenTokensKernel{base + p.staging, p.host_record_bytes, p.token_bytes, p.token_signed, n,
-                                    outputs[p.first_output].record_bytes / 8,
-                                    reinterpret_cast<int64_t*>(base + outputs[p.first_output].offset),
-                                    reinterpret_cast<int64_t*>(base + outputs[p.first_output + 1].offset)};
-      } else if (p.kind == Conversion::kCropMirrorNormalize) {
-        k.kind = DeviceKernel::Kind::kCropMirrorNormalize;
-        k.cmn = CropMirrorNormalizeKernel{*p.cmn, reinterpret_cast<const uint8_t*>(base + p.staging),
-                                          base + outputs[p.first_output].offset, n,
-                                          reinterpret_cast<const int64_t*>(base + index_offset), lease.epoch()};
-      } else if (p.kind == Conversion::kDecodeImages) {
-        k.kind = DeviceKernel::Kind::kResampleImages;
-        k.resample = ResampleImagesKernel{p.image->transform, layouts[&p - plans.data()],
-                                          reinterpret_cast<const images::ImageDesc*>(base + p.staging),
-                                          lane->decoded, decoded_stride, base + outputs[p.first_output].offset, n};
-        on = lane->stream;
-      } else {
-        continue;
+    // The copy stream's kernels, then the lane's (after everything on the copy stream).
+    for (const bool on_lane : {false, true}) {
+      if (on_lane && !lane) break;
+      if (on_lane) {
+        device->record(lane->copied, copy);
+        device->wait(lane->stream, lane->copied);
       }
-      device->launch(k, on);
+      for (const Plan& p : plans)
+        if ((p.kind == Conversion::kDecodeImages) == on_lane) launch_kernel(p, lease, base, layouts, lane);
     }
     if (!lane) {
       device->record(ready, copy);
@@ -326,6 +307,35 @@ struct PipelineState {
     device->record(ready, lane->stream);
     fences->record(lease.slot(), lane->stream);
     if (overflow) follow_lane(*lane);
+  }
+
+  // Plan p's kernel for batch `lease` in `base`, if it has one: on the copy stream, the resample on `lane`.
+  void launch_kernel(const Plan& p, const Lease& lease, char* base, const std::vector<images::DecodedLayout>& layouts,
+                     Lane* lane) {
+    const int64_t n = lease.records();
+    DeviceKernel k{};
+    Stream* on = copy;
+    if (p.kind == Conversion::kWidenTokens) {
+      k.kind = DeviceKernel::Kind::kWidenTokens;
+      k.widen = WidenTokensKernel{base + p.staging, p.host_record_bytes, p.token_bytes, p.token_signed, n,
+                                  outputs[p.first_output].record_bytes / 8,
+                                  reinterpret_cast<int64_t*>(base + outputs[p.first_output].offset),
+                                  reinterpret_cast<int64_t*>(base + outputs[p.first_output + 1].offset)};
+    } else if (p.kind == Conversion::kCropMirrorNormalize) {
+      k.kind = DeviceKernel::Kind::kCropMirrorNormalize;
+      k.cmn = CropMirrorNormalizeKernel{*p.cmn, reinterpret_cast<const uint8_t*>(base + p.staging),
+                                        base + outputs[p.first_output].offset, n,
+                                        reinterpret_cast<const int64_t*>(base + index_offset), lease.epoch()};
+    } else if (p.kind == Conversion::kDecodeImages) {
+      k.kind = DeviceKernel::Kind::kResampleImages;
+      k.resample = ResampleImagesKernel{p.image->transform, layouts[&p - plans.data()],
+                                        reinterpret_cast<const images::ImageDesc*>(base + p.staging),
+                                        lane->decoded, decoded_stride, base + outputs[p.first_output].offset, n};
+      on = lane->stream;
+    } else {
+      return;
+    }
+    device->launch(k, on);
   }
 
   // The copy stream waits for the lane's work so far.
