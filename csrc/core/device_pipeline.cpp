@@ -4,16 +4,13 @@
 
 #include <algorithm>
 #include <atomic>
-#include <chrono>
-#include <condition_variable>
 #include <deque>
 #include <exception>
 #include <mutex>
-#include <thread>
 
+#include "core/decode_lanes.h"
 #include "core/error.h"
-#include "core/file.h"
-#include "core/jpeg_decode.h"
+#include "core/host_fences.h"
 #include "core/pinned_arena.h"
 
 namespace fastpipe {
@@ -26,55 +23,6 @@ constexpr size_t kIssueAhead = 2;
 // Batches whose images decode at once: a lane each (a stream, a decoder state, a buffer of decoded
 // images), so that the JPEG engines decode one batch while the SMs resample the other.
 constexpr int kDecodeLanes = 2;
-
-// The copy out of host slot s records events[s]; a reader thread blocks on it before refilling s.
-struct HostFences {
-  std::shared_ptr<Device> device;
-  pid_t owner_pid;
-  std::mutex mu;
-  std::vector<Event*> events;
-  std::vector<bool> recorded;
-
-  HostFences(std::shared_ptr<Device> d) : device(std::move(d)), owner_pid(getpid()) {}
-  ~HostFences() {
-    if (getpid() != owner_pid) return;  // a forked child must not touch the device
-    try {
-      for (Event* e : events)
-        if (e) device->delete_event(e);
-    } catch (const std::exception& e) {
-      report_teardown_failure("deleting the loader's host-slot fences", e.what());
-    }
-  }
-
-  void record(int slot, Stream* s) {
-    std::lock_guard<std::mutex> lk(mu);
-    if (static_cast<size_t>(slot) >= events.size()) {
-      events.resize(slot + 1, nullptr);
-      recorded.resize(slot + 1, false);
-    }
-    if (!events[slot]) events[slot] = device->new_event();
-    device->record(events[slot], s);
-    recorded[slot] = true;
-  }
-
-  void wait(int slot) {
-    Event* e = nullptr;
-    {
-      std::lock_guard<std::mutex> lk(mu);
-      if (static_cast<size_t>(slot) < events.size() && recorded[slot]) e = events[slot];
-    }
-    if (e) {
-      DeviceGuard guard(*device);
-      device->synchronize(e);
-    }
-  }
-
-  void wait_all() {
-    std::lock_guard<std::mutex> lk(mu);
-    for (size_t s = 0; s < events.size(); ++s)
-      if (recorded[s]) device->synchronize(events[s]);
-  }
-};
 
 enum class Conversion { kCopy, kWidenTokens, kCropMirrorNormalize, kDecodeImages };
 
@@ -91,13 +39,6 @@ struct Plan {
   std::shared_ptr<const ImageColumnSpec> image;  // kDecodeImages: host outputs desc, encoded, host-decoded
 };
 
-// Whether the submitter thread has queued a batch's device work yet, and how that went (guarded by the
-// pipeline's mu).
-struct Submission {
-  bool done = false;
-  std::exception_ptr error;  // the device refused its copies, decode or kernels
-};
-
 struct Issued {
   int slot;  // -1: overflow
   char* base;
@@ -105,7 +46,7 @@ struct Issued {
   Event* ready;
   std::shared_ptr<void> overflow;
   std::exception_ptr error;  // the device refused its copies or kernels: next() raises this at its turn
-  std::shared_ptr<Submission> submission;  // queued by the submitter thread (null: queued by issue())
+  std::shared_ptr<SerialWorker::Ticket> submission;  // queued by the submitter thread (null: by issue())
 };
 
 // A batch whose device work the submitter thread queues: it holds the host batch (its slot is not
@@ -115,7 +56,6 @@ struct Job {
   char* base;
   Event* ready;
   int slot;
-  std::shared_ptr<Submission> submission;
 };
 
 }  // namespace
@@ -141,39 +81,16 @@ struct PipelineState {
   std::vector<OutputLayout> outputs;
   std::vector<Plan> plans;
   int64_t index_offset = -1;  // of the device copy of the sample indices, when a transform needs them
-  // Images decoded on the device land in a lane's buffer, record k at k * decoded_stride. A batch's
-  // decode and resample run on its lane's stream, in order after the lane's previous batch (which read
-  // the buffer last); the resample waits for the batch's copies on the copy stream (`copied`).
-  struct Lane {
-    Stream* stream = nullptr;
-    uint8_t* decoded = nullptr;
-    Event* copied = nullptr;  // the copy stream after the batch's copies
-    Event* done = nullptr;    // the lane after a batch, where the copy stream must follow it
-  };
-  std::vector<Lane> lanes;
-  uint64_t batches_decoded = 0;  // picks the lane (the submitter thread's only)
-  int64_t decoded_stride = 0;
-  std::atomic<int64_t> decoded_on_device{0}, decoded_on_host{0}, decoded_planar{0}, decoded_after_refusal{0};
-  // Batches the device's decoder refused are decoded here (decode_refused): page-locked planes, the event
-  // after their copies, and the decoder; made at the first refusal (the submitter thread's only).
-  std::unique_ptr<AlignedBuffer> refused_planes;
-  Event* refused_copied = nullptr;
-  std::unique_ptr<JpegDecoder> refused_decoder;
+  std::unique_ptr<DecodeLanes> lanes;  // where images are decoded on the device
+  std::atomic<int64_t> decoded_on_device{0}, decoded_on_host{0};
   Event* overflow_ready = nullptr;
   Event* overflow_alloc = nullptr;  // the consumer's stream when an overflow buffer was allocated
   OverflowFn overflow;
   std::atomic<bool> skip_release_fence{false};
 
-  std::mutex mu;  // slots, issued, jobs, stats: batches are released from any thread
+  std::mutex mu;  // slots, issued, stats: batches are released from any thread
   std::vector<DeviceSlot> slots;
   std::deque<Issued> issued;
-  // Pipelines that decode images queue each batch's device work in a thread of their own: nvJPEG parses
-  // every bitstream on the host inside its call, which next() on the training thread would otherwise pay.
-  std::deque<Job> jobs;
-  bool submitting = false;        // the submitter is queuing a job's work (taken off `jobs`)
-  bool stop_submitter = false;
-  std::condition_variable jobs_cv;       // a job queued, or stop
-  std::condition_variable submitted_cv;  // a job done
   int leased = 0;
   int releasing = 0;  // slots kReleasing
   int64_t overflow_batches = 0;
@@ -212,21 +129,7 @@ struct PipelineState {
       device->delete_event(overflow_ready);
     }
     if (overflow_alloc) device->delete_event(overflow_alloc);
-    if (refused_copied) {
-      device->synchronize(refused_copied);
-      device->delete_event(refused_copied);
-      device->unpin(refused_planes->data());
-    }
-    for (Lane& l : lanes) {  // every slot's ready event (its lane's last work) was waited for above
-      if (l.done) {
-        device->record(l.done, l.stream);
-        device->synchronize(l.done);
-        device->delete_event(l.done);
-      }
-      if (l.copied) device->delete_event(l.copied);
-      if (l.decoded) device->free(l.decoded);
-      if (l.stream) device->delete_stream(l.stream);
-    }
+    if (lanes) lanes->teardown();
     if (arena) device->free(arena);
     if (copy) device->delete_stream(copy);
   }
@@ -271,9 +174,9 @@ struct PipelineState {
   // An overflow batch's lane work is followed by the copy stream, whose order its memory's free follows.
   void enqueue(const Lease& lease, char* base, Event* ready, bool overflow) {
     const int64_t n = lease.records();
-    Lane* lane = nullptr;
+    DecodeLanes::Lane* lane = nullptr;
     for (const Plan& p : plans)
-      if (p.kind == Conversion::kDecodeImages && !lane) lane = &lanes[batches_decoded++ % lanes.size()];
+      if (p.kind == Conversion::kDecodeImages && !lane) lane = &lanes->next();
     std::vector<images::DecodedLayout> layouts(plans.size(), images::DecodedLayout::kYccPlanar);  // per plan
     for (const Plan& p : plans) {
       const char* src = lease.data(p.host_output);
@@ -306,12 +209,12 @@ struct PipelineState {
     // reads of the host slot).
     device->record(ready, lane->stream);
     fences->record(lease.slot(), lane->stream);
-    if (overflow) follow_lane(*lane);
+    if (overflow) lanes->follow(*lane, copy);
   }
 
   // Plan p's kernel for batch `lease` in `base`, if it has one: on the copy stream, the resample on `lane`.
   void launch_kernel(const Plan& p, const Lease& lease, char* base, const std::vector<images::DecodedLayout>& layouts,
-                     Lane* lane) {
+                     DecodeLanes::Lane* lane) {
     const int64_t n = lease.records();
     DeviceKernel k{};
     Stream* on = copy;
@@ -330,7 +233,7 @@ struct PipelineState {
       k.kind = DeviceKernel::Kind::kResampleImages;
       k.resample = ResampleImagesKernel{p.image->transform, layouts[&p - plans.data()],
                                         reinterpret_cast<const images::ImageDesc*>(base + p.staging),
-                                        lane->decoded, decoded_stride, base + outputs[p.first_output].offset, n};
+                                        lane->decoded, lanes->stride(), base + outputs[p.first_output].offset, n};
       on = lane->stream;
     } else {
       return;
@@ -338,16 +241,10 @@ struct PipelineState {
     device->launch(k, on);
   }
 
-  // The copy stream waits for the lane's work so far.
-  void follow_lane(Lane& lane) {
-    device->record(lane.done, lane.stream);
-    device->wait(copy, lane.done);
-  }
-
   // A batch's images: those the reader left to the device decoded on `lane` into its buffer (the
   // resample kernel takes them from there), those it decoded itself copied to their outputs. Returns
   // the decoded layout.
-  images::DecodedLayout enqueue_decode(const Plan& p, const Lease& lease, char* base, Lane& lane) {
+  images::DecodedLayout enqueue_decode(const Plan& p, const Lease& lease, char* base, DecodeLanes::Lane& lane) {
     const auto* descs = reinterpret_cast<const images::ImageDesc*>(lease.data(p.host_output));
     const auto* encoded = reinterpret_cast<const uint8_t*>(lease.data(p.host_output + 1));
     const char* host_out = lease.data(p.host_output + 2);
@@ -361,92 +258,40 @@ struct PipelineState {
         samples.push_back(lease.indices()[k]);
         job.data.push_back(encoded + k * p.image->encoded_budget);
         job.sizes.push_back(static_cast<size_t>(d.encoded_bytes));
-        job.out.push_back(lane.decoded + k * decoded_stride);
+        job.out.push_back(lane.decoded + k * lanes->stride());
         job.planes.push_back(d.planes);
       } else {
         device->copy_to_device(out + k * out_bytes, host_out + k * out_bytes, static_cast<size_t>(out_bytes), copy);
       }
     }
-    images::DecodedLayout layout = images::DecodedLayout::kYccPlanar;
-    if (!job.data.empty()) {
-      try {
-        layout = device->decode_jpegs(job, lane.stream);
-      } catch (const Error& e) {
-        if (e.kind() != ErrorKind::kValue) throw;
-        decode_refused(job, samples, e.what(), lane.stream);
-      }
-    }
+    const images::DecodedLayout layout = lanes->decode(job, samples, lane);
     decoded_on_device += static_cast<int64_t>(job.data.size());
-    if (layout == images::DecodedLayout::kYccPlanar) decoded_planar += static_cast<int64_t>(job.data.size());
     decoded_on_host += lease.records() - static_cast<int64_t>(job.data.size());
     return layout;
   }
 
-  // A batch the device's decoder refused (nvJPEG finds some JPEGs corrupt that libjpeg decodes): its
-  // images decoded here by libjpeg into planes, as the device would have laid them out, and copied there.
-  // An image libjpeg cannot decode either fails the batch, naming its sample.
-  void decode_refused(const JpegDecodeJob& job, const std::vector<int64_t>& samples, const char* why, Stream* on) {
-    if (!refused_planes) {
-      refused_planes = std::make_unique<AlignedBuffer>(static_cast<size_t>(decoded_stride * batch_size));
-      device->pin(refused_planes->data(), refused_planes->size());
-      refused_copied = device->new_event();
-      refused_decoder = std::make_unique<JpegDecoder>();
-    } else {
-      device->synchronize(refused_copied);  // the last refusal's copies out of the planes are done
-    }
-    for (size_t k = 0; k < job.data.size(); ++k) {
-      auto* planes = reinterpret_cast<uint8_t*>(refused_planes->data()) + static_cast<int64_t>(k) * decoded_stride;
-      try {
-        refused_decoder->decode_planes(job.data[k], job.sizes[k], job.planes[k], planes);
-      } catch (const std::runtime_error& e) {
-        throw Error(ErrorKind::kValue, "sample " + std::to_string(samples[k]) + " cannot be decoded: the device's "
-                                       "decoder refused its batch (" + why + ") and libjpeg says: " + e.what());
-      }
-      device->copy_to_device(job.out[k], planes, static_cast<size_t>(images::ycc_planes_bytes(job.planes[k])), on);
-    }
-    device->record(refused_copied, on);
-    decoded_after_refusal += static_cast<int64_t>(job.data.size());
-  }
-
-  // The submitter thread: queues the jobs' device work in order until stopped (after the last job).
-  void submit_loop() {
-    std::unique_lock<std::mutex> lk(mu);
-    for (;;) {
-      jobs_cv.wait(lk, [&] { return stop_submitter || !jobs.empty(); });
-      if (jobs.empty()) return;
-      Job job = std::move(jobs.front());
-      jobs.pop_front();
-      submitting = true;
-      lk.unlock();
-      std::exception_ptr error = submit(job);
-      job.lease.reset();  // the host slot may be refilled once the copy out of it (fenced) is done
-      lk.lock();
-      if (error && job.slot >= 0) slots[job.slot].state = DeviceSlot::State::kFree;
-      job.submission->error = error;
-      job.submission->done = true;
-      submitting = false;
-      submitted_cv.notify_all();
-    }
-  }
-
-  // A job's work on the copy stream; a failure is returned for next() to raise at the batch's turn, the
-  // host slot fenced after the copies queued before it (as issue() does for work it queues itself).
-  std::exception_ptr submit(const Job& job) {
+  // A job's work on the copy stream and its lane (the submitter thread). A failure fences the host slot
+  // after whatever was queued from it (as issue() does for work it queues itself), frees the device
+  // slot, and is raised at the batch's turn.
+  void run(const Job& job) {
     try {
       DeviceGuard guard(*device);
       try {
         enqueue(*job.lease, job.base, job.ready, job.slot < 0);
       } catch (const Error&) {
-        try {  // the host slot fenced after whatever was queued from it, on the copy stream or a lane
-          for (Lane& l : lanes) follow_lane(l);
+        try {
+          if (lanes) lanes->follow_all(copy);
           fences->record(job.lease->slot(), copy);
         } catch (const Error&) {
         }
         throw;
       }
-      return nullptr;
     } catch (...) {
-      return std::current_exception();
+      if (job.slot >= 0) {
+        std::lock_guard<std::mutex> lk(mu);
+        slots[job.slot].state = DeviceSlot::State::kFree;
+      }
+      throw;
     }
   }
 };
@@ -513,7 +358,7 @@ DevicePipeline::DevicePipeline(std::shared_ptr<Device> device, std::vector<Colum
   if (pixel_budget > 0) device_->open_jpeg_decoder();
   auto fences = st.fences;
   options.raw_outputs = true;
-  options.index_output = needs_index || pixel_budget > 0;  // decode_refused names the samples
+  options.index_output = needs_index || pixel_budget > 0;  // a refused batch names its samples
   pin_reader_arena(options, device_, [fences] { fences->wait_all(); }, "unpinning the loader's host arena");
   options.before_slot_fill = [fences](int slot) { fences->wait(slot); };
   reader_ = std::make_unique<BatchReader>(std::move(columns), std::move(options));
@@ -557,42 +402,27 @@ DevicePipeline::DevicePipeline(std::shared_ptr<Device> device, std::vector<Colum
   const int num_slots = reader_->stats().num_slots;  // a device slot per host slot
   st.arena = static_cast<char*>(device_->alloc(static_cast<size_t>(st.slot_bytes * num_slots)));
   if (pixel_budget > 0) {
-    st.decoded_stride = place_output(0, pixel_budget, 3, kDeviceAlign);
-    st.lanes.resize(kDecodeLanes);
-    for (PipelineState::Lane& l : st.lanes) {
-      l.decoded = static_cast<uint8_t*>(device_->alloc(static_cast<size_t>(st.decoded_stride * st.batch_size)));
-      l.copied = device_->new_event();
-      l.done = device_->new_event();
-      l.stream = device_->new_stream();
-    }
+    st.lanes = std::make_unique<DecodeLanes>(*device_, kDecodeLanes, place_output(0, pixel_budget, 3, kDeviceAlign),
+                                             st.batch_size);
   }
   st.slots.resize(static_cast<size_t>(num_slots));
   for (DeviceSlot& s : st.slots) s.ready = device_->new_event();
   st.overflow_ready = device_->new_event();
   st.overflow_alloc = device_->new_event();
   st.copy = device_->new_stream();
-  if (pixel_budget > 0) submitter_ = std::thread([state = state_] { state->submit_loop(); });
+  // Pipelines that decode images queue each batch's device work in a thread of their own: nvJPEG parses
+  // every bitstream on the host inside its call, which next() on the training thread would otherwise pay.
+  if (pixel_budget > 0) submitter_ = std::make_unique<SerialWorker>();
 }
 
-DevicePipeline::~DevicePipeline() {
-  if (getpid() != state_->owner_pid) {
-    // Forked child: the submitter exists only in the parent (as the reader threads: batch_reader.cpp).
-    if (submitter_.joinable()) new std::thread(std::move(submitter_));
-    return;
-  }
-  close();
-}
-
-void DevicePipeline::wait_submitted(std::unique_lock<std::mutex>& lk) {
-  state_->submitted_cv.wait(lk, [&] { return state_->jobs.empty() && !state_->submitting; });
-}
+DevicePipeline::~DevicePipeline() { close(); }
 
 void DevicePipeline::start(std::vector<int64_t> indices, bool drop_last, uint64_t epoch) {
   {
     // Batches issued for the abandoned pass are dropped (once their work is queued): their slots are
     // free again once the copy stream passes them (the next copy into a slot is queued behind them anyway).
-    std::unique_lock<std::mutex> lk(state_->mu);
-    wait_submitted(lk);
+    if (submitter_) submitter_->wait_idle();
+    std::lock_guard<std::mutex> lk(state_->mu);
     for (const Issued& i : state_->issued)
       if (i.slot >= 0) state_->slots[i.slot].state = DeviceSlot::State::kFree;
     state_->issued.clear();
@@ -630,7 +460,7 @@ bool DevicePipeline::issue(bool block, double timeout_s, const std::function<voi
     s.state = DeviceSlot::State::kIssued;
     for (size_t k = 0; k < s.released; ++k) device_->wait(st.copy, s.release[k]);  // the consumer's last use
     // A batch never handed out (a pass abandoned) may still be resampled into the slot on a lane.
-    if (!st.lanes.empty()) device_->wait(st.copy, s.ready);
+    if (st.lanes) device_->wait(st.copy, s.ready);
     s.released = 0;
     item.slot = slot;
     item.base = st.arena + static_cast<int64_t>(slot) * st.slot_bytes;
@@ -657,11 +487,11 @@ bool DevicePipeline::issue(bool block, double timeout_s, const std::function<voi
     item.ready = st.overflow_ready;
     ++st.overflow_batches;
   }
-  if (submitter_.joinable()) {
-    item.submission = std::make_shared<Submission>();
-    st.jobs.push_back(Job{std::move(lease), item.base, item.ready, item.slot, item.submission});
+  if (submitter_) {
+    item.submission = submitter_->post([state = state_, job = Job{std::move(lease), item.base, item.ready, item.slot}] {
+      state->run(job);
+    });
     st.issued.push_back(std::move(item));
-    st.jobs_cv.notify_one();
     return true;
   }
   try {
@@ -685,22 +515,6 @@ bool DevicePipeline::issue(bool block, double timeout_s, const std::function<voi
   return true;
 }
 
-void DevicePipeline::wait_first_submitted(double timeout_s, const std::function<void()>& poll) {
-  PipelineState& st = *state_;
-  const auto start = std::chrono::steady_clock::now();
-  std::unique_lock<std::mutex> lk(st.mu);
-  while (st.issued.front().submission && !st.issued.front().submission->done) {
-    // Polled (a signal raises from poll) and bounded: a device whose queuing calls hang would hang next().
-    if (st.submitted_cv.wait_for(lk, std::chrono::milliseconds(50)) == std::cv_status::no_timeout) continue;
-    lk.unlock();
-    if (poll) poll();
-    if (timeout_s > 0 && std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count() > timeout_s)
-      throw Error(ErrorKind::kTimeout, "the device work of the next batch was not queued within timeout=" +
-                                           std::to_string(timeout_s) + " s (its decode calls did not return)");
-    lk.lock();
-  }
-}
-
 std::shared_ptr<DeviceBatch> DevicePipeline::next(double timeout_s, const std::function<void()>& poll) {
   PipelineState& st = *state_;
   DeviceGuard guard(*device_);
@@ -718,14 +532,20 @@ std::shared_ptr<DeviceBatch> DevicePipeline::next(double timeout_s, const std::f
     have = !st.issued.empty();
   }
   if (!have && !issue(true, timeout_s, poll)) return nullptr;  // the pass is over
-  wait_first_submitted(timeout_s, poll);
+  std::shared_ptr<SerialWorker::Ticket> submission;
+  {
+    std::lock_guard<std::mutex> lk(st.mu);
+    submission = st.issued.front().submission;
+  }
+  std::exception_ptr submit_error;
+  if (submission) submit_error = submitter_->wait(*submission, timeout_s, poll, "queuing the next batch's device work");
   Issued item;
   {
     std::lock_guard<std::mutex> lk(st.mu);
     item = std::move(st.issued.front());
-    if (item.submission && item.submission->error) {
+    if (submit_error) {
       item.slot = -1;  // freed by the submitter
-      item.error = item.submission->error;
+      item.error = submit_error;
     }
     st.issued.pop_front();
     if (item.error) std::rethrow_exception(item.error);
@@ -757,14 +577,7 @@ void DevicePipeline::close() {
   if (!reader_) return;
   reader_->close();
   if (getpid() != state_->owner_pid) return;
-  if (submitter_.joinable()) {  // it queues what was issued, then stops
-    {
-      std::lock_guard<std::mutex> lk(state_->mu);
-      state_->stop_submitter = true;
-    }
-    state_->jobs_cv.notify_all();
-    submitter_.join();
-  }
+  if (submitter_) submitter_->stop();  // it queues what was issued, then ends
   try {  // a device that failed (a sticky error) cannot be waited for: reported, and close() goes on
     DeviceGuard guard(*device_);
     refuse_teardown_in_capture(*device_);
@@ -787,8 +600,8 @@ DeviceStats DevicePipeline::stats() const {
   s.overflow_batches = state_->overflow_batches;
   s.images_decoded_on_device = state_->decoded_on_device.load();
   s.images_decoded_on_host = state_->decoded_on_host.load();
-  s.images_decoded_planar = state_->decoded_planar.load();
-  s.images_decoded_after_refusal = state_->decoded_after_refusal.load();
+  s.images_decoded_planar = state_->lanes ? state_->lanes->planar() : 0;
+  s.images_decoded_after_refusal = state_->lanes ? state_->lanes->after_refusal() : 0;
   return s;
 }
 

@@ -16,12 +16,11 @@
 
 #include <functional>
 #include <memory>
-#include <mutex>
-#include <thread>
 #include <vector>
 
 #include "core/batch_reader.h"
 #include "core/device.h"
+#include "core/serial_worker.h"
 
 namespace fastpipe {
 
@@ -102,13 +101,10 @@ class DevicePipeline {
 
  private:
   bool issue(bool block, double timeout_s, const std::function<void()>& poll);
-  // Until the submitter has queued every job (with state_->mu held), or the first issued batch's.
-  void wait_submitted(std::unique_lock<std::mutex>& lk);
-  void wait_first_submitted(double timeout_s, const std::function<void()>& poll);
   std::shared_ptr<Device> device_;
   std::shared_ptr<PipelineState> state_;
   std::unique_ptr<BatchReader> reader_;
-  std::thread submitter_;  // image pipelines: queues each batch's device work (PipelineState::submit_loop)
+  std::unique_ptr<SerialWorker> submitter_;  // image pipelines: queues each batch's device work
 };
 
 }  // namespace fastpipe

@@ -1,0 +1,85 @@
+#include "core/decode_lanes.h"
+
+#include <stdexcept>
+#include <string>
+
+#include "core/error.h"
+
+namespace fastpipe {
+
+DecodeLanes::DecodeLanes(Device& device, int lanes, int64_t stride, int64_t batch_size)
+    : device_(device), lanes_(static_cast<size_t>(lanes)), stride_(stride), batch_size_(batch_size) {
+  for (Lane& l : lanes_) {
+    l.decoded = static_cast<uint8_t*>(device_.alloc(static_cast<size_t>(stride_ * batch_size_)));
+    l.copied = device_.new_event();
+    l.done = device_.new_event();
+    l.stream = device_.new_stream();
+  }
+}
+
+void DecodeLanes::teardown() {
+  if (refused_copied_) {
+    device_.synchronize(refused_copied_);
+    device_.delete_event(refused_copied_);
+    device_.unpin(refused_planes_->data());
+  }
+  for (Lane& l : lanes_) {
+    if (l.done) {
+      device_.record(l.done, l.stream);
+      device_.synchronize(l.done);
+      device_.delete_event(l.done);
+    }
+    if (l.copied) device_.delete_event(l.copied);
+    if (l.decoded) device_.free(l.decoded);
+    if (l.stream) device_.delete_stream(l.stream);
+  }
+  lanes_.clear();
+}
+
+void DecodeLanes::follow(Lane& lane, Stream* copy) {
+  device_.record(lane.done, lane.stream);
+  device_.wait(copy, lane.done);
+}
+
+void DecodeLanes::follow_all(Stream* copy) {
+  for (Lane& l : lanes_) follow(l, copy);
+}
+
+images::DecodedLayout DecodeLanes::decode(const JpegDecodeJob& job, const std::vector<int64_t>& samples, Lane& lane) {
+  images::DecodedLayout layout = images::DecodedLayout::kYccPlanar;
+  if (job.data.empty()) return layout;
+  try {
+    layout = device_.decode_jpegs(job, lane.stream);
+  } catch (const Error& e) {
+    if (e.kind() != ErrorKind::kValue) throw;
+    decode_refused(job, samples, e.what(), lane.stream);
+  }
+  if (layout == images::DecodedLayout::kYccPlanar) planar_ += static_cast<int64_t>(job.data.size());
+  return layout;
+}
+
+void DecodeLanes::decode_refused(const JpegDecodeJob& job, const std::vector<int64_t>& samples, const char* why,
+                                 Stream* on) {
+  if (!refused_planes_) {
+    refused_planes_ = std::make_unique<AlignedBuffer>(static_cast<size_t>(stride_ * batch_size_));
+    device_.pin(refused_planes_->data(), refused_planes_->size());
+    refused_copied_ = device_.new_event();
+    refused_decoder_ = std::make_unique<JpegDecoder>();
+  } else {
+    device_.synchronize(refused_copied_);  // the last refusal's copies out of the planes are done
+  }
+  for (size_t k = 0; k < job.data.size(); ++k) {
+    auto* planes = reinterpret_cast<uint8_t*>(refused_planes_->data()) + static_cast<int64_t>(k) * stride_;
+    try {
+      refused_decoder_->decode_planes(job.data[k], job.sizes[k], job.planes[k], planes);
+    } catch (const std::runtime_error& e) {
+      throw Error(ErrorKind::kValue, "sample " + std::to_string(samples[k]) + " cannot be decoded: the device's "
+                                     "decoder refused its batch (" + why + ") and libjpeg says: " + e.what());
+    }
+    device_.copy_to_device(job.out[k], planes, static_cast<size_t>(images::ycc_planes_bytes(job.planes[k])), on);
+  }
+  device_.record(refused_copied_, on);
+  after_refusal_ += static_cast<int64_t>(job.data.size());
+}
+
+}  // namespace fastpipe
