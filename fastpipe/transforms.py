@@ -16,8 +16,11 @@ import torch
 
 from fastpipe import _checks as checks
 from fastpipe._ext import _C
+from fastpipe.augment import AutoAugment, RandAugment, TrivialAugmentWide, _Augment
+from fastpipe.augment import OPS as _AUGMENT_OPS
 
-__all__ = ["CenterCrop", "CropMirrorNormalize", "RandomErasing", "RandomResizedCrop"]
+__all__ = ["AutoAugment", "CenterCrop", "CropMirrorNormalize", "RandAugment", "RandomErasing", "RandomResizedCrop",
+           "TrivialAugmentWide"]
 
 _OUT_DTYPES = {torch.float32: "float32", torch.float16: "float16", torch.bfloat16: "bfloat16"}
 _IMAGE_OUT_DTYPES = {**_OUT_DTYPES, torch.uint8: "uint8"}
@@ -189,14 +192,19 @@ class RandomErasing:
 
 class _JpegTransform:
     """What RandomResizedCrop and CenterCrop share: the output (dtype, layout, normalisation), the flip,
-    RandomErasing and the C++ parameters."""
+    the augmentations, RandomErasing and the C++ parameters."""
 
     _mode = None
 
-    def _init_erase(self, erase):
+    def _init_erase(self, erase, augment):
         if erase is not None and not isinstance(erase, RandomErasing):
             raise TypeError(f"erase must be a fastpipe.transforms.RandomErasing or None, got {type(erase).__name__}")
+        if augment is not None and not isinstance(augment, _Augment):
+            raise TypeError(f"augment must be a fastpipe.transforms.TrivialAugmentWide, RandAugment or AutoAugment "
+                            f"or None, got {type(augment).__name__}")
         self.erase = erase
+        self.augment = augment
+        self._augment_params = None if augment is None else augment._params(*self.size)
 
     def _init_output(self, size, mirror, mean, std, out_dtype, layout, dct_scaling):
         self.size = _size_pair(size, "size")
@@ -228,15 +236,15 @@ class _JpegTransform:
         """The C++ parameters (_C.ImageTransformParams) for a Loader with ``seed``."""
         scale, shift = self._scale_shift()
         area, ratio, resize = self._geometry()
-        erase = {}
+        extra = dict(self._augment_params or {})
         if self.erase is not None:
-            erase = dict(erase_p=self.erase.p, erase_scale=self.erase.scale, erase_ratio=self.erase.ratio,
+            extra.update(erase_p=self.erase.p, erase_scale=self.erase.scale, erase_ratio=self.erase.ratio,
                          erase_value=self.erase.value)
         return _C.ImageTransformParams(
             mode=self._mode, out_height=self.size[0], out_width=self.size[1], area=area, ratio=ratio,
             resize_short=resize[0], resize_height=resize[1], resize_width=resize[2], mirror=self.mirror,
             out_nhwc=self.layout == "NHWC", out_dtype=_IMAGE_OUT_DTYPES[self.out_dtype], scale=scale, shift=shift,
-            seed=int(seed) & ((1 << 64) - 1), max_dct_denom=8 if self.dct_scaling else 1, **erase)
+            seed=int(seed) & ((1 << 64) - 1), max_dct_denom=8 if self.dct_scaling else 1, **extra)
 
     def _output(self):
         """(dtype name, shape) of one output image."""
@@ -277,9 +285,17 @@ class _JpegTransform:
         params = self._image_params(seed)
         return [tuple(params.erase_box(int(epoch), int(i))) for i in index]
 
+    def augmented(self, index, epoch, seed=0):
+        """The augmentations each sample gets, as the Loader draws them: a list per index of
+        ``(op, magnitude)`` in the order applied (op as torchvision names it, e.g. "Rotate"; magnitude as
+        torchvision passes it to the op)."""
+        params = self._image_params(seed)
+        return [[(_AUGMENT_OPS[op], m) for op, m in params.augment_ops(int(epoch), int(i))] for i in index]
+
     def __repr__(self):
         extra = ", ".join(f"{k}={v!r}" for k, v in self._repr_fields())
-        erase = f", erase={self.erase!r}" if self.erase is not None else ""
+        erase = f", augment={self.augment!r}" if self.augment is not None else ""
+        erase += f", erase={self.erase!r}" if self.erase is not None else ""
         return (f"{type(self).__name__}(size={self.size}, {extra}, mirror={self.mirror}, mean={self.mean}, "
                 f"std={self.std}, out_dtype={self.out_dtype}, layout={self.layout!r}, dct_scaling={self.dct_scaling}"
                 f"{erase})")
@@ -311,6 +327,9 @@ class RandomResizedCrop(_JpegTransform):
         many times the output on both sides, then resize the rest of the way: much faster on large
         images, but not the same pixels as torchvision's resize of the full-resolution crop (a mean
         difference of about one level in 255). False: always decode the crop at full resolution.
+    augment : TrivialAugmentWide, RandAugment or AutoAugment, optional
+        torchvision's automatic augmentation of the resized (and flipped) uint8 image, fused
+        (fastpipe.augment). The resized image is then rounded to uint8 first, as torchvision's is.
     erase : RandomErasing, optional
         torchvision's RandomErasing of the output, fused (after the normalisation, as in torchvision's
         recipes).
@@ -327,9 +346,9 @@ class RandomResizedCrop(_JpegTransform):
     _mode = "random_resized"
 
     def __init__(self, size, scale=(0.08, 1.0), ratio=(3.0 / 4.0, 4.0 / 3.0), mirror=0.5, mean=None, std=None,
-                 out_dtype=torch.float32, layout="NCHW", dct_scaling=True, erase=None):
+                 out_dtype=torch.float32, layout="NCHW", dct_scaling=True, augment=None, erase=None):
         self._init_output(size, mirror, mean, std, out_dtype, layout, dct_scaling)
-        self._init_erase(erase)
+        self._init_erase(erase, augment)
         self.scale = _range(scale, "scale")
         self.ratio = _range(ratio, "ratio")
 
@@ -352,7 +371,7 @@ class CenterCrop(_JpegTransform):
         First resize the image: an int makes its shorter side that long (torchvision's ``Resize(256)``),
         a pair resizes to exactly that size, None crops the image as it is (zero padding where the crop
         is larger, as torchvision's CenterCrop pads).
-    mean, std, out_dtype, layout, dct_scaling, mirror, erase
+    mean, std, out_dtype, layout, dct_scaling, mirror, augment, erase
         As :class:`RandomResizedCrop`'s (``mirror`` defaults to 0 here).
 
     Notes
@@ -363,9 +382,9 @@ class CenterCrop(_JpegTransform):
     _mode = "center"
 
     def __init__(self, size, resize=None, mean=None, std=None, out_dtype=torch.float32, layout="NCHW",
-                 dct_scaling=True, mirror=0.0, erase=None):
+                 dct_scaling=True, mirror=0.0, augment=None, erase=None):
         self._init_output(size, mirror, mean, std, out_dtype, layout, dct_scaling)
-        self._init_erase(erase)
+        self._init_erase(erase, augment)
         if resize is None:
             self.resize = None
         elif isinstance(resize, (tuple, list)):

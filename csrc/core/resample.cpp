@@ -194,10 +194,62 @@ void resample_dtype(const ImageTransformParams& p, const images::Geometry& g, co
   }
 }
 
+// The augmented uint8 HWC image `img` normalised, converted and erased into `out`, a row at a time.
+template <OutDtype D>
+void store_augmented(const ImageTransformParams& p, const images::EraseBox& e, const uint8_t* img, void* out_image,
+                     ResampleScratch& s) {
+  using T = typename Out<D>::T;
+  T* out = static_cast<T*>(out_image);
+  const int oh = p.out_height, ow = p.out_width;
+  s.row.resize(static_cast<size_t>(3 * ow));
+  float* planes[kChannels] = {s.row.data(), s.row.data() + ow, s.row.data() + 2 * ow};
+  const int64_t plane = static_cast<int64_t>(oh) * ow;
+  for (int oy = 0; oy < oh; ++oy) {
+    const uint8_t* px = img + static_cast<int64_t>(oy) * ow * kChannels;
+    for (int x = 0; x < ow; ++x)
+      for (int c = 0; c < kChannels; ++c) planes[c][x] = static_cast<float>(px[x * kChannels + c]);
+    const bool erased = oy >= e.top && oy < e.top + e.height && e.width > 0;
+    for (int c = 0; c < kChannels; ++c) {
+      if (p.out_nhwc) {
+        T* dst = out + static_cast<int64_t>(oy) * ow * kChannels + c;
+        store<D, kChannels>(planes[c], ow, p.scale[c], p.shift[c], dst);
+        if (erased) fill<D, kChannels>(e.width, p.erase.value[c], dst + e.left * kChannels);
+      } else {
+        T* dst = out + c * plane + static_cast<int64_t>(oy) * ow;
+        store<D, 1>(planes[c], ow, p.scale[c], p.shift[c], dst);
+        if (erased) fill<D, 1>(e.width, p.erase.value[c], dst + e.left);
+      }
+    }
+  }
+}
+
+// Resized to uint8 (rounded, without the erasing), augmented, then stored as p asks.
+void resample_augmented(const ImageTransformParams& p, const images::Geometry& g, const uint8_t* src, int64_t stride,
+                        const images::Region& region, void* out, ResampleScratch& s) {
+  ImageTransformParams resized = p;
+  resized.out_dtype = OutDtype::UInt8;
+  resized.out_nhwc = true;
+  images::Geometry whole = g;
+  whole.erase = images::EraseBox{};
+  s.augment.image.resize(static_cast<size_t>(p.out_height) * p.out_width * kChannels);
+  resample_dtype<OutDtype::UInt8>(resized, whole, src, stride, region, s.augment.image.data(), s);
+  augment_image(g.ops, p.augment.fill, p.out_height, p.out_width, s.augment);
+  const uint8_t* img = s.augment.image.data();
+  switch (p.out_dtype) {
+    case OutDtype::Float32: return store_augmented<OutDtype::Float32>(p, g.erase, img, out, s);
+    case OutDtype::Float16: return store_augmented<OutDtype::Float16>(p, g.erase, img, out, s);
+    case OutDtype::BFloat16: return store_augmented<OutDtype::BFloat16>(p, g.erase, img, out, s);
+    case OutDtype::UInt8: return store_augmented<OutDtype::UInt8>(p, g.erase, img, out, s);
+  }
+}
+
 }  // namespace
 
 void resample_image(const ImageTransformParams& p, const images::Geometry& g, const uint8_t* src, int64_t stride,
                     const images::Region& region, void* out, ResampleScratch& s) {
+  if (p.augment.policy != static_cast<int32_t>(images::AugmentPolicy::kNone)) {
+    return resample_augmented(p, g, src, stride, region, out, s);
+  }
   switch (p.out_dtype) {
     case OutDtype::Float32: return resample_dtype<OutDtype::Float32>(p, g, src, stride, region, out, s);
     case OutDtype::Float16: return resample_dtype<OutDtype::Float16>(p, g, src, stride, region, out, s);

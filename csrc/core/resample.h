@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "core/augment.h"
 #include "cuda/image_transform.h"
 
 namespace fastpipe {
@@ -18,11 +19,14 @@ struct ResampleScratch {
   std::vector<float> y_weights, x_weights;
   std::vector<float> region;  // the decoded region as floats
   std::vector<float> row;     // one output row after its vertical taps, then its three channel planes
+  AugmentScratch augment;     // the resized uint8 image the augmentations work on
 };
 
 // Writes one output image (p.out_height x p.out_width x 3 in p's layout and dtype) to `out`. `src` is
 // decoded pixel (region.y0, region.x0), RGB, rows `stride` bytes apart; the region is
-// images::taps_region(g) (nothing is read when it is empty: every output is padding).
+// images::taps_region(g) (nothing is read when it is empty: every output is padding). With augmentations
+// (p.augment) the resized image is rounded to uint8, as torchvision's is, the sample's ops (g.ops) run on
+// it, and then it is normalised and erased into `out`.
 void resample_image(const images::ImageTransformParams& p, const images::Geometry& g, const uint8_t* src,
                     int64_t stride, const images::Region& region, void* out, ResampleScratch& s);
 

@@ -20,6 +20,7 @@
 #include <math.h>
 #include <stdint.h>
 
+#include "cuda/augment_draws.h"
 #include "cuda/host_device.h"
 #include "cuda/jpeg_color.h"
 #include "cuda/random_erasing.h"
@@ -54,6 +55,7 @@ struct ImageTransformParams {
   uint64_t seed = 0;
   int max_dct_denom = kMaxDctDenom;  // 1: always decode at full resolution
   ErasingParams erase;               // RandomErasing of the output (random_erasing.h)
+  AugmentParams augment;             // TrivialAugmentWide, RandAugment, AutoAugment (augment_draws.h)
 };
 
 // One axis of the resampling. Output o samples source position origin + in0 + (start + o + 0.5) * step
@@ -77,6 +79,7 @@ struct Geometry {
   // RandomResizedCrop's box in the stored image (CenterCrop: the resized image's crop, for reports).
   int top = 0, left = 0, height = 0, width = 0;
   EraseBox erase;  // in the output image
+  SampleOps ops;   // the augmentations of the resized image, in order (augment_draws.h)
 };
 
 // Source rows [y0, y1) and columns [x0, x1) of the decoded image that the taps read.
@@ -209,6 +212,7 @@ FASTPIPE_HD inline Geometry image_geometry(const ImageTransformParams& p, int he
     g.width = p.out_width;
   }
   g.erase = erase_box(p.erase, p.seed, epoch, index, p.out_height, p.out_width);
+  g.ops = draw_augment(p.augment, p.seed, epoch, index, p.out_height, p.out_width);
   g.denom = dct_denom(g.y.step, g.x.step, p.max_dct_denom);
   scale_axis(&g.y, g.denom, scaled_size(height, g.denom));
   scale_axis(&g.x, g.denom, scaled_size(width, g.denom));

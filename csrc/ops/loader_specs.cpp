@@ -4,6 +4,8 @@
 #include <pybind11/numpy.h>
 #include <pybind11/stl.h>
 
+#include <tuple>
+
 #include <string_view>
 
 #include "core/error.h"
@@ -71,6 +73,37 @@ py::dict header_dict(const ImageHeader& h) {
   for (int c = 0; c < info.components && c < 4; ++c) sampling.append(py::make_tuple(info.h_samp[c], info.v_samp[c]));
   d["sampling"] = sampling;
   return d;
+}
+
+// The augmentations' tables (fastpipe/augment.py), checked.
+void set_augment(images::AugmentParams& a, int policy, int num_ops,
+                 const std::vector<std::tuple<int, bool, float, int, int>>& candidates,
+                 const std::vector<float>& magnitudes, const std::vector<int>& fill) {
+  TORCH_CHECK(policy >= 0 && policy <= 2, "augment_policy must be 0, 1 or 2");
+  TORCH_CHECK(num_ops >= 0 && num_ops <= images::kMaxAugmentOps, "augment_num_ops must be in [0, ",
+              images::kMaxAugmentOps, "]");
+  TORCH_CHECK(candidates.size() <= images::kMaxAugmentCandidates, "at most ", images::kMaxAugmentCandidates,
+              " augment candidates");
+  TORCH_CHECK(magnitudes.size() <= images::kMaxAugmentMagnitudes, "at most ", images::kMaxAugmentMagnitudes,
+              " augment magnitudes");
+  TORCH_CHECK(policy == 0 || !candidates.empty(), "an augment policy needs candidates");
+  TORCH_CHECK(policy != 2 || candidates.size() % 2 == 0, "sub-policies need two candidates each");
+  TORCH_CHECK(fill.size() == 3, "augment_fill needs 3 values");
+  a.policy = policy;
+  a.num_ops = num_ops;
+  a.candidates = static_cast<int32_t>(candidates.size());
+  for (size_t k = 0; k < candidates.size(); ++k) {
+    const auto& [op, is_signed, prob, first, count] = candidates[k];
+    TORCH_CHECK(op >= 0 && op < static_cast<int>(images::AugOp::kCount), "augment op ", op, " is unknown");
+    TORCH_CHECK(first >= 0 && count >= 0 && static_cast<size_t>(first) + count <= magnitudes.size(),
+                "augment candidate ", k, "'s magnitudes are outside the table");
+    a.candidate[k] = images::AugmentCandidate{op, is_signed ? 1 : 0, prob, first, count};
+  }
+  std::copy(magnitudes.begin(), magnitudes.end(), a.magnitudes);
+  for (int c = 0; c < 3; ++c) {
+    TORCH_CHECK(fill[c] >= 0 && fill[c] <= 255, "augment_fill must be in [0, 255]");
+    a.fill[c] = static_cast<uint8_t>(fill[c]);
+  }
 }
 
 py::tuple geometry_tuple(const images::Geometry& g) {
@@ -142,7 +175,9 @@ void bind_loader_specs(py::module& m) {
                        float mirror, bool out_nhwc, const std::string& out_dtype, const std::vector<float>& scale,
                        const std::vector<float>& shift, uint64_t seed, int max_dct_denom, float erase_p,
                        std::pair<double, double> erase_scale, std::pair<double, double> erase_ratio,
-                       const std::vector<float>& erase_value) {
+                       const std::vector<float>& erase_value, int augment_policy, int augment_num_ops,
+                       const std::vector<std::tuple<int, bool, float, int, int>>& augment_candidates,
+                       const std::vector<float>& augment_magnitudes, const std::vector<int>& augment_fill) {
              ImageTransformParams p;
              TORCH_CHECK(mode == "random_resized" || mode == "center", "mode must be random_resized or center");
              p.mode = mode == "center" ? images::CropMode::kCenter : images::CropMode::kRandomResized;
@@ -180,6 +215,8 @@ void bind_loader_specs(py::module& m) {
              p.erase.ratio_min = erase_ratio.first;
              p.erase.ratio_max = erase_ratio.second;
              std::copy(erase_value.begin(), erase_value.end(), p.erase.value);
+             set_augment(p.augment, augment_policy, augment_num_ops, augment_candidates, augment_magnitudes,
+                         augment_fill);
              return p;
            }),
            py::kw_only(), py::arg("mode"), py::arg("out_height"), py::arg("out_width"), py::arg("area"),
@@ -188,7 +225,10 @@ void bind_loader_specs(py::module& m) {
            py::arg("seed"), py::arg("max_dct_denom"), py::arg("erase_p") = 0.0f,
            py::arg("erase_scale") = std::pair<double, double>(0.02, 0.33),
            py::arg("erase_ratio") = std::pair<double, double>(0.3, 3.3),
-           py::arg("erase_value") = std::vector<float>{0.0f, 0.0f, 0.0f})
+           py::arg("erase_value") = std::vector<float>{0.0f, 0.0f, 0.0f}, py::arg("augment_policy") = 0,
+           py::arg("augment_num_ops") = 0,
+           py::arg("augment_candidates") = std::vector<std::tuple<int, bool, float, int, int>>{},
+           py::arg("augment_magnitudes") = std::vector<float>{}, py::arg("augment_fill") = std::vector<int>{0, 0, 0})
       .def(
           "geometry",
           [](const ImageTransformParams& p, int height, int width, uint64_t epoch, uint64_t index) {
@@ -204,7 +244,18 @@ void bind_loader_specs(py::module& m) {
             return py::make_tuple(b.top, b.left, b.height, b.width);
           },
           py::arg("epoch"), py::arg("index"),
-          "RandomErasing's (top, left, height, width) in sample `index`'s output in `epoch` (height 0: none).");
+          "RandomErasing's (top, left, height, width) in sample `index`'s output in `epoch` (height 0: none).")
+      .def(
+          "augment_ops",
+          [](const ImageTransformParams& p, uint64_t epoch, uint64_t index) {
+            const images::SampleOps ops =
+                images::draw_augment(p.augment, p.seed, epoch, index, p.out_height, p.out_width);
+            py::list out;
+            for (int k = 0; k < ops.count; ++k) out.append(py::make_tuple(ops.op[k].op, ops.op[k].magnitude));
+            return out;
+          },
+          py::arg("epoch"), py::arg("index"),
+          "The augmentations of sample `index` in `epoch`: [(op, magnitude)] in order (op: augment_ops.h's AugOp).");
 
   // Where an image column's encoded records are (core/image_column.h).
   py::class_<ImageSource, std::shared_ptr<ImageSource>>(m, "ImageSource")

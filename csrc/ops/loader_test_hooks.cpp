@@ -8,6 +8,7 @@
 #include <cstring>
 #include <thread>
 
+#include "core/augment.h"
 #include "core/fault.h"
 #include "core/jpeg_decode.h"
 #include "core/jpeg_header.h"
@@ -111,6 +112,29 @@ void bind_loader_test_hooks(py::module& m) {
       py::arg("seed") = 0);
   m.def("_fault_disarm", &fault::disarm);
   m.def("_fault_count", &fault::injected);
+
+  // One augmentation op (augment_ops.h's AugOp) at `magnitude` applied to an HWC uint8 image, as the
+  // reader threads apply it: the per-op tests compare it with torchvision's functional op.
+  m.def(
+      "_augment_apply",
+      [](const py::array_t<uint8_t, py::array::c_style | py::array::forcecast>& image, int op, float magnitude,
+         const std::vector<int>& fill) {
+        if (image.ndim() != 3 || image.shape(2) != 3) throw py::value_error("image must be H x W x 3");
+        if (op < 0 || op >= static_cast<int>(images::AugOp::kCount)) throw py::value_error("unknown op");
+        if (fill.size() != 3) throw py::value_error("fill needs 3 values");
+        const int h = static_cast<int>(image.shape(0)), w = static_cast<int>(image.shape(1));
+        images::SampleOps ops;
+        ops.count = 1;
+        ops.op[0] = images::plan_op(static_cast<images::AugOp>(op), magnitude, h, w);
+        const uint8_t f[3] = {static_cast<uint8_t>(fill[0]), static_cast<uint8_t>(fill[1]), static_cast<uint8_t>(fill[2])};
+        AugmentScratch s;
+        s.image.assign(image.data(), image.data() + image.size());
+        augment_image(ops, f, h, w, s);
+        py::array_t<uint8_t> out({h, w, 3});
+        std::memcpy(out.mutable_data(), s.image.data(), s.image.size());
+        return out;
+      },
+      py::arg("image"), py::arg("op"), py::arg("magnitude"), py::arg("fill"));
 
   // The device decode's colour model over a whole JPEG: (its planes through images::ycc_pixel, libjpeg's
   // RGB decode), each height x width x 3 uint8, from the same libjpeg; the planes as decoded (Y, Cb, Cr).

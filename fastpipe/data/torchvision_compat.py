@@ -5,13 +5,17 @@ the same thing (or an error naming the step that has no fused equivalent).
 Understood, in torchvision's v1 and v2 spellings: ``Compose``; ``RandomResizedCrop`` and ``Resize`` (+
 ``CenterCrop``) with bilinear interpolation and antialiasing; ``CenterCrop``; ``RandomHorizontalFlip``;
 ``ToTensor``, ``PILToTensor``, ``ToImage``, ``ToDtype``/``ConvertImageDtype`` to float32, float16 or
-bfloat16 (scaled) or uint8; ``Normalize``; ``RandomErasing`` with a value (not "random"), last.
+bfloat16 (scaled) or uint8; ``Normalize``; ``TrivialAugmentWide``, ``RandAugment`` and ``AutoAugment``
+(nearest, on the uint8 image: after the crop and flip, before any float conversion); ``RandomErasing``
+with a value (not "random"), last.
 """
 
 import torch
 
-_SUPPORTED = ("Compose, RandomResizedCrop, Resize + CenterCrop, CenterCrop, RandomHorizontalFlip, ToTensor, "
-              "PILToTensor, ToImage, ToDtype/ConvertImageDtype, Normalize, RandomErasing (last)")
+_SUPPORTED = ("Compose, RandomResizedCrop, Resize + CenterCrop, CenterCrop, RandomHorizontalFlip, "
+              "TrivialAugmentWide/RandAugment/AutoAugment, ToTensor, PILToTensor, ToImage, ToDtype/ConvertImageDtype, "
+              "Normalize, RandomErasing (last)")
+_AUGMENTS = ("TrivialAugmentWide", "RandAugment", "AutoAugment")
 
 
 def is_torchvision_folder(dataset):
@@ -43,12 +47,31 @@ def _bilinear_antialiased(step):
         _refuse(step, "antialias=False: the fused resize is antialiased, as torchvision's default")
 
 
+def _augment(step):
+    """The fastpipe form of torchvision's TrivialAugmentWide, RandAugment or AutoAugment."""
+    from fastpipe import augment
+
+    fill = step.fill
+    if isinstance(fill, dict):
+        _refuse(step, "a fill per input type")
+    try:
+        name = type(step).__name__
+        if name == "TrivialAugmentWide":
+            return augment.TrivialAugmentWide(step.num_magnitude_bins, step.interpolation, fill)
+        if name == "RandAugment":
+            return augment.RandAugment(step.num_ops, step.magnitude, step.num_magnitude_bins, step.interpolation, fill)
+        return augment.AutoAugment(step.policy, step.interpolation, fill)
+    except ValueError as e:
+        _refuse(step, str(e))
+
+
 def convert_transform(transform):
     """The fused transform (fastpipe.transforms.RandomResizedCrop or CenterCrop) doing what a torchvision
     pipeline does to a PIL image; ValueError naming the step it cannot fuse."""
     from fastpipe import transforms as ft
 
     geometry, resize, mirror, dtype, scaled, mean, std, erase = None, None, 0.0, None, False, None, None, None
+    augmented = None
     for step in _steps(transform):
         name = type(step).__name__
         if not type(step).__module__.startswith("torchvision"):
@@ -71,8 +94,10 @@ def convert_transform(transform):
             geometry = ("random", tuple(step.size), tuple(step.scale), tuple(step.ratio))
         elif geometry is None and name == "CenterCrop":
             geometry = ("center", tuple(step.size), resize)
-        elif name == "RandomHorizontalFlip":
+        elif name == "RandomHorizontalFlip" and augmented is None:
             mirror = float(step.p)
+        elif name in _AUGMENTS and geometry is not None and augmented is None and dtype in (None, torch.uint8):
+            augmented = _augment(step)
         elif name in ("ToTensor",) and dtype is None:
             dtype, scaled = torch.float32, True
         elif name in ("PILToTensor", "ToImage") and dtype is None:
@@ -103,7 +128,7 @@ def convert_transform(transform):
     if dtype is None:
         raise ValueError("the torchvision pipeline returns PIL images: end it with ToTensor(), or ToImage() + "
                          "ToDtype(...), for batches of tensors")
-    common = dict(mean=mean, std=std, out_dtype=dtype, mirror=mirror, erase=erase)
+    common = dict(mean=mean, std=std, out_dtype=dtype, mirror=mirror, augment=augmented, erase=erase)
     if geometry[0] == "random":
         return ft.RandomResizedCrop(geometry[1], scale=geometry[2], ratio=geometry[3], **common)
     return ft.CenterCrop(geometry[1], resize=geometry[2], **common)

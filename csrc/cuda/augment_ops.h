@@ -1,0 +1,305 @@
+// The ops of torchvision's TrivialAugmentWide, RandAugment and AutoAugment on a uint8 RGB image (HWC),
+// as torchvision's tensor kernels compute them (transforms/v2/functional: _color.py, _geometry.py) in
+// float32, so that each output equals torchvision's:
+// - point ops (brightness, contrast, posterize, solarize, autocontrast, equalize, invert) become a table
+//   per channel, built from the image's histograms and grey sum (ImageStats) where the op needs them;
+// - colour (saturation) blends each pixel with its own floored grey, sharpness with the rounded 3x3 blur
+//   of the interior (the border is kept);
+// - shear, translate and rotate sample the image through torchvision's inverse affine matrix and
+//   affine grid (nearest, align_corners=False, the fill outside), or rot90 where torchvision takes it.
+// Everything about an op that does not depend on the pixels is worked out once per sample, where the op
+// is drawn (plan_op). Plain C++ (no torch, no CUDA headers outside nvcc): the CPU tests run all of it.
+#pragma once
+
+#include <math.h>
+#include <stdint.h>
+
+#include "cuda/host_device.h"
+
+namespace fastpipe::images {
+
+enum class AugOp : int32_t {
+  kIdentity = 0,
+  kShearX,
+  kShearY,
+  kTranslateX,
+  kTranslateY,
+  kRotate,
+  kBrightness,
+  kColor,
+  kContrast,
+  kSharpness,
+  kPosterize,
+  kSolarize,
+  kAutoContrast,
+  kEqualize,
+  kInvert,
+  kCount
+};
+
+// How an op reads its input.
+enum class OpKind : int32_t { kCopy = 0, kTable, kColor, kSharpness, kAffine, kQuarterTurns };
+
+// One op drawn for a sample, with what does not depend on the pixels.
+struct PlannedOp {
+  int32_t op = 0;           // AugOp
+  int32_t kind = 0;         // OpKind
+  float magnitude = 0.0f;   // as torchvision draws it (a float32 value, signed)
+  float ratio = 0.0f;       // blends: image * ratio + other * (1 - ratio), both as float32
+  float other_weight = 0.0f;
+  int32_t turns = 0;        // kQuarterTurns: torch.rot90's k
+  float theta[6] = {0, 0, 0, 0, 0, 0};  // kAffine: the grid's coefficients (see affine_source)
+};
+
+// What the table ops need of the image: a histogram per channel and the sum of the floored greys.
+struct ImageStats {
+  uint32_t hist[3][256];
+  int64_t grey_sum;
+};
+
+// torchvision's _rgb_to_grayscale_image: r * 0.2989 + g * 0.587 + b * 0.114 in float32, each add_ with
+// alpha a fused multiply-add as ATen's vectorised add computes it; then floored (uint8 images).
+FASTPIPE_HD inline float floored_grey(uint8_t r, uint8_t g, uint8_t b) {
+  float v = static_cast<float>(r) * 0.2989f;
+  v = fmaf(static_cast<float>(g), 0.587f, v);
+  v = fmaf(static_cast<float>(b), 0.114f, v);
+  return floorf(v);
+}
+
+// _blend's uint8 result: image1 * ratio + image2 * (1 - ratio), clamped, truncated.
+FASTPIPE_HD inline uint8_t blend(const PlannedOp& op, float image1, float image2) {
+  float v = fmaf(image2, op.other_weight, image1 * op.ratio);
+  v = v < 0.0f ? 0.0f : (v > 255.0f ? 255.0f : v);
+  return static_cast<uint8_t>(v);
+}
+
+// ---- planning (per sample, before any pixel) ------------------------------------------------------
+
+// torchvision's _get_inverse_affine_matrix (scale 1), in double as Python computes it.
+FASTPIPE_HD inline void inverse_affine(double cx, double cy, double angle, double tx, double ty, double shear_x,
+                                       double shear_y, double m[6]) {
+  const double deg = 3.141592653589793 / 180.0;  // Python's math.radians
+  const double rot = angle * deg, sx = shear_x * deg, sy = shear_y * deg;
+  const double cos_sy = cos(sy), tan_sx = tan(sx), rot_minus_sy = rot - sy;
+  const double cx_plus_tx = cx + tx, cy_plus_ty = cy + ty;
+  const double a = cos(rot_minus_sy) / cos_sy;
+  const double b = -(a * tan_sx + sin(rot));
+  const double c = sin(rot_minus_sy) / cos_sy;
+  const double d = cos(rot) - c * tan_sx;
+  m[0] = d;
+  m[1] = -b;
+  m[2] = 0.0 + (cx - m[0] * cx_plus_tx - m[1] * cy_plus_ty);
+  m[3] = -c;
+  m[4] = a;
+  m[5] = 0.0 + (cy - m[3] * cx_plus_tx - m[4] * cy_plus_ty);
+}
+
+// The affine grid's coefficients: _affine_grid divides theta's rows by (w / 2, h / 2) in float32.
+FASTPIPE_HD inline void grid_coefficients(const double m[6], int h, int w, float theta[6]) {
+  const float sx = static_cast<float>(0.5 * w), sy = static_cast<float>(0.5 * h);
+  for (int j = 0; j < 3; ++j) {
+    theta[j] = static_cast<float>(m[j]) / sx;
+    theta[3 + j] = static_cast<float>(m[3 + j]) / sy;
+  }
+}
+
+// Python's float % 360 (the sign of the divisor).
+FASTPIPE_HD inline double python_mod360(double a) {
+  double r = fmod(a, 360.0);
+  if (r != 0.0 && r < 0.0) r += 360.0;
+  return r;
+}
+
+// Everything op `op` with `magnitude` needs on an h x w image, but its pixels.
+FASTPIPE_HD inline PlannedOp plan_op(AugOp op, float magnitude, int h, int w) {
+  PlannedOp p;
+  p.op = static_cast<int32_t>(op);
+  p.magnitude = magnitude;
+  const double mag = magnitude;
+  const double rad_to_deg = 180.0 / 3.141592653589793;  // Python's math.degrees
+  double m[6];
+  switch (op) {
+    case AugOp::kShearX:
+    case AugOp::kShearY: {
+      // affine(center=[0, 0]): the centre relative to the image's middle is (-w / 2, -h / 2).
+      const double shear = atan(mag) * rad_to_deg;
+      inverse_affine(-0.5 * w, -0.5 * h, 0.0, 0.0, 0.0, op == AugOp::kShearX ? shear : 0.0,
+                     op == AugOp::kShearY ? shear : 0.0, m);
+      p.kind = static_cast<int32_t>(OpKind::kAffine);
+      grid_coefficients(m, h, w, p.theta);
+      return p;
+    }
+    case AugOp::kTranslateX:
+    case AugOp::kTranslateY: {
+      const double t = static_cast<double>(static_cast<int64_t>(mag));  // int(magnitude)
+      inverse_affine(0.0, 0.0, 0.0, op == AugOp::kTranslateX ? t : 0.0, op == AugOp::kTranslateY ? t : 0.0, 0.0,
+                     0.0, m);
+      p.kind = static_cast<int32_t>(OpKind::kAffine);
+      grid_coefficients(m, h, w, p.theta);
+      return p;
+    }
+    case AugOp::kRotate: {
+      const double angle = python_mod360(mag);
+      // rotate_image's fast paths: torch.rot90 (90 and 270 only on square images).
+      if (angle == 0.0) {
+        p.kind = static_cast<int32_t>(OpKind::kCopy);
+      } else if (angle == 180.0 || (h == w && (angle == 90.0 || angle == 270.0))) {
+        p.kind = static_cast<int32_t>(OpKind::kQuarterTurns);
+        p.turns = static_cast<int32_t>(angle / 90.0);
+      } else {
+        inverse_affine(0.0, 0.0, -angle, 0.0, 0.0, 0.0, 0.0, m);
+        p.kind = static_cast<int32_t>(OpKind::kAffine);
+        grid_coefficients(m, h, w, p.theta);
+      }
+      return p;
+    }
+    case AugOp::kBrightness:
+    case AugOp::kColor:
+    case AugOp::kContrast:
+    case AugOp::kSharpness: {
+      const double factor = 1.0 + mag;
+      p.ratio = static_cast<float>(factor);
+      p.other_weight = static_cast<float>(1.0 - factor);
+      p.kind = static_cast<int32_t>(op == AugOp::kColor       ? OpKind::kColor
+                                    : op == AugOp::kSharpness ? OpKind::kSharpness
+                                                              : OpKind::kTable);
+      return p;
+    }
+    case AugOp::kPosterize:
+    case AugOp::kSolarize:
+    case AugOp::kAutoContrast:
+    case AugOp::kEqualize:
+    case AugOp::kInvert: p.kind = static_cast<int32_t>(OpKind::kTable); return p;
+    default: p.kind = static_cast<int32_t>(OpKind::kCopy); return p;
+  }
+}
+
+// Whether the op's table needs the histograms / the grey sum.
+FASTPIPE_HD inline bool needs_histograms(const PlannedOp& p) {
+  return p.op == static_cast<int32_t>(AugOp::kAutoContrast) || p.op == static_cast<int32_t>(AugOp::kEqualize);
+}
+FASTPIPE_HD inline bool needs_grey_sum(const PlannedOp& p) { return p.op == static_cast<int32_t>(AugOp::kContrast); }
+
+// ---- the table ops ----------------------------------------------------------------------------------
+
+// Channel c's table of a kTable op on an image of `pixels` pixels with statistics `s`.
+FASTPIPE_HD inline void op_table(const PlannedOp& p, const ImageStats& s, int64_t pixels, int c, uint8_t lut[256]) {
+  const AugOp op = static_cast<AugOp>(p.op);
+  if (op == AugOp::kEqualize) {
+    // equalize_image: PIL's scheme; step from the pixels not in the last non-empty bin.
+    const uint32_t* hist = s.hist[c];
+    int last = 255;
+    while (last > 0 && hist[last] == 0) --last;
+    const int64_t step = (pixels - hist[last]) / 255;
+    int64_t cum = 0;
+    lut[0] = 0;
+    for (int k = 0; k < 256; ++k) {
+      if (k > 0) {
+        const int64_t v = (cum + step / 2) / (step > 0 ? step : 1);
+        lut[k] = static_cast<uint8_t>(v > 255 ? 255 : v);
+      }
+      cum += hist[k];
+    }
+    if (step == 0) {
+      for (int k = 0; k < 256; ++k) lut[k] = static_cast<uint8_t>(k);
+    }
+    return;
+  }
+  float lo = 0.0f, inv_scale = 1.0f, mean = 0.0f;
+  if (op == AugOp::kAutoContrast) {
+    int mn = 0, mx = 255;
+    while (mn < 255 && s.hist[c][mn] == 0) ++mn;
+    while (mx > 0 && s.hist[c][mx] == 0) --mx;
+    if (mx > mn) {
+      lo = static_cast<float>(mn);
+      inv_scale = static_cast<float>(mx - mn) * static_cast<float>(1.0 / 255);
+    }
+  } else if (op == AugOp::kContrast) {
+    mean = static_cast<float>(s.grey_sum) / static_cast<float>(pixels);
+  }
+  const float solarize_at = static_cast<float>(255.0 * static_cast<double>(p.magnitude));
+  const int bits = static_cast<int>(p.magnitude);
+  for (int k = 0; k < 256; ++k) {
+    const float x = static_cast<float>(k);
+    switch (op) {
+      case AugOp::kBrightness: lut[k] = blend(p, x, 0.0f); break;
+      case AugOp::kContrast: lut[k] = blend(p, x, mean); break;
+      case AugOp::kPosterize:
+        lut[k] = bits >= 8 ? static_cast<uint8_t>(k) : static_cast<uint8_t>(k & (((1 << bits) - 1) << (8 - bits)));
+        break;
+      case AugOp::kSolarize: lut[k] = static_cast<uint8_t>(x >= solarize_at ? 255 - k : k); break;
+      case AugOp::kInvert: lut[k] = static_cast<uint8_t>(255 - k); break;
+      case AugOp::kAutoContrast: {
+        float v = (x - lo) / inv_scale;
+        v = v < 0.0f ? 0.0f : (v > 255.0f ? 255.0f : v);
+        lut[k] = static_cast<uint8_t>(v);
+        break;
+      }
+      default: lut[k] = static_cast<uint8_t>(k);
+    }
+  }
+}
+
+// ---- per pixel --------------------------------------------------------------------------------------
+
+// The source pixel (sy, sx) of output (y, x) of a kAffine op; false where it falls outside (the fill).
+// _affine_grid's base grid (x + (1 - w) / 2, y + (1 - h) / 2, 1) times the coefficients, summed in order;
+// grid_sample's unnormalisation ((g + 1) * size / 2 - 0.5) and nearest rounding (half to even).
+FASTPIPE_HD inline bool affine_source(const PlannedOp& p, int h, int w, int y, int x, int* sy, int* sx) {
+  const float bx = static_cast<float>(x) + static_cast<float>((1.0 - w) * 0.5);
+  const float by = static_cast<float>(y) + static_cast<float>((1.0 - h) * 0.5);
+  const float gx = (bx * p.theta[0] + by * p.theta[1]) + p.theta[2];
+  const float gy = (bx * p.theta[3] + by * p.theta[4]) + p.theta[5];
+  const float ix = rintf((gx + 1.0f) * (static_cast<float>(w) / 2.0f) - 0.5f);
+  const float iy = rintf((gy + 1.0f) * (static_cast<float>(h) / 2.0f) - 0.5f);
+  if (!(ix > -1.0f && ix < static_cast<float>(w) && iy > -1.0f && iy < static_cast<float>(h))) return false;
+  *sx = static_cast<int>(ix);
+  *sy = static_cast<int>(iy);
+  return true;
+}
+
+// torch.rot90(k, dims=(-2, -1)): output (y, x) of an h x w image (out_h x out_w after the turn).
+FASTPIPE_HD inline void quarter_turn_source(int turns, int h, int w, int y, int x, int* sy, int* sx) {
+  switch (turns) {
+    case 1: *sy = x; *sx = w - 1 - y; return;
+    case 2: *sy = h - 1 - y; *sx = w - 1 - x; return;
+    default: *sy = h - 1 - x; *sx = y; return;
+  }
+}
+
+// Channel c of output pixel (y, x) of op p on the h x w HWC image `src`; `lut` its tables (kTable),
+// `fill` the value outside the image (geometric ops).
+FASTPIPE_HD inline uint8_t op_pixel(const PlannedOp& p, const uint8_t* lut, const uint8_t* fill, const uint8_t* src,
+                                    int h, int w, int y, int x, int c) {
+  const uint8_t* px = src + (static_cast<int64_t>(y) * w + x) * 3;
+  switch (static_cast<OpKind>(p.kind)) {
+    case OpKind::kTable: return lut[c * 256 + px[c]];
+    case OpKind::kColor: return blend(p, static_cast<float>(px[c]), floored_grey(px[0], px[1], px[2]));
+    case OpKind::kSharpness: {
+      if (y == 0 || x == 0 || y == h - 1 || x == w - 1) return px[c];
+      // conv2d with 1/13 around and 5/13 in the middle, rounded: round(M / 13) for the integer M, which
+      // is never a tie (M / 13 = n + 1/2 has no integer solution).
+      int m = 4 * px[c];
+      for (int dy = -1; dy <= 1; ++dy)
+        for (int dx = -1; dx <= 1; ++dx) m += src[(static_cast<int64_t>(y + dy) * w + (x + dx)) * 3 + c];
+      const float blurred = static_cast<float>((2 * m + 13) / 26);
+      const float v = static_cast<float>(px[c]);
+      float out = fmaf(blurred - v, p.other_weight, v);  // view.add_(blurred - view, alpha=1 - factor)
+      out = out < 0.0f ? 0.0f : (out > 255.0f ? 255.0f : out);
+      return static_cast<uint8_t>(out);
+    }
+    case OpKind::kAffine: {
+      int sy = 0, sx = 0;
+      if (!affine_source(p, h, w, y, x, &sy, &sx)) return fill[c];
+      return src[(static_cast<int64_t>(sy) * w + sx) * 3 + c];
+    }
+    case OpKind::kQuarterTurns: {
+      int sy = 0, sx = 0;
+      quarter_turn_source(p.turns, h, w, y, x, &sy, &sx);
+      return src[(static_cast<int64_t>(sy) * w + sx) * 3 + c];
+    }
+    default: return px[c];
+  }
+}
+
+}  // namespace fastpipe::images

@@ -1,0 +1,294 @@
+"""torchvision's TrivialAugmentWide, RandAugment and AutoAugment fused into the JPEG transforms
+(fastpipe.augment, csrc/cuda/augment_ops.h, augment_draws.h): each op equals torchvision's tensor kernel
+given the same parameters, each sample's output is torchvision's ops on the resized uint8 image with the
+ops the Loader draws, the draws follow torchvision's own sampling, and torchvision's reference train
+pipeline switches in one line."""
+
+import math
+
+import numpy as np
+import pytest
+import torch
+
+import fastpipe
+from fastpipe._ext import _C
+from fastpipe.augment import OPS
+from fastpipe.data import _device
+from fastpipe.transforms import AutoAugment, CenterCrop, RandAugment, RandomErasing, RandomResizedCrop
+from fastpipe.transforms import TrivialAugmentWide
+
+from jpegs import jpeg_bytes, picture, write
+
+tv = pytest.importorskip("torchvision")
+T1 = tv.transforms
+T2 = pytest.importorskip("torchvision.transforms.v2")
+F2 = T2.functional
+NEAREST = T2.InterpolationMode.NEAREST
+MEAN, STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
+pytestmark = pytest.mark.timeout(180, method="thread")
+
+
+def torchvision_op(img, name, m, fill=None):
+    """torchvision's op on a CHW uint8 tensor, called as its _AutoAugmentBase calls it."""
+    geometric = dict(interpolation=NEAREST, fill=fill)
+    if name == "ShearX":
+        return F2.affine(img, angle=0.0, translate=[0, 0], scale=1.0, shear=[math.degrees(math.atan(m)), 0.0],
+                         center=[0, 0], **geometric)
+    if name == "ShearY":
+        return F2.affine(img, angle=0.0, translate=[0, 0], scale=1.0, shear=[0.0, math.degrees(math.atan(m))],
+                         center=[0, 0], **geometric)
+    if name in ("TranslateX", "TranslateY"):
+        shift = [int(m), 0] if name == "TranslateX" else [0, int(m)]
+        return F2.affine(img, angle=0.0, translate=shift, scale=1.0, shear=[0.0, 0.0], **geometric)
+    return {
+        "Identity": lambda: img,
+        "Rotate": lambda: F2.rotate(img, angle=m, **geometric),
+        "Brightness": lambda: F2.adjust_brightness(img, 1.0 + m),
+        "Color": lambda: F2.adjust_saturation(img, 1.0 + m),
+        "Contrast": lambda: F2.adjust_contrast(img, 1.0 + m),
+        "Sharpness": lambda: F2.adjust_sharpness(img, 1.0 + m),
+        "Posterize": lambda: F2.posterize(img, int(m)),
+        "Solarize": lambda: F2.solarize(img, 255.0 * m),
+        "AutoContrast": lambda: F2.autocontrast(img),
+        "Equalize": lambda: F2.equalize(img),
+        "Invert": lambda: F2.invert(img),
+    }[name]()
+
+
+MAGNITUDES = {
+    "Identity": [0.0], "ShearX": [0.3, -0.99, 0.05], "ShearY": [0.3, -0.99, 0.05],
+    "TranslateX": [31.9, -12.0, 5.5], "TranslateY": [31.9, -12.0, 5.5],
+    "Rotate": [30.0, -135.0, 90.0, -90.0, 180.0, 0.0, 13.5, 270.0],
+    "Brightness": [0.5, -0.99, 0.2], "Color": [0.5, -0.99, 0.9], "Contrast": [0.5, -0.99, 0.9],
+    "Sharpness": [0.5, -0.99, 0.9], "Posterize": [8.0, 4.0, 2.0, 1.0, 0.0], "Solarize": [1.0, 0.5, 0.0, 0.3333],
+    "AutoContrast": [0.0], "Equalize": [0.0], "Invert": [0.0],
+}
+
+
+@pytest.mark.parametrize("name", OPS)
+@pytest.mark.parametrize("size", [(224, 224), (37, 53), (5, 3), (64, 31)], ids=str)
+def test_each_op_equals_torchvision_given_the_same_parameters(name, size, rng):
+    for m in MAGNITUDES[name]:
+        m = float(np.float32(m))  # magnitudes are torchvision's float32 table values
+        for fill in (None, [128, 7, 255]):
+            img = rng.integers(0, 256, (*size, 3), dtype=np.uint8)
+            if name in ("AutoContrast", "Equalize", "Contrast"):  # a narrower range, so the op changes it
+                img = (img // int(rng.integers(2, 5)) + int(rng.integers(0, 60))).astype(np.uint8)
+            ours = _C._augment_apply(img, OPS.index(name), m, fill or [0, 0, 0])
+            want = torchvision_op(torch.from_numpy(img).permute(2, 0, 1), name, m,
+                                  None if fill is None else [float(v) for v in fill]).permute(1, 2, 0).numpy()
+            assert np.array_equal(ours, want), (name, m, fill, int((ours != want).sum()))
+
+
+def test_flat_and_single_value_images():
+    """AutoContrast and Equalize leave a one-value image as torchvision does (no division by zero)."""
+    for v in (0, 77, 255):
+        img = np.full((9, 11, 3), v, dtype=np.uint8)
+        for name in ("AutoContrast", "Equalize", "Contrast", "Sharpness"):
+            want = torchvision_op(torch.from_numpy(img).permute(2, 0, 1), name, 0.5).permute(1, 2, 0).numpy()
+            assert np.array_equal(_C._augment_apply(img, OPS.index(name), 0.5, [0, 0, 0]), want), (name, v)
+
+
+@pytest.fixture
+def root(tmp_path, rng):
+    r = tmp_path / "t"
+    for k, (h, w) in enumerate([(75, 100), (100, 75), (61, 89), (40, 40), (90, 31), (120, 160), (33, 47)]):
+        write(str(r / f"c{k % 2}" / f"{k}.jpg"), jpeg_bytes(picture(rng, h, w), subsampling=k % 3))
+    return str(r)
+
+
+def outputs(ds, t, seed=4, epochs=2, **kw):
+    """Every sample's output in each epoch, in sample order, NCHW."""
+    ld = fastpipe.Loader(ds, batch_size=3, transforms={0: t}, seed=seed, timeout=60, **kw)
+    per_epoch = []
+    for _ in range(epochs):
+        x = torch.cat([b for b, _ in ld])
+        per_epoch.append(x.permute(0, 3, 1, 2) if t.layout == "NHWC" else x)
+    return per_epoch
+
+
+@pytest.mark.parametrize("augment", [
+    TrivialAugmentWide(), RandAugment(num_ops=3, magnitude=13), AutoAugment("imagenet"),
+    AutoAugment("svhn", fill=[9, 200, 31]), TrivialAugmentWide(num_magnitude_bins=7, fill=100),
+], ids=["ta", "ra3", "aa-imagenet", "aa-svhn-fill", "ta7-fill"])
+def test_each_output_is_torchvision_ops_on_the_resized_image(root, augment):
+    """The augmented output, normalised and erased, is torchvision's ops (with the draws the Loader
+    reports) on the un-augmented uint8 output, then ToDtype + Normalize + erase."""
+    ds = fastpipe.ImageFolder(root, cache_dir="off")
+    size = (29, 23)
+    plain = outputs(ds, RandomResizedCrop(size, scale=(0.3, 1.0), out_dtype=torch.uint8))
+    t = RandomResizedCrop(size, scale=(0.3, 1.0), mean=MEAN, std=STD, augment=augment,
+                          erase=RandomErasing(0.3, value=(0.5, -1.0, 2.0)))
+    got = outputs(ds, t)
+    applied = set()
+    for epoch, (a, b) in enumerate(zip(plain, got, strict=True)):
+        for i, (ops, box) in enumerate(zip(t.augmented(range(len(ds)), epoch, seed=4),
+                                           t.erased(range(len(ds)), epoch, seed=4), strict=True)):
+            img = a[i]
+            for name, m in ops:
+                img = torchvision_op(img, name, m, None if augment.fill == [0, 0, 0] else [float(v) for v in augment.fill])
+                applied.add(name)
+            want = F2.normalize(F2.to_dtype(img, torch.float32, scale=True), MEAN, STD)
+            if box[2]:
+                want = F2.erase(want, *box, torch.tensor([0.5, -1.0, 2.0]).view(3, 1, 1))
+            torch.testing.assert_close(b[i], want, rtol=0, atol=2e-6, msg=f"{epoch} {i} {ops}")
+    assert len(applied) >= 4, applied
+
+
+def test_uint8_and_nhwc_outputs_keep_the_augmented_pixels(root):
+    ds = fastpipe.ImageFolder(root, cache_dir="off")
+    t = CenterCrop(31, resize=36, out_dtype=torch.uint8, mirror=0.5, augment=RandAugment(2, 20))
+    nhwc = CenterCrop(31, resize=36, out_dtype=torch.uint8, mirror=0.5, augment=RandAugment(2, 20), layout="NHWC")
+    plain = outputs(ds, CenterCrop(31, resize=36, out_dtype=torch.uint8, mirror=0.5), epochs=1)[0]
+    got, got_nhwc = outputs(ds, t, epochs=1)[0], outputs(ds, nhwc, epochs=1)[0]
+    assert torch.equal(got, got_nhwc)
+    for i, ops in enumerate(t.augmented(range(len(ds)), 0, seed=4)):
+        img = plain[i]
+        for name, m in ops:
+            img = torchvision_op(img, name, m)
+        assert torch.equal(got[i], img), (i, ops)
+
+
+def recorded_draws(transform, n, size):
+    """torchvision's own choices over n calls: [[(op, magnitude)]], recorded where it applies them."""
+    seen = []
+    original = type(transform)._apply_image_or_video_transform
+
+    def record(self, image, transform_id, magnitude, **kw):
+        seen[-1].append((transform_id, magnitude))
+        return image
+
+    type(transform)._apply_image_or_video_transform = record
+    try:
+        torch.manual_seed(0)
+        img = torch.zeros(3, *size, dtype=torch.uint8)
+        for _ in range(n):
+            seen.append([])
+            transform(img)
+    finally:
+        type(transform)._apply_image_or_video_transform = original
+    return seen
+
+
+def op_facts(draws):
+    """Per op: its share of the ops and its magnitudes; the share of samples with k ops."""
+    flat = [d for sample in draws for d in sample]
+    facts = {name: (sum(op == name for op, _ in flat) / len(flat), np.array([v for op, v in flat if op == name]))
+             for name in OPS}
+    return facts, np.bincount([len(s) for s in draws], minlength=9) / len(draws)
+
+
+def means_agree(a, b):
+    """Means of two samples within 5 standard errors of their difference."""
+    if len(a) == 0 or len(b) == 0:
+        return len(a) == len(b)
+    se = math.sqrt(a.var() / len(a) + b.var() / len(b)) + 1e-9
+    return abs(a.mean() - b.mean()) < 5 * se
+
+
+@pytest.mark.parametrize("ours,theirs", [
+    (TrivialAugmentWide(), T2.TrivialAugmentWide()),
+    (RandAugment(num_ops=2, magnitude=9), T2.RandAugment(num_ops=2, magnitude=9)),
+    (AutoAugment("imagenet"), T2.AutoAugment(T2.AutoAugmentPolicy.IMAGENET)),
+    (AutoAugment("cifar10"), T2.AutoAugment(T2.AutoAugmentPolicy.CIFAR10)),
+], ids=["ta", "ra", "aa-imagenet", "aa-cifar10"])
+def test_the_draws_follow_torchvisions_sampling(ours, theirs):
+    n, size = 6000, (40, 56)
+    t = RandomResizedCrop(size, augment=ours)
+    mine = [[(name, m) for name, m in ops] for ops in t.augmented(range(n), epoch=5, seed=3)]
+    (f_ours, count_ours), (f_theirs, count_theirs) = op_facts(mine), op_facts(recorded_draws(theirs, n, size))
+    assert np.abs(count_ours - count_theirs).max() < 0.03, (count_ours, count_theirs)
+    total = sum(len(s) for s in mine)
+    for name in OPS:
+        (share_o, m_o), (share_t, m_t) = f_ours[name], f_theirs[name]
+        sd = math.sqrt(max(share_t, 1e-3) * (1 - share_t) / total) * math.sqrt(2)
+        assert abs(share_o - share_t) < 5 * sd, (name, share_o, share_t)
+        assert means_agree(m_o, m_t) and means_agree(np.abs(m_o), np.abs(m_t)), (name, m_o.mean(), m_t.mean())
+    # Every magnitude drawn is one of torchvision's table values.
+    table = {round(float(v), 6) for ops in recorded_draws(theirs, 2000, size) for _, v in ops}
+    assert {round(float(v), 6) for ops in mine for _, v in ops} <= table | {-v for v in table}
+
+
+def test_draws_are_a_function_of_seed_epoch_and_sample():
+    t = RandomResizedCrop(32, augment=TrivialAugmentWide())
+    assert t.augmented(range(40), 0, seed=1) == t.augmented(range(40), 0, seed=1)
+    assert t.augmented(range(40), 0, seed=1) != t.augmented(range(40), 1, seed=1)
+    assert t.augmented(range(40), 0, seed=1) != t.augmented(range(40), 0, seed=2)
+    assert t.augmented([7], 3, seed=1) == [t.augmented(range(10), 3, seed=1)[7]]
+    assert RandomResizedCrop(32).augmented(range(5), 0) == [[]] * 5
+
+
+def test_bad_arguments_are_named():
+    with pytest.raises(ValueError, match="nearest"):
+        TrivialAugmentWide(interpolation="bilinear")
+    with pytest.raises(ValueError, match="num_ops"):
+        RandAugment(num_ops=9)
+    with pytest.raises(ValueError, match="magnitude"):
+        RandAugment(magnitude=31)
+    with pytest.raises(ValueError, match="policy"):
+        AutoAugment("coco")
+    with pytest.raises(ValueError, match="fill"):
+        TrivialAugmentWide(fill=(1, 2))
+    with pytest.raises(ValueError, match="fill"):
+        TrivialAugmentWide(fill=300)
+    with pytest.raises(ValueError, match="512 magnitudes"):
+        RandomResizedCrop(32, augment=TrivialAugmentWide(num_magnitude_bins=60))
+    with pytest.raises(TypeError, match="augment must be"):
+        RandomResizedCrop(32, augment=T2.TrivialAugmentWide())
+
+
+@pytest.mark.parametrize("T", [T1, T2], ids=["v1", "v2"])
+def test_torchvision_reference_train_pipeline_switches_in_one_line(root, T):
+    """torchvision's classification reference recipe (presets.ClassificationPresetTrain with
+    auto_augment_policy="ta_wide" and random_erase_prob): RRC, flip, TrivialAugmentWide, PILToTensor,
+    ToDtype, Normalize, RandomErasing, handed to fastpipe.Loader with its ImageFolder."""
+    to_float = [T.PILToTensor(), (T.ConvertImageDtype(torch.float) if T is T1 else T.ToDtype(torch.float, scale=True))]
+    pipeline = T.Compose([T.RandomResizedCrop(24), T.RandomHorizontalFlip(0.5), T.TrivialAugmentWide(), *to_float,
+                          T.Normalize(MEAN, STD), T.RandomErasing(p=0.1)])
+    ds = tv.datasets.ImageFolder(root, transform=pipeline)
+    got = torch.cat([x for x, _ in fastpipe.Loader(ds, batch_size=3, seed=4)])
+    fused = RandomResizedCrop(24, mirror=0.5, mean=MEAN, std=STD, augment=TrivialAugmentWide(),
+                              erase=RandomErasing(p=0.1))
+    want = torch.cat([x for x, _ in fastpipe.Loader(fastpipe.ImageFolder(root, cache_dir="off"), batch_size=3,
+                                                    seed=4, transforms={0: fused})])
+    assert torch.equal(got, want)
+    # The other two, with their arguments.
+    for step, ours in ((T.RandAugment(num_ops=3, magnitude=5, fill=[1, 2, 3]), RandAugment(3, 5, fill=[1, 2, 3])),
+                       (T.AutoAugment(T.AutoAugmentPolicy.CIFAR10), AutoAugment("cifar10"))):
+        p = T.Compose([T.CenterCrop(20), step, T.PILToTensor()])
+        got = torch.cat([x for x, _ in fastpipe.Loader(tv.datasets.ImageFolder(root, transform=p), batch_size=3,
+                                                       seed=2)])
+        fused = CenterCrop(20, out_dtype=torch.uint8, augment=ours)
+        want = torch.cat([x for x, _ in fastpipe.Loader(fastpipe.ImageFolder(root, cache_dir="off"), batch_size=3,
+                                                        seed=2, transforms={0: fused})])
+        assert torch.equal(got, want)
+    refused = ((T.TrivialAugmentWide(interpolation=T.InterpolationMode.BILINEAR), "nearest"),)
+    for bad, match in refused:
+        with pytest.raises(ValueError, match=match):
+            fastpipe.Loader(tv.datasets.ImageFolder(root, transform=T.Compose([T.RandomResizedCrop(24), bad,
+                                                                               T.PILToTensor()])), batch_size=2)
+    flip_after = T.Compose([T.RandomResizedCrop(24), T.TrivialAugmentWide(), T.RandomHorizontalFlip(), T.PILToTensor()])
+    with pytest.raises(ValueError, match="RandomHorizontalFlip"):
+        fastpipe.Loader(tv.datasets.ImageFolder(root, transform=flip_after), batch_size=2)
+    after_float = T.Compose([T.RandomResizedCrop(24), *to_float, T.TrivialAugmentWide()])
+    with pytest.raises(ValueError, match="TrivialAugmentWide"):
+        fastpipe.Loader(tv.datasets.ImageFolder(root, transform=after_float), batch_size=2)
+
+
+def test_on_the_simulated_device_it_equals_the_cpu_loader(root):
+    """A device loader decodes augmented samples in the reader threads (the ops run there) and gives the
+    CPU loader's batches."""
+    ds = fastpipe.ImageFolder(root, cache_dir="off")
+    t = RandomResizedCrop(26, mean=MEAN, std=STD, augment=TrivialAugmentWide(), erase=RandomErasing(0.5))
+    cpu = outputs(ds, t)
+    with _device.simulated(max_delay_us=100, seed=7) as sim:
+        ld = fastpipe.Loader(ds, batch_size=3, transforms={0: t}, seed=4, timeout=60, device="cuda")
+        for epoch in range(2):
+            got = []
+            for x, _ in ld:
+                sim.synchronize(sim.consumer_stream())
+                got.append(x.cpu())
+            assert torch.equal(torch.cat(got), cpu[epoch])
+        del ld
+        sim.drain()
+        assert not sim.misuses()
