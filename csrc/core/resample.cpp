@@ -194,29 +194,28 @@ void resample_dtype(const ImageTransformParams& p, const images::Geometry& g, co
   }
 }
 
-// The augmented uint8 HWC image `img` normalised, converted and erased into `out`, a row at a time.
+// The augmented uint8 image `img` (3 planes) normalised, converted and erased into `out`, a row at a time.
 template <OutDtype D>
 void store_augmented(const ImageTransformParams& p, const images::EraseBox& e, const uint8_t* img, void* out_image,
                      ResampleScratch& s) {
   using T = typename Out<D>::T;
   T* out = static_cast<T*>(out_image);
   const int oh = p.out_height, ow = p.out_width;
-  s.row.resize(static_cast<size_t>(3 * ow));
-  float* planes[kChannels] = {s.row.data(), s.row.data() + ow, s.row.data() + 2 * ow};
   const int64_t plane = static_cast<int64_t>(oh) * ow;
+  s.row.resize(static_cast<size_t>(ow));
+  float* values = s.row.data();
   for (int oy = 0; oy < oh; ++oy) {
-    const uint8_t* px = img + static_cast<int64_t>(oy) * ow * kChannels;
-    for (int x = 0; x < ow; ++x)
-      for (int c = 0; c < kChannels; ++c) planes[c][x] = static_cast<float>(px[x * kChannels + c]);
     const bool erased = oy >= e.top && oy < e.top + e.height && e.width > 0;
     for (int c = 0; c < kChannels; ++c) {
+      const uint8_t* px = img + c * plane + static_cast<int64_t>(oy) * ow;
+      for (int x = 0; x < ow; ++x) values[x] = static_cast<float>(px[x]);
       if (p.out_nhwc) {
         T* dst = out + static_cast<int64_t>(oy) * ow * kChannels + c;
-        store<D, kChannels>(planes[c], ow, p.scale[c], p.shift[c], dst);
+        store<D, kChannels>(values, ow, p.scale[c], p.shift[c], dst);
         if (erased) fill<D, kChannels>(e.width, p.erase.value[c], dst + e.left * kChannels);
       } else {
         T* dst = out + c * plane + static_cast<int64_t>(oy) * ow;
-        store<D, 1>(planes[c], ow, p.scale[c], p.shift[c], dst);
+        store<D, 1>(values, ow, p.scale[c], p.shift[c], dst);
         if (erased) fill<D, 1>(e.width, p.erase.value[c], dst + e.left);
       }
     }
@@ -228,7 +227,7 @@ void resample_augmented(const ImageTransformParams& p, const images::Geometry& g
                         const images::Region& region, void* out, ResampleScratch& s) {
   ImageTransformParams resized = p;
   resized.out_dtype = OutDtype::UInt8;
-  resized.out_nhwc = true;
+  resized.out_nhwc = false;  // planes
   images::Geometry whole = g;
   whole.erase = images::EraseBox{};
   s.augment.image.resize(static_cast<size_t>(p.out_height) * p.out_width * kChannels);

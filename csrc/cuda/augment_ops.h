@@ -1,4 +1,4 @@
-// The ops of torchvision's TrivialAugmentWide, RandAugment and AutoAugment on a uint8 RGB image (HWC),
+// The ops of torchvision's TrivialAugmentWide, RandAugment and AutoAugment on a uint8 RGB image (3 planes),
 // as torchvision's tensor kernels compute them (transforms/v2/functional: _color.py, _geometry.py) in
 // float32, so that each output equals torchvision's:
 // - point ops (brightness, contrast, posterize, solarize, autocontrast, equalize, invert) become a table
@@ -13,6 +13,7 @@
 
 #include <math.h>
 #include <stdint.h>
+#include <string.h>
 
 #include "cuda/host_device.h"
 
@@ -57,20 +58,95 @@ struct ImageStats {
   int64_t grey_sum;
 };
 
+// Float operations rounded as written: nvcc would fuse a * b + c into one rounding (and --use_fast_math
+// approximates division), the host compilers here do neither (ISO C++ mode, no -ffast-math).
+FASTPIPE_HD inline float mul_rn(float a, float b) {
+#if defined(__CUDA_ARCH__)
+  return __fmul_rn(a, b);
+#else
+  return a * b;
+#endif
+}
+FASTPIPE_HD inline float add_rn(float a, float b) {
+#if defined(__CUDA_ARCH__)
+  return __fadd_rn(a, b);
+#else
+  return a + b;
+#endif
+}
+FASTPIPE_HD inline float div_rn(float a, float b) {
+#if defined(__CUDA_ARCH__)
+  return __fdiv_rn(a, b);
+#else
+  return a / b;
+#endif
+}
+
+// a * b + c rounded once, as ATen's vectorised add_(other, alpha) computes it (a fused multiply-add). On
+// a GPU the hardware's fmaf. On the CPU, where x86-64's baseline has no FMA instruction (and glibc's fmaf
+// is a call), in double: the product of two floats is exact there (48 bits), and the sum is rounded to
+// odd (the exact sum's neighbour with an odd last bit, when inexact), which then rounds to float as the
+// single rounding would. core/augment.cpp uses the CPU's own FMA where it has one: the same results.
+struct ExactFma {
+  FASTPIPE_HD float operator()(float a, float b, float c) const {
+#if defined(__CUDA_ARCH__)
+    return fmaf(a, b, c);
+#else
+    const double p = static_cast<double>(a) * b, q = c;
+    double s = p + q;
+    const double pb = s - q, qb = s - pb;
+    const double err = (p - pb) + (q - qb);  // TwoSum: s + err is exactly p + q
+    // Inexact (err != 0, so s != 0) with an even last bit: one step toward the exact sum (+1 on the bits
+    // steps away from 0).
+    uint64_t bits;
+    memcpy(&bits, &s, sizeof(bits));
+    const uint64_t step = static_cast<uint64_t>(err != 0.0) & ~bits & 1;
+    bits += (err > 0.0) == (s > 0.0) ? step : 0 - step;
+    memcpy(&s, &bits, sizeof(bits));
+    return static_cast<float>(s);
+#endif
+  }
+};
+
 // torchvision's _rgb_to_grayscale_image: r * 0.2989 + g * 0.587 + b * 0.114 in float32, each add_ with
-// alpha a fused multiply-add as ATen's vectorised add computes it; then floored (uint8 images).
-FASTPIPE_HD inline float floored_grey(uint8_t r, uint8_t g, uint8_t b) {
-  float v = static_cast<float>(r) * 0.2989f;
-  v = fmaf(static_cast<float>(g), 0.587f, v);
-  v = fmaf(static_cast<float>(b), 0.114f, v);
-  return floorf(v);
+// alpha fused as ATen's vectorised add computes it; then floored (uint8 images).
+template <class Fma = ExactFma>
+FASTPIPE_HD inline float floored_grey(uint8_t r, uint8_t g, uint8_t b, Fma fma = Fma()) {
+  float v = mul_rn(static_cast<float>(r), 0.2989f);
+  v = fma(static_cast<float>(g), 0.587f, v);
+  v = fma(static_cast<float>(b), 0.114f, v);
+  return static_cast<float>(static_cast<int>(v));  // floor: v >= 0
+}
+
+// rintf (half to even) without a library call where the CPU has no rounding instruction: adding and
+// subtracting 1.5 * 2^23 rounds to an integer in the default rounding mode for |v| < 2^22; larger values
+// stay as large, outside any image.
+FASTPIPE_HD inline float round_even(float v) {
+#if defined(__CUDA_ARCH__)
+  return rintf(v);
+#else
+  return (v + 12582912.0f) - 12582912.0f;
+#endif
 }
 
 // _blend's uint8 result: image1 * ratio + image2 * (1 - ratio), clamped, truncated.
-FASTPIPE_HD inline uint8_t blend(const PlannedOp& op, float image1, float image2) {
-  float v = fmaf(image2, op.other_weight, image1 * op.ratio);
+template <class Fma = ExactFma>
+FASTPIPE_HD inline uint8_t blend(const PlannedOp& op, float image1, float image2, Fma fma = Fma()) {
+  float v = fma(image2, op.other_weight, mul_rn(image1, op.ratio));
   v = v < 0.0f ? 0.0f : (v > 255.0f ? 255.0f : v);
   return static_cast<uint8_t>(v);
+}
+
+// Sharpness's uint8 result for pixel value v whose 3x3 neighbourhood (v included) sums to `sum`:
+// conv2d with 1/13 around and 5/13 in the middle, rounded (round(M / 13) for the integer M = sum + 4v,
+// never a tie: M / 13 = n + 1/2 has no integer solution), then view + (blurred - view) * (1 - factor).
+template <class Fma = ExactFma>
+FASTPIPE_HD inline uint8_t sharpened(const PlannedOp& op, int v, int sum, Fma fma = Fma()) {
+  const float blurred = static_cast<float>((2 * (sum + 4 * v) + 13) / 26);
+  const float x = static_cast<float>(v);
+  float o = fma(blurred - x, op.other_weight, x);
+  o = o < 0.0f ? 0.0f : (o > 255.0f ? 255.0f : o);
+  return static_cast<uint8_t>(o);
 }
 
 // ---- planning (per sample, before any pixel) ------------------------------------------------------
@@ -212,10 +288,10 @@ FASTPIPE_HD inline void op_table(const PlannedOp& p, const ImageStats& s, int64_
     while (mx > 0 && s.hist[c][mx] == 0) --mx;
     if (mx > mn) {
       lo = static_cast<float>(mn);
-      inv_scale = static_cast<float>(mx - mn) * static_cast<float>(1.0 / 255);
+      inv_scale = mul_rn(static_cast<float>(mx - mn), static_cast<float>(1.0 / 255));
     }
   } else if (op == AugOp::kContrast) {
-    mean = static_cast<float>(s.grey_sum) / static_cast<float>(pixels);
+    mean = div_rn(static_cast<float>(s.grey_sum), static_cast<float>(pixels));
   }
   const float solarize_at = static_cast<float>(255.0 * static_cast<double>(p.magnitude));
   const int bits = static_cast<int>(p.magnitude);
@@ -230,7 +306,7 @@ FASTPIPE_HD inline void op_table(const PlannedOp& p, const ImageStats& s, int64_
       case AugOp::kSolarize: lut[k] = static_cast<uint8_t>(x >= solarize_at ? 255 - k : k); break;
       case AugOp::kInvert: lut[k] = static_cast<uint8_t>(255 - k); break;
       case AugOp::kAutoContrast: {
-        float v = (x - lo) / inv_scale;
+        float v = div_rn(x - lo, inv_scale);
         v = v < 0.0f ? 0.0f : (v > 255.0f ? 255.0f : v);
         lut[k] = static_cast<uint8_t>(v);
         break;
@@ -242,17 +318,27 @@ FASTPIPE_HD inline void op_table(const PlannedOp& p, const ImageStats& s, int64_
 
 // ---- per pixel --------------------------------------------------------------------------------------
 
+// The affine grid, split so that the CPU can compute a row's terms once: _affine_grid's base grid
+// (x + (1 - w) / 2, y + (1 - h) / 2, 1) times the coefficients, summed in order; grid_sample's
+// unnormalisation ((g + 1) * size / 2 - 0.5) and nearest rounding (half to even).
+// Column x's (or row y's) term: (x + (1 - w) / 2) * coefficient.
+FASTPIPE_HD inline float grid_term(int x, int w, float coefficient) {
+  return mul_rn(add_rn(static_cast<float>(x), static_cast<float>((1.0 - w) * 0.5)), coefficient);
+}
+// The source index along an axis of `size` for the grid coordinate (column + row) + constant.
+FASTPIPE_HD inline float grid_index(float column, float row, float constant, int size) {
+  const float g = add_rn(add_rn(column, row), constant);
+  return round_even(add_rn(mul_rn(add_rn(g, 1.0f), static_cast<float>(size) / 2.0f), -0.5f));
+}
+FASTPIPE_HD inline bool inside_image(float iy, float ix, int h, int w) {
+  return ix > -1.0f && ix < static_cast<float>(w) && iy > -1.0f && iy < static_cast<float>(h);
+}
+
 // The source pixel (sy, sx) of output (y, x) of a kAffine op; false where it falls outside (the fill).
-// _affine_grid's base grid (x + (1 - w) / 2, y + (1 - h) / 2, 1) times the coefficients, summed in order;
-// grid_sample's unnormalisation ((g + 1) * size / 2 - 0.5) and nearest rounding (half to even).
 FASTPIPE_HD inline bool affine_source(const PlannedOp& p, int h, int w, int y, int x, int* sy, int* sx) {
-  const float bx = static_cast<float>(x) + static_cast<float>((1.0 - w) * 0.5);
-  const float by = static_cast<float>(y) + static_cast<float>((1.0 - h) * 0.5);
-  const float gx = (bx * p.theta[0] + by * p.theta[1]) + p.theta[2];
-  const float gy = (bx * p.theta[3] + by * p.theta[4]) + p.theta[5];
-  const float ix = rintf((gx + 1.0f) * (static_cast<float>(w) / 2.0f) - 0.5f);
-  const float iy = rintf((gy + 1.0f) * (static_cast<float>(h) / 2.0f) - 0.5f);
-  if (!(ix > -1.0f && ix < static_cast<float>(w) && iy > -1.0f && iy < static_cast<float>(h))) return false;
+  const float ix = grid_index(grid_term(x, w, p.theta[0]), grid_term(y, h, p.theta[1]), p.theta[2], w);
+  const float iy = grid_index(grid_term(x, w, p.theta[3]), grid_term(y, h, p.theta[4]), p.theta[5], h);
+  if (!inside_image(iy, ix, h, w)) return false;
   *sx = static_cast<int>(ix);
   *sy = static_cast<int>(iy);
   return true;
@@ -267,39 +353,51 @@ FASTPIPE_HD inline void quarter_turn_source(int turns, int h, int w, int y, int 
   }
 }
 
-// Channel c of output pixel (y, x) of op p on the h x w HWC image `src`; `lut` its tables (kTable),
-// `fill` the value outside the image (geometric ops).
-FASTPIPE_HD inline uint8_t op_pixel(const PlannedOp& p, const uint8_t* lut, const uint8_t* fill, const uint8_t* src,
-                                    int h, int w, int y, int x, int c) {
-  const uint8_t* px = src + (static_cast<int64_t>(y) * w + x) * 3;
+// Output pixel (y, x) of op p on the h x w image `src` (3 planes, channel c at c * h * w), its 3 values
+// stored at the same place in `dst`; `lut`: its tables (kTable), `fill`: the value outside the image
+// (geometric ops).
+FASTPIPE_HD inline void op_pixel(const PlannedOp& p, const uint8_t* lut, const uint8_t* fill, const uint8_t* src,
+                                 int h, int w, int y, int x, uint8_t* dst) {
+  const int64_t plane = static_cast<int64_t>(h) * w, at = static_cast<int64_t>(y) * w + x;
+  int64_t from = at;
   switch (static_cast<OpKind>(p.kind)) {
-    case OpKind::kTable: return lut[c * 256 + px[c]];
-    case OpKind::kColor: return blend(p, static_cast<float>(px[c]), floored_grey(px[0], px[1], px[2]));
+    case OpKind::kTable:
+      for (int c = 0; c < 3; ++c) dst[c * plane + at] = lut[c * 256 + src[c * plane + at]];
+      return;
+    case OpKind::kColor: {
+      const float grey = floored_grey(src[at], src[plane + at], src[2 * plane + at]);
+      for (int c = 0; c < 3; ++c) dst[c * plane + at] = blend(p, static_cast<float>(src[c * plane + at]), grey);
+      return;
+    }
     case OpKind::kSharpness: {
-      if (y == 0 || x == 0 || y == h - 1 || x == w - 1) return px[c];
-      // conv2d with 1/13 around and 5/13 in the middle, rounded: round(M / 13) for the integer M, which
-      // is never a tie (M / 13 = n + 1/2 has no integer solution).
-      int m = 4 * px[c];
-      for (int dy = -1; dy <= 1; ++dy)
-        for (int dx = -1; dx <= 1; ++dx) m += src[(static_cast<int64_t>(y + dy) * w + (x + dx)) * 3 + c];
-      const float blurred = static_cast<float>((2 * m + 13) / 26);
-      const float v = static_cast<float>(px[c]);
-      float out = fmaf(blurred - v, p.other_weight, v);  // view.add_(blurred - view, alpha=1 - factor)
-      out = out < 0.0f ? 0.0f : (out > 255.0f ? 255.0f : out);
-      return static_cast<uint8_t>(out);
+      if (y == 0 || x == 0 || y == h - 1 || x == w - 1) break;
+      for (int c = 0; c < 3; ++c) {
+        const uint8_t* v = src + c * plane + at;
+        int sum = 0;
+        for (int dy = -1; dy <= 1; ++dy)
+          for (int dx = -1; dx <= 1; ++dx) sum += v[dy * w + dx];
+        dst[c * plane + at] = sharpened(p, v[0], sum);
+      }
+      return;
     }
     case OpKind::kAffine: {
       int sy = 0, sx = 0;
-      if (!affine_source(p, h, w, y, x, &sy, &sx)) return fill[c];
-      return src[(static_cast<int64_t>(sy) * w + sx) * 3 + c];
+      if (!affine_source(p, h, w, y, x, &sy, &sx)) {
+        for (int c = 0; c < 3; ++c) dst[c * plane + at] = fill[c];
+        return;
+      }
+      from = static_cast<int64_t>(sy) * w + sx;
+      break;
     }
     case OpKind::kQuarterTurns: {
       int sy = 0, sx = 0;
       quarter_turn_source(p.turns, h, w, y, x, &sy, &sx);
-      return src[(static_cast<int64_t>(sy) * w + sx) * 3 + c];
+      from = static_cast<int64_t>(sy) * w + sx;
+      break;
     }
-    default: return px[c];
+    default: break;
   }
+  for (int c = 0; c < 3; ++c) dst[c * plane + at] = src[c * plane + from];
 }
 
 }  // namespace fastpipe::images

@@ -114,11 +114,12 @@ void bind_loader_test_hooks(py::module& m) {
   m.def("_fault_count", &fault::injected);
 
   // One augmentation op (augment_ops.h's AugOp) at `magnitude` applied to an HWC uint8 image, as the
-  // reader threads apply it: the per-op tests compare it with torchvision's functional op.
+  // reader threads apply it (emulate_fma: without the CPU's FMA): the per-op tests compare it with
+  // torchvision's functional op.
   m.def(
       "_augment_apply",
       [](const py::array_t<uint8_t, py::array::c_style | py::array::forcecast>& image, int op, float magnitude,
-         const std::vector<int>& fill) {
+         const std::vector<int>& fill, bool emulate_fma) {
         if (image.ndim() != 3 || image.shape(2) != 3) throw py::value_error("image must be H x W x 3");
         if (op < 0 || op >= static_cast<int>(images::AugOp::kCount)) throw py::value_error("unknown op");
         if (fill.size() != 3) throw py::value_error("fill needs 3 values");
@@ -128,13 +129,17 @@ void bind_loader_test_hooks(py::module& m) {
         ops.op[0] = images::plan_op(static_cast<images::AugOp>(op), magnitude, h, w);
         const uint8_t f[3] = {static_cast<uint8_t>(fill[0]), static_cast<uint8_t>(fill[1]), static_cast<uint8_t>(fill[2])};
         AugmentScratch s;
-        s.image.assign(image.data(), image.data() + image.size());
-        augment_image(ops, f, h, w, s);
+        const int64_t plane = static_cast<int64_t>(h) * w;
+        s.image.resize(static_cast<size_t>(3 * plane));
+        for (int64_t i = 0; i < plane; ++i)
+          for (int c = 0; c < 3; ++c) s.image[c * plane + i] = image.data()[3 * i + c];
+        augment_image(ops, f, h, w, s, emulate_fma);
         py::array_t<uint8_t> out({h, w, 3});
-        std::memcpy(out.mutable_data(), s.image.data(), s.image.size());
+        for (int64_t i = 0; i < plane; ++i)
+          for (int c = 0; c < 3; ++c) out.mutable_data()[3 * i + c] = s.image[c * plane + i];
         return out;
       },
-      py::arg("image"), py::arg("op"), py::arg("magnitude"), py::arg("fill"));
+      py::arg("image"), py::arg("op"), py::arg("magnitude"), py::arg("fill"), py::arg("emulate_fma") = false);
 
   // The device decode's colour model over a whole JPEG: (its planes through images::ycc_pixel, libjpeg's
   // RGB decode), each height x width x 3 uint8, from the same libjpeg; the planes as decoded (Y, Cb, Cr).

@@ -30,7 +30,6 @@ import sys
 import tempfile
 import time
 import traceback
-from typing import NamedTuple
 
 import numpy as np
 
@@ -40,6 +39,8 @@ from fastpipe.bench.image_measure import (COLD_LIMIT, SAMPLE_INTERVAL, MemorySam
                                           prepare_cache, source_files)
 from fastpipe.bench.image_corpus import (CLASSES, GRAIN_SIGMA, JPEG_QUALITY, KINDS, Corpus, corpus_paths,
                                          ensure_corpus)
+from fastpipe.bench.image_report import headline, report, summarize
+from fastpipe.bench.image_rows import BASELINE, JPEG_ONLY, LOADERS, RECIPE
 from fastpipe.bench.loader_timing import rotated
 
 SIZES = (224, 160)
@@ -52,36 +53,6 @@ SEED = 0
 
 
 CASE_TIMEOUT = {"quick": 600, "full": 3600}  # per case process; a hung loader costs no more than this
-
-
-class LoaderRow(NamedTuple):
-    label: str
-    needs: str | None  # the module that must be importable (None: fastpipe itself)
-    source: str  # which files it reads: "tree", "packed" or "beton"
-    note: str
-
-
-LOADERS = {
-    "fastpipe_folder": LoaderRow("fastpipe ImageFolder (in place)", None, "tree",
-                                 "fastpipe.ImageFolder(tree) + Loader(num_threads=k, "
-                                 "transforms={0: RandomResizedCrop})"),
-    "fastpipe_packed": LoaderRow("fastpipe ImageDataset (packed)", None, "packed",
-                                 "fastpipe.write_images(tree) -> ImageDataset: the original JPEG bytes in one file"),
-    "dl_pil": LoaderRow("DataLoader + v2 on PIL", "torchvision", "tree",
-                        "DataLoader(num_workers=k) + torchvision ImageFolder (PIL) + transforms.v2: the baseline"),
-    "dl_decode_jpeg": LoaderRow("DataLoader + decode_jpeg + v2", "torchvision", "tree",
-                                "DataLoader(num_workers=k) + torchvision.io.decode_jpeg(read_file) + v2 on tensors"),
-    "dali_cpu": LoaderRow("DALI CPU pipeline", "nvidia.dali", "tree",
-                          "DALI readers.file + decoders.image_random_crop + resize + crop_mirror_normalize, "
-                          "device_id=None"),
-    "ffcv": LoaderRow("FFCV (.beton, re-encoded q90)", "ffcv", "beton",
-                      "FFCV Loader over a .beton written with RGBImageField(write_mode='jpg', jpeg_quality=90): "
-                      "FFCV re-encodes every image (it cannot keep the original bytes)"),
-}
-BASELINE = "dl_pil"
-# Rows that read only the JPEG corpus: they cannot read the other formats as they are.
-JPEG_ONLY = {"dl_decode_jpeg": "torchvision.io.decode_jpeg reads JPEGs only",
-             "ffcv": "FFCV's .beton re-encodes every image as a JPEG: not the same input"}
 
 
 def add_arguments(p):
@@ -142,18 +113,19 @@ def check_batch(batch, size: int, b: int, classes: int) -> float:
 
 def build_pipeline(key: str, spec: dict, size: int):
     b, k, seed = spec["batch"], spec["threads"], spec["seed"]
-    if key in ("fastpipe_folder", "fastpipe_packed"):
+    if key in ("fastpipe_folder", "fastpipe_packed", "fastpipe_recipe"):
         import fastpipe
-        from fastpipe.transforms import RandomResizedCrop
+        from fastpipe.transforms import RandomErasing, RandomResizedCrop, TrivialAugmentWide
 
-        tf = RandomResizedCrop(size, mean=ib.MEAN, std=ib.STD)  # mirror=0.5, float32, NCHW
-        ds = (fastpipe.ImageFolder(spec["tree"], cache_dir=spec["index"]) if key == "fastpipe_folder"
-              else fastpipe.ImageDataset(spec["packed"]))
+        recipe = dict(augment=TrivialAugmentWide(), erase=RandomErasing(0.1)) if key == "fastpipe_recipe" else {}
+        tf = RandomResizedCrop(size, mean=ib.MEAN, std=ib.STD, **recipe)  # mirror=0.5, float32, NCHW
+        ds = (fastpipe.ImageDataset(spec["packed"]) if key == "fastpipe_packed"
+              else fastpipe.ImageFolder(spec["tree"], cache_dir=spec["index"]))
         ld = fastpipe.Loader(ds, batch_size=b, shuffle=True, seed=seed, num_threads=k, transforms={0: tf},
                              drop_last=True)
         return ib.Pipeline(lambda: iter(ld), len(ld), close=ld.close, info={"io_modes": list(ld.io_modes)})
-    if key == "dl_pil":
-        return ib.dataloader_pil(spec["tree"], size, b, k, seed)
+    if key in ("dl_pil", "dl_pil_recipe"):
+        return ib.dataloader_pil(spec["tree"], size, b, k, seed, recipe=key == "dl_pil_recipe")
     if key == "dl_decode_jpeg":
         return ib.dataloader_decode_jpeg(spec["tree"], size, b, k, seed)
     if key == "dali_cpu":
@@ -323,155 +295,6 @@ def spawn_case(spec: dict, timeout: float) -> dict:
         return res
 
 
-# --------------------------------------------------------------------------------------------------
-# Summary and report
-# --------------------------------------------------------------------------------------------------
-def _passes(results: dict, key: str, size: int, state: str) -> list:
-    """Per repetition: the pass dict, or None where it is missing."""
-    return [r.get("sizes", {}).get(str(size), {}).get("passes", {}).get(state) for r in results["runs"][key]]
-
-
-def summarize(results: dict, keys: list, sizes: list, states: list) -> dict:
-    rows = {}
-    for size in sizes:
-        for state in states:
-            base = _passes(results, BASELINE, size, state) if BASELINE in results["runs"] else []
-            table = {}
-            for key in keys:
-                if key in results["skipped"]:
-                    table[key] = {"skipped": results["skipped"][key]}
-                    continue
-                ps = _passes(results, key, size, state)
-                good = [p for p in ps if p]
-                if not good:
-                    errs = [r.get("sizes", {}).get(str(size), {}).get("error") or r.get("error") or r.get("skipped")
-                            for r in results["runs"][key]]
-                    table[key] = {"error": next((e for e in errs if e), "no pass completed")}
-                    continue
-                rates = [p["images_per_s"] for p in good]
-                ratios = [p["images_per_s"] / b["images_per_s"] for p, b in zip(ps, base) if p and b]
-                cached = [p["cached_at_start"] for p in good if p["cached_at_start"] is not None]
-                table[key] = {
-                    "images_per_s": bc.median(rates), "images_per_s_best": max(rates),
-                    "spread_pct": bc.spread_pct(rates), "x_vs_baseline": bc.median(ratios),
-                    "cpu_s_per_1000": bc.median([p["cpu_s_per_1000"] for p in good]),
-                    "peak_rss_mib": max(p["peak_rss_mib"] for p in good),
-                    "peak_pss_mib": max(p["peak_pss_mib"] for p in good),
-                    "cached_at_start": bc.median(cached) if cached else None,
-                    "cached_at_start_max": max(cached) if cached else None,
-                    "reps": len(good),
-                }
-            rows[f"{size}_{state}"] = table
-    return rows
-
-
-def pair_ratio(results: dict, a: str, b: str, size: int, state: str) -> float:
-    """Median over repetitions of rate(a) / rate(b) (same repetition: drift cancels)."""
-    pa, pb = (_passes(results, k, size, state) if k in results["runs"] else [] for k in (a, b))
-    return bc.median([x["images_per_s"] / y["images_per_s"] for x, y in zip(pa, pb) if x and y])
-
-
-def _times(v):
-    return "-" if v is None or (isinstance(v, float) and math.isnan(v)) else f"{v:.2f}x"
-
-
-def _pct(v):
-    return "-" if v is None or (isinstance(v, float) and math.isnan(v)) else f"{100 * v:.0f}%"
-
-
-def report(results: dict, keys: list, sizes: list, states: list, out) -> None:
-    """The tables and plots of one corpus's results."""
-    k = results["settings"]["threads"]
-    kind = results["corpus"]["kind"]
-    base_label = LOADERS[BASELINE].label
-    for size in sizes:
-        for state in states:
-            table = []
-            rows = results["rows"][f"{size}_{state}"]
-            marks = set()
-            for key in keys:
-                r = rows[key]
-                label = LOADERS[key].label
-                if "skipped" in r:
-                    table.append([label, "skipped: " + r["skipped"][:70]] + [""] * 6)
-                    continue
-                if "error" in r:
-                    table.append([label, "error: " + r["error"][:70]] + [""] * 6)
-                    continue
-                mark = ""
-                if state == "cold" and (r["cached_at_start_max"] or 0) > COLD_LIMIT:
-                    mark = " *" if key == "dali_cpu" else " !"
-                    marks.add(mark)
-                table.append([label + mark, bc.fmt_rate(r["images_per_s"]), _times(r["x_vs_baseline"]),
-                              bc.fmt(r["cpu_s_per_1000"], ".1f"),
-                              bc.fmt(r["peak_rss_mib"], ".0f"), bc.fmt(r["peak_pss_mib"], ".0f"),
-                              _pct(r["spread_pct"] / 100), _pct(r["cached_at_start"])])
-            out.table(["loader", "images/s", f"x vs {base_label}", "CPU s / 1000 img", "peak RSS MiB",
-                       "peak PSS MiB", "spread", "cached at start"], table,
-                      title=f"{kind} corpus, {size}x{size}, {state} page cache, k={k}, batch "
-                            f"{results['settings']['batch']} (images/s: median of {results['settings']['reps']} "
-                            f"repetition(s))")
-            if " !" in marks:
-                out.note(f"! more than {COLD_LIMIT:.0%} of this loader's files were still cached when a cold pass "
-                         "started (pages a process keeps mapped cannot be evicted): its cold figure is flattered")
-            if " *" in marks:
-                out.note("* DALI's file reader keeps up to initial_fill=1024 samples of the next epoch mapped in its "
-                         "shuffle buffer: they stay cached, but were read from the disk during an untimed cold "
-                         "epoch just before, as in steady-state training on data that does not fit in memory")
-        out.bars(f"images_{size}" if kind == "jpeg" else f"images_{kind}_{size}",
-                 f"{kind} corpus, {size}x{size}, k={k}: images/s (median of repetitions)",
-                 {state: {LOADERS[key].label: results["rows"][f"{size}_{state}"][key].get("images_per_s")
-                          for key in keys} for state in states}, "images/s")
-    out.note("Every row yields float32 [B, 3, S, S] NCHW + int64 labels from RandomResizedCrop(S) + flip + "
-             "normalise; 'x vs' is the median of per-repetition ratios; CPU s includes worker processes and "
-             "threads; RSS sums the processes (forked workers share pages, counted once per process), PSS "
-             "divides shared pages among them."
-             + (" FFCV reads images it re-encoded at q90 "
-                f"({results['corpus']['beton_mb']:.0f} MB .beton vs {results['corpus']['total_mb']:.0f} MB of "
-                "original JPEGs), not the original files." if "beton_mb" in results["corpus"] else ""))
-    st = []
-    for key in keys:
-        runs = results["runs"].get(key) or []
-        firsts = [r.get("first_batch_after_launch_s") for r in runs]
-        build = [e.get("build_s") for r in runs for e in r.get("sizes", {}).values()]
-        wu = [e.get("warmup_s") for r in runs for e in r.get("sizes", {}).values()]
-        if key in results["skipped"] or not any(v is not None for v in firsts):
-            continue
-        st.append([LOADERS[key].label, bc.fmt(bc.median(firsts), ".1f"), bc.fmt(bc.median(build), ".2f"),
-                   bc.fmt(bc.median(wu), ".2f")])
-    if st:
-        warmup = results["settings"]["warmup"]
-        out.table(["loader", "launch to first batch s", "build s", f"warm-up s ({warmup} batches)"],
-                  st, title=f"{kind} corpus, start-up (median over processes): interpreter + imports + build + "
-                            "first batch; DALI builds and FFCV JIT-compiles in the warm-up")
-
-
-def headline(results: dict, sizes: list, states: list) -> list[str]:
-    """One corpus's headline lines."""
-    size = 224 if 224 in sizes else sizes[0]
-    state = "warm" if "warm" in states else states[0]
-    k = results["settings"]["threads"]
-    kind = results["corpus"]["kind"]
-    lines = []
-    fp = [key for key in ("fastpipe_folder", "fastpipe_packed") if key in results["runs"]]
-    names = {"fastpipe_folder": "ImageFolder", "fastpipe_packed": "packed"}
-    for peer, what in ((BASELINE, "DataLoader + v2 (PIL)"), ("dali_cpu", "DALI CPU"), ("ffcv", "FFCV")):
-        if not fp:
-            break
-        if peer in results["skipped"]:
-            if peer not in JPEG_ONLY or kind == "jpeg":
-                lines.append(f"fastpipe vs {what}, {kind}, {size} {state}: skipped ({results['skipped'][peer]})")
-            continue
-        if peer not in results["runs"]:
-            continue
-        parts = [f"{names[key]} {_times(pair_ratio(results, key, peer, size, state))}" for key in fp]
-        rows = results["rows"][f"{size}_{state}"]
-        rates = " and ".join(bc.fmt_rate(rows[key].get("images_per_s")) for key in fp)
-        lines.append(f"fastpipe vs {what}, {kind}, {size}x{size} {state}, k={k}: {', '.join(parts)} "
-                     f"({rates} vs {bc.fmt_rate(rows[peer].get('images_per_s'))} images/s)")
-    return lines
-
-
 def run(args, out) -> dict:
     quick = args.quick
     keys = [s.strip() for s in args.loaders.split(",") if s.strip()]
@@ -501,7 +324,7 @@ def run(args, out) -> dict:
              + ("; QUICK mode: not figures" if quick else ""))
     settings = {"images": n, "batch": batch, "threads": k, "sizes": sizes, "states": states, "corpora": kinds,
                 "reps": reps, "warmup": WARMUP_BATCHES if not quick else 2, "seed": args.seed,
-                "baseline": BASELINE, "cold_limit": COLD_LIMIT, "sample_interval_s": SAMPLE_INTERVAL,
+                "baseline": BASELINE, "recipe": RECIPE, "cold_limit": COLD_LIMIT, "sample_interval_s": SAMPLE_INTERVAL,
                 "loaders": {key: LOADERS[key]._asdict() for key in keys}}
     results = {"settings": settings, "corpora": {}}
 

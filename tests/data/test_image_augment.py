@@ -66,18 +66,20 @@ MAGNITUDES = {
 
 
 @pytest.mark.parametrize("name", OPS)
-@pytest.mark.parametrize("size", [(224, 224), (37, 53), (5, 3), (64, 31)], ids=str)
+@pytest.mark.parametrize("size", [(224, 224), (37, 53), (5, 3), (64, 31), (2, 9)], ids=str)
 def test_each_op_equals_torchvision_given_the_same_parameters(name, size, rng):
+    """With the CPU's fused multiply-add (where it has one) and with its emulation: the same values."""
     for m in MAGNITUDES[name]:
         m = float(np.float32(m))  # magnitudes are torchvision's float32 table values
         for fill in (None, [128, 7, 255]):
             img = rng.integers(0, 256, (*size, 3), dtype=np.uint8)
             if name in ("AutoContrast", "Equalize", "Contrast"):  # a narrower range, so the op changes it
                 img = (img // int(rng.integers(2, 5)) + int(rng.integers(0, 60))).astype(np.uint8)
-            ours = _C._augment_apply(img, OPS.index(name), m, fill or [0, 0, 0])
             want = torchvision_op(torch.from_numpy(img).permute(2, 0, 1), name, m,
                                   None if fill is None else [float(v) for v in fill]).permute(1, 2, 0).numpy()
-            assert np.array_equal(ours, want), (name, m, fill, int((ours != want).sum()))
+            for emulate in (False, True):
+                ours = _C._augment_apply(img, OPS.index(name), m, fill or [0, 0, 0], emulate_fma=emulate)
+                assert np.array_equal(ours, want), (name, m, fill, emulate, int((ours != want).sum()))
 
 
 def test_flat_and_single_value_images():
