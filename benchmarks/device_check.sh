@@ -276,6 +276,8 @@ part_sanitize() {
     "memcheck|act_backward|tests/nn/test_ops.py|activation_backward_op and cuda and float32"
     "initcheck|act_backward|tests/nn/test_ops.py|activation_backward_op and cuda and float32"
     "memcheck|loader|tests/data/test_loader_gpu.py|gpu and not graph and not capture"
+    "memcheck|augment|tests/data/test_image_augment.py|gpu"
+    "racecheck|augment|tests/data/test_image_augment.py|gpu"
     "initcheck|loader|tests/data/test_loader_gpu.py|gpu and not graph and not capture"
   )
   local pids=() names=() names_log=() run tool name file expr

@@ -5,6 +5,8 @@ progressive files: fastpipe.bench.image_corpus, kind "imagenet"). Rows, each in 
 - fastpipe, image_decode="host": every core but the loop's decodes in the reader threads, the batch copied;
 - fastpipe, image_decode="device": nvJPEG on the GPU (its hardware JPEG engines where it has them), the
   readers handing over the bytes and decoding only what the device is not given;
+- fastpipe device_ta: the same with torchvision's reference recipe on top (TrivialAugmentWide +
+  RandomErasing(0.1)): what the augmentation kernel costs;
 - torchvision: DataLoader workers (one per core) read the files' bytes, torchvision.io.decode_jpeg(list,
   device="cuda") decodes the batch with nvJPEG, then v2.RandomResizedCrop + RandomHorizontalFlip per image
   and Normalize on the GPU, stacked to bf16 NHWC: what a user writes with what the GPU machine has
@@ -36,7 +38,7 @@ import fastpipe  # noqa: E402
 from fastpipe.bench import image_corpus  # noqa: E402
 from fastpipe.bench.common import progress_bar  # noqa: E402
 from fastpipe.data import _device  # noqa: E402
-from fastpipe.transforms import RandomResizedCrop  # noqa: E402
+from fastpipe.transforms import RandomErasing, RandomResizedCrop, TrivialAugmentWide  # noqa: E402
 
 MEAN, STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
 MIN_BATCHES = 20  # per repetition: fewer make the median of a few hundred milliseconds noisy
@@ -88,8 +90,9 @@ def timed_passes(batches, reps, sync, touch, device):
             "cpu_cores": statistics.median(cores), "device_memory_mb": held / 1e6}
 
 
-def run_fastpipe(ds, mode, batch, reps, device, sync):
-    t = RandomResizedCrop(224, out_dtype=torch.bfloat16, layout="NHWC", mean=MEAN, std=STD)
+def run_fastpipe(ds, mode, batch, reps, device, sync, recipe=False):
+    extra = dict(augment=TrivialAugmentWide(), erase=RandomErasing(0.1)) if recipe else {}
+    t = RandomResizedCrop(224, out_dtype=torch.bfloat16, layout="NHWC", mean=MEAN, std=STD, **extra)
     ld = fastpipe.Loader(ds, batch_size=batch, shuffle=True, drop_last=True, device=device, transforms={0: t},
                          image_decode=mode)
     r = timed_passes(lambda: ld, reps, sync, lambda x: x.float().sum(), device)
@@ -149,7 +152,9 @@ def main():
     ap.add_argument("--images", type=int, default=3000)
     ap.add_argument("--batch", type=int, default=128)
     ap.add_argument("--reps", type=int, default=3)
-    ap.add_argument("--rows", default="host,device,torchvision", help="a subset of host,device,torchvision")
+    ap.add_argument("--rows", default="host,device,device_ta,torchvision",
+                    help="a subset of host,device,device_ta (the device with the TrivialAugmentWide + "
+                         "RandomErasing(0.1) recipe: the augmentation kernel's cost),torchvision")
     ap.add_argument("--data-dir", default=os.path.join(tempfile.gettempdir(), "fastpipe-jpeg-bench"))
     ap.add_argument("--smoke", action="store_true")
     args = ap.parse_args()
@@ -169,6 +174,8 @@ def main():
             for mode in ("host", "device"):
                 if mode in rows:
                     result[mode] = run_fastpipe(ds, mode, args.batch, args.reps, "cuda", sim.drain)
+            if "device_ta" in rows:
+                result["device_ta"] = run_fastpipe(ds, "device", args.batch, args.reps, "cuda", sim.drain, recipe=True)
         if "torchvision" in rows:
             result["torchvision"] = run_torchvision(ds.samples, args.batch, 0, args.reps, "cpu", lambda: None)
     else:
@@ -178,6 +185,9 @@ def main():
         for mode in ("host", "device"):
             if mode in rows and (ok or mode == "host"):
                 result[mode] = run_fastpipe(ds, mode, args.batch, args.reps, "cuda", torch.cuda.synchronize)
+        if "device_ta" in rows and ok:
+            result["device_ta"] = run_fastpipe(ds, "device", args.batch, args.reps, "cuda", torch.cuda.synchronize,
+                                               recipe=True)
         if "torchvision" in rows:
             try:
                 result["torchvision"] = run_torchvision(ds.samples, args.batch, cores, args.reps, "cuda",
@@ -186,7 +196,7 @@ def main():
                 result["torchvision"] = {"failed": f"{type(e).__name__}: {e}"}
     print(f"JPEG input on a CUDA loader ({result['images']} images {result['jpeg_variants']}, batch {args.batch}, "
           f"{cores} cores; nvJPEG: {result.get('nvjpeg', 'simulated')})")
-    for row in ("host", "device", "torchvision"):
+    for row in ("host", "device", "device_ta", "torchvision"):
         r = result.get(row)
         if r is None:
             continue

@@ -4,13 +4,16 @@
 #include <string>
 
 #include "core/error.h"
+#include "cuda/augment_images.h"
 
 namespace fastpipe {
 
-DecodeLanes::DecodeLanes(Device& device, int lanes, int64_t stride, int64_t batch_size)
-    : device_(device), lanes_(static_cast<size_t>(lanes)), stride_(stride), batch_size_(batch_size) {
+DecodeLanes::DecodeLanes(Device& device, int lanes, int64_t stride, int64_t batch_size, int64_t work_stride)
+    : device_(device), lanes_(static_cast<size_t>(lanes)), stride_(stride), batch_size_(batch_size),
+      work_stride_(work_stride) {
   for (Lane& l : lanes_) {
     l.decoded = static_cast<uint8_t*>(device_.alloc(static_cast<size_t>(stride_ * batch_size_)));
+    if (work_stride_ > 0) l.work = static_cast<uint8_t*>(device_.alloc(static_cast<size_t>(work_stride_ * batch_size_)));
     l.copied = device_.new_event();
     l.done = device_.new_event();
     l.stream = device_.new_stream();
@@ -31,9 +34,48 @@ void DecodeLanes::teardown() {
     }
     if (l.copied) device_.delete_event(l.copied);
     if (l.decoded) device_.free(l.decoded);
+    if (l.work) device_.free(l.work);
     if (l.stream) device_.delete_stream(l.stream);
   }
   lanes_.clear();
+}
+
+images::DecodedLayout DecodeLanes::decode_batch(const images::ImageDesc* descs, const uint8_t* encoded,
+                                                int64_t encoded_budget, const char* host_out, char* out,
+                                                int64_t out_bytes, const int64_t* samples, int64_t records,
+                                                Stream* copy, Lane& lane) {
+  JpegDecodeJob job;
+  std::vector<int64_t> job_samples;
+  for (int64_t k = 0; k < records; ++k) {
+    const images::ImageDesc& d = descs[k];
+    if (d.on == static_cast<int32_t>(images::DecodeOn::kDevice)) {
+      job_samples.push_back(samples[k]);
+      job.data.push_back(encoded + k * encoded_budget);
+      job.sizes.push_back(static_cast<size_t>(d.encoded_bytes));
+      job.out.push_back(lane.decoded + k * stride_);
+      job.planes.push_back(d.planes);
+    } else {
+      device_.copy_to_device(out + k * out_bytes, host_out + k * out_bytes, static_cast<size_t>(out_bytes), copy);
+    }
+  }
+  const images::DecodedLayout layout = decode(job, job_samples, lane);
+  on_device_ += static_cast<int64_t>(job.data.size());
+  on_host_ += records - static_cast<int64_t>(job.data.size());
+  return layout;
+}
+
+void DecodeLanes::resample(const images::ImageTransformParams& transform, images::DecodedLayout layout,
+                           const images::ImageDesc* descs, void* out, int64_t n, Lane& lane) {
+  const bool augmented = images::augments(transform);
+  DeviceKernel k{};
+  k.kind = DeviceKernel::Kind::kResampleImages;
+  k.resample = ResampleImagesKernel{transform, layout, descs, lane.decoded, stride_, out, n,
+                                    augmented ? lane.work : nullptr, work_stride_};
+  device_.launch(k, lane.stream);
+  if (!augmented) return;
+  k.kind = DeviceKernel::Kind::kAugmentImages;
+  k.augment = AugmentImagesKernel{transform, descs, lane.work, work_stride_, out, n};
+  device_.launch(k, lane.stream);
 }
 
 void DecodeLanes::follow(Lane& lane, Stream* copy) {

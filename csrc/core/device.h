@@ -46,7 +46,8 @@ struct CropMirrorNormalizeKernel {
 
 // The JPEG transforms' last pass for images decoded on the device: record k (descs[k], device memory)
 // decoded whole at staging + k * image_stride in `layout` becomes output image k of `out`; records
-// decoded on the host (DecodeOn::kHost) are left alone (their outputs are copied).
+// decoded on the host (DecodeOn::kHost) are left alone (their outputs are copied). With `work` (an
+// augmented transform) the resized images go to record k's work area (work + k * work_stride) instead.
 struct ResampleImagesKernel {
   images::ImageTransformParams params;
   images::DecodedLayout layout = images::DecodedLayout::kYccPlanar;
@@ -55,13 +56,27 @@ struct ResampleImagesKernel {
   int64_t image_stride = 0;
   void* out = nullptr;
   int64_t count = 0;
+  uint8_t* work = nullptr;
+  int64_t work_stride = 0;
+};
+
+// The augmentations (cuda/augment_images.h) of the records the resample left in their work areas, and
+// their outputs.
+struct AugmentImagesKernel {
+  images::ImageTransformParams params;
+  const images::ImageDesc* descs = nullptr;
+  uint8_t* work = nullptr;
+  int64_t work_stride = 0;
+  void* out = nullptr;
+  int64_t count = 0;
 };
 
 struct DeviceKernel {
-  enum class Kind { kWidenTokens, kCropMirrorNormalize, kResampleImages } kind;
+  enum class Kind { kWidenTokens, kCropMirrorNormalize, kResampleImages, kAugmentImages } kind;
   WidenTokensKernel widen;
   CropMirrorNormalizeKernel cmn;
   ResampleImagesKernel resample;
+  AugmentImagesKernel augment;
 };
 
 // JPEG images to decode on the device, each whole from its bitstream in page-locked host memory into

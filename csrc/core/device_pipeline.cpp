@@ -11,6 +11,7 @@
 #include "core/decode_lanes.h"
 #include "core/error.h"
 #include "core/host_fences.h"
+#include "cuda/augment_images.h"
 #include "core/pinned_arena.h"
 
 namespace fastpipe {
@@ -82,7 +83,6 @@ struct PipelineState {
   std::vector<Plan> plans;
   int64_t index_offset = -1;  // of the device copy of the sample indices, when a transform needs them
   std::unique_ptr<DecodeLanes> lanes;  // where images are decoded on the device
-  std::atomic<int64_t> decoded_on_device{0}, decoded_on_host{0};
   Event* overflow_ready = nullptr;
   Event* overflow_alloc = nullptr;  // the consumer's stream when an overflow buffer was allocated
   OverflowFn overflow;
@@ -230,44 +230,24 @@ struct PipelineState {
                                         base + outputs[p.first_output].offset, n,
                                         reinterpret_cast<const int64_t*>(base + index_offset), lease.epoch()};
     } else if (p.kind == Conversion::kDecodeImages) {
-      k.kind = DeviceKernel::Kind::kResampleImages;
-      k.resample = ResampleImagesKernel{p.image->transform, layouts[&p - plans.data()],
-                                        reinterpret_cast<const images::ImageDesc*>(base + p.staging),
-                                        lane->decoded, lanes->stride(), base + outputs[p.first_output].offset, n};
-      on = lane->stream;
+      lanes->resample(p.image->transform, layouts[&p - plans.data()],
+                      reinterpret_cast<const images::ImageDesc*>(base + p.staging), base + outputs[p.first_output].offset,
+                      n, *lane);
+      return;
     } else {
       return;
     }
     device->launch(k, on);
   }
 
-  // A batch's images: those the reader left to the device decoded on `lane` into its buffer (the
-  // resample kernel takes them from there), those it decoded itself copied to their outputs. Returns
-  // the decoded layout.
+  // A batch's images: those the reader left to the device decoded on `lane`, the others' outputs copied.
   images::DecodedLayout enqueue_decode(const Plan& p, const Lease& lease, char* base, DecodeLanes::Lane& lane) {
-    const auto* descs = reinterpret_cast<const images::ImageDesc*>(lease.data(p.host_output));
-    const auto* encoded = reinterpret_cast<const uint8_t*>(lease.data(p.host_output + 1));
-    const char* host_out = lease.data(p.host_output + 2);
     const int64_t out_bytes = outputs[p.first_output].record_bytes;
-    char* out = base + outputs[p.first_output].offset;
-    JpegDecodeJob job;
-    std::vector<int64_t> samples;  // of the job's images
-    for (int64_t k = 0; k < lease.records(); ++k) {
-      const images::ImageDesc& d = descs[k];
-      if (d.on == static_cast<int32_t>(images::DecodeOn::kDevice)) {
-        samples.push_back(lease.indices()[k]);
-        job.data.push_back(encoded + k * p.image->encoded_budget);
-        job.sizes.push_back(static_cast<size_t>(d.encoded_bytes));
-        job.out.push_back(lane.decoded + k * lanes->stride());
-        job.planes.push_back(d.planes);
-      } else {
-        device->copy_to_device(out + k * out_bytes, host_out + k * out_bytes, static_cast<size_t>(out_bytes), copy);
-      }
-    }
-    const images::DecodedLayout layout = lanes->decode(job, samples, lane);
-    decoded_on_device += static_cast<int64_t>(job.data.size());
-    decoded_on_host += lease.records() - static_cast<int64_t>(job.data.size());
-    return layout;
+    return lanes->decode_batch(reinterpret_cast<const images::ImageDesc*>(lease.data(p.host_output)),
+                               reinterpret_cast<const uint8_t*>(lease.data(p.host_output + 1)),
+                               p.image->encoded_budget, lease.data(p.host_output + 2),
+                               base + outputs[p.first_output].offset, out_bytes, lease.indices(), lease.records(),
+                               copy, lane);
   }
 
   // A job's work on the copy stream and its lane (the submitter thread). A failure fences the host slot
@@ -338,7 +318,7 @@ DevicePipeline::DevicePipeline(std::shared_ptr<Device> device, std::vector<Colum
   std::vector<Plan> plans(columns.size());
   bool needs_index = false;
   int host_output = 0;
-  int64_t pixel_budget = 0;
+  int64_t pixel_budget = 0, augment_work = 0;
   for (size_t k = 0; k < columns.size(); ++k) {
     Plan& p = plans[k];
     p.host_output = host_output;
@@ -350,6 +330,8 @@ DevicePipeline::DevicePipeline(std::shared_ptr<Device> device, std::vector<Colum
       p.kind = Conversion::kDecodeImages;
       p.image = columns[k].image;
       pixel_budget = std::max(pixel_budget, p.image->pixel_budget);
+      if (images::augments(p.image->transform))
+        augment_work = std::max(augment_work, images::augment_work_bytes(p.image->transform));
     }
     host_output += p.kind == Conversion::kDecodeImages ? kDeviceDecodeOutputs : 1;
     needs_index |= p.kind == Conversion::kCropMirrorNormalize;
@@ -403,7 +385,7 @@ DevicePipeline::DevicePipeline(std::shared_ptr<Device> device, std::vector<Colum
   st.arena = static_cast<char*>(device_->alloc(static_cast<size_t>(st.slot_bytes * num_slots)));
   if (pixel_budget > 0) {
     st.lanes = std::make_unique<DecodeLanes>(*device_, kDecodeLanes, place_output(0, pixel_budget, 3, kDeviceAlign),
-                                             st.batch_size);
+                                             st.batch_size, place_output(0, augment_work, 1, kDeviceAlign));
   }
   st.slots.resize(static_cast<size_t>(num_slots));
   for (DeviceSlot& s : st.slots) s.ready = device_->new_event();
@@ -598,8 +580,8 @@ DeviceStats DevicePipeline::stats() const {
   s.num_slots = static_cast<int>(state_->slots.size());
   s.slots_leased = state_->leased;
   s.overflow_batches = state_->overflow_batches;
-  s.images_decoded_on_device = state_->decoded_on_device.load();
-  s.images_decoded_on_host = state_->decoded_on_host.load();
+  s.images_decoded_on_device = state_->lanes ? state_->lanes->on_device() : 0;
+  s.images_decoded_on_host = state_->lanes ? state_->lanes->on_host() : 0;
   s.images_decoded_planar = state_->lanes ? state_->lanes->planar() : 0;
   s.images_decoded_after_refusal = state_->lanes ? state_->lanes->after_refusal() : 0;
   return s;

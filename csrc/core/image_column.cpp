@@ -205,8 +205,6 @@ void decode_into(const ImageColumnSpec& spec, int64_t i, const ImageHeader& head
 // than on the device, or nullptr.
 const char* host_decode_reason(const ImageColumnSpec& spec, const ImageHeader& header, const images::Geometry& g,
                                int64_t bytes) {
-  if (spec.transform.augment.policy != static_cast<int32_t>(images::AugmentPolicy::kNone))
-    return "augmented (the ops run in the reader threads)";
   if (header.format != ImageFormat::kJpeg) return "not a JPEG";
   const JpegInfo& info = header.jpeg;
   if (info.sof != 0) return "not a baseline JPEG";

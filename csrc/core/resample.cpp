@@ -99,7 +99,13 @@ struct Out<OutDtype::UInt8> {
 template <OutDtype D, int kStep>
 void store(const float* __restrict__ plane, int n, float scale, float shift, typename Out<D>::T* __restrict__ dst) {
   if (D == OutDtype::UInt8) {
-    for (int x = 0; x < n; ++x) dst[x * kStep] = Out<D>::convert(plane[x]);
+    // A resampled pixel is a weighted mean of pixels (weights >= 0): within [0, 255] but for rounding,
+    // where rounding, then clamping the integer, is float_to_uint8's value; unlike its float clamps, it
+    // vectorises.
+    for (int x = 0; x < n; ++x) {
+      const int v = static_cast<int>(plane[x] + 0.5f);
+      dst[x * kStep] = static_cast<uint8_t>(v < 0 ? 0 : (v > 255 ? 255 : v));
+    }
   } else {
     for (int x = 0; x < n; ++x) dst[x * kStep] = Out<D>::convert(plane[x] * scale + shift);
   }

@@ -16,6 +16,7 @@
 #include "core/gather.h"
 #include "core/jpeg_decode.h"
 #include "core/jpeg_header.h"
+#include "cuda/augment_images.h"
 
 namespace fastpipe {
 
@@ -529,7 +530,15 @@ void run_kernel_on_host(const DeviceKernel& k) {
       const ResampleImagesKernel& r = k.resample;
       const int64_t total = r.count * images::out_image_elements(r.params);
       for (int64_t i = 0; i < total; ++i)
-        images::resample_element(r.params, r.layout, r.descs, r.staging, r.image_stride, r.out, i);
+        images::resample_element(r.params, r.layout, r.descs, r.staging, r.image_stride, r.out, i, r.work,
+                                 r.work_stride);
+      return;
+    }
+    case DeviceKernel::Kind::kAugmentImages: {
+      const AugmentImagesKernel& a = k.augment;
+      for (int64_t n = 0; n < a.count; ++n)
+        if (a.descs[n].on == static_cast<int32_t>(images::DecodeOn::kDevice))
+          images::augment_image_serial(a.params, a.descs[n], a.work + n * a.work_stride, a.out, n);
       return;
     }
   }

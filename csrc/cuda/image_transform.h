@@ -326,9 +326,12 @@ FASTPIPE_HD inline float resampled_value(DecodedLayout layout, const ImageDesc& 
 }
 
 // Element i of the device resample's output (images of out_image_elements(p) each): the whole body of
-// its kernel, run per element on the GPU and over every element by the simulation.
+// its kernel, run per element on the GPU and over every element by the simulation. With `work` (an
+// augmented transform: augment_images.h) the resized value is stored rounded to uint8 in record n's work
+// area (work + n * work_stride, 3 planes) instead, for the augmentations to run on.
 FASTPIPE_HD inline void resample_element(const ImageTransformParams& p, DecodedLayout layout, const ImageDesc* descs,
-                                         const uint8_t* staging, int64_t image_stride, void* out, int64_t i);
+                                         const uint8_t* staging, int64_t image_stride, void* out, int64_t i,
+                                         uint8_t* work = nullptr, int64_t work_stride = 0);
 
 // Element offset of output (c, y, x) in one image of the output layout.
 FASTPIPE_HD inline int64_t out_offset(const ImageTransformParams& p, int c, int y, int x) {
@@ -340,14 +343,16 @@ FASTPIPE_HD inline int64_t out_image_elements(const ImageTransformParams& p) {
   return static_cast<int64_t>(p.out_height) * p.out_width * kChannels;
 }
 
-// The value stored for resampled pixel value v of channel c, before the dtype conversion. A plain
-// multiply-add: the decoders differ between the CPU and the GPU anyway, so nothing here is bit-exact.
+// The value stored for resampled pixel value v of channel c, before the dtype conversion: rounded as
+// the reader threads round it (no fused multiply-add), so that an augmented image, whose uint8 pixels the
+// device computes exactly, is stored with the same bits on both.
 FASTPIPE_HD inline float normalized(const ImageTransformParams& p, int c, float v) {
-  return p.out_dtype == OutDtype::UInt8 ? v : v * p.scale[c] + p.shift[c];
+  return p.out_dtype == OutDtype::UInt8 ? v : add_rn(mul_rn(v, p.scale[c]), p.shift[c]);
 }
 
 FASTPIPE_HD inline void resample_element(const ImageTransformParams& p, DecodedLayout layout, const ImageDesc* descs,
-                                         const uint8_t* staging, int64_t image_stride, void* out, int64_t i) {
+                                         const uint8_t* staging, int64_t image_stride, void* out, int64_t i,
+                                         uint8_t* work, int64_t work_stride) {
   const int64_t per_image = out_image_elements(p);
   const int64_t n = i / per_image, e = i % per_image;
   const ImageDesc& d = descs[n];
@@ -361,6 +366,12 @@ FASTPIPE_HD inline void resample_element(const ImageTransformParams& p, DecodedL
     x = static_cast<int>(e % p.out_width);
     y = static_cast<int>(e / p.out_width % p.out_height);
     c = static_cast<int>(e / p.out_width / p.out_height);
+  }
+  if (work) {
+    const int source_x = d.geometry.flip ? p.out_width - 1 - x : x;
+    const float v = resampled_value(layout, d, staging + n * image_stride, c, y, source_x);
+    work[n * work_stride + (static_cast<int64_t>(c) * p.out_height + y) * p.out_width + x] = transforms::float_to_uint8(v);
+    return;
   }
   if (inside(d.geometry.erase, y, x)) {  // erased after the flip, in the output's units
     transforms::store(p.out_dtype, out, i, p.erase.value[c]);

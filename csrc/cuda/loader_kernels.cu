@@ -2,6 +2,7 @@
 
 #include <cstdint>
 
+#include "cuda/augment_images.h"
 #include "cuda/image_transform.h"
 #include "cuda/transforms.h"
 
@@ -53,7 +54,54 @@ __global__ void resample_images_kernel(ResampleImagesKernel k) {
   const int64_t total = k.count * images::out_image_elements(k.params);
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < total;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x)
-    images::resample_element(k.params, k.layout, k.descs, k.staging, k.image_stride, k.out, i);
+    images::resample_element(k.params, k.layout, k.descs, k.staging, k.image_stride, k.out, i, k.work,
+                             k.work_stride);
+}
+
+// One block per image (augment_images.h): per op, the statistics its tables need gathered in shared
+// memory (integers: the same as the serial sums), the tables made by one thread per channel, then a pass
+// over the pixels between the two halves of the image's work area; then the outputs.
+__global__ void augment_images_kernel(AugmentImagesKernel k) {
+  const int64_t n = blockIdx.x;
+  const images::ImageDesc& d = k.descs[n];
+  if (d.on != static_cast<int32_t>(images::DecodeOn::kDevice)) return;
+  const images::ImageTransformParams& p = k.params;
+  const int h = p.out_height, w = p.out_width;
+  const int64_t plane = static_cast<int64_t>(h) * w;
+  uint8_t* img = k.work + n * k.work_stride;
+  uint8_t* other = img + images::kChannels * plane;
+  __shared__ images::ImageStats stats;
+  __shared__ uint8_t tables[3 * 256];
+  const images::SampleOps& ops = d.geometry.ops;
+  for (int j = 0; j < ops.count; ++j) {
+    const images::PlannedOp op = ops.op[j];
+    if (op.kind == static_cast<int32_t>(images::OpKind::kCopy)) continue;
+    if (op.kind == static_cast<int32_t>(images::OpKind::kTable)) {
+      for (int i = threadIdx.x; i < 3 * 256; i += blockDim.x) stats.hist[i / 256][i % 256] = 0;
+      if (threadIdx.x == 0) stats.grey_sum = 0;
+      __syncthreads();
+      const bool hist = images::needs_histograms(op), grey = images::needs_grey_sum(op);
+      unsigned long long sum = 0;
+      for (int64_t at = threadIdx.x; at < plane; at += blockDim.x) {
+        if (hist)
+          for (int c = 0; c < 3; ++c) atomicAdd(&stats.hist[c][img[c * plane + at]], 1u);
+        if (grey)
+          sum += static_cast<unsigned long long>(images::floored_grey(img[at], img[plane + at], img[2 * plane + at]));
+      }
+      if (grey) atomicAdd(reinterpret_cast<unsigned long long*>(&stats.grey_sum), sum);
+      __syncthreads();
+      if (threadIdx.x < 3) images::op_table(op, stats, plane, threadIdx.x, tables + 256 * threadIdx.x);
+      __syncthreads();
+    }
+    for (int64_t at = threadIdx.x; at < plane; at += blockDim.x)
+      images::op_pixel(op, tables, p.augment.fill, img, h, w, static_cast<int>(at / w), static_cast<int>(at % w), other);
+    __syncthreads();
+    uint8_t* t = img;
+    img = other;
+    other = t;
+  }
+  for (int64_t at = threadIdx.x; at < plane; at += blockDim.x)
+    images::store_augmented_pixel(p, d.geometry.erase, img, k.out, n, at);
 }
 
 int blocks_for(int64_t total) {
@@ -98,6 +146,13 @@ cudaError_t launch_resample_images(const ResampleImagesKernel& k, cudaStream_t s
   if (k.count <= 0) return cudaSuccess;
   if (!k.descs || !k.staging || !k.out) return cudaErrorInvalidValue;
   resample_images_kernel<<<blocks_for(k.count * images::out_image_elements(k.params)), kThreads, 0, stream>>>(k);
+  return cudaGetLastError();
+}
+
+cudaError_t launch_augment_images(const AugmentImagesKernel& k, cudaStream_t stream) {
+  if (k.count <= 0) return cudaSuccess;
+  if (!k.descs || !k.work || !k.out || k.count > 2147483647) return cudaErrorInvalidValue;
+  augment_images_kernel<<<static_cast<unsigned>(k.count), kThreads, 0, stream>>>(k);
   return cudaGetLastError();
 }
 

@@ -161,3 +161,27 @@ def test_quick_run_reports_every_row(tmp_path, monkeypatch):
     md = open(doc["files"]["markdown"]).read()
     assert "jpeg corpus, 160x160, cold page cache" in md and "skipped: pretend: not installed" in md
     assert "Corpus (jpeg): 40 images (40 JPEG) in 10 classes" in md
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.skipif(not HAS_TORCHVISION, reason="the DataLoader baselines need torchvision")
+def test_quick_run_reports_the_recipe_rows_against_their_own_baseline(tmp_path):
+    """The TA recipe rows (image_rows.py) run on the JPEG corpus only, each compared with DataLoader + v2
+    running the same recipe, and the headline says what the augmentations cost fastpipe."""
+    out = tmp_path / "res" / "images.json"
+    rc = cli.main(["images", "--quick", "--images", "40", "--batch-size", "8", "--sizes", "160", "--cache", "warm",
+                   "--corpora", "jpeg,png", "--loaders", "fastpipe_folder,fastpipe_recipe,dl_pil_recipe",
+                   "--data-dir", str(tmp_path / "data"), "--out", str(out), "--no-progress"], prog="fastpipe-bench")
+    assert rc == 0
+    doc = json.loads(out.read_text())
+    jpeg, png = doc["results"]["corpora"]["jpeg"], doc["results"]["corpora"]["png"]
+    assert png["skipped"] == {"fastpipe_recipe": "the recipe rows run on the JPEG corpus",
+                              "dl_pil_recipe": "the recipe rows run on the JPEG corpus"}
+    rows = jpeg["rows"]["160_warm"]
+    assert rows["dl_pil_recipe"]["x_vs_baseline"] == pytest.approx(1.0)
+    assert rows["fastpipe_recipe"]["x_vs_baseline"] > 0 and rows["fastpipe_folder"]["x_vs_baseline"] is None
+    entry = jpeg["runs"]["fastpipe_recipe"][0]["sizes"]["160"]
+    assert -1.0 < entry["pixels"]["mean"] < 1.0 and 0.5 < entry["pixels"]["std"] < 2.0, entry["pixels"]
+    line = next(x for x in doc["results"]["headline"] if "TA recipe" in x)
+    assert "fastpipe vs DataLoader + v2 (PIL), TA recipe, jpeg, 160x160 warm" in line
+    assert "the augmentations cost" in line and "fastpipe ImageFolder" in line

@@ -277,20 +277,101 @@ def test_torchvision_reference_train_pipeline_switches_in_one_line(root, T):
         fastpipe.Loader(tv.datasets.ImageFolder(root, transform=after_float), batch_size=2)
 
 
-def test_on_the_simulated_device_it_equals_the_cpu_loader(root):
-    """A device loader decodes augmented samples in the reader threads (the ops run there) and gives the
-    CPU loader's batches."""
-    ds = fastpipe.ImageFolder(root, cache_dir="off")
-    t = RandomResizedCrop(26, mean=MEAN, std=STD, augment=TrivialAugmentWide(), erase=RandomErasing(0.5))
-    cpu = outputs(ds, t)
+def device_outputs(ds, t, seed=4, epochs=2):
+    """outputs() from a device loader decoding on the simulated device; and its stats."""
     with _device.simulated(max_delay_us=100, seed=7) as sim:
-        ld = fastpipe.Loader(ds, batch_size=3, transforms={0: t}, seed=4, timeout=60, device="cuda")
-        for epoch in range(2):
+        ld = fastpipe.Loader(ds, batch_size=3, transforms={0: t}, seed=seed, timeout=60, device="cuda",
+                             image_decode="device")
+        per_epoch = []
+        for _ in range(epochs):
             got = []
             for x, _ in ld:
                 sim.synchronize(sim.consumer_stream())
                 got.append(x.cpu())
-            assert torch.equal(torch.cat(got), cpu[epoch])
+            x = torch.cat(got)
+            per_epoch.append(x.permute(0, 3, 1, 2) if t.layout == "NHWC" else x)
+        stats = ld.stats()
         del ld
         sim.drain()
         assert not sim.misuses()
+    return per_epoch, stats
+
+
+@pytest.mark.parametrize("layout", ["NCHW", "NHWC"])
+def test_on_the_simulated_device_each_output_is_torchvision_ops_on_its_resized_image(root, layout):
+    """The device path (the resample into the work areas, then augment_images.h's per-pixel code, as the
+    GPU kernel runs it) gives torchvision's ops on the device's own resized uint8 image, and the CPU
+    loader's outputs but where the two resamples round a value differently."""
+    ds = fastpipe.ImageFolder(root, cache_dir="off")
+    common = dict(size=(27, 22), scale=(0.3, 1.0), dct_scaling=False, layout=layout)
+    augment = RandAugment(num_ops=3, magnitude=15, fill=[10, 20, 30])
+    t = RandomResizedCrop(mean=MEAN, std=STD, augment=augment, erase=RandomErasing(0.3, value=(0.5, -1.0, 2.0)),
+                          **common)
+    plain, _ = device_outputs(ds, RandomResizedCrop(out_dtype=torch.uint8, **common))
+    got, stats = device_outputs(ds, t)
+    assert stats["images_decoded_on_device"] >= len(ds)  # the rest shrink more than 4x: the readers decode them
+    assert stats["images_decoded_on_device"] + stats["images_decoded_on_host"] == 2 * len(ds)
+    for epoch, (a, b) in enumerate(zip(plain, got, strict=True)):
+        for i, (ops, box) in enumerate(zip(t.augmented(range(len(ds)), epoch, seed=4),
+                                           t.erased(range(len(ds)), epoch, seed=4), strict=True)):
+            img = a[i]
+            for name, m in ops:
+                img = torchvision_op(img, name, m, [10.0, 20.0, 30.0])
+            want = F2.normalize(F2.to_dtype(img, torch.float32, scale=True), MEAN, STD)
+            if box[2]:
+                want = F2.erase(want, *box, torch.tensor([0.5, -1.0, 2.0]).view(3, 1, 1))
+            torch.testing.assert_close(b[i], want, rtol=0, atol=2e-6, msg=f"{epoch} {i} {ops}")
+    cpu = outputs(ds, t)
+    for a, b in zip(cpu, got, strict=True):
+        differ = (a != b).float().mean().item()
+        assert differ < 0.05, differ  # a resampled value on the other side of a rounding, moved by an op
+
+
+def test_a_device_loader_augments_the_images_its_readers_decode(root, rng):
+    """Records the device is not given (a PNG here) are augmented by the reader threads, in the same batches."""
+    from PIL import Image
+
+    Image.fromarray(picture(rng, 50, 70)).save(f"{root}/c0/extra.png")
+    ds = fastpipe.ImageFolder(root, cache_dir="off")
+    t = CenterCrop(24, resize=30, out_dtype=torch.uint8, augment=TrivialAugmentWide(), dct_scaling=False)
+    got, stats = device_outputs(ds, t, epochs=1)
+    assert stats["images_decoded_on_host"] == 1 and stats["images_decoded_on_device"] == len(ds) - 1
+    plain, _ = device_outputs(ds, CenterCrop(24, resize=30, out_dtype=torch.uint8, dct_scaling=False), epochs=1)
+    for i, ops in enumerate(t.augmented(range(len(ds)), 0, seed=4)):
+        img = plain[0][i]
+        for name, m in ops:
+            img = torchvision_op(img, name, m)
+        assert torch.equal(got[0][i], img), (i, ops)
+
+
+@pytest.mark.gpu
+def test_on_a_gpu_the_augmentation_kernel_gives_torchvisions_ops(root):
+    """The kernel (loader_kernels.cu: augment_images_kernel, one block per image) on the GPU's own resized
+    images: torchvision's ops with the draws the Loader reports, exactly."""
+    from fastpipe.data import _device as dev
+
+    ok, why = fastpipe._ext._C.nvjpeg_status(torch.cuda.current_device(), dev.nvjpeg_library())
+    if not ok:
+        pytest.skip(f"nvJPEG unavailable: {why}")
+    ds = fastpipe.ImageFolder(root, cache_dir="off")
+    common = dict(size=(40, 36), scale=(0.3, 1.0), dct_scaling=False)
+    t = RandomResizedCrop(mean=MEAN, std=STD, augment=TrivialAugmentWide(), erase=RandomErasing(0.3), **common)
+
+    def run(transform):
+        ld = fastpipe.Loader(ds, batch_size=3, transforms={0: transform}, seed=4, timeout=60, device="cuda",
+                             image_decode="device")
+        out = [torch.cat([x for x, _ in ld]).cpu() for _ in range(3)]
+        assert ld.stats()["images_decoded_on_device"] > 0
+        return out
+
+    plain, got = run(RandomResizedCrop(out_dtype=torch.uint8, **common)), run(t)
+    for epoch, (a, b) in enumerate(zip(plain, got, strict=True)):
+        for i, (ops, box) in enumerate(zip(t.augmented(range(len(ds)), epoch, seed=4),
+                                           t.erased(range(len(ds)), epoch, seed=4), strict=True)):
+            img = a[i]
+            for name, m in ops:
+                img = torchvision_op(img, name, m)
+            want = F2.normalize(F2.to_dtype(img, torch.float32, scale=True), MEAN, STD)
+            if box[2]:
+                want = F2.erase(want, *box, torch.zeros(3, 1, 1))
+            torch.testing.assert_close(b[i], want, rtol=0, atol=2e-6, msg=f"{epoch} {i} {ops}")

@@ -85,6 +85,9 @@ class CudaDevice : public Device {
       case DeviceKernel::Kind::kResampleImages:
         check(cuda::launch_resample_images(k.resample, raw(s)), "JPEG resample kernel");
         return;
+      case DeviceKernel::Kind::kAugmentImages:
+        check(cuda::launch_augment_images(k.augment, raw(s)), "image augmentation kernel");
+        return;
     }
   }
   // A decoder per stream: nvJPEG's state holds a batch's buffers until its stream has decoded it, so the
