@@ -184,7 +184,9 @@ defines = [
 ]
 opt = ["-O0", "-g"] if DEBUG else ["-O3", "-g"] if LINEINFO else ["-O3"]
 # No -std here: torch picks the standard its headers need (C++20 since 2.10); csrc/core is C++17.
-cxx_flags = ["-Wall", "-Wno-unused-function", "-fvisibility=hidden"] + opt
+# -ffp-contract=off: a * b + c rounded twice, as written (GCC fuses it in functions built for FMA, e.g.
+# csrc/core/augment.cpp's, whatever -std says), so the augmentations equal torchvision's and the GPU's.
+cxx_flags = ["-Wall", "-Wno-unused-function", "-fvisibility=hidden", "-ffp-contract=off"] + opt
 include_dirs = [os.path.join(ROOT, "csrc")]
 extra = {"cxx": cxx_flags}
 link_flags = []

@@ -1,6 +1,8 @@
-"""torchvision's automatic augmentations fused into the JPEG transforms: ``RandomResizedCrop(224,
-augment=TrivialAugmentWide())``. Each sample's ops run on its output-sized uint8 image (224x224, not the
-original) in the reader threads, right after the resize, then the normalisation and RandomErasing.
+"""torchvision's per-sample augmentations fused into the JPEG transforms: ``RandomResizedCrop(224,
+augment=TrivialAugmentWide())``, or a list of them in order, e.g. ``augment=[RandomApply([ColorJitter(0.4,
+0.4, 0.4, 0.1)], p=0.8), RandomGrayscale(0.2)]``. Each sample's ops run on its output-sized uint8 image
+(224x224, not the original) in the reader threads (or a CUDA loader's kernel), right after the resize,
+then the normalisation and RandomErasing.
 
 The ops compute what torchvision's tensor kernels compute (``torchvision.transforms.v2.functional`` on
 uint8 tensors: truncating blends, nearest affine sampling with ``fill`` outside); their magnitudes are
@@ -13,13 +15,19 @@ import numbers
 
 from fastpipe import _checks as checks
 
-__all__ = ["AutoAugment", "RandAugment", "TrivialAugmentWide"]
+__all__ = ["AutoAugment", "ColorJitter", "GaussianBlur", "RandAugment", "RandomApply", "RandomGrayscale",
+           "TrivialAugmentWide"]
 
 # The order of csrc/cuda/augment_ops.h's AugOp.
 OPS = ("Identity", "ShearX", "ShearY", "TranslateX", "TranslateY", "Rotate", "Brightness", "Color", "Contrast",
-       "Sharpness", "Posterize", "Solarize", "AutoContrast", "Equalize", "Invert")
-_POLICIES = {"one_of": 1, "sub_policy": 2}
-_MAX_CANDIDATES, _MAX_MAGNITUDES, _MAX_OPS = 50, 512, 8
+       "Sharpness", "Posterize", "Solarize", "AutoContrast", "Equalize", "Invert", "Hue", "Grayscale", "Blur")
+# ColorJitter's, RandomGrayscale's and GaussianBlur's ops, reported by torchvision's functional names with
+# their factor (GaussianBlur: its sigma).
+FACTOR_OPS = {"Brightness": "adjust_brightness", "Contrast": "adjust_contrast", "Color": "adjust_saturation",
+              "Hue": "adjust_hue", "Grayscale": "rgb_to_grayscale", "Blur": "gaussian_blur"}
+# augment_draws.h's AugmentStageKind, and its limits.
+_ONE_OF, _SUB_POLICY, _COLOR_JITTER, _GRAYSCALE, _BLUR = 1, 2, 3, 4, 5
+_MAX_STAGES, _MAX_CANDIDATES, _MAX_MAGNITUDES, _MAX_OPS, _MAX_BLUR_TAPS = 4, 64, 512, 12, 47
 
 
 def _torchvision_v2():
@@ -50,23 +58,53 @@ def _interpolation(interpolation):
 
 
 class _Augment:
-    """What the three share: the C++ parameters (policy, candidates, magnitudes, fill)."""
+    """A stage of the augmentations: what it adds to the C++ parameters (augment_draws.h)."""
 
-    def _tables(self, height, width):
-        """(policy, num_ops, [(op, signed, p, [magnitudes])]) for an output of height x width."""
+    fill = None  # the geometric ops' fill (None: the stage has none)
+
+    def _add(self, height, width, table):
+        """Appends this stage's dicts to table["stages"] (and its candidates and magnitudes)."""
         raise NotImplementedError
 
-    def _params(self, height, width):
-        policy, num_ops, candidates = self._tables(height, width)
-        flat, table = [], []
+
+class _Table:
+    """The C++ parameters of a list of stages being built."""
+
+    def __init__(self):
+        self.stages, self.candidates, self.magnitudes, self.gates = [], [], [], 0
+
+    def add_candidates(self, candidates):
+        """Appends [(op, signed, p, [magnitudes])]; returns (first, count)."""
+        first = len(self.candidates)
         for name, signed, p, magnitudes in candidates:
-            table.append((OPS.index(name), bool(signed), float(p), len(flat), len(magnitudes)))
-            flat.extend(magnitudes)
-        if len(table) > _MAX_CANDIDATES or len(flat) > _MAX_MAGNITUDES:
-            raise ValueError(f"{type(self).__name__}: at most {_MAX_MAGNITUDES} magnitudes in all "
-                             f"(num_magnitude_bins up to 46), got {len(flat)}")
-        return dict(augment_policy=_POLICIES[policy], augment_num_ops=num_ops, augment_candidates=table,
-                    augment_magnitudes=flat, augment_fill=self.fill)
+            self.candidates.append((OPS.index(name), bool(signed), float(p), len(self.magnitudes), len(magnitudes)))
+            self.magnitudes.extend(magnitudes)
+        return first, len(candidates)
+
+
+def augment_params(augment, height, width):
+    """The ImageTransformParams keywords of ``augment`` (a stage or a list of them) on an output of
+    height x width."""
+    stages = list(augment) if isinstance(augment, (list, tuple)) else [augment]
+    for s in stages:
+        if not isinstance(s, _Augment):
+            raise TypeError(f"augment must be fastpipe.transforms' TrivialAugmentWide, RandAugment, AutoAugment, "
+                            f"ColorJitter, RandomGrayscale or RandomApply, or a list of them; got {type(s).__name__}")
+    fills = {tuple(s.fill) for s in stages if s.fill is not None}
+    if len(fills) > 1:
+        raise ValueError(f"augment: the stages' fills differ ({sorted(fills)}): one fill for every geometric op")
+    table = _Table()
+    for s in stages:
+        s._add(height, width, table)
+    if sum(st["kind"] == _BLUR for st in table.stages) > 1:
+        raise ValueError("augment: at most one GaussianBlur")
+    if len(table.stages) > _MAX_STAGES:
+        raise ValueError(f"augment: at most {_MAX_STAGES} stages, got {len(table.stages)}")
+    if len(table.candidates) > _MAX_CANDIDATES or len(table.magnitudes) > _MAX_MAGNITUDES:
+        raise ValueError(f"augment: at most {_MAX_MAGNITUDES} magnitudes in all (num_magnitude_bins up to 46), got "
+                         f"{len(table.magnitudes)}")
+    return dict(augment_stages=table.stages, augment_candidates=table.candidates,
+                augment_magnitudes=table.magnitudes, augment_fill=list(fills.pop()) if fills else [0, 0, 0])
 
 
 def _space_tables(space, num_bins, height, width):
@@ -97,9 +135,10 @@ class TrivialAugmentWide(_Augment):
         _interpolation(interpolation)
         self.fill = _fill(fill)
 
-    def _tables(self, height, width):
+    def _add(self, height, width, table):
         space = _torchvision_v2().TrivialAugmentWide._AUGMENTATION_SPACE
-        return "one_of", 1, _space_tables(space, self.num_magnitude_bins, height, width)
+        first, count = table.add_candidates(_space_tables(space, self.num_magnitude_bins, height, width))
+        table.stages.append(dict(kind=_ONE_OF, num_ops=1, first=first, count=count))
 
     def __repr__(self):
         return f"TrivialAugmentWide(num_magnitude_bins={self.num_magnitude_bins}, fill={self.fill})"
@@ -126,10 +165,11 @@ class RandAugment(_Augment):
         _interpolation(interpolation)
         self.fill = _fill(fill)
 
-    def _tables(self, height, width):
+    def _add(self, height, width, table):
         space = _torchvision_v2().RandAugment._AUGMENTATION_SPACE
         tables = _space_tables(space, self.num_magnitude_bins, height, width)
-        return "one_of", self.num_ops, [(n, s, p, m[self.magnitude:self.magnitude + 1]) for n, s, p, m in tables]
+        first, count = table.add_candidates([(n, s, p, m[self.magnitude:self.magnitude + 1]) for n, s, p, m in tables])
+        table.stages.append(dict(kind=_ONE_OF, num_ops=self.num_ops, first=first, count=count))
 
     def __repr__(self):
         return (f"RandAugment(num_ops={self.num_ops}, magnitude={self.magnitude}, "
@@ -153,7 +193,7 @@ class AutoAugment(_Augment):
         _interpolation(interpolation)
         self.fill = _fill(fill)
 
-    def _tables(self, height, width):
+    def _add(self, height, width, table):
         v2 = _torchvision_v2()
         tv = v2.AutoAugment(v2.AutoAugmentPolicy(self.policy))
         out = []
@@ -162,7 +202,116 @@ class AutoAugment(_Augment):
                 magnitudes_fn, signed = tv._AUGMENTATION_SPACE[name]
                 m = magnitudes_fn(10, height, width)
                 out.append((name, signed, p, [] if m is None or index is None else [float(m[index])]))
-        return "sub_policy", 2, out
+        first, count = table.add_candidates(out)
+        table.stages.append(dict(kind=_SUB_POLICY, first=first, count=count))
 
     def __repr__(self):
         return f"AutoAugment(policy={self.policy!r}, fill={self.fill})"
+
+
+def _jitter_range(value, name, center, bound, clip_first_on_zero=True):
+    """torchvision's ColorJitter._check_input: a number v is (center - v, center + v) (clipped at 0), a pair
+    is itself; None where it leaves the image as it is."""
+    if isinstance(value, numbers.Real):
+        v = checks.real(value, name, low=0.0)
+        value = [center - v, center + v]
+        if clip_first_on_zero:
+            value[0] = max(value[0], 0.0)
+    elif isinstance(value, (tuple, list)) and len(value) == 2:
+        value = [checks.real(v, f"{name}[{i}]") for i, v in enumerate(value)]
+    else:
+        raise TypeError(f"{name} must be a number or a (min, max) pair, got {value!r}")
+    if not bound[0] <= value[0] <= value[1] <= bound[1]:
+        raise ValueError(f"{name} values must be within {bound} with min <= max, got {value}")
+    return None if value[0] == value[1] == center else (float(value[0]), float(value[1]))
+
+
+class ColorJitter(_Augment):
+    """torchvision's ``ColorJitter``: brightness, contrast, saturation and hue adjusted in a random order per
+    sample, each by a factor drawn uniformly from its range (as torchvision takes them: a number v is
+    [max(0, 1 - v), 1 + v], hue h is [-h, h] with h <= 0.5; 0 leaves it out)."""
+
+    def __init__(self, brightness=0, contrast=0, saturation=0, hue=0):
+        self.brightness = _jitter_range(brightness, "brightness", 1.0, (0.0, float("inf")))
+        self.contrast = _jitter_range(contrast, "contrast", 1.0, (0.0, float("inf")))
+        self.saturation = _jitter_range(saturation, "saturation", 1.0, (0.0, float("inf")))
+        self.hue = _jitter_range(hue, "hue", 0.0, (-0.5, 0.5), clip_first_on_zero=False)
+
+    def _add(self, height, width, table):
+        table.stages.append(dict(kind=_COLOR_JITTER, ranges=[self.brightness, self.contrast, self.saturation,
+                                                             self.hue]))
+
+    def __repr__(self):
+        return (f"ColorJitter(brightness={self.brightness}, contrast={self.contrast}, saturation={self.saturation}, "
+                f"hue={self.hue})")
+
+
+class RandomGrayscale(_Augment):
+    """torchvision's ``RandomGrayscale``: with probability p, the image's grey (0.2989 R + 0.587 G + 0.114 B,
+    truncated) in all three channels."""
+
+    def __init__(self, p=0.1):
+        self.p = checks.real(p, "p", low=0.0, high=1.0)
+
+    def _add(self, height, width, table):
+        table.stages.append(dict(kind=_GRAYSCALE, p=self.p))
+
+    def __repr__(self):
+        return f"RandomGrayscale(p={self.p})"
+
+
+class GaussianBlur(_Augment):
+    """torchvision's ``GaussianBlur``: a Gaussian kernel of ``kernel_size`` (odd, at most 47; an int or
+    (x, y)) with sigma drawn uniformly from ``sigma`` per sample, reflect padding, rounded to uint8. Run
+    as two 1-D passes (rows, then columns) where torchvision convolves with the 2-D kernel: the same
+    weights, summed in another order, so a value can round to the next level where torchvision's lands
+    within float rounding of a half."""
+
+    def __init__(self, kernel_size, sigma=(0.1, 2.0)):
+        sizes = [kernel_size, kernel_size] if isinstance(kernel_size, numbers.Integral) else list(kernel_size)
+        if len(sizes) != 2:
+            raise ValueError(f"kernel_size must be an int or (x, y), got {kernel_size!r}")
+        for k in sizes:
+            checks.integer(k, "kernel_size", low=1, high=_MAX_BLUR_TAPS)
+            if k % 2 == 0:
+                raise ValueError(f"kernel_size must be odd, got {kernel_size!r}")
+        self.kernel_size = (int(sizes[0]), int(sizes[1]))
+        sigma = [sigma, sigma] if isinstance(sigma, numbers.Real) else list(sigma)
+        if len(sigma) != 2 or not 0.0 < float(sigma[0]) <= float(sigma[1]):
+            raise ValueError(f"sigma must be positive, or (min, max) with 0 < min <= max, got {sigma!r}")
+        self.sigma = (float(sigma[0]), float(sigma[1]))
+
+    def _add(self, height, width, table):
+        kx, ky = self.kernel_size
+        if kx // 2 >= width or ky // 2 >= height:
+            raise ValueError(f"GaussianBlur: a kernel of {self.kernel_size} needs an output of more than "
+                             f"{ky // 2}x{kx // 2} (reflect padding), got {height}x{width}")
+        table.stages.append(dict(kind=_BLUR, taps=(kx, ky), sigma=self.sigma))
+
+    def __repr__(self):
+        return f"GaussianBlur(kernel_size={self.kernel_size}, sigma={self.sigma})"
+
+
+class RandomApply(_Augment):
+    """torchvision's ``RandomApply``: its stages, in order, with probability p (one draw for them all)."""
+
+    def __init__(self, transforms, p=0.5):
+        self.transforms = list(transforms) if isinstance(transforms, (list, tuple)) else [transforms]
+        for t in self.transforms:
+            if not isinstance(t, _Augment) or isinstance(t, RandomApply):
+                raise TypeError(f"RandomApply takes fastpipe.transforms' augmentations (not RandomApply), got "
+                                f"{type(t).__name__}")
+        self.p = checks.real(p, "p", low=0.0, high=1.0)
+        fills = [t.fill for t in self.transforms if t.fill is not None]
+        self.fill = fills[0] if fills else None
+
+    def _add(self, height, width, table):
+        gate, table.gates = table.gates, table.gates + 1
+        start = len(table.stages)
+        for t in self.transforms:
+            t._add(height, width, table)
+        for st in table.stages[start:]:
+            st["gate"], st["gate_p"] = gate, self.p
+
+    def __repr__(self):
+        return f"RandomApply({self.transforms}, p={self.p})"

@@ -16,11 +16,11 @@ import torch
 
 from fastpipe import _checks as checks
 from fastpipe._ext import _C
-from fastpipe.augment import AutoAugment, RandAugment, TrivialAugmentWide, _Augment
-from fastpipe.augment import OPS as _AUGMENT_OPS
+from fastpipe.augment import (FACTOR_OPS, OPS, AutoAugment, ColorJitter, GaussianBlur, RandAugment, RandomApply,
+                              RandomGrayscale, TrivialAugmentWide, augment_params)
 
-__all__ = ["AutoAugment", "CenterCrop", "CropMirrorNormalize", "RandAugment", "RandomErasing", "RandomResizedCrop",
-           "TrivialAugmentWide"]
+__all__ = ["AutoAugment", "CenterCrop", "ColorJitter", "CropMirrorNormalize", "GaussianBlur", "RandAugment",
+           "RandomApply", "RandomErasing", "RandomGrayscale", "RandomResizedCrop", "TrivialAugmentWide"]
 
 _OUT_DTYPES = {torch.float32: "float32", torch.float16: "float16", torch.bfloat16: "bfloat16"}
 _IMAGE_OUT_DTYPES = {**_OUT_DTYPES, torch.uint8: "uint8"}
@@ -199,12 +199,9 @@ class _JpegTransform:
     def _init_erase(self, erase, augment):
         if erase is not None and not isinstance(erase, RandomErasing):
             raise TypeError(f"erase must be a fastpipe.transforms.RandomErasing or None, got {type(erase).__name__}")
-        if augment is not None and not isinstance(augment, _Augment):
-            raise TypeError(f"augment must be a fastpipe.transforms.TrivialAugmentWide, RandAugment or AutoAugment "
-                            f"or None, got {type(augment).__name__}")
         self.erase = erase
         self.augment = augment
-        self._augment_params = None if augment is None else augment._params(*self.size)
+        self._augment_params = None if augment is None else augment_params(augment, *self.size)
 
     def _init_output(self, size, mirror, mean, std, out_dtype, layout, dct_scaling):
         self.size = _size_pair(size, "size")
@@ -287,10 +284,13 @@ class _JpegTransform:
 
     def augmented(self, index, epoch, seed=0):
         """The augmentations each sample gets, as the Loader draws them: a list per index of
-        ``(op, magnitude)`` in the order applied (op as torchvision names it, e.g. "Rotate"; magnitude as
-        torchvision passes it to the op)."""
+        ``(op, magnitude)`` in the order applied: the automatic augmentations' ops as torchvision names them
+        (e.g. "Rotate") with the magnitude torchvision passes to the op; ColorJitter's, RandomGrayscale's and
+        GaussianBlur's by their functional names ("adjust_hue", "rgb_to_grayscale", "gaussian_blur", ...)
+        with their factor (GaussianBlur: its sigma)."""
         params = self._image_params(seed)
-        return [[(_AUGMENT_OPS[op], m) for op, m in params.augment_ops(int(epoch), int(i))] for i in index]
+        return [[(FACTOR_OPS[OPS[op]] if by_factor else OPS[op], m)
+                 for op, m, by_factor in params.augment_ops(int(epoch), int(i))] for i in index]
 
     def __repr__(self):
         extra = ", ".join(f"{k}={v!r}" for k, v in self._repr_fields())
@@ -327,8 +327,9 @@ class RandomResizedCrop(_JpegTransform):
         many times the output on both sides, then resize the rest of the way: much faster on large
         images, but not the same pixels as torchvision's resize of the full-resolution crop (a mean
         difference of about one level in 255). False: always decode the crop at full resolution.
-    augment : TrivialAugmentWide, RandAugment or AutoAugment, optional
-        torchvision's automatic augmentation of the resized (and flipped) uint8 image, fused
+    augment : an augmentation or a list of them, optional
+        torchvision's per-sample augmentations of the resized (and flipped) uint8 image, fused, in order:
+        TrivialAugmentWide, RandAugment, AutoAugment, ColorJitter, RandomGrayscale, GaussianBlur, RandomApply
         (fastpipe.augment). The resized image is then rounded to uint8 first, as torchvision's is.
     erase : RandomErasing, optional
         torchvision's RandomErasing of the output, fused (after the normalisation, as in torchvision's

@@ -57,6 +57,24 @@ template <class Fma>
   }
 }
 
+// ColorJitter's hue (no fused operations, but floor and trunc, which the FMA build does in registers)
+// and RandomGrayscale (the grey's fused adds).
+template <class Fma>
+[[gnu::always_inline]] inline void hue_rows(const PlannedOp& op, const uint8_t* src, uint8_t* dst, int64_t pixels) {
+  const uint8_t *r = src, *g = src + pixels, *b = src + 2 * pixels;
+  uint8_t *ro = dst, *go = dst + pixels, *bo = dst + 2 * pixels;
+  for (int64_t i = 0; i < pixels; ++i) images::hue_pixel(op.ratio, r[i], g[i], b[i], ro + i, go + i, bo + i);
+}
+
+template <class Fma>
+[[gnu::always_inline]] inline void grey_rows(const uint8_t* src, uint8_t* dst, int64_t pixels) {
+  const uint8_t *r = src, *g = src + pixels, *b = src + 2 * pixels;
+  for (int64_t i = 0; i < pixels; ++i) {
+    const uint8_t v = static_cast<uint8_t>(images::floored_grey(r[i], g[i], b[i], Fma()));
+    dst[i] = dst[pixels + i] = dst[2 * pixels + i] = v;
+  }
+}
+
 template <class Fma>
 [[gnu::always_inline]] inline int64_t grey_sum(const uint8_t* img, int64_t pixels) {
   const uint8_t *r = img, *g = img + pixels, *b = img + 2 * pixels;
@@ -70,6 +88,8 @@ struct PixelKernels {
   void (*color)(const PlannedOp&, const uint8_t*, uint8_t*, int64_t, float*);
   void (*sharpness)(const PlannedOp&, const uint8_t*, uint8_t*, int, int);
   int64_t (*grey_sum)(const uint8_t*, int64_t);
+  void (*hue)(const PlannedOp&, const uint8_t*, uint8_t*, int64_t);
+  void (*grey)(const uint8_t*, uint8_t*, int64_t);
 };
 
 #if defined(__x86_64__)
@@ -85,6 +105,12 @@ FASTPIPE_FMA_TARGET void sharpness_fma(const PlannedOp& op, const uint8_t* src, 
   sharpness_rows<HardwareFma>(op, src, dst, h, w);
 }
 FASTPIPE_FMA_TARGET int64_t grey_sum_fma(const uint8_t* img, int64_t pixels) { return grey_sum<HardwareFma>(img, pixels); }
+FASTPIPE_FMA_TARGET void hue_fma(const PlannedOp& op, const uint8_t* src, uint8_t* dst, int64_t pixels) {
+  hue_rows<HardwareFma>(op, src, dst, pixels);
+}
+FASTPIPE_FMA_TARGET void grey_fma(const uint8_t* src, uint8_t* dst, int64_t pixels) {
+  grey_rows<HardwareFma>(src, dst, pixels);
+}
 
 void color_exact(const PlannedOp& op, const uint8_t* src, uint8_t* dst, int64_t pixels, float* g) {
   color_rows<images::ExactFma>(op, src, dst, pixels, g);
@@ -93,10 +119,14 @@ void sharpness_exact(const PlannedOp& op, const uint8_t* src, uint8_t* dst, int 
   sharpness_rows<images::ExactFma>(op, src, dst, h, w);
 }
 int64_t grey_sum_exact(const uint8_t* img, int64_t pixels) { return grey_sum<images::ExactFma>(img, pixels); }
+void hue_exact(const PlannedOp& op, const uint8_t* src, uint8_t* dst, int64_t pixels) {
+  hue_rows<images::ExactFma>(op, src, dst, pixels);
+}
+void grey_exact(const uint8_t* src, uint8_t* dst, int64_t pixels) { grey_rows<images::ExactFma>(src, dst, pixels); }
 
 const PixelKernels& kernels(bool emulate_fma) {
-  static const PixelKernels exact{color_exact, sharpness_exact, grey_sum_exact};
-  static const PixelKernels fma{color_fma, sharpness_fma, grey_sum_fma};
+  static const PixelKernels exact{color_exact, sharpness_exact, grey_sum_exact, hue_exact, grey_exact};
+  static const PixelKernels fma{color_fma, sharpness_fma, grey_sum_fma, hue_fma, grey_fma};
 #if defined(__x86_64__)
   static const bool has_fma = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
 #elif defined(__FP_FAST_FMAF)
@@ -132,6 +162,38 @@ void affine_rows(const PlannedOp& op, const uint8_t* fill, const uint8_t* src, u
       } else {
         for (int c = 0; c < 3; ++c) dst[c * plane + at + x] = fill[c];
       }
+    }
+  }
+}
+
+// GaussianBlur in two passes per plane, each summing as images::blurred_value sums: the rows' taps into
+// floats, then the columns' taps over a row padded by reflection (both vectorised over x).
+void blur_planes(const PlannedOp& op, const float* wx, const float* wy, const uint8_t* src, uint8_t* dst, int h, int w,
+                 AugmentScratch& s) {
+  const int rx = op.taps[0] / 2, ry = op.taps[1] / 2;
+  const int64_t plane = static_cast<int64_t>(h) * w;
+  s.columns.resize(static_cast<size_t>(w + 2 * rx + w));
+  float* padded = s.columns.data();
+  float* column = padded + w + 2 * rx;
+  for (int c = 0; c < 3; ++c) {
+    const uint8_t* in = src + c * plane;
+    for (int y = 0; y < h; ++y) {
+      std::fill(column, column + w, 0.0f);
+      for (int i = 0; i < op.taps[1]; ++i) {
+        const uint8_t* row = in + static_cast<int64_t>(images::reflect(y + i - ry, h)) * w;
+        const float wi = wy[i];
+        for (int x = 0; x < w; ++x) column[x] = images::add_rn(column[x], images::mul_rn(wi, static_cast<float>(row[x])));
+      }
+      for (int x = -rx; x < w + rx; ++x) padded[x + rx] = column[images::reflect(x, w)];
+      // Each output's sum in tap order, the taps outermost so that the loop over x vectorises.
+      std::fill(column, column + w, 0.0f);
+      for (int j = 0; j < op.taps[0]; ++j) {
+        const float wj = wx[j];
+        const float* from = padded + j;
+        for (int x = 0; x < w; ++x) column[x] = images::add_rn(column[x], images::mul_rn(wj, from[x]));
+      }
+      uint8_t* out = dst + c * plane + static_cast<int64_t>(y) * w;
+      for (int x = 0; x < w; ++x) out[x] = static_cast<uint8_t>(images::round_even(column[x]));
     }
   }
 }
@@ -174,10 +236,13 @@ void augment_image(const images::SampleOps& ops, const uint8_t fill[3], int h, i
         k.sharpness(op, src, dst, h, w);
         break;
       case OpKind::kAffine: affine_rows(op, fill, src, dst, h, w, s); break;
+      case OpKind::kHue: k.hue(op, src, dst, pixels); break;
+      case OpKind::kBlur: blur_planes(op, ops.blur, ops.blur + images::kMaxBlurTaps, src, dst, h, w, s); break;
+      case OpKind::kGrey: k.grey(src, dst, pixels); break;
       default:
         for (int y = 0; y < h; ++y)
           for (int x = 0; x < w; ++x)
-            images::op_pixel(op, s.tables, fill, src, h, w, y, x, dst);
+            images::op_pixel(op, s.tables, fill, src, h, w, y, x, dst, ops.blur);
     }
     s.image.swap(s.other);
   }

@@ -252,7 +252,7 @@ void resample_augmented(const ImageTransformParams& p, const images::Geometry& g
 
 void resample_image(const ImageTransformParams& p, const images::Geometry& g, const uint8_t* src, int64_t stride,
                     const images::Region& region, void* out, ResampleScratch& s) {
-  if (p.augment.policy != static_cast<int32_t>(images::AugmentPolicy::kNone)) {
+  if (p.augment.stages > 0) {
     return resample_augmented(p, g, src, stride, region, out, s);
   }
   switch (p.out_dtype) {

@@ -1,8 +1,16 @@
-// Which ops of TrivialAugmentWide, RandAugment or AutoAugment a sample gets, drawn as torchvision draws
-// them but from the hash of (seed, epoch, sample) (sample_draws.h), so the reader threads and the device
-// make the same choice in any run. The candidates and their magnitudes come from torchvision's own
-// tables (fastpipe/augment.py builds them with its _AUGMENTATION_SPACE and policies), so that every
-// magnitude is torchvision's float32 value.
+// Which augmentation ops a sample gets, drawn as torchvision draws them but from the hash of (seed, epoch,
+// sample) (sample_draws.h), so the reader threads and the device make the same choice in any run. The
+// augmentations are a list of stages, applied in order:
+// - TrivialAugmentWide, RandAugment (kOneOf): num_ops times one candidate op uniformly, with a magnitude
+//   bin drawn uniformly; AutoAugment (kSubPolicy): one sub-policy (candidates 2s, 2s + 1) uniformly, each
+//   op with its probability. Their candidates and magnitudes are torchvision's own tables
+//   (fastpipe/augment.py builds them with its _AUGMENTATION_SPACE and policies), so that every magnitude
+//   is torchvision's float32 value.
+// - ColorJitter (kColorJitter): its 4 adjustments in a random order, each factor uniform in its range.
+// - RandomGrayscale (kGrayscale); GaussianBlur (kBlur: a sigma per sample, the weights made here, on the
+//   host, once).
+// A stage applies with probability p (and, in a RandomApply, when the RandomApply's draw, which its
+// stages share, says so).
 // Plain C++ (no torch, no CUDA headers outside nvcc).
 #pragma once
 
@@ -14,11 +22,7 @@
 
 namespace fastpipe::images {
 
-enum class AugmentPolicy : int32_t {
-  kNone = 0,
-  kOneOf,       // TrivialAugmentWide, RandAugment: num_ops times, one candidate uniformly, a magnitude bin
-  kSubPolicy,   // AutoAugment: one sub-policy (candidates 2s, 2s + 1) uniformly, each op with its p
-};
+enum class AugmentStageKind : int32_t { kOneOf = 1, kSubPolicy = 2, kColorJitter = 3, kGrayscale = 4, kBlur = 5 };
 
 // One candidate op: its magnitudes are magnitudes[first, first + count) (count 0: magnitude 0), drawn
 // uniformly; `is_signed`: negated with probability 1/2; applied with probability p.
@@ -29,27 +33,44 @@ struct AugmentCandidate {
   int32_t first = 0, count = 0;
 };
 
-constexpr int kMaxAugmentCandidates = 50;  // AutoAugment's 25 sub-policies of 2
+struct AugmentStage {
+  int32_t kind = 0;  // AugmentStageKind
+  float p = 1.0f;    // the stage applies with this probability
+  int32_t gate = -1;  // >= 0: and if its RandomApply's draw (shared by the stages with this gate) < gate_p
+  float gate_p = 1.0f;
+  int32_t num_ops = 0;                      // kOneOf: ops per sample
+  int32_t first = 0, count = 0;             // kOneOf, kSubPolicy: candidates [first, first + count)
+  int32_t jitter[4] = {0, 0, 0, 0};         // kColorJitter: brightness, contrast, saturation, hue on
+  float lo[4] = {0, 0, 0, 0}, hi[4] = {0, 0, 0, 0};  // ... their factor ranges; kBlur: lo[0], hi[0] sigma's
+  int32_t taps[2] = {0, 0};                 // kBlur: the kernel's size along x and y
+};
+
+constexpr int kMaxAugmentStages = 4;
+constexpr int kMaxAugmentCandidates = 64;  // AutoAugment's 25 sub-policies of 2, and TrivialAugment's 14
 constexpr int kMaxAugmentMagnitudes = 512;
-constexpr int kMaxAugmentOps = 8;           // per sample (RandAugment's num_ops)
+constexpr int kMaxAugmentOps = 12;          // per sample
 
 struct AugmentParams {
-  int32_t policy = 0;  // AugmentPolicy
-  int32_t num_ops = 0;
-  int32_t candidates = 0;
+  int32_t stages = 0;  // 0: no augmentation
   uint8_t fill[3] = {0, 0, 0};
+  AugmentStage stage[kMaxAugmentStages];
+  int32_t candidates = 0;
   AugmentCandidate candidate[kMaxAugmentCandidates];
   float magnitudes[kMaxAugmentMagnitudes];
 };
 
-// A sample's ops, in order.
+// A sample's ops, in order, and its GaussianBlur's weights (x's, then y's at kMaxBlurTaps).
 struct SampleOps {
   int32_t count = 0;
   PlannedOp op[kMaxAugmentOps];
+  float blur[2 * kMaxBlurTaps];
 };
 
-// Draw numbers: after RandomErasing's (random_erasing.h: 64 to 104); op k uses 128 + 4k + j.
+// Draw numbers: after RandomErasing's (random_erasing.h: 64 to 104). Stage s draws from 128 + 64 s (op k
+// of a kOneOf or kSubPolicy stage: + 4k + j; a colour jitter: + 0 to 7; its p: + 63); gate g: 448 + g.
 constexpr uint64_t kDrawAugment = 128;
+constexpr uint64_t kDrawsPerStage = 64;
+constexpr uint64_t kDrawGate = kDrawAugment + kMaxAugmentStages * kDrawsPerStage;
 
 FASTPIPE_HD inline void add_op(const AugmentParams& a, const AugmentCandidate& c, uint64_t seed, uint64_t epoch,
                                uint64_t index, uint64_t d, int h, int w, SampleOps* out) {
@@ -58,25 +79,77 @@ FASTPIPE_HD inline void add_op(const AugmentParams& a, const AugmentCandidate& c
     magnitude = a.magnitudes[c.first + below(transforms::sample_bits(seed, epoch, index, d + 1), c.count)];
     if (c.is_signed && draw01(seed, epoch, index, d + 2) <= 0.5) magnitude = -magnitude;
   }
-  out->op[out->count++] = plan_op(static_cast<AugOp>(c.op), magnitude, h, w);
+  if (out->count < kMaxAugmentOps) out->op[out->count++] = plan_op(static_cast<AugOp>(c.op), magnitude, h, w);
+}
+
+// ColorJitter: torch.randperm(4)'s order (a Fisher-Yates shuffle of our draws), each adjustment that is on
+// with its factor (a float32, as torch's uniform_ draws it).
+FASTPIPE_HD inline void add_jitter(const AugmentStage& st, uint64_t seed, uint64_t epoch, uint64_t index, uint64_t d,
+                                   SampleOps* out) {
+  int order[4] = {0, 1, 2, 3};
+  for (int k = 3; k > 0; --k) {
+    const int j = below(transforms::sample_bits(seed, epoch, index, d + static_cast<uint64_t>(k)), k + 1);
+    const int t = order[k];
+    order[k] = order[j];
+    order[j] = t;
+  }
+  const AugOp ops[4] = {AugOp::kBrightness, AugOp::kContrast, AugOp::kColor, AugOp::kHue};
+  for (int k = 0; k < 4; ++k) {
+    const int a = order[k];
+    if (!st.jitter[a] || out->count >= kMaxAugmentOps) continue;
+    const double u = draw01(seed, epoch, index, d + 4 + static_cast<uint64_t>(a));
+    const float factor = static_cast<float>(st.lo[a] + (static_cast<double>(st.hi[a]) - st.lo[a]) * u);
+    out->op[out->count++] = plan_factor(ops[a], factor);
+  }
 }
 
 // The ops of sample `index` in `epoch` on an output of h x w.
 FASTPIPE_HD inline SampleOps draw_augment(const AugmentParams& a, uint64_t seed, uint64_t epoch, uint64_t index, int h,
                                           int w) {
   SampleOps s;
-  if (a.policy == static_cast<int32_t>(AugmentPolicy::kOneOf)) {
-    for (int k = 0; k < a.num_ops; ++k) {
-      const uint64_t d = kDrawAugment + 4 * static_cast<uint64_t>(k);
-      const AugmentCandidate& c = a.candidate[below(transforms::sample_bits(seed, epoch, index, d), a.candidates)];
-      add_op(a, c, seed, epoch, index, d, h, w, &s);
-    }
-  } else if (a.policy == static_cast<int32_t>(AugmentPolicy::kSubPolicy)) {
-    const int sub = below(transforms::sample_bits(seed, epoch, index, kDrawAugment), a.candidates / 2);
-    for (int k = 0; k < 2; ++k) {
-      const uint64_t d = kDrawAugment + 4 * static_cast<uint64_t>(k + 1);
-      const AugmentCandidate& c = a.candidate[2 * sub + k];
-      if (draw01(seed, epoch, index, d + 3) <= static_cast<double>(c.p)) add_op(a, c, seed, epoch, index, d, h, w, &s);
+  for (int n = 0; n < a.stages; ++n) {
+    const AugmentStage& st = a.stage[n];
+    const uint64_t base = kDrawAugment + kDrawsPerStage * static_cast<uint64_t>(n);
+    if (st.gate >= 0 && !(draw01(seed, epoch, index, kDrawGate + static_cast<uint64_t>(st.gate)) <
+                          static_cast<double>(st.gate_p)))
+      continue;
+    if (st.p < 1.0f && !(draw01(seed, epoch, index, base + kDrawsPerStage - 1) < static_cast<double>(st.p))) continue;
+    switch (static_cast<AugmentStageKind>(st.kind)) {
+      case AugmentStageKind::kOneOf:
+        for (int k = 0; k < st.num_ops; ++k) {
+          const uint64_t d = base + 4 * static_cast<uint64_t>(k);
+          const AugmentCandidate& c = a.candidate[st.first + below(transforms::sample_bits(seed, epoch, index, d), st.count)];
+          add_op(a, c, seed, epoch, index, d, h, w, &s);
+        }
+        break;
+      case AugmentStageKind::kSubPolicy: {
+        const int sub = below(transforms::sample_bits(seed, epoch, index, base), st.count / 2);
+        for (int k = 0; k < 2; ++k) {
+          const uint64_t d = base + 4 * static_cast<uint64_t>(k + 1);
+          const AugmentCandidate& c = a.candidate[st.first + 2 * sub + k];
+          if (draw01(seed, epoch, index, d + 3) <= static_cast<double>(c.p)) add_op(a, c, seed, epoch, index, d, h, w, &s);
+        }
+        break;
+      }
+      case AugmentStageKind::kColorJitter: add_jitter(st, seed, epoch, index, base, &s); break;
+      case AugmentStageKind::kGrayscale:
+        if (s.count < kMaxAugmentOps) s.op[s.count++] = plan_factor(AugOp::kGrayscale, 0.0f);
+        break;
+      case AugmentStageKind::kBlur: {
+        if (s.count >= kMaxAugmentOps) break;
+        // torch.empty(1).uniform_(lo, hi): a float32 sigma.
+        const float sigma =
+            static_cast<float>(st.lo[0] + (static_cast<double>(st.hi[0]) - st.lo[0]) * draw01(seed, epoch, index, base));
+        PlannedOp& op = s.op[s.count++];
+        op = plan_factor(AugOp::kBlur, sigma);
+        op.taps[0] = st.taps[0];
+        op.taps[1] = st.taps[1];
+#if !defined(__CUDA_ARCH__)
+        gaussian_weights(st.taps[0], sigma, s.blur);
+        gaussian_weights(st.taps[1], sigma, s.blur + kMaxBlurTaps);
+#endif
+        break;
+      }
     }
   }
   return s;

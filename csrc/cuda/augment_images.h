@@ -22,7 +22,7 @@ FASTPIPE_HD inline int64_t augment_work_bytes(const ImageTransformParams& p) {
 }
 
 FASTPIPE_HD inline bool augments(const ImageTransformParams& p) {
-  return p.augment.policy != static_cast<int32_t>(AugmentPolicy::kNone);
+  return p.augment.stages > 0;
 }
 
 // Output pixel `at` (y * width + x) of image n from the augmented planes `img`: normalised, erased,
@@ -68,7 +68,8 @@ inline void augment_image_serial(const ImageTransformParams& p, const ImageDesc&
       for (int c = 0; c < 3; ++c) op_table(op, stats, plane, c, tables + 256 * c);
     }
     for (int64_t at = 0; at < plane; ++at)
-      op_pixel(op, tables, p.augment.fill, img, h, w, static_cast<int>(at / w), static_cast<int>(at % w), other);
+      op_pixel(op, tables, p.augment.fill, img, h, w, static_cast<int>(at / w), static_cast<int>(at % w), other,
+               ops.blur);
     uint8_t* t = img;
     img = other;
     other = t;

@@ -35,11 +35,16 @@ enum class AugOp : int32_t {
   kAutoContrast,
   kEqualize,
   kInvert,
+  kHue,        // ColorJitter's hue
+  kGrayscale,  // RandomGrayscale
+  kBlur,       // GaussianBlur
   kCount
 };
 
 // How an op reads its input.
-enum class OpKind : int32_t { kCopy = 0, kTable, kColor, kSharpness, kAffine, kQuarterTurns };
+enum class OpKind : int32_t { kCopy = 0, kTable, kColor, kSharpness, kAffine, kQuarterTurns, kHue, kGrey, kBlur };
+
+constexpr int kMaxBlurTaps = 47;  // GaussianBlur's kernel size per axis
 
 // One op drawn for a sample, with what does not depend on the pixels.
 struct PlannedOp {
@@ -49,6 +54,8 @@ struct PlannedOp {
   float ratio = 0.0f;       // blends: image * ratio + other * (1 - ratio), both as float32
   float other_weight = 0.0f;
   int32_t turns = 0;        // kQuarterTurns: torch.rot90's k
+  int32_t by_factor = 0;    // 1: planned by plan_factor (ColorJitter, RandomGrayscale; magnitude is the factor)
+  int32_t taps[2] = {0, 0};  // kBlur: the kernel's size along x and y (its weights: SampleOps::blur)
   float theta[6] = {0, 0, 0, 0, 0, 0};  // kAffine: the grid's coefficients (see affine_source)
 };
 
@@ -250,6 +257,23 @@ FASTPIPE_HD inline PlannedOp plan_op(AugOp op, float magnitude, int h, int w) {
   }
 }
 
+// A ColorJitter adjustment (brightness, contrast, saturation, hue) with its factor, RandomGrayscale, or
+// GaussianBlur (factor: its sigma; the caller sets the taps).
+FASTPIPE_HD inline PlannedOp plan_factor(AugOp op, float factor) {
+  PlannedOp p;
+  p.op = static_cast<int32_t>(op);
+  p.magnitude = factor;
+  p.by_factor = 1;
+  p.ratio = factor;  // _blend's ratio (hue: the shift), a float32 as torch takes the Python float
+  p.other_weight = static_cast<float>(1.0 - static_cast<double>(factor));
+  p.kind = static_cast<int32_t>(op == AugOp::kColor       ? OpKind::kColor
+                                : op == AugOp::kHue       ? OpKind::kHue
+                                : op == AugOp::kGrayscale ? OpKind::kGrey
+                                : op == AugOp::kBlur      ? OpKind::kBlur
+                                                          : OpKind::kTable);
+  return p;
+}
+
 // Whether the op's table needs the histograms / the grey sum.
 FASTPIPE_HD inline bool needs_histograms(const PlannedOp& p) {
   return p.op == static_cast<int32_t>(AugOp::kAutoContrast) || p.op == static_cast<int32_t>(AugOp::kEqualize);
@@ -353,11 +377,93 @@ FASTPIPE_HD inline void quarter_turn_source(int turns, int h, int w, int y, int 
   }
 }
 
+// adjust_hue_image on one uint8 pixel, in float32 as torchvision computes it: to [0, 1], _rgb_to_hsv,
+// the hue shifted (remainder 1), _hsv_to_rgb, then to uint8 (x * 255.999 truncated).
+FASTPIPE_HD inline void hue_pixel(float shift, uint8_t r8, uint8_t g8, uint8_t b8, uint8_t* r_out, uint8_t* g_out,
+                                  uint8_t* b_out) {
+  const float scale = static_cast<float>(1.0 / 255);
+  const float r = mul_rn(static_cast<float>(r8), scale), g = mul_rn(static_cast<float>(g8), scale),
+              b = mul_rn(static_cast<float>(b8), scale);
+  const float maxc = r > g ? (r > b ? r : b) : (g > b ? g : b);
+  const float minc = r < g ? (r < b ? r : b) : (g < b ? g : b);
+  const bool eqc = maxc == minc;
+  const float range = add_rn(maxc, -minc);
+  const float s = div_rn(range, eqc ? 1.0f : maxc);
+  const float divisor = eqc ? 1.0f : range;
+  const float rc = div_rn(add_rn(maxc, -r), divisor), gc = div_rn(add_rn(maxc, -g), divisor),
+              bc = div_rn(add_rn(maxc, -b), divisor);
+  const bool maxc_neq_r = maxc != r, maxc_eq_g = maxc == g;
+  const float hg = maxc_eq_g && maxc_neq_r ? add_rn(add_rn(rc, 2.0f), -bc) : 0.0f;
+  const float hr = !maxc_neq_r ? add_rn(bc, -gc) : 0.0f;
+  const float hb = maxc_neq_r && !maxc_eq_g ? add_rn(add_rn(gc, 4.0f), -rc) : 0.0f;
+  float h = add_rn(add_rn(hr, hg), hb);
+  h = add_rn(mul_rn(h, static_cast<float>(1.0 / 6.0)), 1.0f);  // > 0: fmod(h, 1) is h - trunc(h), exactly
+  h = add_rn(h, -truncf(h));
+  h = add_rn(h, shift);
+  h = add_rn(h, -floorf(h));  // remainder(h, 1): h - 1 exactly, or h + 1 rounded as fmod + 1 rounds
+  const float h6 = mul_rn(h, 6.0f);
+  const float fi = floorf(h6);
+  const float f = add_rn(h6, -fi);
+  const int i = static_cast<int>(fi) % 6;  // h6 in [0, 6]: 6 becomes 0
+  const float sxf = mul_rn(s, f), one_minus_s = add_rn(1.0f, -s), v = maxc;
+  const auto clamp01 = [](float x) { return x < 0.0f ? 0.0f : (x > 1.0f ? 1.0f : x); };
+  const float q = clamp01(mul_rn(add_rn(1.0f, -sxf), v));
+  const float t = clamp01(mul_rn(add_rn(sxf, one_minus_s), v));
+  const float pp = clamp01(mul_rn(one_minus_s, v));
+  // _hsv_to_rgb's table: r = (v, q, p, p, t, v)[i], g = (t, v, v, q, p, p)[i], b = (p, p, t, v, v, q)[i],
+  // as selects (which vectorise) rather than an indexed array.
+  const float r_hsv = i == 0 || i == 5 ? v : (i == 1 ? q : (i == 4 ? t : pp));
+  const float g_hsv = i == 1 || i == 2 ? v : (i == 0 ? t : (i == 3 ? q : pp));
+  const float b_hsv = i == 3 || i == 4 ? v : (i == 2 ? t : (i == 5 ? q : pp));
+  const float to_u8 = static_cast<float>(255.0 + 1.0 - 1e-3);  // to_dtype_image's float -> uint8
+  *r_out = static_cast<uint8_t>(mul_rn(r_hsv, to_u8));
+  *g_out = static_cast<uint8_t>(mul_rn(g_hsv, to_u8));
+  *b_out = static_cast<uint8_t>(mul_rn(b_hsv, to_u8));
+}
+
+// GaussianBlur's 1-D weights for an odd kernel of `taps` and sigma, as _get_gaussian_kernel1d makes them
+// in float32 (softmax of -(x / sigma)^2 over x = linspace(-lim, lim), lim = (taps - 1) / (2 sqrt 2)): the
+// exponentials and the sum in double, so each weight is within a unit or two of the last place of
+// torch's.
+inline void gaussian_weights(int taps, float sigma, float* w) {
+  const float lim = static_cast<float>((taps - 1) / (2.0 * sqrt(2.0)));
+  const float step = taps > 1 ? (lim - -lim) / static_cast<float>(taps - 1) : 0.0f;
+  double e[kMaxBlurTaps], sum = 0.0, top = -1e300;
+  for (int i = 0; i < taps; ++i) {
+    const float x = i < taps / 2 ? -lim + step * static_cast<float>(i) : lim - step * static_cast<float>(taps - 1 - i);
+    const float t = x / sigma;
+    e[i] = -static_cast<double>(t * t);
+    top = e[i] > top ? e[i] : top;
+  }
+  for (int i = 0; i < taps; ++i) sum += (e[i] = exp(e[i] - top));
+  for (int i = 0; i < taps; ++i) w[i] = static_cast<float>(e[i] / sum);
+}
+
+// Reflect padding's source index for index i of an axis of n (|i - clamp| < n: the kernel fits).
+FASTPIPE_HD inline int reflect(int i, int n) { return i < 0 ? -i : (i >= n ? 2 * n - 2 - i : i); }
+
+// The blur of one value: rows (y) first, then columns (x), each sum in order from the first tap, then
+// rounded (half to even) as torchvision rounds its float result: the reader threads' two passes compute
+// the same sums.
+FASTPIPE_HD inline uint8_t blurred_value(const PlannedOp& p, const float* wx, const float* wy, const uint8_t* plane,
+                                         int h, int w, int y, int x) {
+  const int rx = p.taps[0] / 2, ry = p.taps[1] / 2;
+  float acc = 0.0f;
+  for (int j = 0; j < p.taps[0]; ++j) {
+    const int sx = reflect(x + j - rx, w);
+    float column = 0.0f;
+    for (int i = 0; i < p.taps[1]; ++i)
+      column = add_rn(column, mul_rn(wy[i], static_cast<float>(plane[static_cast<int64_t>(reflect(y + i - ry, h)) * w + sx])));
+    acc = add_rn(acc, mul_rn(wx[j], column));
+  }
+  return static_cast<uint8_t>(round_even(acc));
+}
+
 // Output pixel (y, x) of op p on the h x w image `src` (3 planes, channel c at c * h * w), its 3 values
 // stored at the same place in `dst`; `lut`: its tables (kTable), `fill`: the value outside the image
-// (geometric ops).
+// (geometric ops), `blur`: a kBlur's weights (x's, then y's at kMaxBlurTaps).
 FASTPIPE_HD inline void op_pixel(const PlannedOp& p, const uint8_t* lut, const uint8_t* fill, const uint8_t* src,
-                                 int h, int w, int y, int x, uint8_t* dst) {
+                                 int h, int w, int y, int x, uint8_t* dst, const float* blur = nullptr) {
   const int64_t plane = static_cast<int64_t>(h) * w, at = static_cast<int64_t>(y) * w + x;
   int64_t from = at;
   switch (static_cast<OpKind>(p.kind)) {
@@ -367,6 +473,19 @@ FASTPIPE_HD inline void op_pixel(const PlannedOp& p, const uint8_t* lut, const u
     case OpKind::kColor: {
       const float grey = floored_grey(src[at], src[plane + at], src[2 * plane + at]);
       for (int c = 0; c < 3; ++c) dst[c * plane + at] = blend(p, static_cast<float>(src[c * plane + at]), grey);
+      return;
+    }
+    case OpKind::kHue:
+      hue_pixel(p.ratio, src[at], src[plane + at], src[2 * plane + at], dst + at, dst + plane + at,
+                dst + 2 * plane + at);
+      return;
+    case OpKind::kBlur:
+      for (int c = 0; c < 3; ++c)
+        dst[c * plane + at] = blurred_value(p, blur, blur + kMaxBlurTaps, src + c * plane, h, w, y, x);
+      return;
+    case OpKind::kGrey: {
+      const uint8_t grey = static_cast<uint8_t>(floored_grey(src[at], src[plane + at], src[2 * plane + at]));
+      for (int c = 0; c < 3; ++c) dst[c * plane + at] = grey;
       return;
     }
     case OpKind::kSharpness: {

@@ -94,7 +94,8 @@ __global__ void augment_images_kernel(AugmentImagesKernel k) {
       __syncthreads();
     }
     for (int64_t at = threadIdx.x; at < plane; at += blockDim.x)
-      images::op_pixel(op, tables, p.augment.fill, img, h, w, static_cast<int>(at / w), static_cast<int>(at % w), other);
+      images::op_pixel(op, tables, p.augment.fill, img, h, w, static_cast<int>(at / w), static_cast<int>(at % w), other,
+                       ops.blur);
     __syncthreads();
     uint8_t* t = img;
     img = other;

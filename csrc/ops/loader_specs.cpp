@@ -4,6 +4,7 @@
 #include <pybind11/numpy.h>
 #include <pybind11/stl.h>
 
+#include <optional>
 #include <tuple>
 
 #include <string_view>
@@ -75,22 +76,60 @@ py::dict header_dict(const ImageHeader& h) {
   return d;
 }
 
-// The augmentations' tables (fastpipe/augment.py), checked.
-void set_augment(images::AugmentParams& a, int policy, int num_ops,
+// The augmentations (fastpipe/augment.py): stages as dicts, candidates and magnitudes, checked.
+void set_augment(images::AugmentParams& a, const std::vector<py::dict>& stages,
                  const std::vector<std::tuple<int, bool, float, int, int>>& candidates,
                  const std::vector<float>& magnitudes, const std::vector<int>& fill) {
-  TORCH_CHECK(policy >= 0 && policy <= 2, "augment_policy must be 0, 1 or 2");
-  TORCH_CHECK(num_ops >= 0 && num_ops <= images::kMaxAugmentOps, "augment_num_ops must be in [0, ",
-              images::kMaxAugmentOps, "]");
+  TORCH_CHECK(stages.size() <= images::kMaxAugmentStages, "at most ", images::kMaxAugmentStages, " augment stages");
   TORCH_CHECK(candidates.size() <= images::kMaxAugmentCandidates, "at most ", images::kMaxAugmentCandidates,
               " augment candidates");
   TORCH_CHECK(magnitudes.size() <= images::kMaxAugmentMagnitudes, "at most ", images::kMaxAugmentMagnitudes,
               " augment magnitudes");
-  TORCH_CHECK(policy == 0 || !candidates.empty(), "an augment policy needs candidates");
-  TORCH_CHECK(policy != 2 || candidates.size() % 2 == 0, "sub-policies need two candidates each");
   TORCH_CHECK(fill.size() == 3, "augment_fill needs 3 values");
-  a.policy = policy;
-  a.num_ops = num_ops;
+  a.stages = static_cast<int32_t>(stages.size());
+  for (size_t n = 0; n < stages.size(); ++n) {
+    const py::dict& d = stages[n];
+    images::AugmentStage& st = a.stage[n];
+    st.kind = d["kind"].cast<int>();
+    st.p = d.contains("p") ? d["p"].cast<float>() : 1.0f;
+    st.gate = d.contains("gate") ? d["gate"].cast<int>() : -1;
+    st.gate_p = d.contains("gate_p") ? d["gate_p"].cast<float>() : 1.0f;
+    TORCH_CHECK(st.gate_p >= 0.0f && st.gate_p <= 1.0f, "augment stage gate_p must be in [0, 1]");
+    TORCH_CHECK(st.kind >= 1 && st.kind <= 5, "augment stage kind ", st.kind, " is unknown");
+    TORCH_CHECK(st.p >= 0.0f && st.p <= 1.0f, "augment stage p must be in [0, 1]");
+    TORCH_CHECK(st.gate >= -1 && st.gate < 64, "augment stage gate must be in [-1, 64)");
+    if (st.kind == static_cast<int>(images::AugmentStageKind::kOneOf) ||
+        st.kind == static_cast<int>(images::AugmentStageKind::kSubPolicy)) {
+      st.num_ops = d.contains("num_ops") ? d["num_ops"].cast<int>() : 2;
+      st.first = d["first"].cast<int>();
+      st.count = d["count"].cast<int>();
+      TORCH_CHECK(st.num_ops >= 0 && st.num_ops <= images::kMaxAugmentOps, "num_ops must be in [0, ",
+                  images::kMaxAugmentOps, "]");
+      TORCH_CHECK(st.first >= 0 && st.count >= 1 && static_cast<size_t>(st.first) + st.count <= candidates.size(),
+                  "augment stage ", n, "'s candidates are outside the table");
+      TORCH_CHECK(st.kind != static_cast<int>(images::AugmentStageKind::kSubPolicy) || st.count % 2 == 0,
+                  "sub-policies need two candidates each");
+    } else if (st.kind == static_cast<int>(images::AugmentStageKind::kBlur)) {
+      const auto taps = d["taps"].cast<std::pair<int, int>>();
+      const auto sigma = d["sigma"].cast<std::pair<float, float>>();
+      st.taps[0] = taps.first;
+      st.taps[1] = taps.second;
+      st.lo[0] = sigma.first;
+      st.hi[0] = sigma.second;
+      for (const int t : st.taps)
+        TORCH_CHECK(t >= 1 && t <= images::kMaxBlurTaps && t % 2 == 1, "a blur's kernel size must be odd, 1 to ",
+                    images::kMaxBlurTaps);
+      TORCH_CHECK(sigma.first > 0 && sigma.first <= sigma.second, "a blur's sigma must be 0 < lo <= hi");
+    } else if (st.kind == static_cast<int>(images::AugmentStageKind::kColorJitter)) {
+      const auto ranges = d["ranges"].cast<std::vector<std::optional<std::pair<float, float>>>>();
+      TORCH_CHECK(ranges.size() == 4, "a colour jitter needs 4 ranges");
+      for (int k = 0; k < 4; ++k) {
+        st.jitter[k] = ranges[k].has_value();
+        if (ranges[k]) std::tie(st.lo[k], st.hi[k]) = *ranges[k];
+        TORCH_CHECK(st.lo[k] <= st.hi[k], "a colour jitter range must be (lo, hi) with lo <= hi");
+      }
+    }
+  }
   a.candidates = static_cast<int32_t>(candidates.size());
   for (size_t k = 0; k < candidates.size(); ++k) {
     const auto& [op, is_signed, prob, first, count] = candidates[k];
@@ -175,7 +214,7 @@ void bind_loader_specs(py::module& m) {
                        float mirror, bool out_nhwc, const std::string& out_dtype, const std::vector<float>& scale,
                        const std::vector<float>& shift, uint64_t seed, int max_dct_denom, float erase_p,
                        std::pair<double, double> erase_scale, std::pair<double, double> erase_ratio,
-                       const std::vector<float>& erase_value, int augment_policy, int augment_num_ops,
+                       const std::vector<float>& erase_value, const std::vector<py::dict>& augment_stages,
                        const std::vector<std::tuple<int, bool, float, int, int>>& augment_candidates,
                        const std::vector<float>& augment_magnitudes, const std::vector<int>& augment_fill) {
              ImageTransformParams p;
@@ -215,8 +254,7 @@ void bind_loader_specs(py::module& m) {
              p.erase.ratio_min = erase_ratio.first;
              p.erase.ratio_max = erase_ratio.second;
              std::copy(erase_value.begin(), erase_value.end(), p.erase.value);
-             set_augment(p.augment, augment_policy, augment_num_ops, augment_candidates, augment_magnitudes,
-                         augment_fill);
+             set_augment(p.augment, augment_stages, augment_candidates, augment_magnitudes, augment_fill);
              return p;
            }),
            py::kw_only(), py::arg("mode"), py::arg("out_height"), py::arg("out_width"), py::arg("area"),
@@ -225,8 +263,8 @@ void bind_loader_specs(py::module& m) {
            py::arg("seed"), py::arg("max_dct_denom"), py::arg("erase_p") = 0.0f,
            py::arg("erase_scale") = std::pair<double, double>(0.02, 0.33),
            py::arg("erase_ratio") = std::pair<double, double>(0.3, 3.3),
-           py::arg("erase_value") = std::vector<float>{0.0f, 0.0f, 0.0f}, py::arg("augment_policy") = 0,
-           py::arg("augment_num_ops") = 0,
+           py::arg("erase_value") = std::vector<float>{0.0f, 0.0f, 0.0f},
+           py::arg("augment_stages") = std::vector<py::dict>{},
            py::arg("augment_candidates") = std::vector<std::tuple<int, bool, float, int, int>>{},
            py::arg("augment_magnitudes") = std::vector<float>{}, py::arg("augment_fill") = std::vector<int>{0, 0, 0})
       .def(
@@ -251,11 +289,13 @@ void bind_loader_specs(py::module& m) {
             const images::SampleOps ops =
                 images::draw_augment(p.augment, p.seed, epoch, index, p.out_height, p.out_width);
             py::list out;
-            for (int k = 0; k < ops.count; ++k) out.append(py::make_tuple(ops.op[k].op, ops.op[k].magnitude));
+            for (int k = 0; k < ops.count; ++k)
+              out.append(py::make_tuple(ops.op[k].op, ops.op[k].magnitude, ops.op[k].by_factor != 0));
             return out;
           },
           py::arg("epoch"), py::arg("index"),
-          "The augmentations of sample `index` in `epoch`: [(op, magnitude)] in order (op: augment_ops.h's AugOp).");
+          "The augmentations of sample `index` in `epoch`: [(op, magnitude, by_factor)] in order (op: augment_ops.h's "
+          "AugOp; by_factor: a ColorJitter adjustment or RandomGrayscale, whose magnitude is the factor).");
 
   // Where an image column's encoded records are (core/image_column.h).
   py::class_<ImageSource, std::shared_ptr<ImageSource>>(m, "ImageSource")

@@ -114,19 +114,30 @@ void bind_loader_test_hooks(py::module& m) {
   m.def("_fault_count", &fault::injected);
 
   // One augmentation op (augment_ops.h's AugOp) at `magnitude` applied to an HWC uint8 image, as the
-  // reader threads apply it (emulate_fma: without the CPU's FMA): the per-op tests compare it with
-  // torchvision's functional op.
+  // reader threads apply it (emulate_fma: without the CPU's FMA; by_factor: as ColorJitter plans it, the
+  // magnitude being the factor; taps: a blur's kernel, the magnitude its sigma): the per-op tests compare
+  // it with torchvision's functional op.
   m.def(
       "_augment_apply",
       [](const py::array_t<uint8_t, py::array::c_style | py::array::forcecast>& image, int op, float magnitude,
-         const std::vector<int>& fill, bool emulate_fma) {
+         const std::vector<int>& fill, bool emulate_fma, bool by_factor, std::pair<int, int> taps) {
         if (image.ndim() != 3 || image.shape(2) != 3) throw py::value_error("image must be H x W x 3");
         if (op < 0 || op >= static_cast<int>(images::AugOp::kCount)) throw py::value_error("unknown op");
         if (fill.size() != 3) throw py::value_error("fill needs 3 values");
         const int h = static_cast<int>(image.shape(0)), w = static_cast<int>(image.shape(1));
         images::SampleOps ops;
         ops.count = 1;
-        ops.op[0] = images::plan_op(static_cast<images::AugOp>(op), magnitude, h, w);
+        ops.op[0] = by_factor ? images::plan_factor(static_cast<images::AugOp>(op), magnitude)
+                              : images::plan_op(static_cast<images::AugOp>(op), magnitude, h, w);
+        if (op == static_cast<int>(images::AugOp::kBlur)) {
+          for (const int t : {taps.first, taps.second})
+            if (t < 1 || t > images::kMaxBlurTaps || t % 2 == 0) throw py::value_error("taps must be odd, 1 to 47");
+          if (taps.first / 2 >= w || taps.second / 2 >= h) throw py::value_error("the kernel must fit the image");
+          ops.op[0].taps[0] = taps.first;
+          ops.op[0].taps[1] = taps.second;
+          images::gaussian_weights(taps.first, magnitude, ops.blur);
+          images::gaussian_weights(taps.second, magnitude, ops.blur + images::kMaxBlurTaps);
+        }
         const uint8_t f[3] = {static_cast<uint8_t>(fill[0]), static_cast<uint8_t>(fill[1]), static_cast<uint8_t>(fill[2])};
         AugmentScratch s;
         const int64_t plane = static_cast<int64_t>(h) * w;
@@ -139,7 +150,8 @@ void bind_loader_test_hooks(py::module& m) {
           for (int c = 0; c < 3; ++c) out.mutable_data()[3 * i + c] = s.image[c * plane + i];
         return out;
       },
-      py::arg("image"), py::arg("op"), py::arg("magnitude"), py::arg("fill"), py::arg("emulate_fma") = false);
+      py::arg("image"), py::arg("op"), py::arg("magnitude"), py::arg("fill"), py::arg("emulate_fma") = false,
+      py::arg("by_factor") = false, py::arg("taps") = std::pair<int, int>(1, 1));
 
   // The device decode's colour model over a whole JPEG: (its planes through images::ycc_pixel, libjpeg's
   // RGB decode), each height x width x 3 uint8, from the same libjpeg; the planes as decoded (Y, Cb, Cr).

@@ -5,17 +5,19 @@ the same thing (or an error naming the step that has no fused equivalent).
 Understood, in torchvision's v1 and v2 spellings: ``Compose``; ``RandomResizedCrop`` and ``Resize`` (+
 ``CenterCrop``) with bilinear interpolation and antialiasing; ``CenterCrop``; ``RandomHorizontalFlip``;
 ``ToTensor``, ``PILToTensor``, ``ToImage``, ``ToDtype``/``ConvertImageDtype`` to float32, float16 or
-bfloat16 (scaled) or uint8; ``Normalize``; ``TrivialAugmentWide``, ``RandAugment`` and ``AutoAugment``
-(nearest, on the uint8 image: after the crop and flip, before any float conversion); ``RandomErasing``
-with a value (not "random"), last.
+bfloat16 (scaled) or uint8; ``Normalize``; the per-sample augmentations ``TrivialAugmentWide``,
+``RandAugment``, ``AutoAugment`` (nearest), ``ColorJitter``, ``RandomGrayscale``, ``GaussianBlur`` and
+``RandomApply`` of them, on the uint8 image: after the crop and flip, before any float conversion; ``RandomErasing`` with a
+value (not "random"), last.
 """
 
 import torch
 
 _SUPPORTED = ("Compose, RandomResizedCrop, Resize + CenterCrop, CenterCrop, RandomHorizontalFlip, "
-              "TrivialAugmentWide/RandAugment/AutoAugment, ToTensor, PILToTensor, ToImage, ToDtype/ConvertImageDtype, "
-              "Normalize, RandomErasing (last)")
-_AUGMENTS = ("TrivialAugmentWide", "RandAugment", "AutoAugment")
+              "TrivialAugmentWide/RandAugment/AutoAugment/ColorJitter/RandomGrayscale/GaussianBlur/RandomApply, ToTensor, "
+              "PILToTensor, ToImage, ToDtype/ConvertImageDtype, Normalize, RandomErasing (last)")
+_AUGMENTS = ("TrivialAugmentWide", "RandAugment", "AutoAugment", "ColorJitter", "RandomGrayscale", "GaussianBlur",
+             "RandomApply")
 
 
 def is_torchvision_folder(dataset):
@@ -51,11 +53,27 @@ def _augment(step):
     """The fastpipe form of torchvision's TrivialAugmentWide, RandAugment or AutoAugment."""
     from fastpipe import augment
 
+    name = type(step).__name__
+    if name == "ColorJitter":
+        return augment.ColorJitter(*(v if v is not None else 0 for v in (step.brightness, step.contrast,
+                                                                         step.saturation, step.hue)))
+    if name == "RandomGrayscale":
+        return augment.RandomGrayscale(step.p)
+    if name == "GaussianBlur":
+        try:
+            return augment.GaussianBlur(tuple(step.kernel_size), tuple(step.sigma))
+        except ValueError as e:
+            _refuse(step, str(e))
+    if name == "RandomApply":
+        inner = [s for t in step.transforms for s in _steps(t)]
+        for t in inner:
+            if type(t).__name__ not in _AUGMENTS[:-1] or not type(t).__module__.startswith("torchvision"):
+                _refuse(step, f"it holds {type(t).__name__}: RandomApply is fused around the augmentations only")
+        return augment.RandomApply([_augment(t) for t in inner], p=float(step.p))
     fill = step.fill
     if isinstance(fill, dict):
         _refuse(step, "a fill per input type")
     try:
-        name = type(step).__name__
         if name == "TrivialAugmentWide":
             return augment.TrivialAugmentWide(step.num_magnitude_bins, step.interpolation, fill)
         if name == "RandAugment":
@@ -71,7 +89,7 @@ def convert_transform(transform):
     from fastpipe import transforms as ft
 
     geometry, resize, mirror, dtype, scaled, mean, std, erase = None, None, 0.0, None, False, None, None, None
-    augmented = None
+    augmented = []
     for step in _steps(transform):
         name = type(step).__name__
         if not type(step).__module__.startswith("torchvision"):
@@ -94,10 +112,10 @@ def convert_transform(transform):
             geometry = ("random", tuple(step.size), tuple(step.scale), tuple(step.ratio))
         elif geometry is None and name == "CenterCrop":
             geometry = ("center", tuple(step.size), resize)
-        elif name == "RandomHorizontalFlip" and augmented is None:
+        elif name == "RandomHorizontalFlip" and not augmented:
             mirror = float(step.p)
-        elif name in _AUGMENTS and geometry is not None and augmented is None and dtype in (None, torch.uint8):
-            augmented = _augment(step)
+        elif name in _AUGMENTS and geometry is not None and dtype in (None, torch.uint8):
+            augmented.append(_augment(step))
         elif name in ("ToTensor",) and dtype is None:
             dtype, scaled = torch.float32, True
         elif name in ("PILToTensor", "ToImage") and dtype is None:
@@ -128,7 +146,7 @@ def convert_transform(transform):
     if dtype is None:
         raise ValueError("the torchvision pipeline returns PIL images: end it with ToTensor(), or ToImage() + "
                          "ToDtype(...), for batches of tensors")
-    common = dict(mean=mean, std=std, out_dtype=dtype, mirror=mirror, augment=augmented, erase=erase)
+    common = dict(mean=mean, std=std, out_dtype=dtype, mirror=mirror, augment=augmented or None, erase=erase)
     if geometry[0] == "random":
         return ft.RandomResizedCrop(geometry[1], scale=geometry[2], ratio=geometry[3], **common)
     return ft.CenterCrop(geometry[1], resize=geometry[2], **common)

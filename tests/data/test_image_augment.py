@@ -14,8 +14,8 @@ import fastpipe
 from fastpipe._ext import _C
 from fastpipe.augment import OPS
 from fastpipe.data import _device
-from fastpipe.transforms import AutoAugment, CenterCrop, RandAugment, RandomErasing, RandomResizedCrop
-from fastpipe.transforms import TrivialAugmentWide
+from fastpipe.transforms import AutoAugment, CenterCrop, ColorJitter, GaussianBlur, RandAugment, RandomApply
+from fastpipe.transforms import RandomErasing, RandomGrayscale, RandomResizedCrop, TrivialAugmentWide
 
 from jpegs import jpeg_bytes, picture, write
 
@@ -65,7 +65,7 @@ MAGNITUDES = {
 }
 
 
-@pytest.mark.parametrize("name", OPS)
+@pytest.mark.parametrize("name", list(MAGNITUDES))
 @pytest.mark.parametrize("size", [(224, 224), (37, 53), (5, 3), (64, 31), (2, 9)], ids=str)
 def test_each_op_equals_torchvision_given_the_same_parameters(name, size, rng):
     """With the CPU's fused multiply-add (where it has one) and with its emulation: the same values."""
@@ -80,6 +80,72 @@ def test_each_op_equals_torchvision_given_the_same_parameters(name, size, rng):
             for emulate in (False, True):
                 ours = _C._augment_apply(img, OPS.index(name), m, fill or [0, 0, 0], emulate_fma=emulate)
                 assert np.array_equal(ours, want), (name, m, fill, emulate, int((ours != want).sum()))
+
+
+FACTOR_FNS = {
+    "adjust_brightness": lambda img, f: F2.adjust_brightness(img, f),
+    "adjust_contrast": lambda img, f: F2.adjust_contrast(img, f),
+    "adjust_saturation": lambda img, f: F2.adjust_saturation(img, f),
+    "adjust_hue": lambda img, f: F2.adjust_hue(img, f),
+    "rgb_to_grayscale": lambda img, f: F2.rgb_to_grayscale(img, num_output_channels=3),
+}
+FACTOR_OP = {"adjust_brightness": "Brightness", "adjust_contrast": "Contrast", "adjust_saturation": "Color",
+             "adjust_hue": "Hue", "rgb_to_grayscale": "Grayscale"}
+
+
+def apply_ops(img, ops, fill=None, blur=None):
+    """torchvision's functional ops, as the Loader reports them, applied in turn to a CHW uint8 tensor
+    (blur: GaussianBlur's kernel size)."""
+    for name, m in ops:
+        if name == "gaussian_blur":
+            img = F2.gaussian_blur(img, list(blur), [m, m])
+        else:
+            img = FACTOR_FNS[name](img, m) if name in FACTOR_FNS else torchvision_op(img, name, m, fill)
+    return img
+
+
+def blur_levels(ours, want):
+    """(largest difference, share of values that differ): a 1-D pass each way sums in another order than
+    torchvision's 2-D kernel (the same weights, to a unit or two of the last place)."""
+    d = (ours.astype(int) - want.astype(int)) if isinstance(ours, np.ndarray) else (ours.int() - want.int()).numpy()
+    return int(np.abs(d).max()), float((d != 0).mean())
+
+
+@pytest.mark.parametrize("size", [(224, 224), (37, 53), (9, 4)], ids=str)
+@pytest.mark.parametrize("kernel", [(23, 23), (3, 7), (1, 5)], ids=str)
+def test_gaussian_blur_is_torchvisions_to_a_level(size, kernel, rng):
+    if kernel[0] // 2 >= size[1] or kernel[1] // 2 >= size[0]:
+        pytest.skip("reflect padding needs the kernel inside the image")
+    t = RandomResizedCrop(size, augment=GaussianBlur(kernel, sigma=(0.1, 5.0)))
+    sigmas = []
+    for ops in t.augmented(range(40), 0, seed=3):
+        ((name, sigma),) = ops
+        assert name == "gaussian_blur" and 0.1 <= sigma <= 5.0
+        sigmas.append(sigma)
+    for sigma in sigmas[:6]:
+        img = rng.integers(0, 256, (*size, 3), dtype=np.uint8)
+        want = F2.gaussian_blur(torch.from_numpy(img).permute(2, 0, 1), list(kernel), [sigma, sigma])
+        for emulate in (False, True):
+            ours = _C._augment_apply(img, OPS.index("Blur"), sigma, [0, 0, 0], emulate_fma=emulate, by_factor=True,
+                                     taps=kernel)
+            worst, share = blur_levels(ours, want.permute(1, 2, 0).numpy())
+            assert worst <= 1 and share < 0.005, (sigma, emulate, worst, share)
+
+
+@pytest.mark.parametrize("name", list(FACTOR_FNS))
+@pytest.mark.parametrize("size", [(224, 224), (37, 53), (1, 1), (3, 64)], ids=str)
+def test_color_jitter_and_grayscale_ops_equal_torchvision(name, size, rng):
+    """ColorJitter's four adjustments (hue: the float32 HSV round trip) and RandomGrayscale, by factor."""
+    factors = {"adjust_hue": [-0.5, -0.23, 0.0, 0.1, 0.5, 0.377]}.get(name, [0.0, 0.37, 1.0, 1.8, 0.6123])
+    for f in factors:
+        f = float(np.float32(f))  # factors are float32 draws, as torch's uniform_ makes them
+        img = rng.integers(0, 256, (*size, 3), dtype=np.uint8)
+        img[: size[0] // 2, : size[1] // 3] = img[: size[0] // 2, : size[1] // 3, :1]  # grey pixels: maxc == minc
+        want = FACTOR_FNS[name](torch.from_numpy(img).permute(2, 0, 1), f).permute(1, 2, 0).numpy()
+        for emulate in (False, True):
+            ours = _C._augment_apply(img, OPS.index(FACTOR_OP[name]), f, [0, 0, 0], emulate_fma=emulate,
+                                     by_factor=True)
+            assert np.array_equal(ours, want), (name, f, emulate, int((ours != want).sum()))
 
 
 def test_flat_and_single_value_images():
@@ -135,6 +201,77 @@ def test_each_output_is_torchvision_ops_on_the_resized_image(root, augment):
                 want = F2.erase(want, *box, torch.tensor([0.5, -1.0, 2.0]).view(3, 1, 1))
             torch.testing.assert_close(b[i], want, rtol=0, atol=2e-6, msg=f"{epoch} {i} {ops}")
     assert len(applied) >= 4, applied
+
+
+SIMCLR = [RandomApply([ColorJitter(0.4, 0.4, 0.4, 0.1)], p=0.8), RandomGrayscale(0.2)]
+
+
+@pytest.mark.parametrize("augment", [
+    SIMCLR, ColorJitter(brightness=(0.2, 0.9), hue=0.5), [TrivialAugmentWide(), RandomGrayscale(0.5)],
+    [RandomApply([ColorJitter(0.8, 0.8, 0.8, 0.2), RandomGrayscale(0.5)], p=0.6), RandAugment(1, 20)],
+], ids=["simclr", "jitter", "ta-grey", "apply-two"])
+def test_each_output_is_torchvisions_jitter_and_grayscale_on_the_resized_image(root, augment):
+    ds = fastpipe.ImageFolder(root, cache_dir="off")
+    plain = outputs(ds, CenterCrop(26, resize=30, out_dtype=torch.uint8, mirror=0.5), epochs=3)
+    t = CenterCrop(26, resize=30, out_dtype=torch.uint8, mirror=0.5, augment=augment)
+    got = outputs(ds, t, epochs=3)
+    seen = set()
+    for epoch, (a, b) in enumerate(zip(plain, got, strict=True)):
+        for i, ops in enumerate(t.augmented(range(len(ds)), epoch, seed=4)):
+            assert torch.equal(b[i], apply_ops(a[i], ops)), (epoch, i, ops)
+            seen |= {name for name, _ in ops}
+    assert len(seen) >= 2, seen
+
+
+@pytest.mark.parametrize("device", [False, True], ids=["cpu", "simulated-device"])
+def test_the_simclr_recipe_with_its_blur_on_the_cpu_and_the_device(root, device):
+    """SimCLR's augmentations (RandomApply(ColorJitter), RandomGrayscale, GaussianBlur) on the reader threads
+    and on the device's per-pixel code: torchvision's ops on the same resized image, exactly but for the
+    blur's last-place rounding."""
+    ds = fastpipe.ImageFolder(root, cache_dir="off")
+    common = dict(size=(26, 30), scale=(0.3, 1.0), dct_scaling=False, out_dtype=torch.uint8)
+    t = RandomResizedCrop(augment=[*SIMCLR, RandomApply(GaussianBlur(5, (0.1, 2.0)), p=0.5)], **common)
+    run = (lambda tr: device_outputs(ds, tr)[0]) if device else (lambda tr: outputs(ds, tr))
+    plain, got = run(RandomResizedCrop(**common)), run(t)
+    blurred = 0
+    for epoch, (a, b) in enumerate(zip(plain, got, strict=True)):
+        for i, ops in enumerate(t.augmented(range(len(ds)), epoch, seed=4)):
+            want = apply_ops(a[i], ops, blur=(5, 5))
+            if any(name == "gaussian_blur" for name, _ in ops):
+                blurred += 1
+                worst, share = blur_levels(b[i], want)
+                assert worst <= 1 and share < 0.02, (epoch, i, ops, worst, share)
+            else:
+                assert torch.equal(b[i], want), (epoch, i, ops)
+    assert blurred >= 2
+
+
+def test_jitter_draws_follow_torchvisions_sampling():
+    """Each adjustment's factor (uniform over its range) and its place in the order, RandomApply's and
+    RandomGrayscale's probabilities, against torchvision's own make_params and probabilities."""
+    n = 6000
+    mine = RandomResizedCrop(32, augment=SIMCLR).augmented(range(n), epoch=2, seed=9)
+    names = ["adjust_brightness", "adjust_contrast", "adjust_saturation", "adjust_hue"]
+    jittered = [ops for ops in mine if any(name == "adjust_hue" for name, _ in ops)]
+    assert abs(len(jittered) / n - 0.8) < 5 * math.sqrt(0.16 / n)
+    grey = sum(any(name == "rgb_to_grayscale" for name, _ in ops) for ops in mine) / n
+    assert abs(grey - 0.2) < 5 * math.sqrt(0.16 / n)
+    torch.manual_seed(0)
+    tv_jitter = T2.ColorJitter(0.4, 0.4, 0.4, 0.1)
+    theirs = []
+    for _ in range(len(jittered)):
+        params = tv_jitter.make_params([torch.zeros(3, 4, 4, dtype=torch.uint8)])
+        factors = [params["brightness_factor"], params["contrast_factor"], params["saturation_factor"],
+                   params["hue_factor"]]
+        theirs.append([(names[int(k)], factors[int(k)]) for k in params["fn_idx"]])
+    for name in names:
+        a = np.array([m for ops in jittered for op, m in ops if op == name])
+        b = np.array([m for ops in theirs for op, m in ops if op == name])
+        assert len(a) == len(b) == len(jittered)
+        assert means_agree(a, b) and abs(a.min() - b.min()) < 0.01 and abs(a.max() - b.max()) < 0.01, name
+        first_a = np.mean([ops[0][0] == name for ops in jittered])
+        first_b = np.mean([ops[0][0] == name for ops in theirs])
+        assert abs(first_a - first_b) < 5 * math.sqrt(0.1875 / len(jittered)) * math.sqrt(2), (name, first_a, first_b)
 
 
 def test_uint8_and_nhwc_outputs_keep_the_augmented_pixels(root):
@@ -224,7 +361,7 @@ def test_bad_arguments_are_named():
     with pytest.raises(ValueError, match="nearest"):
         TrivialAugmentWide(interpolation="bilinear")
     with pytest.raises(ValueError, match="num_ops"):
-        RandAugment(num_ops=9)
+        RandAugment(num_ops=13)
     with pytest.raises(ValueError, match="magnitude"):
         RandAugment(magnitude=31)
     with pytest.raises(ValueError, match="policy"):
@@ -237,6 +374,20 @@ def test_bad_arguments_are_named():
         RandomResizedCrop(32, augment=TrivialAugmentWide(num_magnitude_bins=60))
     with pytest.raises(TypeError, match="augment must be"):
         RandomResizedCrop(32, augment=T2.TrivialAugmentWide())
+    with pytest.raises(ValueError, match="odd"):
+        GaussianBlur(4)
+    with pytest.raises(ValueError, match="kernel_size"):
+        GaussianBlur(49)
+    with pytest.raises(ValueError, match="reflect padding"):
+        RandomResizedCrop(8, augment=GaussianBlur(17))
+    with pytest.raises(ValueError, match="at most one GaussianBlur"):
+        RandomResizedCrop(32, augment=[GaussianBlur(3), GaussianBlur(5)])
+    with pytest.raises(ValueError, match="hue"):
+        ColorJitter(hue=0.7)
+    with pytest.raises(ValueError, match="fills differ"):
+        RandomResizedCrop(32, augment=[TrivialAugmentWide(fill=1), RandAugment(fill=2)])
+    with pytest.raises(TypeError, match="RandomApply takes"):
+        RandomApply([RandomApply(ColorJitter(0.1))])
 
 
 @pytest.mark.parametrize("T", [T1, T2], ids=["v1", "v2"])
@@ -264,7 +415,37 @@ def test_torchvision_reference_train_pipeline_switches_in_one_line(root, T):
         want = torch.cat([x for x, _ in fastpipe.Loader(fastpipe.ImageFolder(root, cache_dir="off"), batch_size=3,
                                                         seed=2, transforms={0: fused})])
         assert torch.equal(got, want)
-    refused = ((T.TrivialAugmentWide(interpolation=T.InterpolationMode.BILINEAR), "nearest"),)
+    simclr = T.Compose([T.RandomResizedCrop(24), T.RandomHorizontalFlip(),
+                        T.RandomApply([T.ColorJitter(0.4, 0.4, 0.4, 0.1)], p=0.8), T.RandomGrayscale(p=0.2),
+                        T.RandomApply([T.GaussianBlur(5)], p=0.5), T.PILToTensor()])
+    got = torch.cat([x for x, _ in fastpipe.Loader(tv.datasets.ImageFolder(root, transform=simclr), batch_size=3,
+                                                   seed=5)])
+    fused = RandomResizedCrop(24, out_dtype=torch.uint8, mirror=0.5,
+                              augment=[*SIMCLR, RandomApply(GaussianBlur(5, (0.1, 2.0)), p=0.5)])
+    want = torch.cat([x for x, _ in fastpipe.Loader(fastpipe.ImageFolder(root, cache_dir="off"), batch_size=3,
+                                                    seed=5, transforms={0: fused})])
+    assert torch.equal(got, want)
+    # The reference recipe on the simulated device: its readers hand the JPEGs over and the device decodes
+    # and augments them, as it does for the fastpipe form.
+    def on_device(dataset):
+        with _device.simulated(max_delay_us=100, seed=3) as sim:
+            ld = fastpipe.Loader(dataset, batch_size=3, seed=4, device="cuda", image_decode="device",
+                                 transforms=None if dataset is tv_ds else {0: fused})
+            out = []
+            for x, _ in ld:
+                sim.synchronize(sim.consumer_stream())
+                out.append(x.cpu())
+            assert ld.stats()["images_decoded_on_device"] > 0
+            del ld
+            sim.drain()
+        return torch.cat(out)
+
+    tv_ds = tv.datasets.ImageFolder(root, transform=pipeline)
+    fused = RandomResizedCrop(24, mirror=0.5, mean=MEAN, std=STD, augment=TrivialAugmentWide(),
+                              erase=RandomErasing(p=0.1))
+    assert torch.equal(on_device(tv_ds), on_device(fastpipe.ImageFolder(root, cache_dir="off")))
+    refused = ((T.TrivialAugmentWide(interpolation=T.InterpolationMode.BILINEAR), "nearest"),
+               (T.RandomApply([T.RandomRotation(10)], p=0.5), "RandomApply is fused around the augmentations"))
     for bad, match in refused:
         with pytest.raises(ValueError, match=match):
             fastpipe.Loader(tv.datasets.ImageFolder(root, transform=T.Compose([T.RandomResizedCrop(24), bad,

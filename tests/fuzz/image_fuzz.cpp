@@ -1,12 +1,14 @@
 // libFuzzer harness of the path one JPEG, PNG or WebP takes in a reader thread (csrc/core/image_column.cpp's
 // read_image, in memory): the header parsers (image_format.cpp, jpeg_header.cpp), the completeness check,
 // the transform's geometry and taps (cuda/image_transform.h), the region decode (libjpeg, libspng or
-// libwebp: jpeg_decode.cpp, png_decode.cpp, webp_decode.cpp) and the resample (resample.cpp). Input: 4
-// control bytes (transform, output height, output width, flags), then the file. A clean end is an
+// libwebp: jpeg_decode.cpp, png_decode.cpp, webp_decode.cpp), the resample (resample.cpp) and, with the
+// transform byte's top bit, every augmentation op (augment.cpp). Input: 4 control bytes (transform,
+// output height, output width, flags), then the file. A clean end is an
 // accepted image or an error; a sanitizer report or a broken invariant (__builtin_trap) is a finding.
 // Invariants: an accepted header has a size (a JPEG's scan inside the data), the taps region lies inside
 // the decoded image, every tap inside the region, the decoder returns the region's pixels, and float
 // outputs are finite.
+#include <algorithm>
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
@@ -30,6 +32,41 @@ namespace {
 // (fuzzing is about our code, not the libraries' appetite for memory).
 constexpr int64_t kMaxPixels = 4 << 20;
 
+// Every augmentation op (augment_ops.h) at the ends and the middle of its magnitudes, 3 ops a sample,
+// then a colour jitter over the widest ranges, a grayscale half the time and a blur whose kernel fits.
+void add_augmentations(images::ImageTransformParams& p) {
+  images::AugmentParams& a = p.augment;
+  const float extremes[][3] = {{0, 0, 0},      {-0.99f, 0.3f, 0.99f}, {-0.99f, 0.3f, 0.99f}, {-32, 7, 32},
+                               {-32, 7, 32},    {-135, 90, 180},       {-0.99f, 0, 0.99f},    {-0.99f, 0, 0.99f},
+                               {-0.99f, 0, 0.99f}, {-0.99f, 0, 0.99f}, {0, 4, 8},             {0, 0.5f, 1},
+                               {0, 0, 0},      {0, 0, 0},             {0, 0, 0},             {-0.5f, 0.1f, 0.5f}};
+  for (int op = 0; op < 16; ++op) {
+    a.candidate[op] = images::AugmentCandidate{op, 0, 1.0f, 3 * op, 3};
+    for (int k = 0; k < 3; ++k) a.magnitudes[3 * op + k] = extremes[op][k];
+  }
+  a.candidates = 16;
+  a.stages = 4;
+  a.stage[0].kind = static_cast<int32_t>(images::AugmentStageKind::kOneOf);
+  a.stage[0].num_ops = 3;
+  a.stage[0].count = 16;
+  images::AugmentStage& jitter = a.stage[1];
+  jitter.kind = static_cast<int32_t>(images::AugmentStageKind::kColorJitter);
+  for (int k = 0; k < 4; ++k) {
+    jitter.jitter[k] = 1;
+    jitter.lo[k] = k == 3 ? -0.5f : 0.0f;
+    jitter.hi[k] = k == 3 ? 0.5f : 3.0f;
+  }
+  a.stage[2].kind = static_cast<int32_t>(images::AugmentStageKind::kGrayscale);
+  a.stage[2].p = 0.5f;
+  images::AugmentStage& blur = a.stage[3];
+  blur.kind = static_cast<int32_t>(images::AugmentStageKind::kBlur);
+  blur.lo[0] = 0.1f;
+  blur.hi[0] = 5.0f;
+  blur.taps[0] = 2 * std::min(p.out_width - 1, 11) + 1;
+  blur.taps[1] = 2 * std::min(p.out_height - 1, 11) + 1;
+  a.fill[0] = 7;
+}
+
 images::ImageTransformParams params(const uint8_t* c) {
   images::ImageTransformParams p;
   p.mode = c[0] & 1 ? images::CropMode::kRandomResized : images::CropMode::kCenter;
@@ -48,6 +85,7 @@ images::ImageTransformParams params(const uint8_t* c) {
   p.out_dtype = static_cast<images::OutDtype>((c[0] >> 5) & 3);
   p.max_dct_denom = 1 << ((c[3] >> 2) & 3);
   p.seed = c[1] * 131u + c[2];
+  if (c[0] & 128) add_augmentations(p);
   return p;
 }
 

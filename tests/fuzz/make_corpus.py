@@ -161,6 +161,11 @@ def image_corpus():
         "webp_animated.bin": b"\x00\x10\x10\x00" + animated_webp([pic, 255 - pic]),
         "webp_truncated.bin": b"\x00\x10\x10\x00" + webp(im, quality=70)[:-30],
         "gif.bin": b"\x00\x10\x10\x00" + b"GIF89a" + bytes(20),
+        # The top bit: every augmentation op, a colour jitter, grayscale and a blur (image_fuzz.cpp).
+        "augmented_rrc.bin": b"\x89\x20\x18\x5c" + base,
+        "augmented_uint8_nhwc.bin": b"\xf0\x0c\x21\x00" + base,
+        "augmented_one_pixel_out.bin": b"\x80\x00\x00\x00" + base,
+        "augmented_one_pixel_in.bin": b"\x81\x3f\x3f\x0c" + enc(im.resize((1, 1))),
     }
     for color_type, depth in ((0, 1), (0, 16), (2, 8), (3, 2), (4, 16), (6, 8)):
         for interlace in (False, True):

@@ -17,7 +17,7 @@ ROOT = os.path.dirname(os.path.dirname(HERE))
 FLAGS = ["-std=c++17", "-fsanitize=fuzzer,address,undefined", "-fno-sanitize-recover=undefined", "-g", "-O1",
          "-I", os.path.join(ROOT, "csrc"), "-I", HERE, "-DFASTPIPE_WITH_JPEG", "-DFASTPIPE_WITH_PNG", "-DFASTPIPE_WITH_WEBP"]
 # gather.cpp opens image columns too, so the token-file opener links the image path.
-IMAGE_PATH = ["image_format", "jpeg_header", "jpeg_decode", "png_decode", "webp_decode", "resample"]
+IMAGE_PATH = ["image_format", "jpeg_header", "jpeg_decode", "png_decode", "webp_decode", "resample", "augment"]
 # harness -> (engine sources it links, its corpus directory); as in run.sh.
 HARNESSES = {
     "npy_header_fuzz": (["npy", "file", "fault"], "npy"),
