@@ -556,3 +556,36 @@ def test_on_a_gpu_the_augmentation_kernel_gives_torchvisions_ops(root):
             if box[2]:
                 want = F2.erase(want, *box, torch.zeros(3, 1, 1))
             torch.testing.assert_close(b[i], want, rtol=0, atol=2e-6, msg=f"{epoch} {i} {ops}")
+
+
+def test_a_model_learns_through_the_reference_recipe(tmp_path, rng):
+    """A training smoke test: torchvision's reference recipe (RRC, flip, TrivialAugmentWide, normalise,
+    RandomErasing) fused in the Loader feeds a small convnet whose loss falls on two classes of stripes
+    (vertical or horizontal, the cue the recipe's ops keep more often than not)."""
+    root = tmp_path / "stripes"
+    for k in range(48):
+        cls = k % 2
+        period = int(rng.integers(6, 12))
+        wave = (np.arange(64) // (period // 2)) % 2 * 200 + 30
+        img = np.broadcast_to(wave[None, :, None] if cls == 0 else wave[:, None, None], (64, 64, 3)).astype(np.uint8)
+        img = np.clip(img + rng.integers(-20, 20, img.shape), 0, 255).astype(np.uint8)
+        write(str(root / f"c{cls}" / f"{k}.jpg"), jpeg_bytes(img, subsampling=0))
+    t = RandomResizedCrop(32, scale=(0.5, 1.0), mean=MEAN, std=STD, augment=TrivialAugmentWide(),
+                          erase=RandomErasing(0.1))
+    ld = fastpipe.Loader(fastpipe.ImageFolder(str(root), cache_dir="off"), batch_size=8, shuffle=True, seed=1,
+                         transforms={0: t})
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Conv2d(3, 8, 5, stride=2), torch.nn.ReLU(), torch.nn.Conv2d(8, 16, 5, stride=2),
+                                torch.nn.ReLU(), torch.nn.AdaptiveAvgPool2d(1), torch.nn.Flatten(), torch.nn.Linear(16, 2))
+    opt = torch.optim.Adam(model.parameters(), lr=3e-3)
+    per_epoch = []
+    for _ in range(12):
+        losses = []
+        for x, y in ld:
+            loss = torch.nn.functional.cross_entropy(model(x), y)
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            losses.append(loss.item())
+        per_epoch.append(float(np.mean(losses)))
+    assert np.mean(per_epoch[-3:]) < 0.75 * np.mean(per_epoch[:2]), per_epoch
