@@ -5,10 +5,11 @@ augment=TrivialAugmentWide())``, or a list of them in order, e.g. ``augment=[Ran
 then the normalisation and RandomErasing.
 
 The ops compute what torchvision's tensor kernels compute (``torchvision.transforms.v2.functional`` on
-uint8 tensors: truncating blends, nearest affine sampling with ``fill`` outside); their magnitudes are
-torchvision's own tables, read from torchvision (which these classes therefore need). Which ops a sample
-gets is drawn as torchvision draws it, from the hash of (seed, epoch, sample) rather than torch's
-generator: the same in any run, on any number of threads. csrc/cuda/augment_ops.h and augment_draws.h.
+uint8 tensors: truncating blends, nearest affine sampling with ``fill`` outside; GaussianBlur to within a
+level); the automatic augmentations' magnitudes are torchvision's own tables, read from torchvision
+(which TrivialAugmentWide, RandAugment and AutoAugment therefore need). Which ops a sample gets is drawn
+as torchvision draws it, from the hash of (seed, epoch, sample) rather than torch's generator: the same
+in any run, on any number of threads. csrc/cuda/augment_ops.h and augment_draws.h.
 """
 
 import numbers
@@ -63,7 +64,7 @@ class _Augment:
     fill = None  # the geometric ops' fill (None: the stage has none)
 
     def _add(self, height, width, table):
-        """Appends this stage's dicts to table["stages"] (and its candidates and magnitudes)."""
+        """Appends this stage's dicts to table.stages (and its candidates and magnitudes to the _Table)."""
         raise NotImplementedError
 
 

@@ -18,6 +18,7 @@ from fastpipe.transforms import AutoAugment, CenterCrop, ColorJitter, GaussianBl
 from fastpipe.transforms import RandomErasing, RandomGrayscale, RandomResizedCrop, TrivialAugmentWide
 
 from jpegs import jpeg_bytes, picture, write
+from per_sample import jpeg_root, outputs
 
 tv = pytest.importorskip("torchvision")
 T1 = tv.transforms
@@ -159,20 +160,7 @@ def test_flat_and_single_value_images():
 
 @pytest.fixture
 def root(tmp_path, rng):
-    r = tmp_path / "t"
-    for k, (h, w) in enumerate([(75, 100), (100, 75), (61, 89), (40, 40), (90, 31), (120, 160), (33, 47)]):
-        write(str(r / f"c{k % 2}" / f"{k}.jpg"), jpeg_bytes(picture(rng, h, w), subsampling=k % 3))
-    return str(r)
-
-
-def outputs(ds, t, seed=4, epochs=2, **kw):
-    """Every sample's output in each epoch, in sample order, NCHW."""
-    ld = fastpipe.Loader(ds, batch_size=3, transforms={0: t}, seed=seed, timeout=60, **kw)
-    per_epoch = []
-    for _ in range(epochs):
-        x = torch.cat([b for b, _ in ld])
-        per_epoch.append(x.permute(0, 3, 1, 2) if t.layout == "NHWC" else x)
-    return per_epoch
+    return jpeg_root(tmp_path, rng)
 
 
 @pytest.mark.parametrize("augment", [
