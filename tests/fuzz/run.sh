@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Bounded coverage-guided fuzzing of the .npy header parser, the token-file opener and the path of one
-# JPEG, PNG or WebP (header, geometry, region decode with libjpeg, libspng or libwebp, resample) (`make fuzz`):
+# JPEG, PNG or WebP (header, geometry, region decode with libjpeg, libspng or libwebp, resample, augmentations) (`make fuzz`):
 # libFuzzer with AddressSanitizer and UndefinedBehaviorSanitizer, over a copy of tests/fuzz/corpus.
 # Every input must end in a clean error; a crash, sanitizer report, leak, broken invariant or an input
 # running past -timeout fails the run, with the reproducer's path and head.
@@ -15,7 +15,7 @@ SECONDS_EACH=${FUZZ_SECONDS:-25}
 HARNESSES=(npy_header_fuzz token_file_fuzz image_fuzz)
 # The engine sources each harness links (npy.cpp reads through File, which file.cpp's fault hooks need).
 # gather.cpp opens image columns too, so the token-file opener links the image path.
-IMAGE_PATH="image_format jpeg_header jpeg_decode png_decode webp_decode resample"
+IMAGE_PATH="image_format jpeg_header jpeg_decode png_decode webp_decode resample augment"
 declare -A SOURCES=([npy_header_fuzz]="npy file fault"
                     [token_file_fuzz]="npy file fault gather image_column $IMAGE_PATH"
                     [image_fuzz]="$IMAGE_PATH image_scan file fault")
