@@ -5,16 +5,18 @@ augment=TrivialAugmentWide())``, or a list of them in order, e.g. ``augment=[Ran
 then the normalisation and RandomErasing.
 
 The ops compute what torchvision's tensor kernels compute (``torchvision.transforms.v2.functional`` on
-uint8 tensors: truncating blends, nearest affine sampling with ``fill`` outside; GaussianBlur to within a
-level); the automatic augmentations' magnitudes are torchvision's own tables, read from torchvision
-(which TrivialAugmentWide, RandAugment and AutoAugment therefore need). Which ops a sample gets is drawn
-as torchvision draws it, from the hash of (seed, epoch, sample) rather than torch's generator: the same
-in any run, on any number of threads. csrc/cuda/augment_ops.h and augment_draws.h.
+uint8 tensors: truncating blends, nearest or bilinear affine sampling with ``fill`` outside, rounded as
+the torch in use rounds it (fastpipe/torch_rounding.py); GaussianBlur to within a level); the automatic
+augmentations' magnitudes are torchvision's own tables, read from torchvision (which TrivialAugmentWide,
+RandAugment and AutoAugment therefore need). Which ops a sample gets is drawn as torchvision draws it,
+from the hash of (seed, epoch, sample) rather than torch's generator: the same in any run, on any number
+of threads. csrc/cuda/augment_ops.h and augment_draws.h.
 """
 
 import numbers
 
 from fastpipe import _checks as checks
+from fastpipe.torch_rounding import affine_rounding
 
 __all__ = ["AutoAugment", "ColorJitter", "GaussianBlur", "RandAugment", "RandomApply", "RandomGrayscale",
            "TrivialAugmentWide"]
@@ -41,27 +43,32 @@ def _torchvision_v2():
 
 
 def _fill(fill):
-    """torchvision's fill (None: 0; a number; one per channel) as the 3 uint8 values the output gets."""
+    """torchvision's fill (None, a number, or one per channel) as 3 floats, or None."""
     if fill is None:
-        return [0, 0, 0]
+        return None
     values = [fill] if isinstance(fill, numbers.Real) else list(fill)
     if len(values) not in (1, 3):
         raise ValueError(f"fill needs 1 or 3 values (RGB), got {fill!r}")
-    out = [round(checks.real(v, "fill", low=0.0, high=255.0)) for v in values]  # grid_sample's round_()
-    return out * 3 if len(out) == 1 else out
+    out = [checks.real(v, "fill", low=0.0, high=255.0) for v in values]
+    return tuple(out * 3 if len(out) == 1 else out)
 
 
 def _interpolation(interpolation):
+    """'nearest' or 'bilinear' from torchvision's InterpolationMode, its value or PIL's number."""
     mode = getattr(interpolation, "value", interpolation)
-    if mode not in ("nearest", 0):
-        raise ValueError(f"interpolation={mode!r}: the fused augmentations sample with 'nearest' (torchvision's "
-                         f"default for them)")
+    mode = {0: "nearest", 2: "bilinear"}.get(mode, mode)
+    if mode not in ("nearest", "bilinear"):
+        raise ValueError(f"interpolation={mode!r}: the fused geometric ops sample with 'nearest' (torchvision's "
+                         f"default for them) or 'bilinear'")
+    return mode
 
 
 class _Augment:
     """A stage of the augmentations: what it adds to the C++ parameters (augment_draws.h)."""
 
-    fill = None  # the geometric ops' fill (None: the stage has none)
+    def _samplings(self):
+        """The (interpolation, fill, v1's fill blend) of the stage's geometric ops: [] where it has none."""
+        return []
 
     def _add(self, height, width, table):
         """Appends this stage's dicts to table.stages (and its candidates and magnitudes to the _Table)."""
@@ -91,21 +98,32 @@ def augment_params(augment, height, width):
         if not isinstance(s, _Augment):
             raise TypeError(f"augment must be fastpipe.transforms' TrivialAugmentWide, RandAugment, AutoAugment, "
                             f"ColorJitter, RandomGrayscale or RandomApply, or a list of them; got {type(s).__name__}")
-    fills = {tuple(s.fill) for s in stages if s.fill is not None}
-    if len(fills) > 1:
-        raise ValueError(f"augment: the stages' fills differ ({sorted(fills)}): one fill for every geometric op")
+    samplings = {x for s in stages for x in s._samplings()}
+    if len(samplings) > 1:
+        raise ValueError(f"augment: the stages' fills differ, or their interpolations ({sorted(samplings, key=str)}): "
+                         f"one interpolation and fill for every geometric op")
+    geometric = bool(samplings)
+    interpolation, fill, v1 = samplings.pop() if geometric else ("nearest", None, False)
     table = _Table()
     for s in stages:
         s._add(height, width, table)
     if sum(st["kind"] == _BLUR for st in table.stages) > 1:
         raise ValueError("augment: at most one GaussianBlur")
+    most = sum(st.get("num_ops", 1) if st["kind"] == _ONE_OF else 2 if st["kind"] == _SUB_POLICY else
+               sum(r is not None for r in st["ranges"]) if st["kind"] == _COLOR_JITTER else 1 for st in table.stages)
+    if most > _MAX_OPS:
+        raise ValueError(f"augment: at most {_MAX_OPS} ops a sample in all, these stages draw up to {most}")
     if len(table.stages) > _MAX_STAGES:
         raise ValueError(f"augment: at most {_MAX_STAGES} stages, got {len(table.stages)}")
     if len(table.candidates) > _MAX_CANDIDATES or len(table.magnitudes) > _MAX_MAGNITUDES:
         raise ValueError(f"augment: at most {_MAX_MAGNITUDES} magnitudes in all (num_magnitude_bins up to 46), got "
                          f"{len(table.magnitudes)}")
+    # Nearest sampling stores the fill rounded (grid_sample's round_()); bilinear blends the floats.
     return dict(augment_stages=table.stages, augment_candidates=table.candidates,
-                augment_magnitudes=table.magnitudes, augment_fill=list(fills.pop()) if fills else [0, 0, 0])
+                augment_magnitudes=table.magnitudes, augment_fill=[round(v) for v in fill or (0, 0, 0)],
+                augment_bilinear=interpolation == "bilinear", augment_blend=0 if fill is None else 2 if v1 else 1,
+                augment_fill_value=list(fill or (0.0, 0.0, 0.0)),
+                augment_rounding=affine_rounding(height, width) if geometric else (True, True, True))
 
 
 def _space_tables(space, num_bins, height, width):
@@ -117,7 +135,29 @@ def _space_tables(space, num_bins, height, width):
     return out
 
 
-class TrivialAugmentWide(_Augment):
+class _Geometric(_Augment):
+    """An automatic augmentation, whose shear, translate and rotate sample the image with `interpolation`
+    and bring in `fill` from outside."""
+
+    def __init__(self, interpolation, fill):
+        self.interpolation = _interpolation(interpolation)
+        self.fill_value = _fill(fill)
+        self.v1_fill = False  # the converter's: torchvision v1's blend of a bilinear fill
+
+    @property
+    def fill(self):
+        """The fill as the 3 uint8 values nearest sampling stores (None: 0)."""
+        return [round(v) for v in self.fill_value or (0, 0, 0)]
+
+    def _samplings(self):
+        return [(self.interpolation, self.fill_value, self.v1_fill and self.fill_value is not None)]
+
+    def _args(self):
+        fill = "" if self.fill_value is None else f", fill={list(self.fill_value)}"
+        return f"interpolation={self.interpolation!r}{fill}"
+
+
+class TrivialAugmentWide(_Geometric):
     """torchvision's ``TrivialAugmentWide``: per sample one of its 14 ops, with a magnitude bin drawn
     uniformly (and a random sign where the op is signed).
 
@@ -125,16 +165,18 @@ class TrivialAugmentWide(_Augment):
     ----------
     num_magnitude_bins : int
         As torchvision's (31).
-    interpolation : "nearest"
-        Of the geometric ops (torchvision's default; others are refused).
+    interpolation : "nearest" or "bilinear"
+        Of the geometric ops (torchvision's default is nearest; the classification references pass
+        bilinear), their positions and sums rounded as the torch in use rounds torchvision's
+        (fastpipe/torch_rounding.py).
     fill : None, number or 3 numbers
-        The pixels a geometric op brings in from outside the image (None: 0).
+        The pixels a geometric op brings in from outside the image (None: 0, and bilinear sampling blends
+        with zeros at the edges, as torchvision's).
     """
 
     def __init__(self, num_magnitude_bins=31, interpolation="nearest", fill=None):
         self.num_magnitude_bins = checks.integer(num_magnitude_bins, "num_magnitude_bins", low=2)
-        _interpolation(interpolation)
-        self.fill = _fill(fill)
+        super().__init__(interpolation, fill)
 
     def _add(self, height, width, table):
         space = _torchvision_v2().TrivialAugmentWide._AUGMENTATION_SPACE
@@ -142,10 +184,10 @@ class TrivialAugmentWide(_Augment):
         table.stages.append(dict(kind=_ONE_OF, num_ops=1, first=first, count=count))
 
     def __repr__(self):
-        return f"TrivialAugmentWide(num_magnitude_bins={self.num_magnitude_bins}, fill={self.fill})"
+        return f"TrivialAugmentWide(num_magnitude_bins={self.num_magnitude_bins}, {self._args()})"
 
 
-class RandAugment(_Augment):
+class RandAugment(_Geometric):
     """torchvision's ``RandAugment``: per sample ``num_ops`` ops, each one of its 14 drawn uniformly, at
     bin ``magnitude`` of ``num_magnitude_bins`` (a random sign where the op is signed).
 
@@ -163,8 +205,7 @@ class RandAugment(_Augment):
         self.num_ops = checks.integer(num_ops, "num_ops", low=0, high=_MAX_OPS)
         self.num_magnitude_bins = checks.integer(num_magnitude_bins, "num_magnitude_bins", low=2)
         self.magnitude = checks.integer(magnitude, "magnitude", low=0, high=self.num_magnitude_bins - 1)
-        _interpolation(interpolation)
-        self.fill = _fill(fill)
+        super().__init__(interpolation, fill)
 
     def _add(self, height, width, table):
         space = _torchvision_v2().RandAugment._AUGMENTATION_SPACE
@@ -174,10 +215,10 @@ class RandAugment(_Augment):
 
     def __repr__(self):
         return (f"RandAugment(num_ops={self.num_ops}, magnitude={self.magnitude}, "
-                f"num_magnitude_bins={self.num_magnitude_bins}, fill={self.fill})")
+                f"num_magnitude_bins={self.num_magnitude_bins}, {self._args()})")
 
 
-class AutoAugment(_Augment):
+class AutoAugment(_Geometric):
     """torchvision's ``AutoAugment``: per sample one of the policy's 25 sub-policies, each of two ops
     applied with its probability at its magnitude (a random sign where the op is signed).
 
@@ -191,8 +232,7 @@ class AutoAugment(_Augment):
     def __init__(self, policy="imagenet", interpolation="nearest", fill=None):
         name = getattr(policy, "value", policy)
         self.policy = checks.choice(str(name).lower(), "policy", ("imagenet", "cifar10", "svhn"))
-        _interpolation(interpolation)
-        self.fill = _fill(fill)
+        super().__init__(interpolation, fill)
 
     def _add(self, height, width, table):
         v2 = _torchvision_v2()
@@ -207,7 +247,7 @@ class AutoAugment(_Augment):
         table.stages.append(dict(kind=_SUB_POLICY, first=first, count=count))
 
     def __repr__(self):
-        return f"AutoAugment(policy={self.policy!r}, fill={self.fill})"
+        return f"AutoAugment(policy={self.policy!r}, {self._args()})"
 
 
 def _jitter_range(value, name, center, bound, clip_first_on_zero=True):
@@ -303,8 +343,9 @@ class RandomApply(_Augment):
                 raise TypeError(f"RandomApply takes fastpipe.transforms' augmentations (not RandomApply), got "
                                 f"{type(t).__name__}")
         self.p = checks.real(p, "p", low=0.0, high=1.0)
-        fills = [t.fill for t in self.transforms if t.fill is not None]
-        self.fill = fills[0] if fills else None
+
+    def _samplings(self):
+        return [x for t in self.transforms for x in t._samplings()]
 
     def _add(self, height, width, table):
         gate, table.gates = table.gates, table.gates + 1

@@ -83,13 +83,54 @@ template <class Fma>
   return sum;
 }
 
-// The three, compiled for the CPU's FMA (x86-64: chosen at run time where the CPU has one) and without.
+// A geometric op: each column's products once, then per row each pixel's source position (as
+// images::affine_position computes it), then the gather from the 3 planes (nearest) or the interpolation
+// (bilinear). `columns`: 4 w floats.
+template <class Fma>
+[[gnu::always_inline]] inline void affine_rows(const PlannedOp& op, const uint8_t* fill, const uint8_t* src,
+                                               uint8_t* dst, int h, int w, float* columns) {
+  const int64_t plane = static_cast<int64_t>(h) * w;
+  const bool bilinear = op.kind == static_cast<int32_t>(OpKind::kBilinear);
+  float *cx = columns, *cy = cx + w, *ix = cy + w, *iy = ix + w;
+  for (int x = 0; x < w; ++x) {
+    const float bx = images::base_coordinate(x, w);
+    cx[x] = images::mul_rn(bx, op.theta[0]);
+    cy[x] = images::mul_rn(bx, op.theta[3]);
+  }
+  for (int y = 0; y < h; ++y) {
+    const float by = images::base_coordinate(y, h);
+    for (int x = 0; x < w; ++x) {
+      ix[x] = images::grid_position(op.sampling, cx[x], by, op.theta[1], op.theta[2], w, Fma());
+      iy[x] = images::grid_position(op.sampling, cy[x], by, op.theta[4], op.theta[5], h, Fma());
+    }
+    const int64_t at = static_cast<int64_t>(y) * w;
+    if (bilinear) {
+      for (int x = 0; x < w; ++x) images::bilinear_pixel(op, src, h, w, iy[x], ix[x], dst, at + x, Fma());
+      continue;
+    }
+    for (int x = 0; x < w; ++x) {
+      ix[x] = images::round_even(ix[x]);
+      iy[x] = images::round_even(iy[x]);
+    }
+    for (int x = 0; x < w; ++x) {
+      if (images::inside_image(iy[x], ix[x], h, w)) {
+        const int64_t from = static_cast<int64_t>(iy[x]) * w + static_cast<int64_t>(ix[x]);
+        for (int c = 0; c < 3; ++c) dst[c * plane + at + x] = src[c * plane + from];
+      } else {
+        for (int c = 0; c < 3; ++c) dst[c * plane + at + x] = fill[c];
+      }
+    }
+  }
+}
+
+// The kernels, compiled for the CPU's FMA (x86-64: chosen at run time where the CPU has one) and without.
 struct PixelKernels {
   void (*color)(const PlannedOp&, const uint8_t*, uint8_t*, int64_t, float*);
   void (*sharpness)(const PlannedOp&, const uint8_t*, uint8_t*, int, int);
   int64_t (*grey_sum)(const uint8_t*, int64_t);
   void (*hue)(const PlannedOp&, const uint8_t*, uint8_t*, int64_t);
   void (*grey)(const uint8_t*, uint8_t*, int64_t);
+  void (*affine)(const PlannedOp&, const uint8_t*, const uint8_t*, uint8_t*, int, int, float*);
 };
 
 #if defined(__x86_64__)
@@ -111,6 +152,10 @@ FASTPIPE_FMA_TARGET void hue_fma(const PlannedOp& op, const uint8_t* src, uint8_
 FASTPIPE_FMA_TARGET void grey_fma(const uint8_t* src, uint8_t* dst, int64_t pixels) {
   grey_rows<HardwareFma>(src, dst, pixels);
 }
+FASTPIPE_FMA_TARGET void affine_fma(const PlannedOp& op, const uint8_t* fill, const uint8_t* src, uint8_t* dst, int h,
+                                    int w, float* columns) {
+  affine_rows<HardwareFma>(op, fill, src, dst, h, w, columns);
+}
 
 void color_exact(const PlannedOp& op, const uint8_t* src, uint8_t* dst, int64_t pixels, float* g) {
   color_rows<images::ExactFma>(op, src, dst, pixels, g);
@@ -123,10 +168,14 @@ void hue_exact(const PlannedOp& op, const uint8_t* src, uint8_t* dst, int64_t pi
   hue_rows<images::ExactFma>(op, src, dst, pixels);
 }
 void grey_exact(const uint8_t* src, uint8_t* dst, int64_t pixels) { grey_rows<images::ExactFma>(src, dst, pixels); }
+void affine_exact(const PlannedOp& op, const uint8_t* fill, const uint8_t* src, uint8_t* dst, int h, int w,
+                  float* columns) {
+  affine_rows<images::ExactFma>(op, fill, src, dst, h, w, columns);
+}
 
 const PixelKernels& kernels(bool emulate_fma) {
-  static const PixelKernels exact{color_exact, sharpness_exact, grey_sum_exact, hue_exact, grey_exact};
-  static const PixelKernels fma{color_fma, sharpness_fma, grey_sum_fma, hue_fma, grey_fma};
+  static const PixelKernels exact{color_exact, sharpness_exact, grey_sum_exact, hue_exact, grey_exact, affine_exact};
+  static const PixelKernels fma{color_fma, sharpness_fma, grey_sum_fma, hue_fma, grey_fma, affine_fma};
 #if defined(__x86_64__)
   static const bool has_fma = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
 #elif defined(__FP_FAST_FMAF)
@@ -135,35 +184,6 @@ const PixelKernels& kernels(bool emulate_fma) {
   static const bool has_fma = false;
 #endif
   return has_fma && !emulate_fma ? fma : exact;
-}
-
-// A geometric op: per row, each column's source index (the grid's terms as images::affine_source sums
-// them, the column terms computed once), then the gather from the 3 planes.
-void affine_rows(const PlannedOp& op, const uint8_t* fill, const uint8_t* src, uint8_t* dst, int h, int w,
-                 AugmentScratch& s) {
-  const int64_t plane = static_cast<int64_t>(h) * w;
-  s.columns.resize(4 * static_cast<size_t>(w));
-  float *cx = s.columns.data(), *cy = cx + w, *ix = cy + w, *iy = ix + w;
-  for (int x = 0; x < w; ++x) {
-    cx[x] = images::grid_term(x, w, op.theta[0]);
-    cy[x] = images::grid_term(x, w, op.theta[3]);
-  }
-  for (int y = 0; y < h; ++y) {
-    const float rx = images::grid_term(y, h, op.theta[1]), ry = images::grid_term(y, h, op.theta[4]);
-    for (int x = 0; x < w; ++x) {
-      ix[x] = images::grid_index(cx[x], rx, op.theta[2], w);
-      iy[x] = images::grid_index(cy[x], ry, op.theta[5], h);
-    }
-    const int64_t at = static_cast<int64_t>(y) * w;
-    for (int x = 0; x < w; ++x) {
-      if (images::inside_image(iy[x], ix[x], h, w)) {
-        const int64_t from = static_cast<int64_t>(iy[x]) * w + static_cast<int64_t>(ix[x]);
-        for (int c = 0; c < 3; ++c) dst[c * plane + at + x] = src[c * plane + from];
-      } else {
-        for (int c = 0; c < 3; ++c) dst[c * plane + at + x] = fill[c];
-      }
-    }
-  }
 }
 
 // GaussianBlur in two passes per plane, each summing as images::blurred_value sums: the rows' taps into
@@ -235,7 +255,11 @@ void augment_image(const images::SampleOps& ops, const uint8_t fill[3], int h, i
         if (h <= 2 || w <= 2) continue;  // adjust_sharpness returns such images as they are
         k.sharpness(op, src, dst, h, w);
         break;
-      case OpKind::kAffine: affine_rows(op, fill, src, dst, h, w, s); break;
+      case OpKind::kAffine:
+      case OpKind::kBilinear:
+        s.columns.resize(4 * static_cast<size_t>(w));
+        k.affine(op, fill, src, dst, h, w, s.columns.data());
+        break;
       case OpKind::kHue: k.hue(op, src, dst, pixels); break;
       case OpKind::kBlur: blur_planes(op, ops.blur, ops.blur + images::kMaxBlurTaps, src, dst, h, w, s); break;
       case OpKind::kGrey: k.grey(src, dst, pixels); break;

@@ -13,15 +13,15 @@ namespace fastpipe {
 // A reader thread's buffers, kept from image to image.
 struct AugmentScratch {
   std::vector<uint8_t> image, other;  // the image (3 planes) and the next op's output, swapped after each op
-  std::vector<float> columns;         // a geometric op's column terms and a row's source indices
+  std::vector<float> columns;         // a geometric op's column products and a row's source positions
   std::vector<float> grey;            // the colour op's greys
   uint8_t tables[3 * 256];
   images::ImageStats stats;
 };
 
 // Applies `ops` to the h x w image in s.image, 3 planes (the result is left there); `fill`: the pixels the
-// geometric ops bring in from outside. The colour, sharpness and contrast ops use the CPU's fused
-// multiply-add where it has one (x86-64: AVX2 and FMA, chosen at run time), else images::ExactFma's
+// geometric ops bring in from outside (nearest sampling). The colour, sharpness, contrast and geometric
+// ops use the CPU's fused multiply-add where it has one (x86-64: AVX2 and FMA, chosen at run time), else images::ExactFma's
 // emulation (emulate_fma: always; the tests check that both give torchvision's values).
 void augment_image(const images::SampleOps& ops, const uint8_t fill[3], int h, int w, AugmentScratch& s,
                    bool emulate_fma = false);

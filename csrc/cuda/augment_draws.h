@@ -52,7 +52,8 @@ constexpr int kMaxAugmentOps = 12;          // per sample
 
 struct AugmentParams {
   int32_t stages = 0;  // 0: no augmentation
-  uint8_t fill[3] = {0, 0, 0};
+  uint8_t fill[3] = {0, 0, 0};  // nearest sampling's fill
+  Sampling sampling;             // the geometric ops' interpolation and bilinear fill
   AugmentStage stage[kMaxAugmentStages];
   int32_t candidates = 0;
   AugmentCandidate candidate[kMaxAugmentCandidates];
@@ -79,7 +80,7 @@ FASTPIPE_HD inline void add_op(const AugmentParams& a, const AugmentCandidate& c
     magnitude = a.magnitudes[c.first + below(transforms::sample_bits(seed, epoch, index, d + 1), c.count)];
     if (c.is_signed && draw01(seed, epoch, index, d + 2) <= 0.5) magnitude = -magnitude;
   }
-  if (out->count < kMaxAugmentOps) out->op[out->count++] = plan_op(static_cast<AugOp>(c.op), magnitude, h, w);
+  if (out->count < kMaxAugmentOps) out->op[out->count++] = plan_op(static_cast<AugOp>(c.op), magnitude, h, w, &a.sampling);
 }
 
 // ColorJitter: torch.randperm(4)'s order (a Fisher-Yates shuffle of our draws), each adjustment that is on

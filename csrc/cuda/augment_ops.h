@@ -6,7 +6,8 @@
 // - colour (saturation) blends each pixel with its own floored grey, sharpness with the rounded 3x3 blur
 //   of the interior (the border is kept);
 // - shear, translate and rotate sample the image through torchvision's inverse affine matrix and
-//   affine grid (nearest, align_corners=False, the fill outside), or rot90 where torchvision takes it.
+//   affine grid (align_corners=False), nearest or bilinear with torchvision's fill outside, or rot90 where
+//   torchvision takes it.
 // Everything about an op that does not depend on the pixels is worked out once per sample, where the op
 // is drawn (plan_op). Plain C++ (no torch, no CUDA headers outside nvcc): the CPU tests run all of it.
 #pragma once
@@ -42,7 +43,29 @@ enum class AugOp : int32_t {
 };
 
 // How an op reads its input.
-enum class OpKind : int32_t { kCopy = 0, kTable, kColor, kSharpness, kAffine, kQuarterTurns, kHue, kGrey, kBlur };
+enum class OpKind : int32_t {
+  kCopy = 0, kTable, kColor, kSharpness, kAffine, kQuarterTurns, kHue, kGrey, kBlur,
+  kBilinear  // an affine op sampled bilinearly
+};
+
+// How the geometric ops fill what they bring in from outside the image, sampled bilinearly (nearest
+// sampling takes the fill as it is): torchvision's _apply_grid_transform without a fill (grid_sample's
+// zeros), or with one, blended by the interpolated mask as v2 writes it, (v - fill) * mask + fill, or as v1
+// writes it, v * mask + (1 - mask) * fill (float rounding differs).
+enum class FillBlend : int32_t { kZeros = 0, kV2, kV1 };
+
+// The geometric ops' sampling (AugmentParams::sampling): nearest or bilinear, the fill's blend and values
+// (torchvision's floats), and where the torch in use fuses a multiply-add (measured by
+// fastpipe/torch_rounding.py: torch's bmm sums the affine grid with a BLAS or its own loop, and its CPU
+// kernels are vectorised with FMA or not, by CPU and size), so that positions round as torchvision's.
+struct Sampling {
+  int32_t bilinear = 0;
+  int32_t blend = 0;  // FillBlend
+  float fill[3] = {0, 0, 0};
+  int32_t grid_fma = 1;         // the grid's bx * t0 + by * t1 (+ t2) with by * t1 fused
+  int32_t unnormalize_fma = 1;  // grid_sample's (g + 1) * size / 2 - 0.5 fused
+  int32_t interpolate_fma = 1;  // bilinear's corners after the first fused into the sum
+};
 
 constexpr int kMaxBlurTaps = 47;  // GaussianBlur's kernel size per axis
 
@@ -56,7 +79,8 @@ struct PlannedOp {
   int32_t turns = 0;        // kQuarterTurns: torch.rot90's k
   int32_t by_factor = 0;    // 1: planned by plan_factor (ColorJitter, RandomGrayscale; magnitude is the factor)
   int32_t taps[2] = {0, 0};  // kBlur: the kernel's size along x and y (its weights: SampleOps::blur)
-  float theta[6] = {0, 0, 0, 0, 0, 0};  // kAffine: the grid's coefficients (see affine_source)
+  float theta[6] = {0, 0, 0, 0, 0, 0};  // kAffine, kBilinear: the grid's coefficients (see affine_source)
+  Sampling sampling;                     // kAffine, kBilinear: how to round, and the bilinear fill
 };
 
 // What the table ops need of the image: a histogram per channel and the sum of the floored greys.
@@ -193,11 +217,14 @@ FASTPIPE_HD inline double python_mod360(double a) {
   return r;
 }
 
-// Everything op `op` with `magnitude` needs on an h x w image, but its pixels.
-FASTPIPE_HD inline PlannedOp plan_op(AugOp op, float magnitude, int h, int w) {
+// Everything op `op` with `magnitude` needs on an h x w image, but its pixels; `sampling`: how its
+// geometric ops sample (nearest when null).
+FASTPIPE_HD inline PlannedOp plan_op(AugOp op, float magnitude, int h, int w, const Sampling* sampling = nullptr) {
   PlannedOp p;
   p.op = static_cast<int32_t>(op);
   p.magnitude = magnitude;
+  if (sampling) p.sampling = *sampling;
+  const OpKind affine = p.sampling.bilinear ? OpKind::kBilinear : OpKind::kAffine;
   const double mag = magnitude;
   const double rad_to_deg = 180.0 / 3.141592653589793;  // Python's math.degrees
   double m[6];
@@ -208,7 +235,7 @@ FASTPIPE_HD inline PlannedOp plan_op(AugOp op, float magnitude, int h, int w) {
       const double shear = atan(mag) * rad_to_deg;
       inverse_affine(-0.5 * w, -0.5 * h, 0.0, 0.0, 0.0, op == AugOp::kShearX ? shear : 0.0,
                      op == AugOp::kShearY ? shear : 0.0, m);
-      p.kind = static_cast<int32_t>(OpKind::kAffine);
+      p.kind = static_cast<int32_t>(affine);
       grid_coefficients(m, h, w, p.theta);
       return p;
     }
@@ -217,7 +244,7 @@ FASTPIPE_HD inline PlannedOp plan_op(AugOp op, float magnitude, int h, int w) {
       const double t = static_cast<double>(static_cast<int64_t>(mag));  // int(magnitude)
       inverse_affine(0.0, 0.0, 0.0, op == AugOp::kTranslateX ? t : 0.0, op == AugOp::kTranslateY ? t : 0.0, 0.0,
                      0.0, m);
-      p.kind = static_cast<int32_t>(OpKind::kAffine);
+      p.kind = static_cast<int32_t>(affine);
       grid_coefficients(m, h, w, p.theta);
       return p;
     }
@@ -231,7 +258,7 @@ FASTPIPE_HD inline PlannedOp plan_op(AugOp op, float magnitude, int h, int w) {
         p.turns = static_cast<int32_t>(angle / 90.0);
       } else {
         inverse_affine(0.0, 0.0, -angle, 0.0, 0.0, 0.0, 0.0, m);
-        p.kind = static_cast<int32_t>(OpKind::kAffine);
+        p.kind = static_cast<int32_t>(affine);
         grid_coefficients(m, h, w, p.theta);
       }
       return p;
@@ -342,30 +369,84 @@ FASTPIPE_HD inline void op_table(const PlannedOp& p, const ImageStats& s, int64_
 
 // ---- per pixel --------------------------------------------------------------------------------------
 
-// The affine grid, split so that the CPU can compute a row's terms once: _affine_grid's base grid
-// (x + (1 - w) / 2, y + (1 - h) / 2, 1) times the coefficients, summed in order; grid_sample's
-// unnormalisation ((g + 1) * size / 2 - 0.5) and nearest rounding (half to even).
-// Column x's (or row y's) term: (x + (1 - w) / 2) * coefficient.
-FASTPIPE_HD inline float grid_term(int x, int w, float coefficient) {
-  return mul_rn(add_rn(static_cast<float>(x), static_cast<float>((1.0 - w) * 0.5)), coefficient);
+// The affine grid, split so that the CPU can compute a column's products once: _affine_grid's base grid
+// (bx, by, 1) = (x + (1 - w) / 2, y + (1 - h) / 2, 1) times an axis's 3 coefficients t, summed as torch's
+// bmm sums it (bx * t0 first, by * t1 fused in where Sampling::grid_fma); then grid_sample's
+// unnormalisation, (g + 1) * size / 2 - 0.5 (fused where Sampling::unnormalize_fma).
+FASTPIPE_HD inline float base_coordinate(int x, int w) {
+  return add_rn(static_cast<float>(x), static_cast<float>((1.0 - w) * 0.5));
 }
-// The source index along an axis of `size` for the grid coordinate (column + row) + constant.
-FASTPIPE_HD inline float grid_index(float column, float row, float constant, int size) {
-  const float g = add_rn(add_rn(column, row), constant);
-  return round_even(add_rn(mul_rn(add_rn(g, 1.0f), static_cast<float>(size) / 2.0f), -0.5f));
+// The source position along an axis of `size` for column product `column` (bx * t0) and row by.
+template <class Fma = ExactFma>
+FASTPIPE_HD inline float grid_position(const Sampling& s, float column, float by, float t1, float t2, int size,
+                                       Fma fma = Fma()) {
+  const float g = add_rn(s.grid_fma ? fma(by, t1, column) : add_rn(column, mul_rn(by, t1)), t2);
+  const float half = static_cast<float>(size) / 2.0f;
+  return s.unnormalize_fma ? fma(add_rn(g, 1.0f), half, -0.5f) : add_rn(mul_rn(add_rn(g, 1.0f), half), -0.5f);
+}
+// Output (y, x)'s source position (iy, ix) under a kAffine or kBilinear op.
+template <class Fma = ExactFma>
+FASTPIPE_HD inline void affine_position(const PlannedOp& p, int h, int w, int y, int x, float* iy, float* ix,
+                                        Fma fma = Fma()) {
+  const float bx = base_coordinate(x, w), by = base_coordinate(y, h);
+  *ix = grid_position(p.sampling, mul_rn(bx, p.theta[0]), by, p.theta[1], p.theta[2], w, fma);
+  *iy = grid_position(p.sampling, mul_rn(bx, p.theta[3]), by, p.theta[4], p.theta[5], h, fma);
 }
 FASTPIPE_HD inline bool inside_image(float iy, float ix, int h, int w) {
   return ix > -1.0f && ix < static_cast<float>(w) && iy > -1.0f && iy < static_cast<float>(h);
 }
 
-// The source pixel (sy, sx) of output (y, x) of a kAffine op; false where it falls outside (the fill).
+// The source pixel (sy, sx) of output (y, x) of a kAffine op (nearest: the position rounded half to
+// even); false where it falls outside (the fill).
 FASTPIPE_HD inline bool affine_source(const PlannedOp& p, int h, int w, int y, int x, int* sy, int* sx) {
-  const float ix = grid_index(grid_term(x, w, p.theta[0]), grid_term(y, h, p.theta[1]), p.theta[2], w);
-  const float iy = grid_index(grid_term(x, w, p.theta[3]), grid_term(y, h, p.theta[4]), p.theta[5], h);
+  float iy = 0.0f, ix = 0.0f;
+  affine_position(p, h, w, y, x, &iy, &ix);
+  iy = round_even(iy);
+  ix = round_even(ix);
   if (!inside_image(iy, ix, h, w)) return false;
   *sx = static_cast<int>(ix);
   *sy = static_cast<int>(iy);
   return true;
+}
+
+// Output `at` of a kBilinear op whose source position is (iy, ix): grid_sample's bilinear interpolation
+// as ATen's CPU kernel sums it (nw * its weight, then the other corners, fused in where
+// Sampling::interpolate_fma; the corners outside the image count as 0), the fill blended by the
+// interpolated mask (the weights of the corners inside, summed), then rounded (half to even) to uint8.
+template <class Fma = ExactFma>
+FASTPIPE_HD inline void bilinear_pixel(const PlannedOp& p, const uint8_t* src, int h, int w, float iy, float ix,
+                                       uint8_t* dst, int64_t at, Fma fma = Fma()) {
+  const int64_t plane = static_cast<int64_t>(h) * w;
+  const float x0 = floorf(ix), y0 = floorf(iy);
+  const float to_west = add_rn(ix, -x0), to_east = add_rn(1.0f, -to_west);
+  const float to_north = add_rn(iy, -y0), to_south = add_rn(1.0f, -to_north);
+  const float weight[4] = {mul_rn(to_south, to_east), mul_rn(to_south, to_west), mul_rn(to_north, to_east),
+                           mul_rn(to_north, to_west)};  // nw, ne, sw, se
+  // Each corner's offset, or -1 outside the image (compared as floats: x0 may be far beyond an int).
+  const bool west = x0 > -1.0f && x0 < static_cast<float>(w), east = x0 > -2.0f && x0 < static_cast<float>(w - 1);
+  const bool north = y0 > -1.0f && y0 < static_cast<float>(h), south = y0 > -2.0f && y0 < static_cast<float>(h - 1);
+  const int64_t row = north || south ? static_cast<int64_t>(y0) * w : 0;
+  const int64_t col = west || east ? static_cast<int64_t>(x0) : 0;
+  const int64_t offsets[4] = {north && west ? row + col : -1, north && east ? row + col + 1 : -1,
+                              south && west ? row + w + col : -1, south && east ? row + w + col + 1 : -1};
+  float mask = 0.0f;
+  for (int k = 0; k < 4; ++k) mask = offsets[k] >= 0 ? add_rn(mask, weight[k]) : mask;
+  const Sampling& s = p.sampling;
+  for (int c = 0; c < 3; ++c) {
+    const uint8_t* in = src + c * plane;
+    float v = 0.0f;  // fma(value, weight, 0) is the rounded product, as the first corner's
+    for (int k = 0; k < 4; ++k) {
+      if (offsets[k] < 0) continue;
+      const float value = static_cast<float>(in[offsets[k]]);
+      v = s.interpolate_fma ? fma(value, weight[k], v) : add_rn(v, mul_rn(value, weight[k]));
+    }
+    if (s.blend == static_cast<int32_t>(FillBlend::kV2))
+      v = add_rn(mul_rn(add_rn(v, -s.fill[c]), mask), s.fill[c]);
+    else if (s.blend == static_cast<int32_t>(FillBlend::kV1))
+      v = add_rn(mul_rn(v, mask), mul_rn(add_rn(1.0f, -mask), s.fill[c]));
+    v = round_even(v);
+    dst[c * plane + at] = static_cast<uint8_t>(v < 0.0f ? 0.0f : (v > 255.0f ? 255.0f : v));
+  }
 }
 
 // torch.rot90(k, dims=(-2, -1)): output (y, x) of an h x w image (out_h x out_w after the turn).
@@ -507,6 +588,12 @@ FASTPIPE_HD inline void op_pixel(const PlannedOp& p, const uint8_t* lut, const u
       }
       from = static_cast<int64_t>(sy) * w + sx;
       break;
+    }
+    case OpKind::kBilinear: {
+      float iy = 0.0f, ix = 0.0f;
+      affine_position(p, h, w, y, x, &iy, &ix);
+      bilinear_pixel(p, src, h, w, iy, ix, dst, at);
+      return;
     }
     case OpKind::kQuarterTurns: {
       int sy = 0, sx = 0;

@@ -79,13 +79,25 @@ py::dict header_dict(const ImageHeader& h) {
 // The augmentations (fastpipe/augment.py): stages as dicts, candidates and magnitudes, checked.
 void set_augment(images::AugmentParams& a, const std::vector<py::dict>& stages,
                  const std::vector<std::tuple<int, bool, float, int, int>>& candidates,
-                 const std::vector<float>& magnitudes, const std::vector<int>& fill) {
+                 const std::vector<float>& magnitudes, const std::vector<int>& fill, bool bilinear, int blend,
+                 const std::vector<float>& fill_value, std::tuple<bool, bool, bool> rounding) {
   TORCH_CHECK(stages.size() <= images::kMaxAugmentStages, "at most ", images::kMaxAugmentStages, " augment stages");
   TORCH_CHECK(candidates.size() <= images::kMaxAugmentCandidates, "at most ", images::kMaxAugmentCandidates,
               " augment candidates");
   TORCH_CHECK(magnitudes.size() <= images::kMaxAugmentMagnitudes, "at most ", images::kMaxAugmentMagnitudes,
               " augment magnitudes");
   TORCH_CHECK(fill.size() == 3, "augment_fill needs 3 values");
+  TORCH_CHECK(fill_value.size() == 3, "augment_fill_value needs 3 values");
+  TORCH_CHECK(blend >= 0 && blend <= 2, "augment_blend must be 0 (no fill), 1 (v2) or 2 (v1)");
+  a.sampling.bilinear = bilinear ? 1 : 0;
+  a.sampling.blend = blend;
+  a.sampling.grid_fma = std::get<0>(rounding);
+  a.sampling.unnormalize_fma = std::get<1>(rounding);
+  a.sampling.interpolate_fma = std::get<2>(rounding);
+  for (int c = 0; c < 3; ++c) {
+    TORCH_CHECK(fill_value[c] >= 0.0f && fill_value[c] <= 255.0f, "augment_fill_value must be in [0, 255]");
+    a.sampling.fill[c] = fill_value[c];
+  }
   a.stages = static_cast<int32_t>(stages.size());
   for (size_t n = 0; n < stages.size(); ++n) {
     const py::dict& d = stages[n];
@@ -216,7 +228,9 @@ void bind_loader_specs(py::module& m) {
                        std::pair<double, double> erase_scale, std::pair<double, double> erase_ratio,
                        const std::vector<float>& erase_value, const std::vector<py::dict>& augment_stages,
                        const std::vector<std::tuple<int, bool, float, int, int>>& augment_candidates,
-                       const std::vector<float>& augment_magnitudes, const std::vector<int>& augment_fill) {
+                       const std::vector<float>& augment_magnitudes, const std::vector<int>& augment_fill,
+                       bool augment_bilinear, int augment_blend, const std::vector<float>& augment_fill_value,
+                       std::tuple<bool, bool, bool> augment_rounding) {
              ImageTransformParams p;
              TORCH_CHECK(mode == "random_resized" || mode == "center", "mode must be random_resized or center");
              p.mode = mode == "center" ? images::CropMode::kCenter : images::CropMode::kRandomResized;
@@ -254,7 +268,8 @@ void bind_loader_specs(py::module& m) {
              p.erase.ratio_min = erase_ratio.first;
              p.erase.ratio_max = erase_ratio.second;
              std::copy(erase_value.begin(), erase_value.end(), p.erase.value);
-             set_augment(p.augment, augment_stages, augment_candidates, augment_magnitudes, augment_fill);
+             set_augment(p.augment, augment_stages, augment_candidates, augment_magnitudes, augment_fill,
+                         augment_bilinear, augment_blend, augment_fill_value, augment_rounding);
              return p;
            }),
            py::kw_only(), py::arg("mode"), py::arg("out_height"), py::arg("out_width"), py::arg("area"),
@@ -266,7 +281,10 @@ void bind_loader_specs(py::module& m) {
            py::arg("erase_value") = std::vector<float>{0.0f, 0.0f, 0.0f},
            py::arg("augment_stages") = std::vector<py::dict>{},
            py::arg("augment_candidates") = std::vector<std::tuple<int, bool, float, int, int>>{},
-           py::arg("augment_magnitudes") = std::vector<float>{}, py::arg("augment_fill") = std::vector<int>{0, 0, 0})
+           py::arg("augment_magnitudes") = std::vector<float>{}, py::arg("augment_fill") = std::vector<int>{0, 0, 0},
+           py::arg("augment_bilinear") = false, py::arg("augment_blend") = 0,
+           py::arg("augment_fill_value") = std::vector<float>{0.0f, 0.0f, 0.0f},
+           py::arg("augment_rounding") = std::make_tuple(true, true, true))
       .def(
           "geometry",
           [](const ImageTransformParams& p, int height, int width, uint64_t epoch, uint64_t index) {

@@ -6,7 +6,7 @@ Understood, in torchvision's v1 and v2 spellings: ``Compose``; ``RandomResizedCr
 ``CenterCrop``) with bilinear interpolation and antialiasing; ``CenterCrop``; ``RandomHorizontalFlip``;
 ``ToTensor``, ``PILToTensor``, ``ToImage``, ``ToDtype``/``ConvertImageDtype`` to float32, float16 or
 bfloat16 (scaled) or uint8; ``Normalize``; the per-sample augmentations ``TrivialAugmentWide``,
-``RandAugment``, ``AutoAugment`` (nearest), ``ColorJitter``, ``RandomGrayscale``, ``GaussianBlur`` and
+``RandAugment``, ``AutoAugment`` (nearest or bilinear), ``ColorJitter``, ``RandomGrayscale``, ``GaussianBlur`` and
 ``RandomApply`` of them, on the uint8 image: after the crop and flip, before any float conversion; ``RandomErasing`` with a
 value (not "random"), last.
 """
@@ -75,12 +75,16 @@ def _augment(step):
         _refuse(step, "a fill per input type")
     try:
         if name == "TrivialAugmentWide":
-            return augment.TrivialAugmentWide(step.num_magnitude_bins, step.interpolation, fill)
-        if name == "RandAugment":
-            return augment.RandAugment(step.num_ops, step.magnitude, step.num_magnitude_bins, step.interpolation, fill)
-        return augment.AutoAugment(step.policy, step.interpolation, fill)
+            ours = augment.TrivialAugmentWide(step.num_magnitude_bins, step.interpolation, fill)
+        elif name == "RandAugment":
+            ours = augment.RandAugment(step.num_ops, step.magnitude, step.num_magnitude_bins, step.interpolation, fill)
+        else:
+            ours = augment.AutoAugment(step.policy, step.interpolation, fill)
     except ValueError as e:
         _refuse(step, str(e))
+    # v1 blends a bilinear fill in another order (transforms/_functional_tensor.py's _apply_grid_transform).
+    ours.v1_fill = not type(step).__module__.startswith("torchvision.transforms.v2")
+    return ours
 
 
 def convert_transform(transform):

@@ -1,9 +1,13 @@
-"""A small JPEG folder and every sample's output per epoch, for the tests of the per-sample transforms
-fused after the resize (test_image_erasing.py, test_image_augment.py)."""
+"""A small JPEG folder, every sample's output per epoch (on the CPU and the simulated device) and
+torchvision's augmentation ops, for the tests of the per-sample transforms fused after the resize
+(test_image_erasing.py, test_image_augment*.py)."""
+
+import math
 
 import torch
 
 import fastpipe
+from fastpipe.data import _device
 
 from jpegs import jpeg_bytes, picture, write
 
@@ -24,3 +28,55 @@ def outputs(ds, t, seed=4, epochs=2, **kw):
         x = torch.cat([b for b, _ in ld])
         per_epoch.append(x.permute(0, 3, 1, 2) if t.layout == "NHWC" else x)
     return per_epoch
+
+
+def device_outputs(ds, t, seed=4, epochs=2):
+    """outputs() from a device loader decoding on the simulated device; and its stats."""
+    with _device.simulated(max_delay_us=100, seed=7) as sim:
+        ld = fastpipe.Loader(ds, batch_size=3, transforms={0: t}, seed=seed, timeout=60, device="cuda",
+                             image_decode="device")
+        per_epoch = []
+        for _ in range(epochs):
+            got = []
+            for x, _ in ld:
+                sim.synchronize(sim.consumer_stream())
+                got.append(x.cpu())
+            x = torch.cat(got)
+            per_epoch.append(x.permute(0, 3, 1, 2) if t.layout == "NHWC" else x)
+        stats = ld.stats()
+        del ld
+        sim.drain()
+        assert not sim.misuses()
+    return per_epoch, stats
+
+
+def torchvision_op(img, name, m, fill=None, interpolation="nearest", v1=False):
+    """torchvision's op on a CHW uint8 tensor, called as its _AutoAugmentBase calls it (v1: the functional
+    ops of torchvision.transforms, whose bilinear fill blends in another order)."""
+    from torchvision.transforms import functional as F1
+    from torchvision.transforms.v2 import InterpolationMode, functional as F2
+
+    F = F1 if v1 else F2
+    geometric = dict(interpolation=InterpolationMode(interpolation), fill=fill)
+    if name == "ShearX":
+        return F.affine(img, angle=0.0, translate=[0, 0], scale=1.0, shear=[math.degrees(math.atan(m)), 0.0],
+                        center=[0, 0], **geometric)
+    if name == "ShearY":
+        return F.affine(img, angle=0.0, translate=[0, 0], scale=1.0, shear=[0.0, math.degrees(math.atan(m))],
+                        center=[0, 0], **geometric)
+    if name in ("TranslateX", "TranslateY"):
+        shift = [int(m), 0] if name == "TranslateX" else [0, int(m)]
+        return F.affine(img, angle=0.0, translate=shift, scale=1.0, shear=[0.0, 0.0], **geometric)
+    return {
+        "Identity": lambda: img,
+        "Rotate": lambda: F.rotate(img, angle=m, **geometric),
+        "Brightness": lambda: F2.adjust_brightness(img, 1.0 + m),
+        "Color": lambda: F2.adjust_saturation(img, 1.0 + m),
+        "Contrast": lambda: F2.adjust_contrast(img, 1.0 + m),
+        "Sharpness": lambda: F2.adjust_sharpness(img, 1.0 + m),
+        "Posterize": lambda: F2.posterize(img, int(m)),
+        "Solarize": lambda: F2.solarize(img, 255.0 * m),
+        "AutoContrast": lambda: F2.autocontrast(img),
+        "Equalize": lambda: F2.equalize(img),
+        "Invert": lambda: F2.invert(img),
+    }[name]()

@@ -13,47 +13,20 @@ import torch
 import fastpipe
 from fastpipe._ext import _C
 from fastpipe.augment import OPS
+from fastpipe.torch_rounding import affine_rounding
 from fastpipe.data import _device
 from fastpipe.transforms import AutoAugment, CenterCrop, ColorJitter, GaussianBlur, RandAugment, RandomApply
 from fastpipe.transforms import RandomErasing, RandomGrayscale, RandomResizedCrop, TrivialAugmentWide
 
 from jpegs import jpeg_bytes, picture, write
-from per_sample import jpeg_root, outputs
+from per_sample import device_outputs, jpeg_root, outputs, torchvision_op
 
 tv = pytest.importorskip("torchvision")
 T1 = tv.transforms
 T2 = pytest.importorskip("torchvision.transforms.v2")
 F2 = T2.functional
-NEAREST = T2.InterpolationMode.NEAREST
 MEAN, STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
 pytestmark = pytest.mark.timeout(180, method="thread")
-
-
-def torchvision_op(img, name, m, fill=None):
-    """torchvision's op on a CHW uint8 tensor, called as its _AutoAugmentBase calls it."""
-    geometric = dict(interpolation=NEAREST, fill=fill)
-    if name == "ShearX":
-        return F2.affine(img, angle=0.0, translate=[0, 0], scale=1.0, shear=[math.degrees(math.atan(m)), 0.0],
-                         center=[0, 0], **geometric)
-    if name == "ShearY":
-        return F2.affine(img, angle=0.0, translate=[0, 0], scale=1.0, shear=[0.0, math.degrees(math.atan(m))],
-                         center=[0, 0], **geometric)
-    if name in ("TranslateX", "TranslateY"):
-        shift = [int(m), 0] if name == "TranslateX" else [0, int(m)]
-        return F2.affine(img, angle=0.0, translate=shift, scale=1.0, shear=[0.0, 0.0], **geometric)
-    return {
-        "Identity": lambda: img,
-        "Rotate": lambda: F2.rotate(img, angle=m, **geometric),
-        "Brightness": lambda: F2.adjust_brightness(img, 1.0 + m),
-        "Color": lambda: F2.adjust_saturation(img, 1.0 + m),
-        "Contrast": lambda: F2.adjust_contrast(img, 1.0 + m),
-        "Sharpness": lambda: F2.adjust_sharpness(img, 1.0 + m),
-        "Posterize": lambda: F2.posterize(img, int(m)),
-        "Solarize": lambda: F2.solarize(img, 255.0 * m),
-        "AutoContrast": lambda: F2.autocontrast(img),
-        "Equalize": lambda: F2.equalize(img),
-        "Invert": lambda: F2.invert(img),
-    }[name]()
 
 
 MAGNITUDES = {
@@ -79,7 +52,8 @@ def test_each_op_equals_torchvision_given_the_same_parameters(name, size, rng):
             want = torchvision_op(torch.from_numpy(img).permute(2, 0, 1), name, m,
                                   None if fill is None else [float(v) for v in fill]).permute(1, 2, 0).numpy()
             for emulate in (False, True):
-                ours = _C._augment_apply(img, OPS.index(name), m, fill or [0, 0, 0], emulate_fma=emulate)
+                ours = _C._augment_apply(img, OPS.index(name), m, fill or [0, 0, 0], emulate_fma=emulate,
+                                         rounding=affine_rounding(*size))
                 assert np.array_equal(ours, want), (name, m, fill, emulate, int((ours != want).sum()))
 
 
@@ -346,8 +320,8 @@ def test_draws_are_a_function_of_seed_epoch_and_sample():
 
 
 def test_bad_arguments_are_named():
-    with pytest.raises(ValueError, match="nearest"):
-        TrivialAugmentWide(interpolation="bilinear")
+    with pytest.raises(ValueError, match="'nearest'.*or 'bilinear'"):
+        TrivialAugmentWide(interpolation="bicubic")
     with pytest.raises(ValueError, match="num_ops"):
         RandAugment(num_ops=13)
     with pytest.raises(ValueError, match="magnitude"):
@@ -374,24 +348,31 @@ def test_bad_arguments_are_named():
         ColorJitter(hue=0.7)
     with pytest.raises(ValueError, match="fills differ"):
         RandomResizedCrop(32, augment=[TrivialAugmentWide(fill=1), RandAugment(fill=2)])
+    with pytest.raises(ValueError, match="or their interpolations"):
+        RandomResizedCrop(32, augment=[TrivialAugmentWide(), RandomApply(RandAugment(interpolation="bilinear"))])
+    with pytest.raises(ValueError, match="at most 12 ops a sample in all, these stages draw up to 14"):
+        RandomResizedCrop(32, augment=[RandAugment(num_ops=8), ColorJitter(0.1, 0.1, 0.1, 0.1), AutoAugment()])
     with pytest.raises(TypeError, match="RandomApply takes"):
         RandomApply([RandomApply(ColorJitter(0.1))])
 
 
 @pytest.mark.parametrize("T", [T1, T2], ids=["v1", "v2"])
 def test_torchvision_reference_train_pipeline_switches_in_one_line(root, T):
-    """torchvision's classification reference recipe (presets.ClassificationPresetTrain with
-    auto_augment_policy="ta_wide" and random_erase_prob): RRC, flip, TrivialAugmentWide, PILToTensor,
-    ToDtype, Normalize, RandomErasing, handed to fastpipe.Loader with its ImageFolder."""
+    """torchvision's classification reference recipe as presets.ClassificationPresetTrain builds it with
+    auto_augment_policy="ta_wide" and random_erase_prob (its interpolation, bilinear, passed to
+    TrivialAugmentWide too): RRC, flip, TrivialAugmentWide, PILToTensor, ToDtype, Normalize,
+    RandomErasing, handed to fastpipe.Loader with its ImageFolder."""
     to_float = [T.PILToTensor(), (T.ConvertImageDtype(torch.float) if T is T1 else T.ToDtype(torch.float, scale=True))]
-    pipeline = T.Compose([T.RandomResizedCrop(24), T.RandomHorizontalFlip(0.5), T.TrivialAugmentWide(), *to_float,
-                          T.Normalize(MEAN, STD), T.RandomErasing(p=0.1)])
+    bilinear = T.InterpolationMode.BILINEAR
+    pipeline = T.Compose([T.RandomResizedCrop(24, interpolation=bilinear, antialias=True), T.RandomHorizontalFlip(0.5),
+                          T.TrivialAugmentWide(interpolation=bilinear), *to_float, T.Normalize(MEAN, STD),
+                          T.RandomErasing(p=0.1)])
     ds = tv.datasets.ImageFolder(root, transform=pipeline)
     got = torch.cat([x for x, _ in fastpipe.Loader(ds, batch_size=3, seed=4)])
-    fused = RandomResizedCrop(24, mirror=0.5, mean=MEAN, std=STD, augment=TrivialAugmentWide(),
-                              erase=RandomErasing(p=0.1))
+    reference = RandomResizedCrop(24, mirror=0.5, mean=MEAN, std=STD,
+                                  augment=TrivialAugmentWide(interpolation="bilinear"), erase=RandomErasing(p=0.1))
     want = torch.cat([x for x, _ in fastpipe.Loader(fastpipe.ImageFolder(root, cache_dir="off"), batch_size=3,
-                                                    seed=4, transforms={0: fused})])
+                                                    seed=4, transforms={0: reference})])
     assert torch.equal(got, want)
     # The other two, with their arguments.
     for step, ours in ((T.RandAugment(num_ops=3, magnitude=5, fill=[1, 2, 3]), RandAugment(3, 5, fill=[1, 2, 3])),
@@ -418,7 +399,7 @@ def test_torchvision_reference_train_pipeline_switches_in_one_line(root, T):
     def on_device(dataset):
         with _device.simulated(max_delay_us=100, seed=3) as sim:
             ld = fastpipe.Loader(dataset, batch_size=3, seed=4, device="cuda", image_decode="device",
-                                 transforms=None if dataset is tv_ds else {0: fused})
+                                 transforms=None if dataset is tv_ds else {0: reference})
             out = []
             for x, _ in ld:
                 sim.synchronize(sim.consumer_stream())
@@ -429,10 +410,8 @@ def test_torchvision_reference_train_pipeline_switches_in_one_line(root, T):
         return torch.cat(out)
 
     tv_ds = tv.datasets.ImageFolder(root, transform=pipeline)
-    fused = RandomResizedCrop(24, mirror=0.5, mean=MEAN, std=STD, augment=TrivialAugmentWide(),
-                              erase=RandomErasing(p=0.1))
     assert torch.equal(on_device(tv_ds), on_device(fastpipe.ImageFolder(root, cache_dir="off")))
-    refused = ((T.TrivialAugmentWide(interpolation=T.InterpolationMode.BILINEAR), "nearest"),
+    refused = ((T.TrivialAugmentWide(interpolation=T.InterpolationMode.BICUBIC), "'nearest'.*or 'bilinear'"),
                (T.RandomApply([T.RandomRotation(10)], p=0.5), "RandomApply is fused around the augmentations"))
     for bad, match in refused:
         with pytest.raises(ValueError, match=match):
@@ -444,26 +423,6 @@ def test_torchvision_reference_train_pipeline_switches_in_one_line(root, T):
     after_float = T.Compose([T.RandomResizedCrop(24), *to_float, T.TrivialAugmentWide()])
     with pytest.raises(ValueError, match="TrivialAugmentWide"):
         fastpipe.Loader(tv.datasets.ImageFolder(root, transform=after_float), batch_size=2)
-
-
-def device_outputs(ds, t, seed=4, epochs=2):
-    """outputs() from a device loader decoding on the simulated device; and its stats."""
-    with _device.simulated(max_delay_us=100, seed=7) as sim:
-        ld = fastpipe.Loader(ds, batch_size=3, transforms={0: t}, seed=seed, timeout=60, device="cuda",
-                             image_decode="device")
-        per_epoch = []
-        for _ in range(epochs):
-            got = []
-            for x, _ in ld:
-                sim.synchronize(sim.consumer_stream())
-                got.append(x.cpu())
-            x = torch.cat(got)
-            per_epoch.append(x.permute(0, 3, 1, 2) if t.layout == "NHWC" else x)
-        stats = ld.stats()
-        del ld
-        sim.drain()
-        assert not sim.misuses()
-    return per_epoch, stats
 
 
 @pytest.mark.parametrize("layout", ["NCHW", "NHWC"])

@@ -33,7 +33,8 @@ namespace {
 constexpr int64_t kMaxPixels = 4 << 20;
 
 // Every augmentation op (augment_ops.h) at the ends and the middle of its magnitudes, 3 ops a sample,
-// then a colour jitter over the widest ranges, a grayscale half the time and a blur whose kernel fits.
+// then a colour jitter over the widest ranges, a grayscale half the time and a blur whose kernel fits; the
+// geometric ops sampled bilinearly, with each fill blend, for half the seeds, and rounded each way.
 void add_augmentations(images::ImageTransformParams& p) {
   images::AugmentParams& a = p.augment;
   const float extremes[][3] = {{0, 0, 0},      {-0.99f, 0.3f, 0.99f}, {-0.99f, 0.3f, 0.99f}, {-32, 7, 32},
@@ -65,6 +66,12 @@ void add_augmentations(images::ImageTransformParams& p) {
   blur.taps[0] = 2 * std::min(p.out_width - 1, 11) + 1;
   blur.taps[1] = 2 * std::min(p.out_height - 1, 11) + 1;
   a.fill[0] = 7;
+  a.sampling.bilinear = static_cast<int32_t>(p.seed & 1);
+  a.sampling.blend = static_cast<int32_t>(p.seed / 2 % 3);
+  a.sampling.fill[0] = 7.5f;
+  a.sampling.grid_fma = static_cast<int32_t>(p.seed >> 3 & 1);
+  a.sampling.unnormalize_fma = static_cast<int32_t>(p.seed >> 4 & 1);
+  a.sampling.interpolate_fma = static_cast<int32_t>(p.seed >> 5 & 1);
 }
 
 images::ImageTransformParams params(const uint8_t* c) {
