@@ -1,5 +1,5 @@
 """torchvision's per-sample augmentations fused into the JPEG transforms: ``RandomResizedCrop(224,
-augment=TrivialAugmentWide())``, or a list of them in order, e.g. ``augment=[RandomApply([ColorJitter(0.4,
+augment=TrivialAugmentWide())`` (or RandAugment, AutoAugment, AugMix), or a list of them in order, e.g. ``augment=[RandomApply([ColorJitter(0.4,
 0.4, 0.4, 0.1)], p=0.8), RandomGrayscale(0.2)]``. Each sample's ops run on its output-sized uint8 image
 (224x224, not the original) in the reader threads (or a CUDA loader's kernel), right after the resize,
 then the normalisation and RandomErasing.
@@ -18,19 +18,20 @@ import numbers
 from fastpipe import _checks as checks
 from fastpipe.torch_rounding import affine_rounding
 
-__all__ = ["AutoAugment", "ColorJitter", "GaussianBlur", "RandAugment", "RandomApply", "RandomGrayscale",
+__all__ = ["AugMix", "AutoAugment", "ColorJitter", "GaussianBlur", "RandAugment", "RandomApply", "RandomGrayscale",
            "TrivialAugmentWide"]
 
 # The order of csrc/cuda/augment_ops.h's AugOp.
 OPS = ("Identity", "ShearX", "ShearY", "TranslateX", "TranslateY", "Rotate", "Brightness", "Color", "Contrast",
-       "Sharpness", "Posterize", "Solarize", "AutoContrast", "Equalize", "Invert", "Hue", "Grayscale", "Blur")
+       "Sharpness", "Posterize", "Solarize", "AutoContrast", "Equalize", "Invert", "Hue", "Grayscale", "Blur",
+       "MixOriginal", "MixChain", "MixLast")
 # ColorJitter's, RandomGrayscale's and GaussianBlur's ops, reported by torchvision's functional names with
 # their factor (GaussianBlur: its sigma).
 FACTOR_OPS = {"Brightness": "adjust_brightness", "Contrast": "adjust_contrast", "Color": "adjust_saturation",
               "Hue": "adjust_hue", "Grayscale": "rgb_to_grayscale", "Blur": "gaussian_blur"}
 # augment_draws.h's AugmentStageKind, and its limits.
-_ONE_OF, _SUB_POLICY, _COLOR_JITTER, _GRAYSCALE, _BLUR = 1, 2, 3, 4, 5
-_MAX_STAGES, _MAX_CANDIDATES, _MAX_MAGNITUDES, _MAX_OPS, _MAX_BLUR_TAPS = 4, 64, 512, 12, 47
+_ONE_OF, _SUB_POLICY, _COLOR_JITTER, _GRAYSCALE, _BLUR, _AUGMIX = 1, 2, 3, 4, 5, 6
+_MAX_STAGES, _MAX_CANDIDATES, _MAX_MAGNITUDES, _MAX_OPS, _MAX_BLUR_TAPS, _MAX_CHAINS = 4, 64, 512, 16, 47, 6
 
 
 def _torchvision_v2():
@@ -97,7 +98,8 @@ def augment_params(augment, height, width):
     for s in stages:
         if not isinstance(s, _Augment):
             raise TypeError(f"augment must be fastpipe.transforms' TrivialAugmentWide, RandAugment, AutoAugment, "
-                            f"ColorJitter, RandomGrayscale or RandomApply, or a list of them; got {type(s).__name__}")
+                            f"AugMix, ColorJitter, RandomGrayscale, GaussianBlur or RandomApply, or a list of them; "
+                            f"got {type(s).__name__}")
     samplings = {x for s in stages for x in s._samplings()}
     if len(samplings) > 1:
         raise ValueError(f"augment: the stages' fills differ, or their interpolations ({sorted(samplings, key=str)}): "
@@ -109,8 +111,7 @@ def augment_params(augment, height, width):
         s._add(height, width, table)
     if sum(st["kind"] == _BLUR for st in table.stages) > 1:
         raise ValueError("augment: at most one GaussianBlur")
-    most = sum(st.get("num_ops", 1) if st["kind"] == _ONE_OF else 2 if st["kind"] == _SUB_POLICY else
-               sum(r is not None for r in st["ranges"]) if st["kind"] == _COLOR_JITTER else 1 for st in table.stages)
+    most = sum(_most_ops(st) for st in table.stages)
     if most > _MAX_OPS:
         raise ValueError(f"augment: at most {_MAX_OPS} ops a sample in all, these stages draw up to {most}")
     if len(table.stages) > _MAX_STAGES:
@@ -124,6 +125,20 @@ def augment_params(augment, height, width):
                 augment_bilinear=interpolation == "bilinear", augment_blend=0 if fill is None else 2 if v1 else 1,
                 augment_fill_value=list(fill or (0.0, 0.0, 0.0)),
                 augment_rounding=affine_rounding(height, width) if geometric else (True, True, True))
+
+
+def _most_ops(stage):
+    """The most ops a stage's dict draws for a sample."""
+    kind = stage["kind"]
+    if kind == _ONE_OF:
+        return stage["num_ops"]
+    if kind == _SUB_POLICY:
+        return 2
+    if kind == _COLOR_JITTER:
+        return sum(r is not None for r in stage["ranges"])
+    if kind == _AUGMIX:  # the mixing steps and every chain at its deepest
+        return 1 + stage["mixture_width"] * ((stage["chain_depth"] if stage["chain_depth"] > 0 else 3) + 1)
+    return 1
 
 
 def _space_tables(space, num_bins, height, width):
@@ -194,7 +209,7 @@ class RandAugment(_Geometric):
     Parameters
     ----------
     num_ops : int
-        Ops per sample, 0 to 8.
+        Ops per sample, 0 to 16.
     magnitude, num_magnitude_bins : int
         As torchvision's (9 of 31).
     interpolation, fill
@@ -248,6 +263,56 @@ class AutoAugment(_Geometric):
 
     def __repr__(self):
         return f"AutoAugment(policy={self.policy!r}, {self._args()})"
+
+
+class AugMix(_Geometric):
+    """torchvision's ``AugMix``: per sample ``mixture_width`` chains of ``chain_depth`` ops (-1: 1 to 3,
+    drawn per chain), each op drawn uniformly from its 13 (``all_ops``) or 9 ops at one of the first
+    ``severity`` of 10 magnitude bins (a random sign where the op is signed), each chain applied to the
+    image; the image and the chains mixed with Dirichlet(alpha) weights in float32 and truncated to uint8,
+    as torchvision computes it (its PIL input is a tensor there too).
+
+    Parameters
+    ----------
+    severity : int
+        1 to 10 (3).
+    mixture_width : int
+        Chains, 1 to 6 (3), with mixture_width x (chain_depth + 1) + 1 at most 16 (chain_depth -1 counts as 3).
+    chain_depth : int
+        Ops per chain; -1 (or 0): 1 to 3, drawn per chain.
+    alpha : float
+        The Dirichlet's concentration (1.0).
+    all_ops : bool
+        With brightness, colour, contrast and sharpness (True).
+    interpolation, fill
+        As :class:`TrivialAugmentWide`'s; AugMix's default is bilinear.
+    """
+
+    def __init__(self, severity=3, mixture_width=3, chain_depth=-1, alpha=1.0, all_ops=True, interpolation="bilinear",
+                 fill=None):
+        self.severity = checks.integer(severity, "severity", low=1, high=10)
+        self.mixture_width = checks.integer(mixture_width, "mixture_width", low=1, high=_MAX_CHAINS)
+        depth = checks.integer(chain_depth, "chain_depth", high=_MAX_OPS - 2)
+        self.chain_depth = depth if depth > 0 else -1  # torchvision draws 1 to 3 for any depth <= 0
+        self.alpha = checks.real(alpha, "alpha", positive=True)
+        self.all_ops = bool(all_ops)
+        most = 1 + self.mixture_width * ((self.chain_depth if self.chain_depth > 0 else 3) + 1)
+        if most > _MAX_OPS:
+            raise ValueError(f"AugMix: mixture_width x (chain_depth + 1) + 1 must be at most {_MAX_OPS} "
+                             f"(chain_depth -1 counts as 3), got {most}")
+        super().__init__(interpolation, fill)
+
+    def _add(self, height, width, table):
+        tv = _torchvision_v2().AugMix
+        space = tv._AUGMENTATION_SPACE if self.all_ops else tv._PARTIAL_AUGMENTATION_SPACE
+        tables = _space_tables(space, 10, height, width)
+        first, count = table.add_candidates([(n, s, p, m[:self.severity]) for n, s, p, m in tables])
+        table.stages.append(dict(kind=_AUGMIX, first=first, count=count, chain_depth=self.chain_depth,
+                                 mixture_width=self.mixture_width, alpha=self.alpha))
+
+    def __repr__(self):
+        return (f"AugMix(severity={self.severity}, mixture_width={self.mixture_width}, chain_depth={self.chain_depth}, "
+                f"alpha={self.alpha}, all_ops={self.all_ops}, {self._args()})")
 
 
 def _jitter_range(value, name, center, bound, clip_first_on_zero=True):

@@ -16,10 +16,10 @@ import torch
 
 from fastpipe import _checks as checks
 from fastpipe._ext import _C
-from fastpipe.augment import (FACTOR_OPS, OPS, AutoAugment, ColorJitter, GaussianBlur, RandAugment, RandomApply,
-                              RandomGrayscale, TrivialAugmentWide, augment_params)
+from fastpipe.augment import (FACTOR_OPS, OPS, AugMix, AutoAugment, ColorJitter, GaussianBlur, RandAugment,
+                              RandomApply, RandomGrayscale, TrivialAugmentWide, augment_params)
 
-__all__ = ["AutoAugment", "CenterCrop", "ColorJitter", "CropMirrorNormalize", "GaussianBlur", "RandAugment",
+__all__ = ["AugMix", "AutoAugment", "CenterCrop", "ColorJitter", "CropMirrorNormalize", "GaussianBlur", "RandAugment",
            "RandomApply", "RandomErasing", "RandomGrayscale", "RandomResizedCrop", "TrivialAugmentWide"]
 
 _OUT_DTYPES = {torch.float32: "float32", torch.float16: "float16", torch.bfloat16: "bfloat16"}

@@ -246,6 +246,12 @@ void augment_image(const images::SampleOps& ops, const uint8_t fill[3], int h, i
     uint8_t* dst = s.other.data();
     switch (static_cast<OpKind>(op.kind)) {
       case OpKind::kCopy: continue;
+      case OpKind::kMix:  // in place
+        s.original.resize(s.image.size());
+        s.mix.resize(s.image.size());
+        for (int64_t i = 0; i < pixels; ++i)
+          images::mix_pixel(op, s.image.data(), s.original.data(), s.mix.data(), pixels, i);
+        continue;
       case OpKind::kTable: table_pass(op, src, dst, pixels, k, s); break;
       case OpKind::kColor:
         s.grey.resize(kChunk);

@@ -15,6 +15,8 @@ struct AugmentScratch {
   std::vector<uint8_t> image, other;  // the image (3 planes) and the next op's output, swapped after each op
   std::vector<float> columns;         // a geometric op's column products and a row's source positions
   std::vector<float> grey;            // the colour op's greys
+  std::vector<uint8_t> original;      // AugMix: the image its chains start from
+  std::vector<float> mix;             // AugMix: the sums
   uint8_t tables[3 * 256];
   images::ImageStats stats;
 };

@@ -9,6 +9,10 @@
 // - ColorJitter (kColorJitter): its 4 adjustments in a random order, each factor uniform in its range.
 // - RandomGrayscale (kGrayscale); GaussianBlur (kBlur: a sigma per sample, the weights made here, on the
 //   host, once).
+// - AugMix (kAugMix): the original's share and each chain's weight from Dirichlet draws (Gamma variates,
+//   normalised), each chain 1 to 3 ops (or chain_depth) drawn uniformly from its candidates with a
+//   magnitude of the first `severity` bins; the mixing steps (kMixOriginal, kMixChain, kMixLast) around
+//   the chains' ops.
 // A stage applies with probability p (and, in a RandomApply, when the RandomApply's draw, which its
 // stages share, says so).
 // Plain C++ (no torch, no CUDA headers outside nvcc).
@@ -22,7 +26,9 @@
 
 namespace fastpipe::images {
 
-enum class AugmentStageKind : int32_t { kOneOf = 1, kSubPolicy = 2, kColorJitter = 3, kGrayscale = 4, kBlur = 5 };
+enum class AugmentStageKind : int32_t {
+  kOneOf = 1, kSubPolicy = 2, kColorJitter = 3, kGrayscale = 4, kBlur = 5, kAugMix = 6
+};
 
 // One candidate op: its magnitudes are magnitudes[first, first + count) (count 0: magnitude 0), drawn
 // uniformly; `is_signed`: negated with probability 1/2; applied with probability p.
@@ -38,8 +44,10 @@ struct AugmentStage {
   float p = 1.0f;    // the stage applies with this probability
   int32_t gate = -1;  // >= 0: and if its RandomApply's draw (shared by the stages with this gate) < gate_p
   float gate_p = 1.0f;
-  int32_t num_ops = 0;                      // kOneOf: ops per sample
-  int32_t first = 0, count = 0;             // kOneOf, kSubPolicy: candidates [first, first + count)
+  int32_t num_ops = 0;                      // kOneOf: ops per sample; kAugMix: ops per chain (-1: 1 to 3)
+  int32_t first = 0, count = 0;             // kOneOf, kSubPolicy, kAugMix: candidates [first, first + count)
+  int32_t chains = 0;                       // kAugMix: mixture_width
+  float alpha = 1.0f;                       // kAugMix: the Dirichlet's concentration
   int32_t jitter[4] = {0, 0, 0, 0};         // kColorJitter: brightness, contrast, saturation, hue on
   float lo[4] = {0, 0, 0, 0}, hi[4] = {0, 0, 0, 0};  // ... their factor ranges; kBlur: lo[0], hi[0] sigma's
   int32_t taps[2] = {0, 0};                 // kBlur: the kernel's size along x and y
@@ -48,7 +56,8 @@ struct AugmentStage {
 constexpr int kMaxAugmentStages = 4;
 constexpr int kMaxAugmentCandidates = 64;  // AutoAugment's 25 sub-policies of 2, and TrivialAugment's 14
 constexpr int kMaxAugmentMagnitudes = 512;
-constexpr int kMaxAugmentOps = 12;          // per sample
+constexpr int kMaxAugmentOps = 16;          // per sample (AugMix's default: up to 13)
+constexpr int kMaxAugMixChains = 6;
 
 struct AugmentParams {
   int32_t stages = 0;  // 0: no augmentation
@@ -72,6 +81,10 @@ struct SampleOps {
 constexpr uint64_t kDrawAugment = 128;
 constexpr uint64_t kDrawsPerStage = 64;
 constexpr uint64_t kDrawGate = kDrawAugment + kMaxAugmentStages * kDrawsPerStage;
+// AugMix's, from 1024 + 1024 s: chain i's depth + i, Gamma variate j + 16 + 32 j (+ 0 to 30), chain i's
+// op k + 512 + 64 i + 4 k (+ 0 to 2).
+constexpr uint64_t kDrawAugMix = 1024;
+constexpr uint64_t kDrawsPerAugMix = 1024;
 
 FASTPIPE_HD inline void add_op(const AugmentParams& a, const AugmentCandidate& c, uint64_t seed, uint64_t epoch,
                                uint64_t index, uint64_t d, int h, int w, SampleOps* out) {
@@ -104,6 +117,57 @@ FASTPIPE_HD inline void add_jitter(const AugmentStage& st, uint64_t seed, uint64
   }
 }
 
+// A Gamma(alpha) variate from draws d to d + 30 (Marsaglia and Tsang's; alpha < 1 as Gamma(alpha + 1)
+// times U^(1 / alpha)); in double, on the host where the draws are made.
+FASTPIPE_HD inline double gamma_draw(double alpha, uint64_t seed, uint64_t epoch, uint64_t index, uint64_t d) {
+  const double a = alpha < 1.0 ? alpha + 1.0 : alpha;
+  const double dd = a - 1.0 / 3.0, c = 1.0 / sqrt(9.0 * dd);
+  double x = dd;  // the mode, after 9 rejections in a row (under 1e-11 for a >= 1)
+  for (int t = 0; t < 9; ++t) {
+    const uint64_t k = d + 3 * static_cast<uint64_t>(t);
+    const double u1 = 1.0 - draw01(seed, epoch, index, k), u2 = draw01(seed, epoch, index, k + 1);
+    const double z = sqrt(-2.0 * log(u1)) * cos(6.283185307179586 * u2);
+    const double v = (1.0 + c * z) * (1.0 + c * z) * (1.0 + c * z);
+    if (v <= 0.0) continue;
+    if (log(1.0 - draw01(seed, epoch, index, k + 2)) < 0.5 * z * z + dd - dd * v + dd * log(v)) {
+      x = dd * v;
+      break;
+    }
+  }
+  return alpha < 1.0 ? x * pow(1.0 - draw01(seed, epoch, index, d + 30), 1.0 / alpha) : x;
+}
+
+// AugMix's steps for the stage's draws from `base`, if they fit after the ops so far.
+FASTPIPE_HD inline void add_augmix(const AugmentParams& a, const AugmentStage& st, uint64_t seed, uint64_t epoch,
+                                   uint64_t index, uint64_t base, int h, int w, SampleOps* out) {
+  const int chains = st.chains < kMaxAugMixChains ? st.chains : kMaxAugMixChains;
+  int depth[kMaxAugMixChains], steps = 1;
+  for (int i = 0; i < chains; ++i) {
+    depth[i] = st.num_ops > 0 ? st.num_ops : 1 + below(transforms::sample_bits(seed, epoch, index, base + i), 3);
+    steps += depth[i] + 1;
+  }
+  if (out->count + steps > kMaxAugmentOps) return;
+  // Dirichlet([alpha, alpha]) for the original's share and Dirichlet([alpha] * chains) for the chains',
+  // each a float32 as torch's _sample_dirichlet returns it; a chain's weight is its share times m1.
+  double g[2 + kMaxAugMixChains], pair = 0.0, all = 0.0;
+  for (int j = 0; j < 2 + chains; ++j) {
+    g[j] = gamma_draw(st.alpha, seed, epoch, index, base + 16 + 32 * static_cast<uint64_t>(j));
+    (j < 2 ? pair : all) += g[j];
+  }
+  const float m0 = static_cast<float>(pair > 0.0 ? g[0] / pair : 0.5);
+  const float m1 = static_cast<float>(pair > 0.0 ? g[1] / pair : 0.5);
+  out->op[out->count++] = plan_mix(AugOp::kMixOriginal, m0);
+  for (int i = 0; i < chains; ++i) {
+    for (int k = 0; k < depth[i]; ++k) {
+      const uint64_t d = base + 512 + 64 * static_cast<uint64_t>(i) + 4 * static_cast<uint64_t>(k);
+      const AugmentCandidate& c = a.candidate[st.first + below(transforms::sample_bits(seed, epoch, index, d), st.count)];
+      add_op(a, c, seed, epoch, index, d, h, w, out);
+    }
+    const float share = static_cast<float>(all > 0.0 ? g[2 + i] / all : 1.0 / chains);
+    out->op[out->count++] = plan_mix(i + 1 < chains ? AugOp::kMixChain : AugOp::kMixLast, mul_rn(share, m1));
+  }
+}
+
 // The ops of sample `index` in `epoch` on an output of h x w.
 FASTPIPE_HD inline SampleOps draw_augment(const AugmentParams& a, uint64_t seed, uint64_t epoch, uint64_t index, int h,
                                           int w) {
@@ -133,6 +197,9 @@ FASTPIPE_HD inline SampleOps draw_augment(const AugmentParams& a, uint64_t seed,
         break;
       }
       case AugmentStageKind::kColorJitter: add_jitter(st, seed, epoch, index, base, &s); break;
+      case AugmentStageKind::kAugMix:
+        add_augmix(a, st, seed, epoch, index, kDrawAugMix + kDrawsPerAugMix * static_cast<uint64_t>(n), h, w, &s);
+        break;
       case AugmentStageKind::kGrayscale:
         if (s.count < kMaxAugmentOps) s.op[s.count++] = plan_factor(AugOp::kGrayscale, 0.0f);
         break;

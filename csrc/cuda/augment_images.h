@@ -1,10 +1,11 @@
 // The augmentations of images decoded on the device (a CUDA loader's image_decode="device"): the
 // resample kernel leaves each augmented record's resized image rounded to uint8, as 3 planes, in the
 // first half of the record's work area (ResampleImagesKernel::work), then this pass runs the sample's ops
-// (augment_ops.h) in turn, between the two halves, and stores the normalised, erased output. On a GPU
-// one block per image (the statistics gathered in shared memory); on the simulated device the same
-// per-pixel code over every pixel in turn (augment_image_serial). Both compute the same integers for
-// the statistics, so the outputs are equal.
+// (augment_ops.h) in turn, between the two halves (AugMix's mixing in place, with the original and the
+// sums after them), and stores the normalised, erased output. On a GPU one block per image (the
+// statistics gathered in shared memory); on the simulated device the same per-pixel code over every
+// pixel in turn (augment_image_serial). Both compute the same integers for the statistics, so the
+// outputs are equal.
 // Plain C++ (no torch, no CUDA headers outside nvcc).
 #pragma once
 
@@ -16,9 +17,20 @@
 
 namespace fastpipe::images {
 
-// Bytes of one record's work area: two images of 3 uint8 planes.
+// Whether an AugMix stage is among the augmentations: its mixing needs the original image and the sums.
+FASTPIPE_HD inline bool mixes(const ImageTransformParams& p) {
+  for (int n = 0; n < p.augment.stages; ++n)
+    if (p.augment.stage[n].kind == static_cast<int32_t>(AugmentStageKind::kAugMix)) return true;
+  return false;
+}
+
+// One record's work area: two images of 3 uint8 planes (the image and the next op's output, in turn);
+// with AugMix, then the original (3 uint8 planes) and, 16-aligned, the mix (3 float planes).
+FASTPIPE_HD inline int64_t mix_offset(int64_t plane) { return (3 * kChannels * plane + 15) / 16 * 16; }
 FASTPIPE_HD inline int64_t augment_work_bytes(const ImageTransformParams& p) {
-  return 2 * kChannels * static_cast<int64_t>(p.out_height) * p.out_width;
+  const int64_t plane = static_cast<int64_t>(p.out_height) * p.out_width;
+  return mixes(p) ? mix_offset(plane) + kChannels * plane * static_cast<int64_t>(sizeof(float))
+                  : 2 * kChannels * plane;
 }
 
 FASTPIPE_HD inline bool augments(const ImageTransformParams& p) {
@@ -60,6 +72,11 @@ inline void augment_image_serial(const ImageTransformParams& p, const ImageDesc&
   for (int k = 0; k < ops.count; ++k) {
     const PlannedOp& op = ops.op[k];
     if (op.kind == static_cast<int32_t>(OpKind::kCopy)) continue;
+    if (op.kind == static_cast<int32_t>(OpKind::kMix)) {
+      for (int64_t at = 0; at < plane; ++at)
+        mix_pixel(op, img, work + 2 * kChannels * plane, reinterpret_cast<float*>(work + mix_offset(plane)), plane, at);
+      continue;
+    }
     if (op.kind == static_cast<int32_t>(OpKind::kTable)) {
       for (int c = 0; c < 3; ++c)
         for (int v = 0; v < 256; ++v) stats.hist[c][v] = 0;

@@ -39,13 +39,17 @@ enum class AugOp : int32_t {
   kHue,        // ColorJitter's hue
   kGrayscale,  // RandomGrayscale
   kBlur,       // GaussianBlur
+  kMixOriginal,  // AugMix: the mix starts as the image times the weight, which the chains start from
+  kMixChain,     // AugMix: a chain's image times the weight added to the mix; the next chain starts
+  kMixLast,      // AugMix: the last chain's added, and the mix truncated to uint8 becomes the image
   kCount
 };
 
 // How an op reads its input.
 enum class OpKind : int32_t {
   kCopy = 0, kTable, kColor, kSharpness, kAffine, kQuarterTurns, kHue, kGrey, kBlur,
-  kBilinear  // an affine op sampled bilinearly
+  kBilinear,  // an affine op sampled bilinearly
+  kMix        // AugMix's mixing, in place, with the original image and the mix (mix_pixel)
 };
 
 // How the geometric ops fill what they bring in from outside the image, sampled bilinearly (nearest
@@ -301,6 +305,17 @@ FASTPIPE_HD inline PlannedOp plan_factor(AugOp op, float factor) {
   return p;
 }
 
+// An AugMix step (kMixOriginal, kMixChain, kMixLast) with its weight (a float32, as torch's Dirichlet
+// draws and the product with the original's share give it).
+FASTPIPE_HD inline PlannedOp plan_mix(AugOp op, float weight) {
+  PlannedOp p;
+  p.op = static_cast<int32_t>(op);
+  p.kind = static_cast<int32_t>(OpKind::kMix);
+  p.magnitude = weight;
+  p.ratio = weight;
+  return p;
+}
+
 // Whether the op's table needs the histograms / the grey sum.
 FASTPIPE_HD inline bool needs_histograms(const PlannedOp& p) {
   return p.op == static_cast<int32_t>(AugOp::kAutoContrast) || p.op == static_cast<int32_t>(AugOp::kEqualize);
@@ -538,6 +553,27 @@ FASTPIPE_HD inline uint8_t blurred_value(const PlannedOp& p, const float* wx, co
     acc = add_rn(acc, mul_rn(wx[j], column));
   }
   return static_cast<uint8_t>(round_even(acc));
+}
+
+// AugMix's mixing at pixel `at` of the image `img` (3 planes of `plane` values), in place, as torchvision's
+// AugMix computes it in float32: mix = m0 * image, then mix.add_(w * chain) per chain, then .to(uint8)
+// (truncation); `original`: the image the chains start from (3 planes), `mix`: the sums (3 float planes).
+FASTPIPE_HD inline void mix_pixel(const PlannedOp& p, uint8_t* img, uint8_t* original, float* mix, int64_t plane,
+                                  int64_t at) {
+  for (int c = 0; c < 3; ++c) {
+    const int64_t i = c * plane + at;
+    const float weighted = mul_rn(p.ratio, static_cast<float>(img[i]));
+    if (p.op == static_cast<int32_t>(AugOp::kMixOriginal)) {
+      original[i] = img[i];
+      mix[i] = weighted;
+    } else if (p.op == static_cast<int32_t>(AugOp::kMixChain)) {
+      mix[i] = add_rn(mix[i], weighted);
+      img[i] = original[i];
+    } else {
+      const float m = add_rn(mix[i], weighted);
+      img[i] = static_cast<uint8_t>(m < 0.0f ? 0.0f : (m > 255.0f ? 255.0f : m));
+    }
+  }
 }
 
 // Output pixel (y, x) of op p on the h x w image `src` (3 planes, channel c at c * h * w), its 3 values

@@ -76,6 +76,14 @@ __global__ void augment_images_kernel(AugmentImagesKernel k) {
   for (int j = 0; j < ops.count; ++j) {
     const images::PlannedOp op = ops.op[j];
     if (op.kind == static_cast<int32_t>(images::OpKind::kCopy)) continue;
+    if (op.kind == static_cast<int32_t>(images::OpKind::kMix)) {
+      uint8_t* work = k.work + n * k.work_stride;
+      float* mix = reinterpret_cast<float*>(work + images::mix_offset(plane));
+      for (int64_t at = threadIdx.x; at < plane; at += blockDim.x)
+        images::mix_pixel(op, img, work + 2 * images::kChannels * plane, mix, plane, at);
+      __syncthreads();
+      continue;
+    }
     if (op.kind == static_cast<int32_t>(images::OpKind::kTable)) {
       for (int i = threadIdx.x; i < 3 * 256; i += blockDim.x) stats.hist[i / 256][i % 256] = 0;
       if (threadIdx.x == 0) stats.grey_sum = 0;

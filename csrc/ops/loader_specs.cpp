@@ -107,7 +107,7 @@ void set_augment(images::AugmentParams& a, const std::vector<py::dict>& stages,
     st.gate = d.contains("gate") ? d["gate"].cast<int>() : -1;
     st.gate_p = d.contains("gate_p") ? d["gate_p"].cast<float>() : 1.0f;
     TORCH_CHECK(st.gate_p >= 0.0f && st.gate_p <= 1.0f, "augment stage gate_p must be in [0, 1]");
-    TORCH_CHECK(st.kind >= 1 && st.kind <= 5, "augment stage kind ", st.kind, " is unknown");
+    TORCH_CHECK(st.kind >= 1 && st.kind <= 6, "augment stage kind ", st.kind, " is unknown");
     TORCH_CHECK(st.p >= 0.0f && st.p <= 1.0f, "augment stage p must be in [0, 1]");
     TORCH_CHECK(st.gate >= -1 && st.gate < 64, "augment stage gate must be in [-1, 64)");
     if (st.kind == static_cast<int>(images::AugmentStageKind::kOneOf) ||
@@ -121,6 +121,21 @@ void set_augment(images::AugmentParams& a, const std::vector<py::dict>& stages,
                   "augment stage ", n, "'s candidates are outside the table");
       TORCH_CHECK(st.kind != static_cast<int>(images::AugmentStageKind::kSubPolicy) || st.count % 2 == 0,
                   "sub-policies need two candidates each");
+    } else if (st.kind == static_cast<int>(images::AugmentStageKind::kAugMix)) {
+      st.num_ops = d["chain_depth"].cast<int>();
+      st.chains = d["mixture_width"].cast<int>();
+      st.alpha = d["alpha"].cast<float>();
+      st.first = d["first"].cast<int>();
+      st.count = d["count"].cast<int>();
+      TORCH_CHECK(st.num_ops == -1 || (st.num_ops >= 1 && st.num_ops < images::kMaxAugmentOps),
+                  "chain_depth must be -1 or in [1, ", images::kMaxAugmentOps, ")");
+      TORCH_CHECK(st.chains >= 1 && st.chains <= images::kMaxAugMixChains &&
+                      1 + st.chains * (st.num_ops > 0 ? st.num_ops + 1 : 4) <= images::kMaxAugmentOps,
+                  "AugMix's mixture_width must be 1 to ", images::kMaxAugMixChains,
+                  " with mixture_width x (chain_depth + 1) + 1 at most ", images::kMaxAugmentOps);
+      TORCH_CHECK(st.alpha > 0.0f, "AugMix's alpha must be positive");
+      TORCH_CHECK(st.first >= 0 && st.count >= 1 && static_cast<size_t>(st.first) + st.count <= candidates.size(),
+                  "augment stage ", n, "'s candidates are outside the table");
     } else if (st.kind == static_cast<int>(images::AugmentStageKind::kBlur)) {
       const auto taps = d["taps"].cast<std::pair<int, int>>();
       const auto sigma = d["sigma"].cast<std::pair<float, float>>();

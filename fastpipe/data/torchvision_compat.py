@@ -6,7 +6,7 @@ Understood, in torchvision's v1 and v2 spellings: ``Compose``; ``RandomResizedCr
 ``CenterCrop``) with bilinear interpolation and antialiasing; ``CenterCrop``; ``RandomHorizontalFlip``;
 ``ToTensor``, ``PILToTensor``, ``ToImage``, ``ToDtype``/``ConvertImageDtype`` to float32, float16 or
 bfloat16 (scaled) or uint8; ``Normalize``; the per-sample augmentations ``TrivialAugmentWide``,
-``RandAugment``, ``AutoAugment`` (nearest or bilinear), ``ColorJitter``, ``RandomGrayscale``, ``GaussianBlur`` and
+``RandAugment``, ``AutoAugment``, ``AugMix`` (nearest or bilinear), ``ColorJitter``, ``RandomGrayscale``, ``GaussianBlur`` and
 ``RandomApply`` of them, on the uint8 image: after the crop and flip, before any float conversion; ``RandomErasing`` with a
 value (not "random"), last.
 """
@@ -14,10 +14,10 @@ value (not "random"), last.
 import torch
 
 _SUPPORTED = ("Compose, RandomResizedCrop, Resize + CenterCrop, CenterCrop, RandomHorizontalFlip, "
-              "TrivialAugmentWide/RandAugment/AutoAugment/ColorJitter/RandomGrayscale/GaussianBlur/RandomApply, ToTensor, "
-              "PILToTensor, ToImage, ToDtype/ConvertImageDtype, Normalize, RandomErasing (last)")
-_AUGMENTS = ("TrivialAugmentWide", "RandAugment", "AutoAugment", "ColorJitter", "RandomGrayscale", "GaussianBlur",
-             "RandomApply")
+              "TrivialAugmentWide/RandAugment/AutoAugment/AugMix/ColorJitter/RandomGrayscale/GaussianBlur/RandomApply, "
+              "ToTensor, PILToTensor, ToImage, ToDtype/ConvertImageDtype, Normalize, RandomErasing (last)")
+_AUGMENTS = ("TrivialAugmentWide", "RandAugment", "AutoAugment", "AugMix", "ColorJitter", "RandomGrayscale",
+             "GaussianBlur", "RandomApply")
 
 
 def is_torchvision_folder(dataset):
@@ -50,7 +50,7 @@ def _bilinear_antialiased(step):
 
 
 def _augment(step):
-    """The fastpipe form of torchvision's TrivialAugmentWide, RandAugment or AutoAugment."""
+    """The fastpipe form of one of torchvision's per-sample augmentations."""
     from fastpipe import augment
 
     name = type(step).__name__
@@ -78,6 +78,9 @@ def _augment(step):
             ours = augment.TrivialAugmentWide(step.num_magnitude_bins, step.interpolation, fill)
         elif name == "RandAugment":
             ours = augment.RandAugment(step.num_ops, step.magnitude, step.num_magnitude_bins, step.interpolation, fill)
+        elif name == "AugMix":
+            ours = augment.AugMix(step.severity, step.mixture_width, step.chain_depth, step.alpha, step.all_ops,
+                                  step.interpolation, fill)
         else:
             ours = augment.AutoAugment(step.policy, step.interpolation, fill)
     except ValueError as e:

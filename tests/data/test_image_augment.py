@@ -323,7 +323,7 @@ def test_bad_arguments_are_named():
     with pytest.raises(ValueError, match="'nearest'.*or 'bilinear'"):
         TrivialAugmentWide(interpolation="bicubic")
     with pytest.raises(ValueError, match="num_ops"):
-        RandAugment(num_ops=13)
+        RandAugment(num_ops=17)
     with pytest.raises(ValueError, match="magnitude"):
         RandAugment(magnitude=31)
     with pytest.raises(ValueError, match="policy"):
@@ -350,8 +350,8 @@ def test_bad_arguments_are_named():
         RandomResizedCrop(32, augment=[TrivialAugmentWide(fill=1), RandAugment(fill=2)])
     with pytest.raises(ValueError, match="or their interpolations"):
         RandomResizedCrop(32, augment=[TrivialAugmentWide(), RandomApply(RandAugment(interpolation="bilinear"))])
-    with pytest.raises(ValueError, match="at most 12 ops a sample in all, these stages draw up to 14"):
-        RandomResizedCrop(32, augment=[RandAugment(num_ops=8), ColorJitter(0.1, 0.1, 0.1, 0.1), AutoAugment()])
+    with pytest.raises(ValueError, match="at most 16 ops a sample in all, these stages draw up to 18"):
+        RandomResizedCrop(32, augment=[RandAugment(num_ops=12), ColorJitter(0.1, 0.1, 0.1, 0.1), AutoAugment()])
     with pytest.raises(TypeError, match="RandomApply takes"):
         RandomApply([RandomApply(ColorJitter(0.1))])
 

@@ -33,8 +33,9 @@ namespace {
 constexpr int64_t kMaxPixels = 4 << 20;
 
 // Every augmentation op (augment_ops.h) at the ends and the middle of its magnitudes, 3 ops a sample,
-// then a colour jitter over the widest ranges, a grayscale half the time and a blur whose kernel fits; the
-// geometric ops sampled bilinearly, with each fill blend, for half the seeds, and rounded each way.
+// then a colour jitter over the widest ranges, a grayscale half the time (or an AugMix, for some seeds) and
+// a blur whose kernel fits; the geometric ops sampled bilinearly, with each fill blend, for half the
+// seeds, and rounded each way.
 void add_augmentations(images::ImageTransformParams& p) {
   images::AugmentParams& a = p.augment;
   const float extremes[][3] = {{0, 0, 0},      {-0.99f, 0.3f, 0.99f}, {-0.99f, 0.3f, 0.99f}, {-32, 7, 32},
@@ -59,6 +60,14 @@ void add_augmentations(images::ImageTransformParams& p) {
   }
   a.stage[2].kind = static_cast<int32_t>(images::AugmentStageKind::kGrayscale);
   a.stage[2].p = 0.5f;
+  if (p.seed & 64) {  // an AugMix of 2 chains of 2 ops over every op instead
+    images::AugmentStage& augmix = a.stage[2];
+    augmix.kind = static_cast<int32_t>(images::AugmentStageKind::kAugMix);
+    augmix.num_ops = 2;
+    augmix.chains = 2;
+    augmix.alpha = 0.3f;
+    augmix.count = 16;
+  }
   images::AugmentStage& blur = a.stage[3];
   blur.kind = static_cast<int32_t>(images::AugmentStageKind::kBlur);
   blur.lo[0] = 0.1f;
