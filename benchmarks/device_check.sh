@@ -278,6 +278,8 @@ part_sanitize() {
     "memcheck|loader|tests/data/test_loader_gpu.py|gpu and not graph and not capture"
     "memcheck|augment|tests/data/test_image_augment.py|gpu"
     "racecheck|augment|tests/data/test_image_augment.py|gpu"
+    "memcheck|augmix|tests/data/test_image_augmix.py|gpu"
+    "racecheck|augmix|tests/data/test_image_augmix.py|gpu"
     "initcheck|loader|tests/data/test_loader_gpu.py|gpu and not graph and not capture"
   )
   local pids=() names=() names_log=() run tool name file expr
