@@ -3,15 +3,15 @@
 Every row yields the same training batches: ``[B, 3, S, S]`` NCHW float32 and int64 labels. The plain
 rows make them with RandomResizedCrop(S) + horizontal flip + ImageNet normalisation; the recipe rows
 (``*_recipe``) with torchvision's reference train recipe on top (RECIPE: + TrivialAugmentWide after the
-flip, + RandomErasing(0.1) last), on the JPEG corpus, each compared with DataLoader + torchvision v2
-running that recipe.
+flip, bilinear as the references pass it, + RandomErasing(0.1) last), on the JPEG corpus, each compared
+with DataLoader + torchvision v2 running that recipe.
 """
 
 from __future__ import annotations
 
 from typing import NamedTuple
 
-RECIPE = "RandomResizedCrop + flip + TrivialAugmentWide + normalise + RandomErasing(p=0.1)"
+RECIPE = "RandomResizedCrop + flip + TrivialAugmentWide (bilinear) + normalise + RandomErasing(p=0.1)"
 
 
 class LoaderRow(NamedTuple):
@@ -33,10 +33,10 @@ LOADERS = {
                                 "DataLoader(num_workers=k) + torchvision.io.decode_jpeg(read_file) + v2 on tensors"),
     "fastpipe_recipe": LoaderRow("fastpipe ImageFolder, TA recipe", None, "tree",
                                  "fastpipe.ImageFolder(tree) + Loader(transforms={0: RandomResizedCrop(..., "
-                                 "augment=TrivialAugmentWide(), erase=RandomErasing(0.1))})"),
+                                 "augment=TrivialAugmentWide(interpolation='bilinear'), erase=RandomErasing(0.1))})"),
     "dl_pil_recipe": LoaderRow("DataLoader + v2 on PIL, TA recipe", "torchvision", "tree",
-                               "the DataLoader baseline with v2.TrivialAugmentWide() after the flip and "
-                               "v2.RandomErasing(0.1) last: torchvision's reference recipe"),
+                               "the DataLoader baseline with v2.TrivialAugmentWide(interpolation=BILINEAR) after "
+                               "the flip and v2.RandomErasing(0.1) last: torchvision's reference recipe"),
     "dali_cpu": LoaderRow("DALI CPU pipeline", "nvidia.dali", "tree",
                           "DALI readers.file + decoders.image_random_crop + resize + crop_mirror_normalize, "
                           "device_id=None"),

@@ -117,7 +117,8 @@ def build_pipeline(key: str, spec: dict, size: int):
         import fastpipe
         from fastpipe.transforms import RandomErasing, RandomResizedCrop, TrivialAugmentWide
 
-        recipe = dict(augment=TrivialAugmentWide(), erase=RandomErasing(0.1)) if key == "fastpipe_recipe" else {}
+        recipe = (dict(augment=TrivialAugmentWide(interpolation="bilinear"), erase=RandomErasing(0.1))
+                  if key == "fastpipe_recipe" else {})
         tf = RandomResizedCrop(size, mean=ib.MEAN, std=ib.STD, **recipe)  # mirror=0.5, float32, NCHW
         ds = (fastpipe.ImageDataset(spec["packed"]) if key == "fastpipe_packed"
               else fastpipe.ImageFolder(spec["tree"], cache_dir=spec["index"]))
