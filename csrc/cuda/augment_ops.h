@@ -424,43 +424,64 @@ FASTPIPE_HD inline bool affine_source(const PlannedOp& p, int h, int w, int y, i
   return true;
 }
 
-// Output `at` of a kBilinear op whose source position is (iy, ix): grid_sample's bilinear interpolation
-// as ATen's CPU kernel sums it (nw * its weight, then the other corners, fused in where
-// Sampling::interpolate_fma; the corners outside the image count as 0), the fill blended by the
-// interpolated mask (the weights of the corners inside, summed), then rounded (half to even) to uint8.
+// A bilinear sample at source position (iy, ix) of an h x w plane, as ATen's CPU kernel weighs it: the
+// nw, ne, sw and se corners' weights (0 for a corner outside the image, whose value counts as 0) and
+// offsets (0 there), and the mask, the weights summed (what the interpolated ones of torchvision's fill
+// mask come to).
+FASTPIPE_HD inline float bilinear_taps(float iy, float ix, int h, int w, float weight[4], int32_t offset[4]) {
+  const float x0 = floorf(ix), y0 = floorf(iy);
+  const float to_west = add_rn(ix, -x0), to_east = add_rn(1.0f, -to_west);
+  const float to_north = add_rn(iy, -y0), to_south = add_rn(1.0f, -to_north);
+  // Compared as floats, and clamped before the conversion: x0 may be far beyond an int. Without branches,
+  // so that the CPU's loop over a row vectorises.
+  const bool west = (x0 > -1.0f) & (x0 < static_cast<float>(w)), east = (x0 > -2.0f) & (x0 < static_cast<float>(w - 1));
+  const bool north = (y0 > -1.0f) & (y0 < static_cast<float>(h)), south = (y0 > -2.0f) & (y0 < static_cast<float>(h - 1));
+  const float xc = x0 < -1.0f ? -1.0f : (x0 > static_cast<float>(w) ? static_cast<float>(w) : x0);
+  const float yc = y0 < -1.0f ? -1.0f : (y0 > static_cast<float>(h) ? static_cast<float>(h) : y0);
+  const int32_t row = static_cast<int32_t>(yc) * w, col = static_cast<int32_t>(xc);
+  const bool inside[4] = {north & west, north & east, south & west, south & east};
+  const int32_t at[4] = {row + col, row + col + 1, row + w + col, row + w + col + 1};
+  const float weights[4] = {mul_rn(to_south, to_east), mul_rn(to_south, to_west), mul_rn(to_north, to_east),
+                            mul_rn(to_north, to_west)};
+  float mask = 0.0f;
+  for (int k = 0; k < 4; ++k) {
+    weight[k] = inside[k] ? weights[k] : 0.0f;
+    offset[k] = inside[k] ? at[k] : 0;
+    mask = add_rn(mask, weight[k]);
+  }
+  return mask;
+}
+
+// The uint8 value of a bilinear sample from its corners' values and taps: the sum (the nw corner's product,
+// then the others, fused in where Sampling::interpolate_fma; a weight of 0 adds exactly 0), the fill
+// blended by the mask, rounded half to even.
+template <class Fma = ExactFma>
+FASTPIPE_HD inline uint8_t bilinear_value(const Sampling& s, float fill, const float value[4], const float weight[4],
+                                          float mask, Fma fma = Fma()) {
+  float v = 0.0f;  // fma(value, weight, 0) is the rounded product, as the first corner's
+  for (int k = 0; k < 4; ++k) v = s.interpolate_fma ? fma(value[k], weight[k], v) : add_rn(v, mul_rn(value[k], weight[k]));
+  if (s.blend == static_cast<int32_t>(FillBlend::kV2))
+    v = add_rn(mul_rn(add_rn(v, -fill), mask), fill);
+  else if (s.blend == static_cast<int32_t>(FillBlend::kV1))
+    v = add_rn(mul_rn(v, mask), mul_rn(add_rn(1.0f, -mask), fill));
+  v = round_even(v);
+  return static_cast<uint8_t>(v < 0.0f ? 0.0f : (v > 255.0f ? 255.0f : v));
+}
+
+// Output `at` of a kBilinear op whose source position is (iy, ix) (grid_sample's bilinear interpolation,
+// torchvision's fill).
 template <class Fma = ExactFma>
 FASTPIPE_HD inline void bilinear_pixel(const PlannedOp& p, const uint8_t* src, int h, int w, float iy, float ix,
                                        uint8_t* dst, int64_t at, Fma fma = Fma()) {
   const int64_t plane = static_cast<int64_t>(h) * w;
-  const float x0 = floorf(ix), y0 = floorf(iy);
-  const float to_west = add_rn(ix, -x0), to_east = add_rn(1.0f, -to_west);
-  const float to_north = add_rn(iy, -y0), to_south = add_rn(1.0f, -to_north);
-  const float weight[4] = {mul_rn(to_south, to_east), mul_rn(to_south, to_west), mul_rn(to_north, to_east),
-                           mul_rn(to_north, to_west)};  // nw, ne, sw, se
-  // Each corner's offset, or -1 outside the image (compared as floats: x0 may be far beyond an int).
-  const bool west = x0 > -1.0f && x0 < static_cast<float>(w), east = x0 > -2.0f && x0 < static_cast<float>(w - 1);
-  const bool north = y0 > -1.0f && y0 < static_cast<float>(h), south = y0 > -2.0f && y0 < static_cast<float>(h - 1);
-  const int64_t row = north || south ? static_cast<int64_t>(y0) * w : 0;
-  const int64_t col = west || east ? static_cast<int64_t>(x0) : 0;
-  const int64_t offsets[4] = {north && west ? row + col : -1, north && east ? row + col + 1 : -1,
-                              south && west ? row + w + col : -1, south && east ? row + w + col + 1 : -1};
-  float mask = 0.0f;
-  for (int k = 0; k < 4; ++k) mask = offsets[k] >= 0 ? add_rn(mask, weight[k]) : mask;
-  const Sampling& s = p.sampling;
+  float weight[4];
+  int32_t offset[4];
+  const float mask = bilinear_taps(iy, ix, h, w, weight, offset);
   for (int c = 0; c < 3; ++c) {
     const uint8_t* in = src + c * plane;
-    float v = 0.0f;  // fma(value, weight, 0) is the rounded product, as the first corner's
-    for (int k = 0; k < 4; ++k) {
-      if (offsets[k] < 0) continue;
-      const float value = static_cast<float>(in[offsets[k]]);
-      v = s.interpolate_fma ? fma(value, weight[k], v) : add_rn(v, mul_rn(value, weight[k]));
-    }
-    if (s.blend == static_cast<int32_t>(FillBlend::kV2))
-      v = add_rn(mul_rn(add_rn(v, -s.fill[c]), mask), s.fill[c]);
-    else if (s.blend == static_cast<int32_t>(FillBlend::kV1))
-      v = add_rn(mul_rn(v, mask), mul_rn(add_rn(1.0f, -mask), s.fill[c]));
-    v = round_even(v);
-    dst[c * plane + at] = static_cast<uint8_t>(v < 0.0f ? 0.0f : (v > 255.0f ? 255.0f : v));
+    const float value[4] = {static_cast<float>(in[offset[0]]), static_cast<float>(in[offset[1]]),
+                            static_cast<float>(in[offset[2]]), static_cast<float>(in[offset[3]])};
+    dst[c * plane + at] = bilinear_value(p.sampling, p.sampling.fill[c], value, weight, mask, fma);
   }
 }
 
