@@ -50,6 +50,20 @@ def device_outputs(ds, t, seed=4, epochs=2):
     return per_epoch, stats
 
 
+def gpu_outputs(ds, t, seed=4, epochs=3):
+    """outputs() from a device loader decoding on the GPU (skipped where nvJPEG is unavailable)."""
+    import pytest
+
+    ok, why = fastpipe._ext._C.nvjpeg_status(torch.cuda.current_device(), _device.nvjpeg_library())
+    if not ok:
+        pytest.skip(f"nvJPEG unavailable: {why}")
+    ld = fastpipe.Loader(ds, batch_size=3, transforms={0: t}, seed=seed, timeout=60, device="cuda",
+                         image_decode="device")
+    out = [torch.cat([x for x, _ in ld]).cpu() for _ in range(epochs)]
+    assert ld.stats()["images_decoded_on_device"] > 0
+    return out
+
+
 def torchvision_op(img, name, m, fill=None, interpolation="nearest", v1=False):
     """torchvision's op on a CHW uint8 tensor, called as its _AutoAugmentBase calls it (v1: the functional
     ops of torchvision.transforms, whose bilinear fill blends in another order)."""

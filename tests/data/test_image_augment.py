@@ -19,7 +19,7 @@ from fastpipe.transforms import AutoAugment, CenterCrop, ColorJitter, GaussianBl
 from fastpipe.transforms import RandomErasing, RandomGrayscale, RandomResizedCrop, TrivialAugmentWide
 
 from jpegs import jpeg_bytes, picture, write
-from per_sample import device_outputs, jpeg_root, outputs, torchvision_op
+from per_sample import device_outputs, gpu_outputs, jpeg_root, outputs, torchvision_op
 
 tv = pytest.importorskip("torchvision")
 T1 = tv.transforms
@@ -476,23 +476,10 @@ def test_a_device_loader_augments_the_images_its_readers_decode(root, rng):
 def test_on_a_gpu_the_augmentation_kernel_gives_torchvisions_ops(root):
     """The kernel (loader_kernels.cu: augment_images_kernel, one block per image) on the GPU's own resized
     images: torchvision's ops with the draws the Loader reports, exactly."""
-    from fastpipe.data import _device as dev
-
-    ok, why = fastpipe._ext._C.nvjpeg_status(torch.cuda.current_device(), dev.nvjpeg_library())
-    if not ok:
-        pytest.skip(f"nvJPEG unavailable: {why}")
     ds = fastpipe.ImageFolder(root, cache_dir="off")
     common = dict(size=(40, 36), scale=(0.3, 1.0), dct_scaling=False)
     t = RandomResizedCrop(mean=MEAN, std=STD, augment=TrivialAugmentWide(), erase=RandomErasing(0.3), **common)
-
-    def run(transform):
-        ld = fastpipe.Loader(ds, batch_size=3, transforms={0: transform}, seed=4, timeout=60, device="cuda",
-                             image_decode="device")
-        out = [torch.cat([x for x, _ in ld]).cpu() for _ in range(3)]
-        assert ld.stats()["images_decoded_on_device"] > 0
-        return out
-
-    plain, got = run(RandomResizedCrop(out_dtype=torch.uint8, **common)), run(t)
+    plain, got = gpu_outputs(ds, RandomResizedCrop(out_dtype=torch.uint8, **common)), gpu_outputs(ds, t)
     for epoch, (a, b) in enumerate(zip(plain, got, strict=True)):
         for i, (ops, box) in enumerate(zip(t.augmented(range(len(ds)), epoch, seed=4),
                                            t.erased(range(len(ds)), epoch, seed=4), strict=True)):

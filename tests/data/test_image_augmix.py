@@ -12,7 +12,7 @@ import torch
 import fastpipe
 from fastpipe.transforms import AugMix, RandAugment, RandomResizedCrop
 
-from per_sample import device_outputs, jpeg_root, outputs, torchvision_op
+from per_sample import device_outputs, gpu_outputs, jpeg_root, outputs, torchvision_op
 
 tv = pytest.importorskip("torchvision")
 T1 = tv.transforms
@@ -183,24 +183,11 @@ def test_bad_arguments_are_named():
 def test_on_a_gpu_the_augmentation_kernel_mixes_as_torchvision(root):
     """The kernel's mixing (the original and the sums in each record's work area) on the GPU's own resized
     images: torchvision's AugMix with the draws the Loader reports, exactly."""
-    from fastpipe.data import _device as dev
-
-    ok, why = fastpipe._ext._C.nvjpeg_status(torch.cuda.current_device(), dev.nvjpeg_library())
-    if not ok:
-        pytest.skip(f"nvJPEG unavailable: {why}")
     ds = fastpipe.ImageFolder(root, cache_dir="off")
     common = dict(size=(40, 36), scale=(0.3, 1.0), dct_scaling=False, out_dtype=torch.uint8)
     augmix = AugMix(fill=[1, 2, 3])
     t = RandomResizedCrop(augment=augmix, **common)
-
-    def run(transform):
-        ld = fastpipe.Loader(ds, batch_size=3, transforms={0: transform}, seed=4, timeout=60, device="cuda",
-                             image_decode="device")
-        out = [torch.cat([x for x, _ in ld]).cpu() for _ in range(3)]
-        assert ld.stats()["images_decoded_on_device"] > 0
-        return out
-
-    plain, got = run(RandomResizedCrop(**common)), run(t)
+    plain, got = gpu_outputs(ds, RandomResizedCrop(**common)), gpu_outputs(ds, t)
     for epoch, (a, b) in enumerate(zip(plain, got, strict=True)):
         for i, ops in enumerate(t.augmented(range(len(ds)), epoch, seed=4)):
             assert torch.equal(b[i], augmix_replay(a[i], ops, augmix)), (epoch, i, ops)
