@@ -432,14 +432,13 @@ FASTPIPE_HD inline float bilinear_taps(float iy, float ix, int h, int w, float w
   const float x0 = floorf(ix), y0 = floorf(iy);
   const float to_west = add_rn(ix, -x0), to_east = add_rn(1.0f, -to_west);
   const float to_north = add_rn(iy, -y0), to_south = add_rn(1.0f, -to_north);
-  // Compared as floats, and clamped before the conversion: x0 may be far beyond an int. Without branches,
-  // so that the CPU's loop over a row vectorises.
-  const bool west = (x0 > -1.0f) & (x0 < static_cast<float>(w)), east = (x0 > -2.0f) & (x0 < static_cast<float>(w - 1));
-  const bool north = (y0 > -1.0f) & (y0 < static_cast<float>(h)), south = (y0 > -2.0f) & (y0 < static_cast<float>(h - 1));
+  // Compared as floats, and clamped before the conversion: x0 may be far beyond an int.
+  const bool west = x0 > -1.0f && x0 < static_cast<float>(w), east = x0 > -2.0f && x0 < static_cast<float>(w - 1);
+  const bool north = y0 > -1.0f && y0 < static_cast<float>(h), south = y0 > -2.0f && y0 < static_cast<float>(h - 1);
   const float xc = x0 < -1.0f ? -1.0f : (x0 > static_cast<float>(w) ? static_cast<float>(w) : x0);
   const float yc = y0 < -1.0f ? -1.0f : (y0 > static_cast<float>(h) ? static_cast<float>(h) : y0);
   const int32_t row = static_cast<int32_t>(yc) * w, col = static_cast<int32_t>(xc);
-  const bool inside[4] = {north & west, north & east, south & west, south & east};
+  const bool inside[4] = {north && west, north && east, south && west, south && east};
   const int32_t at[4] = {row + col, row + col + 1, row + w + col, row + w + col + 1};
   const float weights[4] = {mul_rn(to_south, to_east), mul_rn(to_south, to_west), mul_rn(to_north, to_east),
                             mul_rn(to_north, to_west)};
