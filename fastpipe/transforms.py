@@ -15,6 +15,7 @@ import numbers
 import torch
 
 from fastpipe import _checks as checks
+from fastpipe import pil_resize
 from fastpipe._ext import _C
 from fastpipe.augment import (FACTOR_OPS, OPS, AugMix, AutoAugment, ColorJitter, GaussianBlur, RandAugment,
                               RandomApply, RandomGrayscale, TrivialAugmentWide, augment_params)
@@ -23,6 +24,8 @@ __all__ = ["AugMix", "AutoAugment", "CenterCrop", "ColorJitter", "CropMirrorNorm
            "RandomApply", "RandomErasing", "RandomGrayscale", "RandomResizedCrop", "TrivialAugmentWide"]
 
 _OUT_DTYPES = {torch.float32: "float32", torch.float16: "float16", torch.bfloat16: "bfloat16"}
+INTERPOLATIONS = ("bilinear", "bicubic", "nearest")
+RESIZE_AS = ("pil", "torch_uint8", "torch_float")
 _IMAGE_OUT_DTYPES = {**_OUT_DTYPES, torch.uint8: "uint8"}
 
 
@@ -203,8 +206,11 @@ class _JpegTransform:
         self.augment = augment
         self._augment_params = None if augment is None else augment_params(augment, *self.size)
 
-    def _init_output(self, size, mirror, mean, std, out_dtype, layout, dct_scaling):
+    def _init_output(self, size, mirror, mean, std, out_dtype, layout, dct_scaling, interpolation, resize_as):
         self.size = _size_pair(size, "size")
+        interpolation = getattr(interpolation, "value", interpolation)  # torchvision's InterpolationMode
+        self.interpolation = checks.choice(interpolation, "interpolation", INTERPOLATIONS)
+        self.resize_as = checks.choice(resize_as, "resize_as", RESIZE_AS)
         self.mirror = checks.real(mirror, "mirror", low=0.0, high=1.0)
         if out_dtype not in _IMAGE_OUT_DTYPES:
             raise ValueError(f"out_dtype must be one of {list(_IMAGE_OUT_DTYPES)}, got {out_dtype!r}")
@@ -241,7 +247,10 @@ class _JpegTransform:
             mode=self._mode, out_height=self.size[0], out_width=self.size[1], area=area, ratio=ratio,
             resize_short=resize[0], resize_height=resize[1], resize_width=resize[2], mirror=self.mirror,
             out_nhwc=self.layout == "NHWC", out_dtype=_IMAGE_OUT_DTYPES[self.out_dtype], scale=scale, shift=shift,
-            seed=int(seed) & ((1 << 64) - 1), max_dct_denom=8 if self.dct_scaling else 1, **extra)
+            seed=int(seed) & ((1 << 64) - 1), max_dct_denom=8 if self.dct_scaling else 1,
+            interpolation=self.interpolation, resize_as=self.resize_as,
+            pil_vertical_first=self.interpolation == "bicubic" and self.resize_as == "pil" and pil_resize.vertical_first(),
+            **extra)
 
     def _output(self):
         """(dtype name, shape) of one output image."""
@@ -297,8 +306,8 @@ class _JpegTransform:
         erase = f", augment={self.augment!r}" if self.augment is not None else ""
         erase += f", erase={self.erase!r}" if self.erase is not None else ""
         return (f"{type(self).__name__}(size={self.size}, {extra}, mirror={self.mirror}, mean={self.mean}, "
-                f"std={self.std}, out_dtype={self.out_dtype}, layout={self.layout!r}, dct_scaling={self.dct_scaling}"
-                f"{erase})")
+                f"std={self.std}, out_dtype={self.out_dtype}, layout={self.layout!r}, dct_scaling={self.dct_scaling}, "
+                f"interpolation={self.interpolation!r}, resize_as={self.resize_as!r}{erase})")
 
 
 class RandomResizedCrop(_JpegTransform):
@@ -334,6 +343,15 @@ class RandomResizedCrop(_JpegTransform):
     erase : RandomErasing, optional
         torchvision's RandomErasing of the output, fused (after the normalisation, as in torchvision's
         recipes).
+    interpolation : {"bilinear", "bicubic", "nearest"} or torchvision's InterpolationMode
+        The resize's filter, antialiased (torchvision's ``antialias=True``; bicubic with PIL's a = -0.5,
+        which torch's antialiased bicubic also uses).
+    resize_as : {"pil", "torch_uint8", "torch_float"}
+        Whose arithmetic the bicubic and nearest resizes reproduce (bilinear is computed in float, within a
+        level of all three): "pil", PIL's ``Image.resize`` (torchvision on PIL images, its default path:
+        two fixed-point passes, the horizontal one rounded to uint8 first); "torch_uint8", torch's uint8
+        kernels on the CPU (torchvision.transforms.v2 on uint8 tensors); "torch_float", torch's float kernels,
+        clamped and rounded (torchvision.transforms v1 on tensors, and v2 on the GPU).
 
     Notes
     -----
@@ -347,8 +365,9 @@ class RandomResizedCrop(_JpegTransform):
     _mode = "random_resized"
 
     def __init__(self, size, scale=(0.08, 1.0), ratio=(3.0 / 4.0, 4.0 / 3.0), mirror=0.5, mean=None, std=None,
-                 out_dtype=torch.float32, layout="NCHW", dct_scaling=True, augment=None, erase=None):
-        self._init_output(size, mirror, mean, std, out_dtype, layout, dct_scaling)
+                 out_dtype=torch.float32, layout="NCHW", dct_scaling=True, augment=None, erase=None,
+                 interpolation="bilinear", resize_as="pil"):
+        self._init_output(size, mirror, mean, std, out_dtype, layout, dct_scaling, interpolation, resize_as)
         self._init_erase(erase, augment)
         self.scale = _range(scale, "scale")
         self.ratio = _range(ratio, "ratio")
@@ -372,7 +391,7 @@ class CenterCrop(_JpegTransform):
         First resize the image: an int makes its shorter side that long (torchvision's ``Resize(256)``),
         a pair resizes to exactly that size, None crops the image as it is (zero padding where the crop
         is larger, as torchvision's CenterCrop pads).
-    mean, std, out_dtype, layout, dct_scaling, mirror, augment, erase
+    mean, std, out_dtype, layout, dct_scaling, mirror, augment, erase, interpolation, resize_as
         As :class:`RandomResizedCrop`'s (``mirror`` defaults to 0 here).
 
     Notes
@@ -383,8 +402,8 @@ class CenterCrop(_JpegTransform):
     _mode = "center"
 
     def __init__(self, size, resize=None, mean=None, std=None, out_dtype=torch.float32, layout="NCHW",
-                 dct_scaling=True, mirror=0.0, augment=None, erase=None):
-        self._init_output(size, mirror, mean, std, out_dtype, layout, dct_scaling)
+                 dct_scaling=True, mirror=0.0, augment=None, erase=None, interpolation="bilinear", resize_as="pil"):
+        self._init_output(size, mirror, mean, std, out_dtype, layout, dct_scaling, interpolation, resize_as)
         self._init_erase(erase, augment)
         if resize is None:
             self.resize = None

@@ -1,7 +1,8 @@
 // The CPU side of the JPEG transforms: from a decoded RGB region to the output image in one pass per
 // output row (the antialiased resize, vertical taps then horizontal ones, the flip, the normalisation
 // and the dtype/layout of the batch), vectorised: the vertical taps over the row's values, the
-// horizontal ones a whole pixel at a time, the stores per channel. The geometry and the taps are image_transform.h's, which the
+// horizontal ones a whole pixel at a time, the stores per channel. Bicubic as PIL sums it goes through
+// two fixed-point passes instead (resample_fixed.cpp). The geometry and the taps are image_transform.h's, which the
 // CUDA kernel also uses.
 #pragma once
 
@@ -19,6 +20,11 @@ struct ResampleScratch {
   std::vector<float> y_weights, x_weights;
   std::vector<float> region;  // the decoded region as floats
   std::vector<float> row;     // one output row after its vertical taps, then its three channel planes
+  // The fixed-point (bicubic) resample's: its weights, a padded source row, the horizontal pass's rows,
+  // a row of sums and the rows an output's vertical taps read.
+  std::vector<int32_t> y_fixed, x_fixed, fixed_acc;
+  std::vector<uint8_t> fixed_row, fixed_rows;
+  std::vector<const uint8_t*> fixed_taps;
   AugmentScratch augment;     // the resized uint8 image the augmentations work on
 };
 

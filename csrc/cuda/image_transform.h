@@ -7,10 +7,10 @@
 //   stored size: a pure function, known before the image is decoded.
 // - CenterCrop resizes the shorter side (or to a fixed size) and crops the centre, as torchvision's
 //   Resize + CenterCrop do (zero padding where the crop is larger than the resized image).
-// - Resampling is PIL's antialiased bilinear filter (torchvision's resize(antialias=True) follows it):
-//   output o of an axis samples source position in0 + (o + 0.5) * step with a triangle of half-width
-//   max(step, 1), taps clamped to the crop (RandomResizedCrop crops, then resizes) or to the image
-//   (CenterCrop resizes, then crops), weights normalised to sum 1.
+// - Resampling is PIL's antialiased filter (torchvision's resize(antialias=True) follows it): output o
+//   of an axis samples source position in0 + (o + 0.5) * step with the filter stretched by max(step, 1),
+//   taps clamped to the crop (RandomResizedCrop crops, then resizes) or to the image (CenterCrop resizes,
+//   then crops), weights normalised to sum 1; bilinear, bicubic or nearest, summed as resample_taps.h says.
 // - The decoder may scale by 1/2, 1/4 or 1/8 in the DCT (libjpeg) where the crop is at least that many
 //   times the output on both axes; the axes are then expressed in the scaled image's pixels.
 //
@@ -24,6 +24,7 @@
 #include "cuda/host_device.h"
 #include "cuda/jpeg_color.h"
 #include "cuda/random_erasing.h"
+#include "cuda/resample_taps.h"
 #include "cuda/sample_draws.h"
 #include "cuda/transforms.h"
 
@@ -54,21 +55,13 @@ struct ImageTransformParams {
   float shift[kChannels] = {0.0f, 0.0f, 0.0f};
   uint64_t seed = 0;
   int max_dct_denom = kMaxDctDenom;  // 1: always decode at full resolution
+  Filter filter = Filter::kBilinear;  // the resize's (resample_taps.h)
+  ResizeAs resize_as = ResizeAs::kPil;
+  // Pillow 13 on sums a bicubic resize that shrinks the height much more than the width vertically first
+  // (Geometry::vertical_first); earlier Pillows always horizontally first.
+  bool pil_vertical_first = true;
   ErasingParams erase;               // RandomErasing of the output (random_erasing.h)
   AugmentParams augment;             // TrivialAugmentWide, RandAugment, AutoAugment (augment_draws.h)
-};
-
-// One axis of the resampling. Output o samples source position origin + in0 + (start + o + 0.5) * step
-// (in pixels of the decoded image, pixel p covering [p, p + 1)); its taps are clamped to source pixels
-// [origin, origin + size). Outputs outside [valid_lo, valid_hi) are padding (value 0, no taps). `start`
-// is CenterCrop's first resized pixel, kept apart from in0 so that positions round as PIL's do.
-struct Axis {
-  double in0 = 0.0;
-  double step = 1.0;
-  int start = 0;
-  int origin = 0;
-  int size = 0;
-  int valid_lo = 0, valid_hi = 0;
 };
 
 // Where a sample's output comes from: per axis, in the image decoded at 1 / denom of its size.
@@ -76,6 +69,7 @@ struct Geometry {
   Axis y, x;
   bool flip = false;
   int denom = 1;
+  bool vertical_first = false;  // fixed-point sums: the vertical pass first (Pillow 13 on, by the sizes)
   // RandomResizedCrop's box in the stored image (CenterCrop: the resized image's crop, for reports).
   int top = 0, left = 0, height = 0, width = 0;
   EraseBox erase;  // in the output image
@@ -216,52 +210,30 @@ FASTPIPE_HD inline Geometry image_geometry(const ImageTransformParams& p, int he
   g.denom = dct_denom(g.y.step, g.x.step, p.max_dct_denom);
   scale_axis(&g.y, g.denom, scaled_size(height, g.denom));
   scale_axis(&g.x, g.denom, scaled_size(width, g.denom));
+  Axis* axes[2] = {&g.y, &g.x};
+  for (Axis* a : axes) {
+    a->filter = p.filter;
+    a->as = p.resize_as;
+  }
+  if (fixed_point(p.filter, p.resize_as)) {
+    // torch's bits depend on every resized pixel's weights: RandomResizedCrop's outputs, or the whole
+    // resized image that CenterCrop crops.
+    int rh = p.out_height, rw = p.out_width, sh = g.height, sw = g.width;  // RandomResizedCrop: the box
+    if (p.mode == CropMode::kCenter) {
+      resized_size(p, height, width, &rh, &rw);
+      sh = height;
+      sw = width;
+    }
+    g.y.precision = fixed_precision(g.y, rh);
+    g.x.precision = fixed_precision(g.x, rw);
+    // Pillow 13's ImagingResampleInner: vertically first where the height loses more than twice the
+    // pixels the width loses, counted on the image it is given (torchvision's crop, or the whole image).
+    g.vertical_first = p.resize_as == ResizeAs::kPil && p.pil_vertical_first && sh - rh > 0 && sh - rh > (sw - rw) * 2;
+  }
   return g;
 }
 
-// ---- resampling taps ----------------------------------------------------------------------------
-FASTPIPE_HD inline double filter_scale(const Axis& a) { return a.step > 1.0 ? a.step : 1.0; }
-
-// Most taps any output of the axis has (PIL's ksize).
-FASTPIPE_HD inline int max_taps(const Axis& a) { return 2 * static_cast<int>(ceil(filter_scale(a))) + 1; }
-
-// Output o's taps as [lo, hi) relative to the axis's origin (PIL's rounding and clamping); hi <= lo
-// for padding.
-FASTPIPE_HD inline void tap_range(const Axis& a, int o, int* lo, int* hi) {
-  if (o < a.valid_lo || o >= a.valid_hi) {
-    *lo = *hi = 0;
-    return;
-  }
-  const double support = filter_scale(a);
-  const double center = a.in0 + (a.start + o + 0.5) * a.step;
-  int l = static_cast<int>(center - support + 0.5);
-  int h = static_cast<int>(center + support + 0.5);
-  *lo = l < 0 ? 0 : l;
-  *hi = h > a.size ? a.size : h;
-}
-
-// Output o's taps: source pixels a.origin + *first ... of weights w[0, n) (n returned, at most
-// max_taps(a)); PIL's triangle filter, normalised to sum 1 (all zero where every weight is zero).
-FASTPIPE_HD inline int output_taps(const Axis& a, int o, int* first, float* w) {
-  int lo = 0, hi = 0;
-  tap_range(a, o, &lo, &hi);
-  *first = lo;
-  const int n = hi > lo ? hi - lo : 0;
-  const double center = a.in0 + (a.start + o + 0.5) * a.step;
-  const double inv = 1.0 / filter_scale(a);
-  double sum = 0.0;
-  for (int k = 0; k < n; ++k) {
-    const double t = fabs((lo + k - center + 0.5) * inv);
-    sum += t < 1.0 ? 1.0 - t : 0.0;
-  }
-  for (int k = 0; k < n; ++k) {
-    const double t = fabs((lo + k - center + 0.5) * inv);
-    const double v = t < 1.0 ? 1.0 - t : 0.0;
-    w[k] = static_cast<float>(sum != 0.0 ? v / sum : 0.0);
-  }
-  return n;
-}
-
+// ---- resampling taps (resample_taps.h) ----------------------------------------------------------
 // The source pixels every output of the geometry reads (empty when all are padding).
 FASTPIPE_HD inline Region taps_region(const Geometry& g) {
   Region r;
@@ -306,11 +278,36 @@ FASTPIPE_HD inline float decoded_pixel(DecodedLayout layout, const ImageDesc& d,
 }
 
 // The resampled value of channel c at output row oy, column ox before the flip, of image `d` decoded
-// whole into `image`: both axes' taps computed here, with the host resample's weights (summed per
-// element, in another order: equal to float rounding). Needs max_taps <= kDeviceTaps.
+// whole into `image`: both axes' taps computed here, with the host resample's weights. Float sums are
+// summed per element, in another order than the host's (equal to float rounding); fixed-point ones
+// exactly as the host sums them (each tap row's horizontal sum clipped to uint8, then the vertical one).
+// Needs max_taps <= kDeviceTaps.
 FASTPIPE_HD inline float resampled_value(DecodedLayout layout, const ImageDesc& d, const uint8_t* image, int c, int oy,
                                          int ox) {
   const Geometry& g = d.geometry;
+  if (fixed_point(g.y.filter, g.y.as)) {
+    int32_t wy[kDeviceTaps], wx[kDeviceTaps];
+    int fy = 0, fx = 0;
+    const int ny = output_taps(g.y, oy, &fy, wy);
+    const int nx = output_taps(g.x, ox, &fx, wx);
+    if (ny == 0 || nx == 0) return 0.0f;
+    // The first pass's sums along one axis, each clipped, then the second pass's over them.
+    const bool v1st = g.vertical_first;
+    const Axis &first = v1st ? g.y : g.x, &second = v1st ? g.x : g.y;
+    const int32_t* w1 = v1st ? wy : wx;
+    const int32_t* w2 = v1st ? wx : wy;
+    const int n1 = v1st ? ny : nx, n2 = v1st ? nx : ny;
+    int32_t acc = 1 << (second.precision - 1);
+    for (int i = 0; i < n2; ++i) {
+      int32_t h = 1 << (first.precision - 1);
+      for (int j = 0; j < n1; ++j) {
+        const int y = g.y.origin + fy + (v1st ? j : i), x = g.x.origin + fx + (v1st ? i : j);
+        h += w1[j] * static_cast<int32_t>(decoded_pixel(layout, d, image, y, x, c));
+      }
+      acc += w2[i] * clip8(h, first.precision);
+    }
+    return static_cast<float>(clip8(acc, second.precision));
+  }
   float wy[kDeviceTaps], wx[kDeviceTaps];
   int fy = 0, fx = 0;
   const int ny = output_taps(g.y, oy, &fy, wy);
@@ -322,7 +319,7 @@ FASTPIPE_HD inline float resampled_value(DecodedLayout layout, const ImageDesc& 
     for (int j = 0; j < nx; ++j) h += wx[j] * decoded_pixel(layout, d, image, y, g.x.origin + fx + j, c);
     acc += wy[i] * h;
   }
-  return acc;
+  return g.y.filter == Filter::kBicubic ? torch_float_uint8(acc) : acc;
 }
 
 // Element i of the device resample's output (images of out_image_elements(p) each): the whole body of
