@@ -5,7 +5,8 @@ augment=TrivialAugmentWide())`` (or RandAugment, AutoAugment, AugMix), or a list
 then the normalisation and RandomErasing.
 
 The ops compute what torchvision's tensor kernels compute (``torchvision.transforms.v2.functional`` on
-uint8 tensors: truncating blends, nearest or bilinear affine sampling with ``fill`` outside, rounded as
+uint8 tensors: truncating blends, nearest or bilinear affine sampling with ``fill`` outside (bicubic:
+grid_sample's, which torchvision's tensor kernels refuse for these ops), rounded as
 the torch in use rounds it (fastpipe/torch_rounding.py); GaussianBlur to within a level); the automatic
 augmentations' magnitudes are torchvision's own tables, read from torchvision (which TrivialAugmentWide,
 RandAugment and AutoAugment therefore need). Which ops a sample gets is drawn as torchvision draws it,
@@ -55,12 +56,12 @@ def _fill(fill):
 
 
 def _interpolation(interpolation):
-    """'nearest' or 'bilinear' from torchvision's InterpolationMode, its value or PIL's number."""
+    """'nearest', 'bilinear' or 'bicubic' from torchvision's InterpolationMode, its value or PIL's number."""
     mode = getattr(interpolation, "value", interpolation)
-    mode = {0: "nearest", 2: "bilinear"}.get(mode, mode)
-    if mode not in ("nearest", "bilinear"):
+    mode = {0: "nearest", 2: "bilinear", 3: "bicubic"}.get(mode, mode)
+    if mode not in ("nearest", "bilinear", "bicubic"):
         raise ValueError(f"interpolation={mode!r}: the fused geometric ops sample with 'nearest' (torchvision's "
-                         f"default for them) or 'bilinear'")
+                         f"default for them), 'bilinear' or 'bicubic'")
     return mode
 
 
@@ -122,7 +123,7 @@ def augment_params(augment, height, width):
     # Nearest sampling stores the fill rounded (grid_sample's round_()); bilinear blends the floats.
     return dict(augment_stages=table.stages, augment_candidates=table.candidates,
                 augment_magnitudes=table.magnitudes, augment_fill=[round(v) for v in fill or (0, 0, 0)],
-                augment_bilinear=interpolation == "bilinear", augment_blend=0 if fill is None else 2 if v1 else 1,
+                augment_interpolation=interpolation, augment_blend=0 if fill is None else 2 if v1 else 1,
                 augment_fill_value=list(fill or (0.0, 0.0, 0.0)),
                 augment_rounding=affine_rounding(height, width) if geometric else (True, True, True))
 
@@ -180,10 +181,12 @@ class TrivialAugmentWide(_Geometric):
     ----------
     num_magnitude_bins : int
         As torchvision's (31).
-    interpolation : "nearest" or "bilinear"
+    interpolation : "nearest", "bilinear" or "bicubic"
         Of the geometric ops (torchvision's default is nearest; the classification references pass
-        bilinear), their positions and sums rounded as the torch in use rounds torchvision's
-        (fastpipe/torch_rounding.py).
+        theirs, bilinear or bicubic), their positions and sums rounded as the torch in use rounds
+        torchvision's (fastpipe/torch_rounding.py). Bicubic is grid_sample's (a = -0.75) on the tensor
+        ops' grid, clamped: torchvision's tensor kernels refuse bicubic for these ops, and its PIL ones
+        sample at other pixel centres with PIL's own cubic.
     fill : None, number or 3 numbers
         The pixels a geometric op brings in from outside the image (None: 0, and bilinear sampling blends
         with zeros at the edges, as torchvision's).

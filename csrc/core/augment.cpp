@@ -85,12 +85,13 @@ template <class Fma>
 
 // A geometric op: each column's products once, then per row each pixel's source position (as
 // images::affine_position computes it), then the gather from the 3 planes (nearest) or the interpolation
-// (bilinear). `columns`: 4 w floats.
+// (bilinear, bicubic). `columns`: 4 w floats.
 template <class Fma>
 [[gnu::always_inline]] inline void affine_rows(const PlannedOp& op, const uint8_t* fill, const uint8_t* src,
                                                uint8_t* dst, int h, int w, float* columns) {
   const int64_t plane = static_cast<int64_t>(h) * w;
   const bool bilinear = op.kind == static_cast<int32_t>(OpKind::kBilinear);
+  const bool bicubic = op.kind == static_cast<int32_t>(OpKind::kBicubic);
   float *cx = columns, *cy = cx + w, *ix = cy + w, *iy = ix + w;
   for (int x = 0; x < w; ++x) {
     const float bx = images::base_coordinate(x, w);
@@ -106,6 +107,10 @@ template <class Fma>
     const int64_t at = static_cast<int64_t>(y) * w;
     if (bilinear) {
       for (int x = 0; x < w; ++x) images::bilinear_pixel(op, src, h, w, iy[x], ix[x], dst, at + x, Fma());
+      continue;
+    }
+    if (bicubic) {
+      for (int x = 0; x < w; ++x) images::bicubic_pixel(op, src, h, w, iy[x], ix[x], dst, at + x);
       continue;
     }
     for (int x = 0; x < w; ++x) {
@@ -263,6 +268,7 @@ void augment_image(const images::SampleOps& ops, const uint8_t fill[3], int h, i
         break;
       case OpKind::kAffine:
       case OpKind::kBilinear:
+      case OpKind::kBicubic:
         s.columns.resize(4 * static_cast<size_t>(w));
         k.affine(op, fill, src, dst, h, w, s.columns.data());
         break;

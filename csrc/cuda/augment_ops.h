@@ -50,7 +50,8 @@ enum class AugOp : int32_t {
 enum class OpKind : int32_t {
   kCopy = 0, kTable, kColor, kSharpness, kAffine, kQuarterTurns, kHue, kGrey, kBlur,
   kBilinear,  // an affine op sampled bilinearly
-  kMix        // AugMix's mixing, in place, with the original image and the mix (mix_pixel)
+  kMix,       // AugMix's mixing, in place, with the original image and the mix (mix_pixel)
+  kBicubic    // an affine op sampled bicubically (bicubic_pixel)
 };
 
 // How the geometric ops fill what they bring in from outside the image, sampled bilinearly (nearest
@@ -65,6 +66,7 @@ enum class FillBlend : int32_t { kZeros = 0, kV2, kV1 };
 // kernels are vectorised with FMA or not, by CPU and size), so that positions round as torchvision's.
 struct Sampling {
   int32_t bilinear = 0;
+  int32_t bicubic = 0;  // grid_sample's bicubic (torchvision's tensor ops refuse it: see bicubic_pixel)
   int32_t blend = 0;  // FillBlend
   float fill[3] = {0, 0, 0};
   int32_t grid_fma = 1;         // the grid's bx * t0 + by * t1 (+ t2) with by * t1 fused
@@ -158,7 +160,8 @@ FASTPIPE_HD inline PlannedOp plan_op(AugOp op, float magnitude, int h, int w, co
   p.op = static_cast<int32_t>(op);
   p.magnitude = magnitude;
   if (sampling) p.sampling = *sampling;
-  const OpKind affine = p.sampling.bilinear ? OpKind::kBilinear : OpKind::kAffine;
+  const OpKind affine =
+      p.sampling.bicubic ? OpKind::kBicubic : (p.sampling.bilinear ? OpKind::kBilinear : OpKind::kAffine);
   const double mag = magnitude;
   const double rad_to_deg = 180.0 / 3.141592653589793;  // Python's math.degrees
   double m[6];
@@ -414,6 +417,70 @@ FASTPIPE_HD inline void bilinear_pixel(const PlannedOp& p, const uint8_t* src, i
   }
 }
 
+// grid_sample's cubic convolution weights (A = -0.75) of the four taps around a position t past the
+// second one, in float, as its vectorised CPU kernel computes them (get_cubic_coefficients).
+FASTPIPE_HD inline void cubic_weights(float t, float k[4]) {
+  const float A = -0.75f;
+  const float x1 = t, x2 = add_rn(1.0f, -t);
+  const float far1 = add_rn(t, 1.0f), far2 = add_rn(2.0f, -t);
+  k[0] = add_rn(mul_rn(add_rn(mul_rn(add_rn(mul_rn(A, far1), -5.0f * A), far1), 8.0f * A), far1), -4.0f * A);
+  k[1] = add_rn(mul_rn(mul_rn(add_rn(mul_rn(A + 2.0f, x1), -(A + 3.0f)), x1), x1), 1.0f);
+  k[2] = add_rn(mul_rn(mul_rn(add_rn(mul_rn(A + 2.0f, x2), -(A + 3.0f)), x2), x2), 1.0f);
+  k[3] = add_rn(mul_rn(add_rn(mul_rn(add_rn(mul_rn(A, far2), -5.0f * A), far2), 8.0f * A), far2), -4.0f * A);
+}
+
+// Output `at` of a kBicubic op whose source position is (iy, ix): grid_sample's bicubic interpolation
+// (padding zeros, align_corners=False: the 4 x 4 taps around the position, each row's cubic in x, then the
+// rows' in y, taps outside the image 0), torchvision's fill blended by the mask sampled the same way, as
+// _apply_grid_transform computes it for bilinear, then clamped and rounded half to even. torchvision's
+// tensor kernels refuse bicubic for their affine ops (PIL's take it, with their own cubic and pixel
+// centres): this is what they would compute, the clamp being what its resize does for bicubic.
+FASTPIPE_HD inline void bicubic_pixel(const PlannedOp& p, const uint8_t* src, int h, int w, float iy, float ix,
+                                      uint8_t* dst, int64_t at) {
+  const int64_t plane = static_cast<int64_t>(h) * w;
+  const float x0 = floorf(ix), y0 = floorf(iy);
+  float kx[4], ky[4];
+  cubic_weights(add_rn(ix, -x0), kx);
+  cubic_weights(add_rn(iy, -y0), ky);
+  // Compared as floats, and clamped before the conversion: a position may be far beyond an int.
+  int32_t col[4], row[4];
+  bool in_x[4], in_y[4];
+  for (int k = 0; k < 4; ++k) {
+    const float x = x0 + static_cast<float>(k - 1), y = y0 + static_cast<float>(k - 1);
+    in_x[k] = x >= 0.0f && x < static_cast<float>(w);
+    in_y[k] = y >= 0.0f && y < static_cast<float>(h);
+    col[k] = in_x[k] ? static_cast<int32_t>(x) : 0;
+    row[k] = in_y[k] ? static_cast<int32_t>(y) : 0;
+  }
+  float mask_rows[4];
+  for (int i = 0; i < 4; ++i) {
+    float m = 0.0f;
+    for (int j = 0; j < 4; ++j) m = add_rn(m, mul_rn(in_x[j] && in_y[i] ? 1.0f : 0.0f, kx[j]));
+    mask_rows[i] = m;
+  }
+  float mask = 0.0f;
+  for (int i = 0; i < 4; ++i) mask = add_rn(mask, mul_rn(mask_rows[i], ky[i]));
+  for (int c = 0; c < 3; ++c) {
+    const uint8_t* in = src + c * plane;
+    float v = 0.0f;
+    for (int i = 0; i < 4; ++i) {
+      float r = 0.0f;
+      for (int j = 0; j < 4; ++j) {
+        const float value = in_x[j] && in_y[i] ? static_cast<float>(in[static_cast<int64_t>(row[i]) * w + col[j]]) : 0.0f;
+        r = add_rn(r, mul_rn(value, kx[j]));
+      }
+      v = add_rn(v, mul_rn(r, ky[i]));
+    }
+    const float fill = p.sampling.fill[c];
+    if (p.sampling.blend == static_cast<int32_t>(FillBlend::kV2))
+      v = add_rn(mul_rn(add_rn(v, -fill), mask), fill);
+    else if (p.sampling.blend == static_cast<int32_t>(FillBlend::kV1))
+      v = add_rn(mul_rn(v, mask), mul_rn(add_rn(1.0f, -mask), fill));
+    v = round_even(v);
+    dst[c * plane + at] = static_cast<uint8_t>(v < 0.0f ? 0.0f : (v > 255.0f ? 255.0f : v));
+  }
+}
+
 // torch.rot90(k, dims=(-2, -1)): output (y, x) of an h x w image (out_h x out_w after the turn).
 FASTPIPE_HD inline void quarter_turn_source(int turns, int h, int w, int y, int x, int* sy, int* sx) {
   switch (turns) {
@@ -579,6 +646,12 @@ FASTPIPE_HD inline void op_pixel(const PlannedOp& p, const uint8_t* lut, const u
       float iy = 0.0f, ix = 0.0f;
       affine_position(p, h, w, y, x, &iy, &ix);
       bilinear_pixel(p, src, h, w, iy, ix, dst, at);
+      return;
+    }
+    case OpKind::kBicubic: {
+      float iy = 0.0f, ix = 0.0f;
+      affine_position(p, h, w, y, x, &iy, &ix);
+      bicubic_pixel(p, src, h, w, iy, ix, dst, at);
       return;
     }
     case OpKind::kQuarterTurns: {

@@ -40,6 +40,21 @@ transforms::OutDtype parse_out_dtype(const std::string& name, bool allow_uint8) 
   TORCH_CHECK(false, "out_dtype must be float32, float16, bfloat16", allow_uint8 ? " or uint8" : "", ", got ", name);
 }
 
+// The resize's filter and whose arithmetic it reproduces (cuda/resample_taps.h), by fastpipe.transforms' names.
+images::Filter parse_filter(const std::string& name) {
+  if (name == "bilinear") return images::Filter::kBilinear;
+  if (name == "bicubic") return images::Filter::kBicubic;
+  if (name == "nearest") return images::Filter::kNearest;
+  TORCH_CHECK(false, "interpolation must be bilinear, bicubic or nearest, got ", name);
+}
+
+images::ResizeAs parse_resize_as(const std::string& name) {
+  if (name == "pil") return images::ResizeAs::kPil;
+  if (name == "torch_uint8") return images::ResizeAs::kTorchUint8;
+  if (name == "torch_float") return images::ResizeAs::kTorchFloat;
+  TORCH_CHECK(false, "resize_as must be pil, torch_uint8 or torch_float, got ", name);
+}
+
 template <typename T>
 py::array_t<T> as_array(const std::vector<T>& v) {
   return py::array_t<T>(v.size(), v.data());
@@ -79,8 +94,8 @@ py::dict header_dict(const ImageHeader& h) {
 // The augmentations (fastpipe/augment.py): stages as dicts, candidates and magnitudes, checked.
 void set_augment(images::AugmentParams& a, const std::vector<py::dict>& stages,
                  const std::vector<std::tuple<int, bool, float, int, int>>& candidates,
-                 const std::vector<float>& magnitudes, const std::vector<int>& fill, bool bilinear, int blend,
-                 const std::vector<float>& fill_value, std::tuple<bool, bool, bool> rounding) {
+                 const std::vector<float>& magnitudes, const std::vector<int>& fill, const std::string& interpolation,
+                 int blend, const std::vector<float>& fill_value, std::tuple<bool, bool, bool> rounding) {
   TORCH_CHECK(stages.size() <= images::kMaxAugmentStages, "at most ", images::kMaxAugmentStages, " augment stages");
   TORCH_CHECK(candidates.size() <= images::kMaxAugmentCandidates, "at most ", images::kMaxAugmentCandidates,
               " augment candidates");
@@ -89,7 +104,10 @@ void set_augment(images::AugmentParams& a, const std::vector<py::dict>& stages,
   TORCH_CHECK(fill.size() == 3, "augment_fill needs 3 values");
   TORCH_CHECK(fill_value.size() == 3, "augment_fill_value needs 3 values");
   TORCH_CHECK(blend >= 0 && blend <= 2, "augment_blend must be 0 (no fill), 1 (v2) or 2 (v1)");
-  a.sampling.bilinear = bilinear ? 1 : 0;
+  TORCH_CHECK(interpolation == "nearest" || interpolation == "bilinear" || interpolation == "bicubic",
+              "augment_interpolation must be nearest, bilinear or bicubic, got ", interpolation);
+  a.sampling.bilinear = interpolation == "bilinear" ? 1 : 0;
+  a.sampling.bicubic = interpolation == "bicubic" ? 1 : 0;
   a.sampling.blend = blend;
   a.sampling.grid_fma = std::get<0>(rounding);
   a.sampling.unnormalize_fma = std::get<1>(rounding);
@@ -244,9 +262,13 @@ void bind_loader_specs(py::module& m) {
                        const std::vector<float>& erase_value, const std::vector<py::dict>& augment_stages,
                        const std::vector<std::tuple<int, bool, float, int, int>>& augment_candidates,
                        const std::vector<float>& augment_magnitudes, const std::vector<int>& augment_fill,
-                       bool augment_bilinear, int augment_blend, const std::vector<float>& augment_fill_value,
-                       std::tuple<bool, bool, bool> augment_rounding) {
+                       const std::string& augment_interpolation, int augment_blend, const std::vector<float>& augment_fill_value,
+                       std::tuple<bool, bool, bool> augment_rounding, const std::string& interpolation,
+                       const std::string& resize_as, bool pil_vertical_first) {
              ImageTransformParams p;
+             p.filter = parse_filter(interpolation);
+             p.resize_as = parse_resize_as(resize_as);
+             p.pil_vertical_first = pil_vertical_first;
              TORCH_CHECK(mode == "random_resized" || mode == "center", "mode must be random_resized or center");
              p.mode = mode == "center" ? images::CropMode::kCenter : images::CropMode::kRandomResized;
              TORCH_CHECK(out_height >= 1 && out_width >= 1, "the output size must be positive");
@@ -284,7 +306,7 @@ void bind_loader_specs(py::module& m) {
              p.erase.ratio_max = erase_ratio.second;
              std::copy(erase_value.begin(), erase_value.end(), p.erase.value);
              set_augment(p.augment, augment_stages, augment_candidates, augment_magnitudes, augment_fill,
-                         augment_bilinear, augment_blend, augment_fill_value, augment_rounding);
+                         augment_interpolation, augment_blend, augment_fill_value, augment_rounding);
              return p;
            }),
            py::kw_only(), py::arg("mode"), py::arg("out_height"), py::arg("out_width"), py::arg("area"),
@@ -297,9 +319,10 @@ void bind_loader_specs(py::module& m) {
            py::arg("augment_stages") = std::vector<py::dict>{},
            py::arg("augment_candidates") = std::vector<std::tuple<int, bool, float, int, int>>{},
            py::arg("augment_magnitudes") = std::vector<float>{}, py::arg("augment_fill") = std::vector<int>{0, 0, 0},
-           py::arg("augment_bilinear") = false, py::arg("augment_blend") = 0,
+           py::arg("augment_interpolation") = "nearest", py::arg("augment_blend") = 0,
            py::arg("augment_fill_value") = std::vector<float>{0.0f, 0.0f, 0.0f},
-           py::arg("augment_rounding") = std::make_tuple(true, true, true))
+           py::arg("augment_rounding") = std::make_tuple(true, true, true), py::arg("interpolation") = "bilinear",
+           py::arg("resize_as") = "pil", py::arg("pil_vertical_first") = true)
       .def(
           "geometry",
           [](const ImageTransformParams& p, int height, int width, uint64_t epoch, uint64_t index) {

@@ -115,20 +115,21 @@ void bind_loader_test_hooks(py::module& m) {
 
   // One augmentation op (augment_ops.h's AugOp) at `magnitude` applied to an HWC uint8 image, as the
   // reader threads apply it (emulate_fma: without the CPU's FMA; by_factor: as ColorJitter plans it, the
-  // magnitude being the factor; taps: a blur's kernel, the magnitude its sigma; bilinear, blend and
+  // magnitude being the factor; taps: a blur's kernel, the magnitude its sigma; bilinear (or bicubic), blend and
   // fill_value: the geometric ops' sampling, rounding: its fused multiply-adds, images::Sampling): the
   // per-op tests compare it with torchvision's functional op.
   m.def(
       "_augment_apply",
       [](const py::array_t<uint8_t, py::array::c_style | py::array::forcecast>& image, int op, float magnitude,
          const std::vector<int>& fill, bool emulate_fma, bool by_factor, std::pair<int, int> taps, bool bilinear,
-         int blend, const std::vector<float>& fill_value, std::tuple<bool, bool, bool> rounding) {
+         int blend, const std::vector<float>& fill_value, std::tuple<bool, bool, bool> rounding, bool bicubic) {
         if (image.ndim() != 3 || image.shape(2) != 3) throw py::value_error("image must be H x W x 3");
         if (op < 0 || op >= static_cast<int>(images::AugOp::kCount)) throw py::value_error("unknown op");
         if (fill.size() != 3 || fill_value.size() != 3) throw py::value_error("fill needs 3 values");
         if (blend < 0 || blend > 2) throw py::value_error("blend must be 0, 1 or 2");
         images::Sampling sampling;
         sampling.bilinear = bilinear;
+        sampling.bicubic = bicubic;
         sampling.blend = blend;
         std::copy(fill_value.begin(), fill_value.end(), sampling.fill);
         std::tie(sampling.grid_fma, sampling.unnormalize_fma, sampling.interpolate_fma) = rounding;
@@ -161,7 +162,7 @@ void bind_loader_test_hooks(py::module& m) {
       py::arg("image"), py::arg("op"), py::arg("magnitude"), py::arg("fill"), py::arg("emulate_fma") = false,
       py::arg("by_factor") = false, py::arg("taps") = std::pair<int, int>(1, 1), py::arg("bilinear") = false,
       py::arg("blend") = 0, py::arg("fill_value") = std::vector<float>{0.0f, 0.0f, 0.0f},
-      py::arg("rounding") = std::make_tuple(true, true, true));
+      py::arg("rounding") = std::make_tuple(true, true, true), py::arg("bicubic") = false);
 
   // The device decode's colour model over a whole JPEG: (its planes through images::ycc_pixel, libjpeg's
   // RGB decode), each height x width x 3 uint8, from the same libjpeg; the planes as decoded (Y, Cb, Cr).
