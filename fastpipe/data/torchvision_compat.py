@@ -2,20 +2,25 @@
 :class:`fastpipe.ImageFolder`, and its transform pipeline turned into the fused image transform that does
 the same thing (or an error naming the step that has no fused equivalent).
 
-Understood, in torchvision's v1 and v2 spellings: ``Compose``; ``RandomResizedCrop`` and ``Resize`` (+
-``CenterCrop``) with bilinear interpolation and antialiasing; ``CenterCrop``; ``RandomHorizontalFlip``;
-``ToTensor``, ``PILToTensor``, ``ToImage``, ``ToDtype``/``ConvertImageDtype`` to float32, float16 or
-bfloat16 (scaled) or uint8; ``Normalize``; the per-sample augmentations ``TrivialAugmentWide``,
-``RandAugment``, ``AutoAugment``, ``AugMix`` (nearest or bilinear), ``ColorJitter``, ``RandomGrayscale``, ``GaussianBlur`` and
-``RandomApply`` of them, on the uint8 image: after the crop and flip, before any float conversion; ``RandomErasing`` with a
-value (not "random"), last.
+Understood, in torchvision's v1 and v2 spellings: ``Compose``; the presets scripts wrap pipelines in, and
+the weights' ``ImageClassification`` (torchvision_presets.py); ``RandomResizedCrop`` and ``Resize`` (+
+``CenterCrop``), bilinear, bicubic or nearest, with the kernels of the path the image takes there (PIL's
+for a PIL image, torch's for a tensor after ``PILToTensor``/``ToImage``); ``CenterCrop``;
+``RandomHorizontalFlip``; ``ToTensor``, ``PILToTensor``, ``ToImage``, ``ToDtype``/``ConvertImageDtype`` to
+float32, float16 or bfloat16 (scaled) or uint8; ``Normalize``; the per-sample augmentations
+``TrivialAugmentWide``, ``RandAugment``, ``AutoAugment``, ``AugMix``, ``ColorJitter``, ``RandomGrayscale``,
+``GaussianBlur`` and ``RandomApply`` of them, on the uint8 image: after the crop and flip, before any float
+conversion; ``RandomErasing`` with a value (not "random"), last; v2's ``ToPureTensor`` anywhere.
 """
 
 import torch
 
-_SUPPORTED = ("Compose, RandomResizedCrop, Resize + CenterCrop, CenterCrop, RandomHorizontalFlip, "
+from fastpipe.data import torchvision_presets as presets
+
+_SUPPORTED = ("Compose (and presets that only delegate to one), ImageClassification (weights.transforms()), "
+              "RandomResizedCrop, Resize + CenterCrop, CenterCrop, RandomHorizontalFlip, "
               "TrivialAugmentWide/RandAugment/AutoAugment/AugMix/ColorJitter/RandomGrayscale/GaussianBlur/RandomApply, "
-              "ToTensor, PILToTensor, ToImage, ToDtype/ConvertImageDtype, Normalize, RandomErasing (last)")
+              "ToTensor, PILToTensor, ToImage, ToDtype/ConvertImageDtype, Normalize, RandomErasing (last), ToPureTensor")
 _AUGMENTS = ("TrivialAugmentWide", "RandAugment", "AutoAugment", "AugMix", "ColorJitter", "RandomGrayscale",
              "GaussianBlur", "RandomApply")
 
@@ -26,27 +31,29 @@ def is_torchvision_folder(dataset):
                for c in type(dataset).__mro__)
 
 
-def _steps(transform):
+def _flatten(transform):
+    """The steps of a Compose (and of Composes in it), in order; other objects as they are."""
     if transform is None:
         return []
-    name = type(transform).__name__
-    if name == "Compose" and type(transform).__module__.startswith("torchvision"):
-        return [s for t in transform.transforms for s in _steps(t)]
+    if type(transform).__name__ == "Compose" and presets.is_torchvision(transform):
+        return [s for t in transform.transforms for s in _flatten(t)]
     return [transform]
 
 
 def _refuse(step, why):
-    raise ValueError(f"fastpipe.Loader cannot fuse torchvision's {type(step).__name__} into its JPEG decode "
+    owner = "torchvision's " if presets.is_torchvision(step) else ""
+    raise ValueError(f"fastpipe.Loader cannot fuse {owner}{type(step).__name__} into its JPEG decode "
                      f"({why}). It fuses {_SUPPORTED}; use fastpipe.ImageFolder with "
                      f"fastpipe.transforms.RandomResizedCrop/CenterCrop and apply the rest to the batch")
 
 
-def _bilinear_antialiased(step):
-    mode = getattr(step.interpolation, "value", step.interpolation)
-    if mode != "bilinear":
-        _refuse(step, f"interpolation={mode!r}: only bilinear is fused")
-    if step.antialias is False:
-        _refuse(step, "antialias=False: the fused resize is antialiased, as torchvision's default")
+def _interpolation_value(step):
+    mode = step.interpolation
+    if isinstance(mode, int):  # PIL's numbers, which torchvision also takes
+        from torchvision.transforms.functional import _interpolation_modes_from_int
+
+        mode = _interpolation_modes_from_int(mode)
+    return getattr(mode, "value", mode)
 
 
 def _augment(step):
@@ -65,9 +72,9 @@ def _augment(step):
         except ValueError as e:
             _refuse(step, str(e))
     if name == "RandomApply":
-        inner = [s for t in step.transforms for s in _steps(t)]
+        inner = [s for t in step.transforms for s in _flatten(t)]
         for t in inner:
-            if type(t).__name__ not in _AUGMENTS[:-1] or not type(t).__module__.startswith("torchvision"):
+            if type(t).__name__ not in _AUGMENTS[:-1] or not presets.is_torchvision(t):
                 _refuse(step, f"it holds {type(t).__name__}: RandomApply is fused around the augmentations only")
         return augment.RandomApply([_augment(t) for t in inner], p=float(step.p))
     fill = step.fill
@@ -90,73 +97,122 @@ def _augment(step):
     return ours
 
 
-def convert_transform(transform):
-    """The fused transform (fastpipe.transforms.RandomResizedCrop or CenterCrop) doing what a torchvision
-    pipeline does to a PIL image; ValueError naming the step it cannot fuse."""
-    from fastpipe import transforms as ft
+class _Fusion:
+    """The fused transform being read from a pipeline, one torchvision step at a time."""
 
-    geometry, resize, mirror, dtype, scaled, mean, std, erase = None, None, 0.0, None, False, None, None, None
-    augmented = []
-    for step in _steps(transform):
+    def __init__(self):
+        self.geometry = None  # ("random", size, scale, ratio) or ("center", size, resize)
+        self.resize = None  # a Resize's size before the CenterCrop
+        self.sampling = None  # (interpolation, resize_as) of the resize
+        self.mirror = 0.0
+        self.dtype = None  # None while the image is a PIL image
+        self.mean = self.std = self.erase = None
+        self.augmented = []
+
+    def read(self, transform):
+        for step in _flatten(transform):
+            self.step(step)
+
+    def step(self, step):
+        steps = presets.weight_preset_steps(step, image_is_pil=self.dtype is None)
+        if steps is not None:
+            for s in steps:
+                self.step(s)
+            return
+        if not presets.is_torchvision(step):
+            attr, inner = presets.delegated(step)
+            if attr is None:
+                _refuse(step, f"not a torchvision transform, and {inner}")
+            return self.read(inner)
         name = type(step).__name__
-        if not type(step).__module__.startswith("torchvision"):
-            _refuse(step, "not a torchvision transform")
-        if erase is not None:
+        if name == "ToPureTensor":  # v2: a tv_tensors.Image to a plain tensor, as fastpipe's batches are
+            return
+        if self.erase is not None:
             _refuse(step, "after RandomErasing: fastpipe erases the finished output, as torchvision's recipes "
                           "place RandomErasing last")
-        if geometry is None and name == "Resize":
-            _bilinear_antialiased(step)
+        if self.geometry is None and name == "Resize":
+            self.sampling = self._sampling(step)
             if getattr(step, "max_size", None) is not None:
                 _refuse(step, "max_size is not supported")
             size = step.size
             if isinstance(size, (list, tuple)) and len(size) == 1:
                 size = size[0]
-            resize = tuple(size) if isinstance(size, (list, tuple)) else int(size)
-        elif geometry is None and name == "RandomResizedCrop":
-            if resize is not None:
+            self.resize = tuple(size) if isinstance(size, (list, tuple)) else int(size)
+        elif self.geometry is None and name == "RandomResizedCrop":
+            if self.resize is not None:
                 _refuse(step, "a Resize before it")
-            _bilinear_antialiased(step)
-            geometry = ("random", tuple(step.size), tuple(step.scale), tuple(step.ratio))
-        elif geometry is None and name == "CenterCrop":
-            geometry = ("center", tuple(step.size), resize)
-        elif name == "RandomHorizontalFlip" and not augmented:
-            mirror = float(step.p)
-        elif name in _AUGMENTS and geometry is not None and dtype in (None, torch.uint8):
-            augmented.append(_augment(step))
-        elif name in ("ToTensor",) and dtype is None:
-            dtype, scaled = torch.float32, True
-        elif name in ("PILToTensor", "ToImage") and dtype is None:
-            dtype = torch.uint8
-        elif name in ("ToDtype", "ConvertImageDtype") and dtype is not None:
+            self.sampling = self._sampling(step)
+            self.geometry = ("random", tuple(step.size), tuple(step.scale), tuple(step.ratio))
+        elif self.geometry is None and name == "CenterCrop":
+            self.geometry = ("center", tuple(step.size), self.resize)
+        elif name == "RandomHorizontalFlip" and not self.augmented:
+            self.mirror = float(step.p)
+        elif name in _AUGMENTS and self.geometry is not None and self.dtype in (None, torch.uint8):
+            self.augmented.append(_augment(step))
+        elif name in ("ToTensor",) and self.dtype is None:
+            self.dtype, self.scaled = torch.float32, True
+        elif name in ("PILToTensor", "ToImage") and self.dtype is None:
+            self.dtype, self.scaled = torch.uint8, False
+        elif name in ("ToDtype", "ConvertImageDtype") and self.dtype is not None:
             target = step.dtype
             if isinstance(target, dict):
                 _refuse(step, "a dtype per input type")
             if target != torch.uint8 and target not in (torch.float32, torch.float16, torch.bfloat16):
                 _refuse(step, f"dtype {target}")
-            scaled = target != torch.uint8 and (name == "ConvertImageDtype" or step.scale or scaled)
-            if target != torch.uint8 and not scaled:
+            self.scaled = target != torch.uint8 and (name == "ConvertImageDtype" or step.scale or self.scaled)
+            if target != torch.uint8 and not self.scaled:
                 _refuse(step, "an unscaled float conversion (values 0-255): use scale=True")
-            dtype = target
-        elif name == "Normalize" and dtype is not None and dtype != torch.uint8 and mean is None:
-            mean, std = list(step.mean), list(step.std)
-        elif name == "RandomErasing" and dtype is not None:
+            self.dtype = target
+        elif name == "Normalize" and self.dtype is not None and self.dtype != torch.uint8 and self.mean is None:
+            self.mean, self.std = list(step.mean), list(step.std)
+        elif name == "RandomErasing" and self.dtype is not None:
             value = step.value
             if value is None or isinstance(value, str):  # v2 keeps "random" as None
                 _refuse(step, "value='random' (per-pixel noise)")
             value = [float(v) for v in value] if isinstance(value, (list, tuple)) else float(value)
-            erase = ft.RandomErasing(step.p, tuple(step.scale), tuple(step.ratio), value)
+            from fastpipe import transforms as ft
+
+            self.erase = ft.RandomErasing(step.p, tuple(step.scale), tuple(step.ratio), value)
         else:
             _refuse(step, "not supported here, or not at this place in the pipeline")
-    if geometry is None:
-        raise ValueError("fastpipe.Loader needs the torchvision pipeline to make every image the same size "
-                         "(RandomResizedCrop, or Resize + CenterCrop, or CenterCrop); its images differ in size")
-    if dtype is None:
-        raise ValueError("the torchvision pipeline returns PIL images: end it with ToTensor(), or ToImage() + "
-                         "ToDtype(...), for batches of tensors")
-    common = dict(mean=mean, std=std, out_dtype=dtype, mirror=mirror, augment=augmented or None, erase=erase)
-    if geometry[0] == "random":
-        return ft.RandomResizedCrop(geometry[1], scale=geometry[2], ratio=geometry[3], **common)
-    return ft.CenterCrop(geometry[1], resize=geometry[2], **common)
+
+    def _sampling(self, step):
+        """(interpolation, resize_as) of a resize step: the kernels of the path the image takes there (a PIL
+        image: PIL's; a uint8 tensor: torch's uint8 kernels in v2, its float ones in v1)."""
+        mode = _interpolation_value(step)
+        if mode not in ("bilinear", "bicubic", "nearest"):
+            _refuse(step, f"interpolation={mode!r}: bilinear, bicubic and nearest are fused")
+        if self.dtype is None:
+            return mode, "pil"  # PIL always antialiases
+        if mode != "nearest" and step.antialias is False:
+            _refuse(step, "antialias=False: the fused resize is antialiased, as torchvision's default")
+        v2 = type(step).__module__.startswith("torchvision.transforms.v2")
+        return mode, "torch_uint8" if v2 else "torch_float"
+
+    def transform(self):
+        from fastpipe import transforms as ft
+
+        if self.geometry is None:
+            raise ValueError("fastpipe.Loader needs the torchvision pipeline to make every image the same size "
+                             "(RandomResizedCrop, or Resize + CenterCrop, or CenterCrop); its images differ in size")
+        if self.dtype is None:
+            raise ValueError("the torchvision pipeline returns PIL images: end it with ToTensor(), or ToImage() + "
+                             "ToDtype(...), for batches of tensors")
+        interpolation, resize_as = self.sampling or ("bilinear", "pil")
+        common = dict(mean=self.mean, std=self.std, out_dtype=self.dtype, mirror=self.mirror,
+                      augment=self.augmented or None, erase=self.erase, interpolation=interpolation,
+                      resize_as=resize_as)
+        if self.geometry[0] == "random":
+            return ft.RandomResizedCrop(self.geometry[1], scale=self.geometry[2], ratio=self.geometry[3], **common)
+        return ft.CenterCrop(self.geometry[1], resize=self.geometry[2], **common)
+
+
+def convert_transform(transform):
+    """The fused transform (fastpipe.transforms.RandomResizedCrop or CenterCrop) doing what a torchvision
+    pipeline does to a PIL image; ValueError naming the step it cannot fuse."""
+    fusion = _Fusion()
+    fusion.read(transform)
+    return fusion.transform()
 
 
 def convert_dataset(dataset):

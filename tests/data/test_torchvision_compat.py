@@ -59,8 +59,9 @@ def test_train_pipeline_becomes_the_fused_transform(root):
 
 @pytest.mark.parametrize("pipeline,match", [
     (lambda: T2.Compose([T2.RandomResizedCrop(32), T2.RandomRotation(10), T2.ToImage()]), "RandomRotation"),
-    (lambda: T1.Compose([T1.RandomResizedCrop(32, interpolation=T1.InterpolationMode.NEAREST), T1.ToTensor()]),
-     "interpolation='nearest'"),
+    (lambda: T1.Compose([T1.RandomResizedCrop(32, interpolation=T1.InterpolationMode.LANCZOS), T1.ToTensor()]),
+     "interpolation='lanczos'"),
+    (lambda: T2.Compose([T2.PILToTensor(), T2.Resize(32, antialias=False), T2.CenterCrop(32)]), "antialias=False"),
     (lambda: T1.Compose([T1.ToTensor(), T1.Normalize(MEAN, STD)]), "make every image the same size"),
     (lambda: T1.Compose([T1.RandomResizedCrop(32)]), "returns PIL images"),
     (lambda: T2.Compose([T2.RandomResizedCrop(32), T2.ToImage(), T2.ToDtype(torch.float32)]), "unscaled float"),
