@@ -1,6 +1,7 @@
 """What a dataset tells the Loader: the file columns the batch reader reads and how to pack a batch."""
 
 from fastpipe import _checks as checks
+from fastpipe.data import _collate
 
 class ColumnSource:
     """Base of the datasets the Loader reads (NpyDataset, TokenDataset, ImageFolder, ImageDataset).
@@ -33,6 +34,10 @@ class ColumnSource:
 
     def _pack(self, tensors):
         raise NotImplementedError
+
+    def _items(self, batch):
+        """A packed batch as DataLoader hands it to a ``collate_fn``: the list of its samples (views)."""
+        return _collate.items(batch)
 
     def _reader_columns(self, transforms, seed, device_decode=False):
         """``(columns, outputs)`` for a Loader with ``transforms`` ({field: transform}, maybe empty) and

@@ -102,6 +102,10 @@ class _Images(ColumnSource):
     def _pack(self, tensors):
         return tensors[0], tensors[1]
 
+    def _items(self, batch):
+        images, labels = batch
+        return list(zip(images.unbind(0), labels.tolist()))  # labels as ints, as torchvision's ImageFolder's
+
     def __getitem__(self, i):
         """``(image, label)``: the dataset's transform of sample ``i`` in epoch 0 with seed 0, or without a
         transform the whole image decoded, uint8 of shape (height, width, 3). For inspection: the Loader

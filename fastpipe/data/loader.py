@@ -10,15 +10,16 @@ import torch
 
 from fastpipe import _checks as checks
 from fastpipe._ext import _C, build_info
-from fastpipe.data import _device, torchvision_compat
+from fastpipe.data import _collate, _device, torchvision_compat
 from fastpipe.data._source import ColumnSource
 from fastpipe.data.order import REMAINDER_POLICIES, epoch_order, shard, shard_size
 
 IO_MODES = _C.IO_MODES
 _STATE_FORMAT = "fastpipe.Loader/1"
 # State keys that must match for a saved position to mean the same batches.
-_STATE_IDENTITY = ("num_samples", "batch_size", "shuffle", "seed", "drop_last", "rank", "world_size",
-                   "shard_remainder")
+# Not the rank: every rank is at the same batch, so one rank's state resumes them all (Lightning
+# checkpoints rank 0's and hands it to every rank).
+_STATE_IDENTITY = ("num_samples", "batch_size", "shuffle", "seed", "drop_last", "world_size", "shard_remainder")
 # The wait in next() as a named range of torch.profiler traces. Opening a range costs ~15 us, so it is
 # opened only while a profiler records; checking that costs ~0.1 us.
 _NEXT_RANGE = "fastpipe::loader.next"
@@ -36,6 +37,18 @@ def _distributed_defaults(rank, world_size):
     world_size = checks.integer(world_size, "world_size", low=1)
     rank = checks.integer(rank, "rank", low=0, high=world_size - 1, why=f" (world_size={world_size})")
     return rank, world_size
+
+
+_warned_unpinned = False
+
+
+def _warn_unpinned_once():
+    """Scripts pass pin_memory=True to every loader, on machines with and without a GPU: say it once."""
+    global _warned_unpinned
+    if not _warned_unpinned:
+        _warned_unpinned = True
+        warnings.warn("pin_memory=True but no usable CUDA device (or fastpipe was built without CUDA): batches "
+                      "are not pinned (this warning is shown once per process)", stacklevel=3)
 
 
 def _close_reader(reader):
@@ -107,7 +120,19 @@ class Loader:
         Seconds to wait for a batch before raising TimeoutError (None or 0: wait forever). The
         ``timeout`` attribute may be changed later; it applies from the next batch on.
     sampler : iterable of int, optional
-        A custom epoch order (as DataLoader's ``sampler``); ``set_epoch`` is forwarded to it.
+        A custom epoch order (as DataLoader's ``sampler``), iterated once per ``iter()``. Its epoch is
+        yours: fastpipe calls its ``set_epoch`` only from :meth:`set_epoch`. A sampler with an ``epoch``
+        (DistributedSampler and the like) decides each pass's order and the transforms' random draws
+        with it: call ``sampler.set_epoch(epoch)`` every epoch, as with DataLoader (a run resumed at
+        epoch 5 then gets epoch 5's order and draws; a sampler never told its epoch repeats both).
+    collate_fn : callable, optional
+        ``default_collate`` (torch's, under any of its import paths) is what the Loader does anyway: the
+        batch as it is. Any other function is called with the batch as DataLoader hands it over, a list
+        of per-sample items (views into the batch: ``(image, label)`` with ``label`` an int for image
+        datasets; a tuple, dict or tensor per record for the others), and what it returns is what the
+        loop receives. A collate that stacks (e.g. torchvision's references' ``MixUp``/``CutMix`` after
+        ``default_collate(batch)``) copies the batch once; applying MixUp/CutMix to the batch in the loop
+        (``images, labels = cutmix(images, labels)``) does not.
     when_full : {"allocate", "error"}
         When the program holds every slot of the arena (e.g. ``list(loader)``) the next batch cannot go
         there: "allocate" reads it into memory outside the arena that torch frees like any tensor
@@ -139,7 +164,8 @@ class Loader:
     fastpipe always does; ``pin_memory`` page-locks the arena (once, at construction), so that
     ``batch.to("cuda", non_blocking=True)`` is asynchronous; a slot is refilled only after the copies
     queued from its batch on ``pin_memory_device``'s current stream (default: the current device) are
-    done, and on other streams that :func:`fastpipe.record_stream` names. ``collate_fn``, ``worker_init_fn``, ``batch_sampler`` and
+    done, and on other streams that :func:`fastpipe.record_stream` names (without a usable CUDA device
+    it warns once per process and pins nothing). ``worker_init_fn``, ``batch_sampler`` and
     ``multiprocessing_context`` are rejected with the reason.
 
     Notes
@@ -164,14 +190,13 @@ class Loader:
                             f"once with `ds = fastpipe.write_npy(dataset, out_dir)` (tensors) or "
                             f"`fastpipe.write_images(dataset, out_dir)` (encoded images or paths, and labels) and pass that")
         for name, value, why in (
-            ("collate_fn", collate_fn, "batches are assembled by C++ readers straight into tensors; apply your "
-             "transform to the batch in the training loop"),
             ("worker_init_fn", worker_init_fn, "there are no worker processes, only reader threads"),
             ("batch_sampler", batch_sampler, "use batch_size/shuffle/drop_last, or sampler= for a custom order"),
             ("multiprocessing_context", multiprocessing_context, "there are no worker processes"),
         ):
             if value is not None:
                 raise ValueError(f"fastpipe.Loader does not take {name}: {why}")
+        self.collate_fn = _collate.checked(collate_fn)
         self.device, reader_device = _device.resolve(device)
         checks.choice(when_full, "when_full", ("allocate", "error"))
         checks.choice(on_error, "on_error", ("raise", "replace"))
@@ -221,14 +246,13 @@ class Loader:
         if pin_memory and reader_device is None:  # a device loader pins its host slots anyway
             pin = _device.pin_device(pin_memory_device)
             if pin is None:
-                warnings.warn("pin_memory=True but no usable CUDA device (or fastpipe was built without CUDA): "
-                              "batches are not pinned", stacklevel=2)
+                _warn_unpinned_once()
         self.dataset = dataset
         self.batch_size = batch_size
         self.shuffle = shuffle
         self.seed = seed
         self.drop_last = drop_last
-        self.sampler = sampler
+        self._sampler = sampler  # the user's; the `sampler` property also stands for the Loader's own order
         self.rank, self.world_size = _distributed_defaults(rank, world_size)
         self.shard_remainder = shard_remainder
         self.timeout = timeout
@@ -275,8 +299,8 @@ class Loader:
     # -- order -------------------------------------------------------------------------------------
 
     def _num_samples(self):
-        if self.sampler is not None:
-            return len(self.sampler)
+        if self._sampler is not None:
+            return len(self._sampler)
         return shard_size(len(self.dataset), world_size=self.world_size, remainder=self.shard_remainder)
 
     def __len__(self):
@@ -284,10 +308,8 @@ class Loader:
         return n // self.batch_size if self.drop_last else -(-n // self.batch_size)
 
     def _indices(self, epoch):
-        if self.sampler is not None:
-            if hasattr(self.sampler, "set_epoch"):
-                self.sampler.set_epoch(epoch)
-            idx = np.fromiter(iter(self.sampler), dtype=np.int64)
+        if self._sampler is not None:
+            idx = np.fromiter(iter(self._sampler), dtype=np.int64)
             if len(idx) and (idx.min() < 0 or idx.max() >= len(self.dataset)):
                 raise ValueError(f"sampler yielded index {idx.min() if idx.min() < 0 else idx.max()}, out of range "
                                  f"for a dataset of {len(self.dataset)} records")
@@ -295,8 +317,17 @@ class Loader:
         order = epoch_order(len(self.dataset), shuffle=self.shuffle, seed=self.seed, epoch=epoch)
         return shard(order, rank=self.rank, world_size=self.world_size, remainder=self.shard_remainder)
 
+    @property
+    def sampler(self):
+        """The ``sampler`` given, else the Loader's own order as a sampler (``set_epoch``, ``__iter__``,
+        ``__len__``): trainers that set the epoch of a loader's sampler (Lightning does at each epoch) set
+        the Loader's."""
+        return self._sampler if self._sampler is not None else _OwnOrder(self)
+
     def set_epoch(self, epoch):
-        """Sets the epoch of the next iteration (its shuffle); later iterations count on from it.
+        """Sets the epoch of the next iteration (its shuffle, and the transforms' random draws); later
+        iterations count on from it. With a ``sampler`` that has ``set_epoch`` (DistributedSampler), it is
+        called with ``epoch``: that is the only time fastpipe calls it.
 
         Like a new ``iter()`` or :meth:`load_state_dict`, this ends the pass in progress: its iterator
         raises if used again, and :meth:`state_dict` reports ``(epoch, 0)``. After
@@ -304,10 +335,15 @@ class Loader:
         looping ``for epoch in range(start, n): loader.set_epoch(epoch)`` continues where it stopped;
         another epoch starts at its first batch.
         """
-        self.epoch = checks.integer(epoch, "epoch", low=0)
+        epoch = checks.integer(epoch, "epoch", low=0)
+        fresh = self._reclaim()
+        self.epoch = epoch
+        if self._sampler is not None and callable(getattr(self._sampler, "set_epoch", None)):
+            self._sampler.set_epoch(self.epoch)
         if self._resume is not None and self._resume[0] != self.epoch:
             self._resume = None
-        self._supersede("set_epoch()")
+        if not fresh:
+            self._supersede("set_epoch()")
 
     def _supersede(self, by):
         """Ends the current pass's iterator (it raises when used again): ``by`` set a new position."""
@@ -321,17 +357,44 @@ class Loader:
         if self._pid != os.getpid():
             # A forked child cannot use the parent's reader threads: open a fresh reader here.
             self._open_reader()
+        self._reclaim()
+        self._supersede("a newer iter() of the same Loader")
+        it = _EpochIterator(self)
+        self._start(it)
+        self._active = it
+        return it
+
+    def _start(self, it):
+        """Starts iterator ``it``'s pass: reading ahead begins now."""
+        seen = _epoch_of(self._sampler)
+        if seen is not None:
+            # The user's sampler.set_epoch(e) (the references' train_sampler.set_epoch(epoch)) decides the
+            # order; the transforms' draws follow that epoch too, so that a resumed run redraws them.
+            if self._resume is not None and self._resume[0] != seen:
+                self._resume = None
+            self.epoch = seen
         epoch = self.epoch
         skip = 0
         if self._resume is not None and self._resume[0] == epoch:
             skip = self._resume[1]
         indices = self._indices(epoch)
-        self._resume = None
+        it._resumed, self._resume = self._resume, None
         self.epoch = epoch + 1
-        self._supersede("a newer iter() of the same Loader")
         self._reader.start(indices[skip * self.batch_size:], self.drop_last, epoch % (1 << 64))
-        self._active = _EpochIterator(self, epoch, skip)
-        return self._active
+        it.epoch, it.position, it._start_position, it._stale = epoch, skip, skip, False
+
+    def _reclaim(self):
+        """Takes the live pass back while it has yielded no batch, as if it had not started: True then.
+        Its iterator stays valid and starts again from the Loader's position at its first next(), so that
+        an epoch set between iter() and the first batch counts, as with DataLoader (Lightning calls iter()
+        before it sets the epoch of the loader's sampler)."""
+        it = self._active
+        if it is None or it.position != it._start_position or it._done:
+            return False
+        if not it._stale:
+            self.epoch, self._resume = it.epoch, it._resumed
+            it._stale = True
+        return True
 
     # -- resume ------------------------------------------------------------------------------------
 
@@ -344,7 +407,7 @@ class Loader:
         """
         if self._resume is not None:
             epoch, batch = self._resume
-        elif self._active is not None and not self._active._done:
+        elif self._active is not None and not self._active._done and not self._active._stale:
             epoch, batch = self._active.epoch, self._active.position
         else:
             epoch, batch = self.epoch, 0
@@ -358,7 +421,10 @@ class Loader:
         }
 
     def load_state_dict(self, state):
-        """Resumes from :meth:`state_dict`: the next iteration yields exactly the remaining batches."""
+        """Resumes from :meth:`state_dict`: the next iteration yields exactly the remaining batches.
+
+        A state saved by another rank of the same ``world_size`` resumes this one too (every rank is at
+        the same batch: Lightning checkpoints rank 0's state and hands it to every rank)."""
         if not isinstance(state, dict):
             raise TypeError(f"state must be a dict from Loader.state_dict(), got {type(state).__name__}")
         if state.get("format") != _STATE_FORMAT:
@@ -372,9 +438,11 @@ class Loader:
         batch = checks.integer(state.get("batch"), "state['batch']", low=0)
         if batch > len(self):
             raise ValueError(f"state_dict batch {batch} is out of range for {len(self)} batches per epoch")
+        fresh = self._reclaim()
         self.epoch = epoch
         self._resume = (epoch, batch)
-        self._supersede("load_state_dict()")
+        if not fresh:
+            self._supersede("load_state_dict()")
 
     # -- statistics and lifetime -------------------------------------------------------------------
 
@@ -415,8 +483,8 @@ class Loader:
 
     def close(self):
         """Stops the reader threads and closes the files. Batches already returned stay valid."""
-        if self._active is not None and not self._active._done:  # state_dict() still reports its position
-            self._resume = (self._active.epoch, self._active.position)
+        if self._active is not None and not self._active._done and not self._active._stale:
+            self._resume = (self._active.epoch, self._active.position)  # state_dict() still reports it
         # The live iterator refers to the loader: holding it would leave the pair (and the arena) to the
         # garbage collector instead of freeing them when the loader is dropped.
         self._active = None
@@ -433,19 +501,50 @@ class Loader:
                 f"rank={self.rank}/{self.world_size}, io={self.io_modes})")
 
 
+class _OwnOrder:
+    """A Loader's own order (shuffle, seed, shard) standing in for a sampler: its epoch is the Loader's."""
+
+    def __init__(self, loader):
+        self._loader = weakref.ref(loader)
+
+    @property
+    def epoch(self):
+        return self._loader().epoch
+
+    def set_epoch(self, epoch):
+        self._loader().set_epoch(epoch)
+
+    def __iter__(self):
+        loader = self._loader()
+        return iter(loader._indices(loader.epoch).tolist())
+
+    def __len__(self):
+        return self._loader()._num_samples()
+
+
+def _epoch_of(sampler):
+    """A sampler's epoch (DistributedSampler's and the like's ``epoch``), or None."""
+    epoch = getattr(sampler, "epoch", None)
+    return epoch if isinstance(epoch, int) and not isinstance(epoch, bool) and epoch >= 0 else None
+
+
 class _EpochIterator:
-    """One pass over the loader; a new iter(), set_epoch() or load_state_dict() supersedes it."""
+    """One pass over the loader; a new iter(), set_epoch() or load_state_dict() supersedes it once it has
+    yielded a batch (before that, it starts again from the new position: Loader._reclaim)."""
 
-    __slots__ = ("_loader", "_reader", "_pack", "epoch", "position", "_done", "_superseded_by")
+    __slots__ = ("_loader", "_reader", "_pack", "epoch", "position", "_start_position", "_done", "_superseded_by",
+                 "_stale", "_resumed")
 
-    def __init__(self, loader, epoch, skip):
+    def __init__(self, loader):
         self._loader = loader
         self._reader = loader._reader
-        self._pack = loader.dataset._pack
-        self.epoch = epoch
-        self.position = skip
+        self._pack = _collate.packer(loader.dataset, loader.collate_fn)
+        self.epoch = None
+        self.position = self._start_position = 0
         self._done = False
         self._superseded_by = None
+        self._stale = False  # reclaimed by the Loader: starts again at the first next()
+        self._resumed = None  # the resume position the pass took
 
     def __iter__(self):
         return self
@@ -455,6 +554,11 @@ class _EpochIterator:
             raise StopIteration
         if self._superseded_by is not None:
             raise RuntimeError(f"this iterator was superseded by {self._superseded_by}: iterate the Loader anew")
+        if self.position == self._start_position:
+            moved = _epoch_of(self._loader._sampler)
+            if self._stale or (moved is not None and moved != self.epoch):
+                self._loader._reclaim()
+                self._loader._start(self)
         with torch.profiler.record_function(_NEXT_RANGE) if _profiler_enabled() else _NO_RANGE:
             tensors = self._reader.next(self._loader._timeout)
         if tensors is None:
@@ -464,4 +568,6 @@ class _EpochIterator:
         return self._pack(tensors)
 
     def __len__(self):
+        if self._stale:
+            return len(self._loader) - self._loader.state_dict()["batch"]
         return len(self._loader) - self.position

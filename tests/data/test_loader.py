@@ -373,7 +373,10 @@ def test_sampler_index_out_of_range(dataset_factory, fp):
 
 
 @pytest.mark.skipif(fastpipe.build_info()["cuda_available"], reason="a GPU is present: pinning works")
-def test_pin_memory_without_a_gpu_warns(dataset_factory, fp):
+def test_pin_memory_without_a_gpu_warns(dataset_factory, fp, monkeypatch):
+    from fastpipe.data import loader
+
+    monkeypatch.setattr(loader, "_warned_unpinned", False)  # once per process
     ds, arrays, _ = dataset_factory(20, {})
     with pytest.warns(UserWarning, match="not pinned"):
         ld = fp.loader(ds, 8, pin_memory=True)

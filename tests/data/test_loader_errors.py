@@ -410,12 +410,11 @@ def test_torch_samplers(dataset_factory, fp):
 @pytest.mark.parametrize(
     "kw",
     [
-        {"collate_fn": lambda b: b},
         {"worker_init_fn": lambda w: None},
         {"batch_sampler": [[0, 1], [2, 3]]},
         {"multiprocessing_context": "fork"},
     ],
-    ids=["collate_fn", "worker_init_fn", "batch_sampler", "multiprocessing_context"],
+    ids=["worker_init_fn", "batch_sampler", "multiprocessing_context"],
 )
 def test_rejected_dataloader_keywords(dataset_factory, kw):
     ds, _, _ = dataset_factory(10, {})

@@ -1,0 +1,33 @@
+"""DataLoader's ``collate_fn`` on fastpipe batches: ``default_collate`` is what the readers already do;
+any other collate gets the per-sample list DataLoader would hand it, as views into the batch."""
+
+from torch.utils.data._utils import collate as _torch_collate
+
+
+def checked(collate_fn):
+    """None when ``collate_fn`` is None or torch's default_collate (the batch as the readers build it),
+    else the callable."""
+    if collate_fn is None or collate_fn is _torch_collate.default_collate:
+        return None
+    if not callable(collate_fn):
+        raise TypeError(f"collate_fn must be callable, got {type(collate_fn).__name__}")
+    return collate_fn
+
+
+def packer(dataset, collate_fn):
+    """The function from the reader's tensors to what the loop receives."""
+    pack = dataset._pack
+    if collate_fn is None:
+        return pack
+    items = dataset._items
+    return lambda tensors: collate_fn(items(pack(tensors)))
+
+
+def items(batch):
+    """A packed batch (a tensor, a tuple or a dict of tensors) as the list of its records, each a view."""
+    if isinstance(batch, dict):
+        n = len(next(iter(batch.values())))
+        return [{k: v[i] for k, v in batch.items()} for i in range(n)]
+    if isinstance(batch, tuple):
+        return list(zip(*(t.unbind(0) for t in batch)))
+    return list(batch.unbind(0))
