@@ -168,6 +168,24 @@ FASTPIPE_HD inline void add_augmix(const AugmentParams& a, const AugmentStage& s
   }
 }
 
+// The most ops any sample draws from these stages (each stage at its largest), which must be at most
+// kMaxAugmentOps: draw_augment would drop the rest.
+FASTPIPE_HD inline int most_ops(const AugmentParams& a) {
+  int most = 0;
+  for (int n = 0; n < a.stages; ++n) {
+    const AugmentStage& st = a.stage[n];
+    switch (static_cast<AugmentStageKind>(st.kind)) {
+      case AugmentStageKind::kOneOf: most += st.num_ops; break;
+      case AugmentStageKind::kSubPolicy: most += 2; break;
+      case AugmentStageKind::kColorJitter: most += st.jitter[0] + st.jitter[1] + st.jitter[2] + st.jitter[3]; break;
+      case AugmentStageKind::kAugMix: most += 1 + st.chains * (st.num_ops > 0 ? st.num_ops + 1 : 4); break;
+      case AugmentStageKind::kGrayscale:
+      case AugmentStageKind::kBlur: most += 1; break;
+    }
+  }
+  return most;
+}
+
 // The ops of sample `index` in `epoch` on an output of h x w.
 FASTPIPE_HD inline SampleOps draw_augment(const AugmentParams& a, uint64_t seed, uint64_t epoch, uint64_t index, int h,
                                           int w) {

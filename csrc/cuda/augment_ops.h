@@ -552,8 +552,13 @@ inline void gaussian_weights(int taps, float sigma, float* w) {
   for (int i = 0; i < taps; ++i) w[i] = static_cast<float>(e[i] / sum);
 }
 
-// Reflect padding's source index for index i of an axis of n (|i - clamp| < n: the kernel fits).
-FASTPIPE_HD inline int reflect(int i, int n) { return i < 0 ? -i : (i >= n ? 2 * n - 2 - i : i); }
+// Reflect padding's source index for index i of an axis of n (|i - clamp| < n where the kernel fits, as
+// the specs' checks require); an index past that is clamped to the axis, so that a kernel that does not
+// fit still reads only the image.
+FASTPIPE_HD inline int reflect(int i, int n) {
+  const int r = i < 0 ? -i : (i >= n ? 2 * n - 2 - i : i);
+  return r < 0 ? 0 : (r >= n ? n - 1 : r);
+}
 
 // The blur of one value: rows (y) first, then columns (x), each sum in order from the first tap, then
 // rounded (half to even) as torchvision rounds its float result: the reader threads' two passes compute

@@ -307,6 +307,17 @@ void bind_loader_specs(py::module& m) {
              std::copy(erase_value.begin(), erase_value.end(), p.erase.value);
              set_augment(p.augment, augment_stages, augment_candidates, augment_magnitudes, augment_fill,
                          augment_interpolation, augment_blend, augment_fill_value, augment_rounding);
+             // The limits the draws and the ops rely on, checked here where the spec becomes the engine's
+             // (fastpipe/augment.py checks them first, for its messages).
+             TORCH_CHECK(images::most_ops(p.augment) <= images::kMaxAugmentOps, "the augment stages draw up to ",
+                         images::most_ops(p.augment), " ops a sample; at most ", images::kMaxAugmentOps);
+             for (int n = 0; n < p.augment.stages; ++n) {
+               const images::AugmentStage& st = p.augment.stage[n];
+               TORCH_CHECK(st.kind != static_cast<int>(images::AugmentStageKind::kBlur) ||
+                               (st.taps[0] / 2 < out_width && st.taps[1] / 2 < out_height),
+                           "a blur's kernel (", st.taps[0], " x ", st.taps[1], ") must fit the ", out_width, " x ",
+                           out_height, " output: its radius below each side");
+             }
              return p;
            }),
            py::kw_only(), py::arg("mode"), py::arg("out_height"), py::arg("out_width"), py::arg("area"),

@@ -35,7 +35,7 @@ constexpr int64_t kMaxPixels = 4 << 20;
 // Every augmentation op (augment_ops.h) at the ends and the middle of its magnitudes, 3 ops a sample,
 // then a colour jitter over the widest ranges, a grayscale half the time (or an AugMix, for some seeds) and
 // a blur whose kernel fits; the geometric ops sampled bilinearly, with each fill blend, for half the
-// seeds, and rounded each way.
+// seeds (bicubically for a quarter), and rounded each way.
 void add_augmentations(images::ImageTransformParams& p) {
   images::AugmentParams& a = p.augment;
   const float extremes[][3] = {{0, 0, 0},      {-0.99f, 0.3f, 0.99f}, {-0.99f, 0.3f, 0.99f}, {-32, 7, 32},
@@ -76,6 +76,7 @@ void add_augmentations(images::ImageTransformParams& p) {
   blur.taps[1] = 2 * std::min(p.out_height - 1, 11) + 1;
   a.fill[0] = 7;
   a.sampling.bilinear = static_cast<int32_t>(p.seed & 1);
+  a.sampling.bicubic = static_cast<int32_t>((p.seed >> 6 & 1) && !(p.seed & 1));
   a.sampling.blend = static_cast<int32_t>(p.seed / 2 % 3);
   a.sampling.fill[0] = 7.5f;
   a.sampling.grid_fma = static_cast<int32_t>(p.seed >> 3 & 1);
@@ -101,6 +102,10 @@ images::ImageTransformParams params(const uint8_t* c) {
   p.out_dtype = static_cast<images::OutDtype>((c[0] >> 5) & 3);
   p.max_dct_denom = 1 << ((c[3] >> 2) & 3);
   p.seed = c[1] * 131u + c[2];
+  // Every filter in every arithmetic (the fixed-point passes in either order).
+  p.filter = static_cast<images::Filter>(p.seed % 3);
+  p.resize_as = static_cast<images::ResizeAs>(p.seed / 3 % 3);
+  p.pil_vertical_first = p.seed & 4;
   if (c[0] & 128) add_augmentations(p);
   return p;
 }
