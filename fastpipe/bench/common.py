@@ -297,6 +297,7 @@ class Report:
         self.show_progress = show_progress
         self._md: list[str] = []
         self._plots: dict[str, dict] = {}
+        self._plots_skipped = ""  # the note that says why the plots were not drawn
         self._started = time.perf_counter()
 
     def log(self, *parts) -> None:
@@ -347,21 +348,23 @@ class Report:
         seconds = time.perf_counter() - self._started
         files = {"json": self.json_path}
         if complete:
-            files["markdown"] = self._write_markdown(seconds)
             files["plots"] = self._write_plots()
+            files["markdown"] = self._write_markdown(seconds, files["plots"])
         doc = {"suite": self.suite, "complete": complete, "seconds": round(seconds, 1), "argv": sys.argv[1:],
                "options": self.options, "machine": self.facts, "results": results, "files": files}
         write_json(doc, self.json_path)
         return files
 
-    def _write_markdown(self, seconds: float) -> str:
+    def _write_markdown(self, seconds: float, plots: list[str]) -> str:
         f = self.facts
         given = " ".join(f"{k}={v}" for k, v in self.options.items() if v is not None)
         head = [f"# fastpipe bench: {self.suite}",
                 f"{machine_line(f)}. Load average {f['loadavg_start'][0]:.1f} at the start, "
                 f"{f['loadavg_end'][0]:.1f} at the end; {seconds:.0f} s. Options: `{given}`."]
-        plots = [f"![{name}]({os.path.basename(self._plot_path(name))})" for name in self._plots]
-        text = "\n\n".join(head + self._md + plots) + "\n"
+        links = [f"![{name}]({os.path.basename(self._plot_path(name))})" for name in self._plots
+                 if self._plot_path(name) in plots]  # only the plots written
+        skipped = [self._plots_skipped] if self._plots_skipped else []
+        text = "\n\n".join(head + self._md + links + skipped) + "\n"
         return _write_atomic(self.stem + ".md", lambda fh: fh.write(text))
 
     def _plot_path(self, name: str) -> str:
@@ -373,8 +376,11 @@ class Report:
         try:
             from matplotlib.figure import Figure  # the object API: no pyplot, no global backend state
         except ImportError:
-            self.log("note: matplotlib is not installed, so no PNG plots were written (pip install matplotlib)")
+            self._plots_skipped = (f"note: matplotlib is not installed, so no PNG plots were written "
+                                   f"({len(self._plots)} skipped; pip install matplotlib, or fastpipe[bench])")
+            self.log(self._plots_skipped)
             return []
+        os.makedirs(os.path.dirname(os.path.abspath(self.stem)), exist_ok=True)
         return [self._draw(Figure, name, spec) for name, spec in self._plots.items()]
 
     def _draw(self, Figure, name: str, spec: dict) -> str:

@@ -1,10 +1,22 @@
 """The images suite's corpora: natural-image-like photos in an ImageFolder tree, and its packed copy.
 
-Crops of matplotlib's bundled sample photo, colour-jittered, sharpened like a camera's output and with
-sensor-like grain, at ImageNet-like sizes and file sizes (a few large ones), written once and reused
-while its marker (corpus.json, written last) is there. The same images come in three kinds: ``jpeg``
-(quality-90 4:2:0 JPEGs), ``png`` (every one a PNG, as screenshots, medical or rendered data come) and
-``mixed`` (90% JPEG, 5% PNG, 5% WebP, as scraped data come).
+Crops of a few synthetic photo-like scenes (numpy and Pillow only: no sample photo to download or
+import), colour-jittered, sharpened like a camera's output and with sensor-like grain, at ImageNet-like
+sizes and file sizes (a few large ones), written once and reused while its marker (corpus.json, written
+last) is there. The same images come in three kinds: ``jpeg`` (quality-90 4:2:0 JPEGs), ``png`` (every
+one a PNG, as screenshots, medical or rendered data come) and ``mixed`` (90% JPEG, 5% PNG, 5% WebP, as
+scraped data come).
+
+A scene (``scene``) has what a JPEG encoder and decoder meet in a photo: smooth gradients (a sky over
+ground, split at a hilly horizon; broad illumination; a vignette), texture at every scale (noise with a
+natural image's 1/f amplitude spectrum: clouds, foliage and gravel finer towards the viewer, the
+objects' own surfaces), hard and soft edges (40 opaque objects, ellipses, polygons, triangles and
+paneled rectangles, drawn far to near and some out of focus) and muted colours with shading. The
+painter then does what the earlier corpus did to matplotlib's sample photo (which made the harness
+need matplotlib): a random crop, resize, unsharp mask, flip, colour jitter and grain. The grain, as
+before, sets the file sizes: a 500x375 JPEG is ~100 KB (~4.2 bits per pixel), as ImageNet's and as the
+photo-based corpus's were, and the images decode at the same cost per pixel as that corpus's (within a
+few percent with PIL on the 2-core VM).
 """
 
 from __future__ import annotations
@@ -23,17 +35,20 @@ import numpy as np
 
 from fastpipe.bench import common as bc
 
-# The corpus: crops of matplotlib's sample photo, colour-jittered, sharpened like a camera's output and
-# with sensor-like grain, saved as quality-90 4:2:0 JPEGs. GRAIN_SIGMA (grey levels) is tuned so that a
-# 500x375 file is ~95 KB (ImageNet's train images average ~110 KB at ~470x390).
+# The corpus: crops of synthetic scenes, colour-jittered, sharpened like a camera's output and with
+# sensor-like grain, saved as quality-90 4:2:0 JPEGs. GRAIN_SIGMA (grey levels) is tuned so that a
+# 500x375 file is ~100 KB (ImageNet's train images average ~110 KB at ~470x390).
 CLASSES = 10
-SAMPLE_PHOTO = "grace_hopper.jpg"
+SCENES = 4  # distinct scenes; each image crops one of them
+SCENE_SIZE = (960, 720)  # (width, height): crops of 30-100% of it are zoomed to the image sizes
+SCENE_OBJECTS = 40
+SOURCE = f"{SCENES} synthetic scenes ({SCENE_SIZE[0]}x{SCENE_SIZE[1]}: gradients, 1/f texture, {SCENE_OBJECTS} objects)"
 JPEG_QUALITY = 90
 GRAIN_SIGMA = 14.0
 GRAIN_CHROMA = 0.35  # share of independent per-channel noise; the rest is luminance grain
 SHARPEN_PERCENT = 150
 LARGE_EVERY = 20  # every 20th image (5%) is large: 1600x1200 and 3000x2000 in turn
-CORPUS_VERSION = 1
+CORPUS_VERSION = 2  # 2: synthetic scenes instead of matplotlib's sample photo
 NOISE_TILE = 1024
 KINDS = ("jpeg", "png", "mixed", "imagenet")
 WEBP_QUALITY = 90
@@ -79,16 +94,92 @@ def size_group(w: int, h: int) -> str:
     return "~400x400"
 
 
+def _field(rng, h: int, w: int, beta: float):
+    """float32 (h, w) gaussian noise with an amplitude spectrum falling as 1/f^beta, unit std: natural
+    images fall about as 1/f (beta 1: fine texture; 2 and more: smooth, cloud-like variation)."""
+    fy = np.fft.fftfreq(h).astype(np.float32)[:, None]
+    fx = np.fft.rfftfreq(w).astype(np.float32)[None, :]
+    f = np.sqrt(fx * fx + fy * fy)
+    f[0, 0] = 1.0
+    shape = (h, w // 2 + 1)
+    spec = (rng.standard_normal(shape, dtype=np.float32) + 1j * rng.standard_normal(shape, dtype=np.float32)) / f ** beta
+    spec[0, 0] = 0
+    a = np.fft.irfft2(spec, s=(h, w)).astype(np.float32)
+    return a / (a.std() + 1e-12)
+
+
+def scene(k: int):
+    """Synthetic photo-like scene k (a PIL RGB image of SCENE_SIZE; a pure function of k): a sky over
+    textured ground, objects with hard and soft edges, broad illumination and a vignette."""
+    from PIL import Image, ImageDraw, ImageFilter
+
+    rng = np.random.default_rng([k, 0x5CE7E])
+    w, h = SCENE_SIZE
+    yy = np.linspace(0, 1, h, dtype=np.float32)[:, None, None]
+    # Sky and ground: vertical gradients either side of a hilly horizon (a row position per column).
+    horizon = (rng.uniform(0.35, 0.6) + 0.06 * _field(rng, 1, w, 1.8)[0]).astype(np.float32)[None, :, None]
+    sky_top, sky_low = rng.uniform([40, 80, 150], [110, 150, 230]), rng.uniform([150, 170, 190], [220, 225, 240])
+    far, near = rng.uniform([60, 80, 40], [140, 150, 100]), rng.uniform([40, 40, 20], [120, 100, 70])
+    t_sky = np.clip(yy / horizon, 0, 1)
+    t_ground = np.clip((yy - horizon) / (1 - horizon), 0, 1)
+    below = yy > horizon
+    img = np.where(below, far + (near - far) * t_ground, sky_top + (sky_low - sky_top) * t_sky).astype(np.float32)
+    # Clouds in the sky; on the ground, texture of patchy strength, coarser-looking near the viewer.
+    img += np.where(below, 0.0, 18 * np.maximum(_field(rng, h, w, 2.2), -0.3)[..., None])
+    texture = _field(rng, h, w, 1.3)[..., None] * (1 + 0.6 * _field(rng, h, w, 2.0)[..., None] ** 2)
+    img += np.where(below, 16 * texture * (0.5 + t_ground), 0.0)
+    # Objects, far to near: the nearer, the larger and the lower; shaded muted fills with their own
+    # texture (and panels on the rectangles), anti-aliased hard edges or out of focus.
+    for j in range(SCENE_OBJECTS):
+        depth = (j + 1) / SCENE_OBJECTS
+        s = 0.04 + 0.3 * depth * rng.uniform(0.4, 1.0)
+        cx = rng.uniform(0, w)
+        base = float(horizon[0, min(w - 1, int(cx)), 0]) * h + depth * rng.uniform(0, 0.45) * h
+        ow, oh = s * w * rng.uniform(0.4, 1.2), s * h * rng.uniform(0.5, 2.0)
+        kind = int(rng.integers(4))
+        x0, x1 = int(max(0, cx - ow / 2 - 8)), int(min(w, cx + ow / 2 + 8))
+        y0, y1 = int(max(0, base - oh - 8)), int(min(h, base + 8))
+        if y1 - y0 < 2 or x1 - x0 < 2:
+            continue
+        cx, base = cx - x0, base - y0  # drawn in the object's own box
+        box = [cx - ow / 2, base - oh, cx + ow / 2, base]
+        mask = Image.new("L", (x1 - x0, y1 - y0), 0)
+        draw = ImageDraw.Draw(mask)
+        if kind == 0:
+            draw.rectangle(box, fill=255)
+        elif kind == 1:
+            draw.ellipse(box, fill=255)
+        elif kind == 2:
+            angles = np.sort(rng.uniform(0, 2 * math.pi, int(rng.integers(5, 10))))
+            draw.polygon([(cx + ow / 2 * math.cos(a) * rng.uniform(0.5, 1.0),
+                           base - oh / 2 + oh / 2 * math.sin(a) * rng.uniform(0.5, 1.0)) for a in angles], fill=255)
+        else:
+            draw.polygon([(cx, base - oh), (cx - ow / 2, base), (cx + ow / 2, base)], fill=255)
+        mask = mask.filter(ImageFilter.GaussianBlur(rng.uniform(0, 3) if rng.random() < 0.3 else 0.6))
+        m = np.asarray(mask, np.float32)[..., None] / 255
+        grey = rng.uniform(30, 220)
+        colour = (grey + rng.uniform(-1, 1, 3) * rng.uniform(10, 60)).astype(np.float32)
+        ys = np.linspace(0, 1, y1 - y0, dtype=np.float32)[:, None, None]
+        xs = np.linspace(-1, 1, x1 - x0, dtype=np.float32)[None, :, None]
+        fill = colour * (1 + rng.uniform(-0.3, 0.3) * ys + rng.uniform(-0.25, 0.25) * xs)
+        if kind == 0:  # a grid of darker panels (windows)
+            py, px = rng.uniform(6, 20), rng.uniform(6, 20)
+            cells = ((np.arange(y0, y1)[:, None, None] % py) < 0.6 * py) & ((np.arange(x0, x1)[None, :, None] % px) < 0.6 * px)
+            fill = np.where(cells, fill * rng.uniform(0.5, 0.8), fill)
+        fill += rng.uniform(3, 25) * _field(rng, y1 - y0, x1 - x0, rng.uniform(1.0, 2.0))[..., None]
+        img[y0:y1, x0:x1] = img[y0:y1, x0:x1] * (1 - m) + fill * m
+    # Light: a broad illumination field and a vignette.
+    img *= (1 + 0.12 * _field(rng, h, w, 3.0))[..., None]
+    xv = np.linspace(-1, 1, w, dtype=np.float32)[None, :, None]
+    img *= 1 - 0.125 * ((2 * yy - 1) ** 2 + xv ** 2)
+    return Image.fromarray(np.clip(img, 0, 255).astype(np.uint8))
+
+
 class _Painter:
-    """Makes the corpus's images from one sample photo; thread-safe (reads shared arrays only)."""
+    """Makes the corpus's images from the synthetic scenes; thread-safe (reads shared arrays only)."""
 
     def __init__(self, grain: float, seed: int):
-        from matplotlib import cbook
-        from PIL import Image
-
-        path = cbook.get_sample_data(SAMPLE_PHOTO, asfileobj=False)
-        with Image.open(path) as im:
-            self.src = im.convert("RGB")
+        self.scenes = [scene(k) for k in range(SCENES)]  # the same scenes for every seed and corpus
         self.grain = float(grain)
         # A tile of unit gaussian noise cut at random offsets: far cheaper than fresh normals per pixel.
         self.noise = np.random.default_rng([seed, 1 << 20]).standard_normal((NOISE_TILE, NOISE_TILE, 3),
@@ -111,15 +202,16 @@ class _Painter:
 
         rng = np.random.default_rng([seed, i])
         w, h = image_shape(i, rng)
-        sw, sh = self.src.size
+        src = self.scenes[int(rng.integers(SCENES))]
+        sw, sh = src.size
         aspect = w / h
-        area = rng.uniform(0.3, 1.0) * sw * sh  # a random crop of the photo at the image's aspect ratio
+        area = rng.uniform(0.3, 1.0) * sw * sh  # a random crop of the scene at the image's aspect ratio
         cw = min(sw, math.sqrt(area * aspect))
         ch = cw / aspect
         if ch > sh:
             ch, cw = sh, sh * aspect
         x0, y0 = rng.uniform(0, sw - cw), rng.uniform(0, sh - ch)
-        im = self.src.resize((w, h), Image.BICUBIC, box=(x0, y0, x0 + cw, y0 + ch))
+        im = src.resize((w, h), Image.BICUBIC, box=(x0, y0, x0 + cw, y0 + ch))
         im = im.filter(ImageFilter.UnsharpMask(radius=2, percent=SHARPEN_PERCENT, threshold=0))
         a = np.asarray(im, dtype=np.float32)
         if rng.random() < 0.5:
@@ -189,7 +281,7 @@ def corpus_facts(files: list[tuple[int, int, int]], seconds: float, grain: float
             "bpp": 8 * total_b / total_px, "generate_seconds": seconds, "grain_sigma": grain,
             "grain_chroma": GRAIN_CHROMA, "sharpen_percent": SHARPEN_PERCENT, "jpeg_quality": JPEG_QUALITY,
             "webp_quality": WEBP_QUALITY,
-            "jpeg_variants": variants, "source_photo": f"matplotlib sample_data/{SAMPLE_PHOTO}",
+            "jpeg_variants": variants, "source": SOURCE,
             "version": CORPUS_VERSION}
 
 

@@ -318,6 +318,13 @@ def run(args, out) -> dict:
     reps = args.reps or (1 if quick else FULL_REPS)
     if n < CLASSES or n // batch < 1 or k < 1 or reps < 1:
         raise SystemExit(f"images: need --images >= {CLASSES} and at least one batch ({n} images, batch {batch})")
+    try:
+        import PIL.Image  # noqa: F401  (the corpus painter's)
+    except ImportError:
+        why = ("images suite skipped: its corpus is made with Pillow, which is not installed "
+               "(pip install pillow, or fastpipe[bench])")
+        out.note(why)
+        return {"skipped": why, "headline": [why]}
 
     out.log(f"fastpipe images benchmark — {bc.machine_line(out.facts)}")
     out.note(f"k = {k} threads or workers for every loader, batch {batch}, sizes {sizes}, cache {states}, "
@@ -372,7 +379,7 @@ def run_corpus(kind: str, keys: list, settings: dict, args, out, checkpoint) -> 
               [[g, v["count"], bc.fmt(v["mean_kb"], ".1f"), bc.fmt(v["bpp"], ".2f")]
                for g, v in corpus["groups"].items()]
               + [["all", corpus["count"], bc.fmt(corpus["mean_kb"], ".1f"), bc.fmt(corpus["bpp"], ".2f")]],
-              title=f"Corpus ({kind}): {n} images ({formats}) in {CLASSES} classes from {corpus['source_photo']} "
+              title=f"Corpus ({kind}): {n} images ({formats}) in {CLASSES} classes from {corpus['source']} "
                     f"(crops, zoom, flips, colour jitter, sharpening, grain sigma {corpus['grain_sigma']:g}), "
                     f"JPEG q{JPEG_QUALITY} 4:2:0; {corpus['total_mb']:.0f} MB, packed {corpus['packed_mb']:.0f} MB"
                     + (f", FFCV .beton {corpus['beton_mb']:.0f} MB" if "beton_mb" in corpus else ""))

@@ -185,8 +185,7 @@ def test_benchmarks_script_keeps_its_flags_and_defaults(tmp_path):
     assert doc["options"]["out_dir"] == str(REPO / "benchmarks" / "results")
 
 
-@pytest.mark.skipif(not (HAS_MATPLOTLIB and HAS_TORCHVISION), reason="the corpus needs matplotlib's sample photo, "
-                    "the torchvision row torchvision")
+@pytest.mark.skipif(not HAS_TORCHVISION, reason="the torchvision row needs torchvision")
 def test_gpu_jpeg_bench_smoke_reports_every_row(tmp_path):
     """benchmarks/gpu_jpeg_bench.py --smoke: its rows on the simulated device (torchvision's on the CPU), on
     the ImageNet-coded corpus, with what the device check brings back per row."""
@@ -257,3 +256,10 @@ def test_console_script_is_declared():
         scripts = tomllib.load(f)["project"]["scripts"]
     assert scripts["fastpipe-bench"] == "fastpipe.bench.cli:main"
     assert callable(cli.main)
+
+
+def test_bench_extra_declares_the_harness_optional_packages():
+    tomllib = pytest.importorskip("tomllib")
+    with open(REPO / "pyproject.toml", "rb") as f:
+        extras = tomllib.load(f)["project"]["optional-dependencies"]
+    assert {"pillow", "tqdm", "matplotlib"} <= set(extras["bench"])

@@ -80,7 +80,8 @@ def test_progress_bar_is_silent_without_a_terminal_or_when_disabled(tty, enabled
 
 
 def _report(tmp_path, capsys):
-    out = bc.Report("demo", str(tmp_path), tag="t", options={"quick": True, "unset": None})
+    # a results folder that does not exist yet: the report makes it, whichever file it writes first
+    out = bc.Report("demo", str(tmp_path / "res"), tag="t", options={"quick": True, "unset": None})
     out.heading("part one")
     out.table(["row", "x"], [["r1", "1.00x"]], title="a table")
     out.note("a note")
@@ -121,7 +122,9 @@ def test_report_without_matplotlib_skips_plots_with_one_note(tmp_path, capsys, m
     _, files, printed = _report(tmp_path, capsys)
     assert files["plots"] == []
     assert printed.count("matplotlib is not installed") == 1
-    assert not [p for p in os.listdir(tmp_path) if p.endswith(".png")]
+    assert not [p for p in os.listdir(tmp_path / "res") if p.endswith(".png")]
+    md = open(files["markdown"]).read()  # the markdown says so too, and links no missing picture
+    assert "matplotlib is not installed, so no PNG plots were written (1 skipped" in md and "![" not in md
 
 
 def test_checkpoint_marks_the_json_incomplete(tmp_path):
