@@ -330,7 +330,9 @@ class Loader:
         called with ``epoch``: that is the only time fastpipe calls it.
 
         Like a new ``iter()`` or :meth:`load_state_dict`, this ends the pass in progress: its iterator
-        raises if used again, and :meth:`state_dict` reports ``(epoch, 0)``. After
+        raises if used again, and :meth:`state_dict` reports ``(epoch, 0)``; an iterator that has yielded
+        no batch yet stays valid and starts from the new position instead (as DataLoader draws its order
+        at the first batch: Lightning calls ``iter()`` before it sets the epoch). After
         :meth:`load_state_dict`, setting the epoch it loaded keeps its position, so that a resumed script
         looping ``for epoch in range(start, n): loader.set_epoch(epoch)`` continues where it stopped;
         another epoch starts at its first batch.
