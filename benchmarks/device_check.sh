@@ -279,6 +279,7 @@ part_sanitize() {
     "memcheck|augment|tests/data/test_image_augment.py|gpu"
     "racecheck|augment|tests/data/test_image_augment.py|gpu"
     "memcheck|augmix|tests/data/test_image_augmix.py|gpu"
+    "memcheck|filters|tests/data/test_image_filters.py|gpu"
     "racecheck|augmix|tests/data/test_image_augmix.py|gpu"
     "initcheck|loader|tests/data/test_loader_gpu.py|gpu and not graph and not capture"
   )

@@ -135,3 +135,27 @@ def test_normalised_outputs_are_the_rounded_resize_normalised(folder):
     normed = loader_images(ds, CenterCrop(40, resize=44, mean=mean, std=std, **common))
     want = (levels.astype(np.float64) / 255 - np.array(mean)) / np.array(std)
     np.testing.assert_allclose(normed, want, atol=1e-5)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("interpolation,resize_as", CASES)
+def test_the_gpu_kernel_computes_what_the_host_computes(tmp_path, interpolation, resize_as):
+    """nvJPEG decodes 4:4:4 JPEGs to libjpeg-turbo's bytes (an H200), so the kernel's sums meet the host's:
+    the fixed-point ones exactly, the float ones within a level (their order differs)."""
+    ok, why = fastpipe._ext._C.nvjpeg_status(torch.cuda.current_device(), _device.nvjpeg_library())
+    if not ok:
+        pytest.skip(f"nvJPEG unavailable: {why}")
+    rng = np.random.default_rng()
+    for k, (h, w) in enumerate(SIZES):
+        write(str(tmp_path / f"c{k % 2}" / f"{k}.jpg"), jpeg_bytes(picture(rng, h, w, grain=40), subsampling=0))
+    ds = fastpipe.ImageFolder(str(tmp_path), cache_dir="off")
+    for t in (RandomResizedCrop(31, scale=(0.2, 1.0), out_dtype=torch.uint8, dct_scaling=False,
+                                interpolation=interpolation, resize_as=resize_as),
+              CenterCrop(40, resize=44, out_dtype=torch.uint8, dct_scaling=False, interpolation=interpolation,
+                         resize_as=resize_as)):
+        host = loader_images(ds, t, seed=4)
+        ld = fastpipe.Loader(ds, batch_size=len(ds), transforms={0: t}, seed=4, device="cuda", image_decode="device")
+        dev = next(iter(ld))[0].permute(0, 2, 3, 1).cpu().numpy()
+        assert ld.stats()["images_decoded_on_device"] > 0
+        diff = np.abs(host.astype(np.int16) - dev)
+        assert diff.max() <= 1, (t, int((diff > 1).sum()))
