@@ -3,10 +3,12 @@
     python benchmarks/augment_bench.py --root /tmp/benchdata/images_n3000_seed0_grain14_v1/tree
 
 Over a JPEG ImageFolder tree (the images suite's corpus, or any), RandomResizedCrop(224) + flip + ImageNet
-normalisation with each augmentation (none, TrivialAugmentWide nearest and bilinear, AugMix), fastpipe's
-fused form (k reader threads) and DataLoader + v2 on PIL (k workers), batch 64, warm page cache. Rounds
-alternate the rows; each row reads `--images` images after 3 warm-up batches; medians over `--reps`
-rounds. Writes a Markdown table (images/s, fastpipe over DataLoader, each one's cost over its plain row).
+normalisation with each augmentation (none, TrivialAugmentWide nearest and bilinear, AugMix), and the
+references' --interpolation bicubic recipe (RandomResizedCrop and TrivialAugmentWide bicubic, and the
+bicubic crop alone), fastpipe's fused form (k reader threads) and DataLoader + v2 on PIL (k workers),
+batch 64, warm page cache. Rounds alternate the rows; each row reads `--images` images after 3 warm-up
+batches; medians over `--reps` rounds. Writes a Markdown table (images/s, fastpipe over DataLoader, each
+one's cost over its plain row: the crop of the same interpolation without augmentation).
 """
 
 import argparse
@@ -18,7 +20,12 @@ import time
 import torch
 
 MEAN, STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
-AUGMENTS = ("none", "TA nearest", "TA bilinear", "AugMix")
+AUGMENTS = ("none", "TA nearest", "TA bilinear", "AugMix", "bicubic: none", "bicubic: TA bicubic")
+PLAIN = {a: "bicubic: none" if a.startswith("bicubic") else "none" for a in AUGMENTS}
+
+
+def interpolation(augment):
+    return "bicubic" if augment.startswith("bicubic") else "bilinear"
 
 
 def fastpipe_batches(root, augment, threads, seed):
@@ -26,8 +33,9 @@ def fastpipe_batches(root, augment, threads, seed):
     from fastpipe.transforms import AugMix, RandomResizedCrop, TrivialAugmentWide
 
     fused = {"none": None, "TA nearest": TrivialAugmentWide(),
-             "TA bilinear": TrivialAugmentWide(interpolation="bilinear"), "AugMix": AugMix()}[augment]
-    t = RandomResizedCrop(224, mirror=0.5, mean=MEAN, std=STD, augment=fused)
+             "TA bilinear": TrivialAugmentWide(interpolation="bilinear"), "AugMix": AugMix(),
+             "bicubic: none": None, "bicubic: TA bicubic": TrivialAugmentWide(interpolation="bicubic")}[augment]
+    t = RandomResizedCrop(224, mirror=0.5, mean=MEAN, std=STD, augment=fused, interpolation=interpolation(augment))
     return fastpipe.Loader(fastpipe.ImageFolder(root), batch_size=64, shuffle=True, num_threads=threads,
                            transforms={0: t}, seed=seed)
 
@@ -38,8 +46,11 @@ def dataloader_batches(root, augment, threads, seed):
 
     step = {"none": [], "TA nearest": [v2.TrivialAugmentWide()],
             "TA bilinear": [v2.TrivialAugmentWide(interpolation=v2.InterpolationMode.BILINEAR)],
-            "AugMix": [v2.AugMix()]}[augment]
-    tf = v2.Compose([v2.RandomResizedCrop(224, antialias=True), v2.RandomHorizontalFlip(), *step, v2.PILToTensor(),
+            "AugMix": [v2.AugMix()], "bicubic: none": [],
+            "bicubic: TA bicubic": [v2.TrivialAugmentWide(interpolation=v2.InterpolationMode.BICUBIC)]}[augment]
+    mode = v2.InterpolationMode(interpolation(augment))
+    tf = v2.Compose([v2.RandomResizedCrop(224, interpolation=mode, antialias=True), v2.RandomHorizontalFlip(), *step,
+                     v2.PILToTensor(),
                      v2.ToDtype(torch.float32, scale=True), v2.Normalize(MEAN, STD)])
     torch.manual_seed(seed)
     return torch.utils.data.DataLoader(datasets.ImageFolder(root, transform=tf), batch_size=64, shuffle=True,
@@ -49,7 +60,12 @@ def dataloader_batches(root, augment, threads, seed):
 def rate(make, root, augment, threads, seed, images):
     """Images per second after 3 warm-up batches, every pixel touched."""
     loader = make(root, augment, threads, seed)
-    it = iter(loader)
+
+    def batches():  # epochs back to back: a small tree holds fewer images than a row reads
+        while True:
+            yield from loader
+
+    it = batches()
     for _ in range(3):
         next(it)
     start, seen, checksum = time.perf_counter(), 0, 0.0
@@ -69,8 +85,11 @@ def main():
     ap.add_argument("--images", type=int, default=1280, help="images timed per row and round")
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--out", default="benchmarks/results")
+    ap.add_argument("--augments", default=",".join(AUGMENTS),
+                    help=f"comma-separated rows (default: all of {', '.join(AUGMENTS)}); each row's plain row is added")
     args = ap.parse_args()
-    rows = {(who, a): [] for a in AUGMENTS for who in ("fastpipe", "DataLoader + v2")}
+    chosen = [a for a in AUGMENTS if a in args.augments.split(",") or a in {PLAIN[b] for b in args.augments.split(",")}]
+    rows = {(who, a): [] for a in chosen for who in ("fastpipe", "DataLoader + v2")}
     for rep in range(args.reps):
         for (who, augment), rates in rows.items():
             make = fastpipe_batches if who == "fastpipe" else dataloader_batches
@@ -86,10 +105,10 @@ def main():
              "| augmentation | fastpipe img/s | DataLoader + v2 img/s | fastpipe / DataLoader | fastpipe's cost | "
              "DataLoader's cost |",
              "|---|---:|---:|---:|---:|---:|"]
-    for a in AUGMENTS:
+    for a in chosen:
         f, d = med[("fastpipe", a)], med[("DataLoader + v2", a)]
-        cost_f = 1 - f / med[("fastpipe", "none")]
-        cost_d = 1 - d / med[("DataLoader + v2", "none")]
+        cost_f = 1 - f / med[("fastpipe", PLAIN[a])]
+        cost_d = 1 - d / med[("DataLoader + v2", PLAIN[a])]
         lines.append(f"| {a} | {f:,.0f} | {d:,.0f} | {f / d:.2f}x | {100 * cost_f:.0f}% | {100 * cost_d:.0f}% |")
     text = "\n".join(lines) + "\n"
     print(text)

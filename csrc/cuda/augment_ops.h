@@ -442,7 +442,8 @@ FASTPIPE_HD inline void bicubic_pixel(const PlannedOp& p, const uint8_t* src, in
   float kx[4], ky[4];
   cubic_weights(add_rn(ix, -x0), kx);
   cubic_weights(add_rn(iy, -y0), ky);
-  // Compared as floats, and clamped before the conversion: a position may be far beyond an int.
+  // Compared as floats, and converted only inside: a position may be far beyond an int. A tap outside
+  // counts as 0 (grid_sample's zeros padding).
   int32_t col[4], row[4];
   bool in_x[4], in_y[4];
   for (int k = 0; k < 4; ++k) {
@@ -450,24 +451,31 @@ FASTPIPE_HD inline void bicubic_pixel(const PlannedOp& p, const uint8_t* src, in
     in_x[k] = x >= 0.0f && x < static_cast<float>(w);
     in_y[k] = y >= 0.0f && y < static_cast<float>(h);
     col[k] = in_x[k] ? static_cast<int32_t>(x) : 0;
-    row[k] = in_y[k] ? static_cast<int32_t>(y) : 0;
+    row[k] = in_y[k] ? static_cast<int32_t>(y) * w : 0;
   }
-  float mask_rows[4];
-  for (int i = 0; i < 4; ++i) {
-    float m = 0.0f;
-    for (int j = 0; j < 4; ++j) m = add_rn(m, mul_rn(in_x[j] && in_y[i] ? 1.0f : 0.0f, kx[j]));
-    mask_rows[i] = m;
+  const bool inside = in_x[0] && in_x[3] && in_y[0] && in_y[3];  // all 16 taps (most outputs)
+  float mask = 1.0f;
+  if (p.sampling.blend != static_cast<int32_t>(FillBlend::kZeros)) {  // the fill's mask: the ones sampled alike
+    mask = 0.0f;
+    for (int i = 0; i < 4; ++i) {
+      float m = 0.0f;
+      for (int j = 0; j < 4; ++j) m = add_rn(m, mul_rn(in_x[j] && in_y[i] ? 1.0f : 0.0f, kx[j]));
+      mask = add_rn(mask, mul_rn(m, ky[i]));
+    }
   }
-  float mask = 0.0f;
-  for (int i = 0; i < 4; ++i) mask = add_rn(mask, mul_rn(mask_rows[i], ky[i]));
   for (int c = 0; c < 3; ++c) {
     const uint8_t* in = src + c * plane;
     float v = 0.0f;
     for (int i = 0; i < 4; ++i) {
       float r = 0.0f;
-      for (int j = 0; j < 4; ++j) {
-        const float value = in_x[j] && in_y[i] ? static_cast<float>(in[static_cast<int64_t>(row[i]) * w + col[j]]) : 0.0f;
-        r = add_rn(r, mul_rn(value, kx[j]));
+      if (inside) {
+        const uint8_t* line = in + row[i] + col[0];
+        for (int j = 0; j < 4; ++j) r = add_rn(r, mul_rn(static_cast<float>(line[j]), kx[j]));
+      } else {
+        for (int j = 0; j < 4; ++j) {
+          const float value = in_x[j] && in_y[i] ? static_cast<float>(in[row[i] + col[j]]) : 0.0f;
+          r = add_rn(r, mul_rn(value, kx[j]));
+        }
       }
       v = add_rn(v, mul_rn(r, ky[i]));
     }
