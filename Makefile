@@ -40,8 +40,11 @@ setup: system-deps
 test: setup
 	$(PY) -m pytest -q $(PYTEST_ARGS)
 
+# The loader, train and images suites against stock PyTorch, within their time budgets (5 + 5 + 8 minutes on
+# 2 cores, data generation included; benchmarks/README.md). `make bench BENCH_ARGS=--full`: the publication
+# run (full sizes and repetitions, about an hour on 2 cores); BENCH_ARGS="--budget-minutes 30": more repetitions.
 bench: setup
-	$(PY) -m fastpipe.bench all --suites loader,train,images --out-dir benchmarks/results --data-dir benchmarks/data
+	$(PY) -m fastpipe.bench all --suites loader,train,images --out-dir benchmarks/results --data-dir benchmarks/data $(BENCH_ARGS)
 
 # The images suite's optional peers (requirements/bench-peers.txt): DALI, and FFCV, which compiles against
 # libturbojpeg and OpenCV: their Debian packages are installed first as root (or with sudo) when missing.

@@ -23,6 +23,10 @@ A suite is a module ``fastpipe.bench.<name>`` listed in ``SUITES`` with two func
     its optional ``"headline"`` (a list of one-line strings) is repeated at the end of ``all``.
     A suite reports a bad option with ``raise SystemExit("message")``.
 
+Every suite also reads ``full`` (the publication run: full data sizes and repetitions) and
+``budget_minutes`` (None: its ``BUDGET_MINUTES`` entry, if it has one); ``common.Budget`` turns a budget
+into a number of repetitions.
+
 ``all`` runs the suites in the order of ``SUITES`` with their default options; a suite whose module
 is absent from an install is skipped with a message.
 """
@@ -38,6 +42,12 @@ SUITES = {
     "train": "end-to-end training steps: fastpipe against stock PyTorch and the synthetic-data limit",
     "soak": "a long run with resumes and held batches: memory, fds, threads and arena slots stay flat",
 }
+
+# The default run's wall-clock budget of each suite that has one, in minutes (``--budget-minutes``; none with
+# ``--full`` or ``--quick``): the suite measures its first repetition and chooses how many more fit. Sized
+# so that `make bench` (loader, train, images) gives its headline in under 20 minutes on 2 cores,
+# data generation included.
+BUDGET_MINUTES = {"loader": 5.0, "train": 5.0, "images": 8.0}
 
 
 def load_suite(name):

@@ -8,7 +8,7 @@ import sys
 import time
 import traceback
 
-from fastpipe.bench import SUITES, load_suite
+from fastpipe.bench import BUDGET_MINUTES, SUITES, load_suite
 from fastpipe.bench.common import Report
 
 DEFAULT_OUT_DIR = "fastpipe-bench-results"
@@ -22,6 +22,16 @@ def _common_options(out_file: bool) -> argparse.ArgumentParser:
     g.add_argument("--quick", action="store_true",
                    help="smoke run: small data (under DATA_DIR/quick), few repetitions, well under a minute on "
                         "2 cores; its numbers are not figures")
+    g.add_argument("--full", action="store_true",
+                   help="the publication run: every suite's full data sizes and repetitions, no time budget "
+                        "(on 2 cores the loader, train and images suites take about an hour, the images suite "
+                        "alone about 40 minutes)")
+    g.add_argument("--budget-minutes", type=float, default=None, metavar="M",
+                   help="wall-clock budget of a suite (for `all`: of the suites together, shared in "
+                        "proportion to their own defaults): repetitions (and the images suite's corpus size) are "
+                        "chosen to fit it after the first repetition is measured (defaults: loader "
+                        f"{BUDGET_MINUTES['loader']:g}, train {BUDGET_MINUTES['train']:g}, images "
+                        f"{BUDGET_MINUTES['images']:g} minutes; the other suites have none)")
     g.add_argument("--out-dir", default=DEFAULT_OUT_DIR, metavar="DIR",
                    help="results directory (default: %(default)s)")
     if out_file:
@@ -56,6 +66,8 @@ def _missing(name: str) -> str:
 def run_suite(name: str, args: argparse.Namespace) -> dict:
     """Runs one suite and saves its report; returns the paths written, and the suite's headline (the
     lines of results["headline"], which `all` repeats at the end)."""
+    if getattr(args, "quick", False) and getattr(args, "full", False):
+        raise SystemExit("--quick and --full exclude each other")
     options = {k: v for k, v in vars(args).items() if k not in _INTERNAL}
     out = Report(name, os.path.abspath(args.out_dir), args.tag, getattr(args, "out", None),
                  show_progress=not args.no_progress, options=options)
@@ -92,6 +104,10 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
     bad = [s for s in names if s not in SUITES]
     if bad:
         ap.error(f"--suites: unknown {bad}; choose from {','.join(SUITES)}")
+    if args.quick and args.full:
+        ap.error("--quick and --full exclude each other")
+    budgets = {name: BUDGET_MINUTES.get(name) for name in names}
+    total = sum(b for b in budgets.values() if b)
     status, headlines = {}, []
     for name in names:
         t0 = time.perf_counter()
@@ -106,6 +122,8 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
             for key, value in vars(args).items():
                 if key not in _INTERNAL:
                     setattr(suite_args, key, value)
+            if args.budget_minutes is not None:  # the total, shared in proportion to the suites' own defaults
+                suite_args.budget_minutes = (args.budget_minutes * budgets[name] / total) if budgets[name] else None
             files = run_suite(name, suite_args)
         except Exception:  # one failing suite does not cost the others' results
             traceback.print_exc()

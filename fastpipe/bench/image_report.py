@@ -51,10 +51,21 @@ def summarize(results: dict, keys: list, sizes: list, states: list) -> dict:
     return rows
 
 
-def pair_ratio(results: dict, a: str, b: str, size: int, state: str) -> float:
-    """Median over repetitions of rate(a) / rate(b) (same repetition: drift cancels)."""
+def pair_ratios(results: dict, a: str, b: str, size: int, state: str) -> list[float]:
+    """Per repetition, rate(a) / rate(b) (same repetition: drift cancels)."""
     pa, pb = (_passes(results, k, size, state) if k in results["runs"] else [] for k in (a, b))
-    return bc.median([x["images_per_s"] / y["images_per_s"] for x, y in zip(pa, pb) if x and y])
+    return [x["images_per_s"] / y["images_per_s"] for x, y in zip(pa, pb) if x and y]
+
+
+def pair_ratio(results: dict, a: str, b: str, size: int, state: str) -> float:
+    """Median over repetitions of rate(a) / rate(b)."""
+    return bc.median(pair_ratios(results, a, b, size, state))
+
+
+def _times_range(ratios: list) -> str:
+    """A median ratio with the range of the repetitions' ratios beside it: '3.05x (2.90-3.21)'."""
+    med = _times(bc.median(ratios))
+    return f"{med} ({min(ratios):.2f}-{max(ratios):.2f})" if len(ratios) > 1 else med
 
 
 def _times(v):
@@ -140,6 +151,8 @@ def headline(results: dict, sizes: list, states: list) -> list[str]:
     k = results["settings"]["threads"]
     kind = results["corpus"]["kind"]
     lines = []
+    n_reps = results["settings"].get("reps") or 0
+    reps = f"; medians of {n_reps} reps, ratio ranges in brackets" if n_reps > 1 else ""
     fp = [key for key in ("fastpipe_folder", "fastpipe_packed") if key in results["runs"]]
     names = {"fastpipe_folder": "ImageFolder", "fastpipe_packed": "packed"}
     for peer, what in ((BASELINE, "DataLoader + v2 (PIL)"), ("dali_cpu", "DALI CPU"), ("ffcv", "FFCV")):
@@ -151,16 +164,16 @@ def headline(results: dict, sizes: list, states: list) -> list[str]:
             continue
         if peer not in results["runs"]:
             continue
-        parts = [f"{names[key]} {_times(pair_ratio(results, key, peer, size, state))}" for key in fp]
+        parts = [f"{names[key]} {_times_range(pair_ratios(results, key, peer, size, state))}" for key in fp]
         rows = results["rows"][f"{size}_{state}"]
         rates = " and ".join(bc.fmt_rate(rows[key].get("images_per_s")) for key in fp)
         lines.append(f"fastpipe vs {what}, {kind}, {size}x{size} {state}, k={k}: {', '.join(parts)} "
-                     f"({rates} vs {bc.fmt_rate(rows[peer].get('images_per_s'))} images/s)")
+                     f"({rates} vs {bc.fmt_rate(rows[peer].get('images_per_s'))} images/s{reps})")
     recipe = [key for key in PLAIN_OF if key in results["runs"]]
     if "fastpipe_recipe" in recipe and "dl_pil_recipe" in recipe:
         cost = ", ".join(f"{LOADERS[key].label.split(',')[0]} {_pct(1 - pair_ratio(results, key, PLAIN_OF[key], size, state))}"
                          for key in recipe if PLAIN_OF[key] in results["runs"])
         lines.append(f"fastpipe vs DataLoader + v2 (PIL), TA recipe, {kind}, {size}x{size} {state}, k={k}: "
-                     f"{_times(pair_ratio(results, 'fastpipe_recipe', 'dl_pil_recipe', size, state))}"
+                     f"{_times_range(pair_ratios(results, 'fastpipe_recipe', 'dl_pil_recipe', size, state))}"
                      + (f"; the augmentations cost (1 - recipe/plain rate): {cost}" if cost else ""))
     return lines

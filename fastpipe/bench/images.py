@@ -15,6 +15,11 @@ Every loader runs in a fresh process of its own (``python -m fastpipe.bench.imag
 imports, memory and CPU time are its own; a repetition runs all loaders once, in an order rotated each
 repetition. A peer that is not installed (``requirements/bench-peers.txt``) is skipped with the reason.
 benchmarks/README.md says what every row and column means.
+
+The default run has a time budget (``--budget-minutes``, ``BUDGET_MINUTES["images"]``): corpora of
+``BUDGET_IMAGES_PER_MINUTE`` images per budget minute, the headline's size only (``BUDGET_SIZES``), and as
+many repetitions as fit after the first one over every corpus (``MIN_REPS`` to ``FULL_REPS``). ``--full``
+is the publication run: ``IMAGES`` images, ``SIZES``, ``FULL_REPS`` repetitions.
 """
 
 from __future__ import annotations
@@ -33,6 +38,7 @@ import traceback
 
 import numpy as np
 
+from fastpipe.bench import BUDGET_MINUTES
 from fastpipe.bench import common as bc
 from fastpipe.bench import image_baselines as ib
 from fastpipe.bench.image_measure import (COLD_LIMIT, SAMPLE_INTERVAL, MemorySampler, cpu_seconds, evict,
@@ -43,16 +49,24 @@ from fastpipe.bench.image_report import headline, report, summarize
 from fastpipe.bench.image_rows import BASELINE, JPEG_ONLY, LOADERS, RECIPE
 from fastpipe.bench.loader_timing import rotated
 
-SIZES = (224, 160)
+SIZES = (224, 160)  # --full and --quick; the default (budget) run measures the headline's 224 only
+BUDGET_SIZES = (224,)
 STATES = ("warm", "cold")
 BATCH, QUICK_BATCH = 64, 16
-IMAGES, QUICK_IMAGES = 3000, 150
-FULL_REPS = 5
+IMAGES, QUICK_IMAGES = 3000, 150  # --full, --quick
+FULL_REPS = 5  # --full, and the most a budget chooses
+MIN_REPS = 2  # the fewest a budget chooses: a median and a range
+# The default run's corpus size from its budget: images per budget minute, so that generating the three
+# corpora and 3 repetitions of every row at 224 (warm and cold) fit (on the 2-core VM one repetition over
+# the three corpora takes ~0.1 s per image plus ~3 s of start-up per process; generation ~0.1 s per image).
+BUDGET_IMAGES_PER_MINUTE = 125
+BUDGET_MIN_IMAGES = 300
 WARMUP_BATCHES = 3  # untimed batches after building a loader (DALI builds, FFCV compiles here)
 SEED = 0
 
 
-CASE_TIMEOUT = {"quick": 600, "full": 3600}  # per case process; a hung loader costs no more than this
+# per case process; a hung loader costs no more than this
+CASE_TIMEOUT = {"quick": 600, "budget": 600, "full": 3600}
 
 
 def add_arguments(p):
@@ -62,11 +76,16 @@ def add_arguments(p):
                    help="the corpora: jpeg, png (the same images as PNGs), mixed (90%% JPEG, 5%% PNG, 5%% WebP), "
                         "imagenet (JPEGs coded as ImageNet's are: 4:2:0 mostly, some 4:4:4, 4:2:2, grayscale "
                         "and progressive) (default: %(default)s)")
-    p.add_argument("--sizes", default=",".join(map(str, SIZES)), help="output sizes S (default: %(default)s)")
+    p.add_argument("--sizes", default=None,
+                   help=f"output sizes S (default {','.join(map(str, BUDGET_SIZES))}; --full and --quick "
+                        f"{','.join(map(str, SIZES))})")
     p.add_argument("--cache", default=",".join(STATES), help="page-cache states: warm, cold (default: %(default)s)")
-    p.add_argument("--reps", type=int, default=None, help=f"repetitions (default {FULL_REPS}; --quick 1)")
+    p.add_argument("--reps", type=int, default=None,
+                   help=f"repetitions (default: as many as the time budget leaves room for after the first, "
+                        f"{MIN_REPS} to {FULL_REPS}; --full {FULL_REPS}; --quick 1)")
     p.add_argument("--images", type=int, default=None,
-                   help=f"images in the generated corpus (default {IMAGES}; --quick {QUICK_IMAGES})")
+                   help=f"images in the generated corpus (default: {BUDGET_IMAGES_PER_MINUTE} per budget minute, "
+                        f"{BUDGET_MIN_IMAGES} to {IMAGES}; --full {IMAGES}; --quick {QUICK_IMAGES})")
     p.add_argument("--batch-size", type=int, default=None, help=f"default {BATCH} (--quick {QUICK_BATCH})")
     p.add_argument("--threads", type=int, default=None,
                    help="k: every loader's threads or worker processes (default: the usable CPUs)")
@@ -296,8 +315,14 @@ def spawn_case(spec: dict, timeout: float) -> dict:
         return res
 
 
+def budget_images(minutes: float) -> int:
+    """The default run's corpus size for a budget: BUDGET_IMAGES_PER_MINUTE, in hundreds, within
+    [BUDGET_MIN_IMAGES, IMAGES]."""
+    return int(min(IMAGES, max(BUDGET_MIN_IMAGES, round(minutes * BUDGET_IMAGES_PER_MINUTE / 100) * 100)))
+
+
 def run(args, out) -> dict:
-    quick = args.quick
+    quick, full = args.quick, args.full
     keys = [s.strip() for s in args.loaders.split(",") if s.strip()]
     bad = [s for s in keys if s not in LOADERS]
     if bad or not keys:
@@ -306,17 +331,20 @@ def run(args, out) -> dict:
     if not kinds or any(s not in KINDS for s in kinds):
         raise SystemExit(f"images --corpora: a subset of {','.join(KINDS)}, got {args.corpora!r}")
     try:
-        sizes = [int(s) for s in args.sizes.split(",") if s.strip()]
+        sizes = ([int(s) for s in args.sizes.split(",") if s.strip()] if args.sizes else
+                 list(SIZES if quick or full else BUDGET_SIZES))
     except ValueError:
         raise SystemExit(f"images --sizes: integers, got {args.sizes!r}") from None
     states = [s.strip() for s in args.cache.split(",") if s.strip()]
     if not sizes or any(s < 8 for s in sizes) or not states or any(s not in STATES for s in states):
         raise SystemExit(f"images: --sizes needs sizes >= 8 and --cache a subset of {','.join(STATES)}")
-    n = args.images or (QUICK_IMAGES if quick else IMAGES)
+    minutes = None if quick or full else (args.budget_minutes or BUDGET_MINUTES["images"])
+    budget = bc.Budget(minutes)
+    n = args.images or (QUICK_IMAGES if quick else IMAGES if full else budget_images(minutes))
     batch = args.batch_size or (QUICK_BATCH if quick else BATCH)
     k = args.threads or usable_cpus()
-    reps = args.reps or (1 if quick else FULL_REPS)
-    if n < CLASSES or n // batch < 1 or k < 1 or reps < 1:
+    reps = args.reps or (1 if quick else FULL_REPS if full else None)  # None: from the budget
+    if n < CLASSES or n // batch < 1 or k < 1 or (reps is not None and reps < 1):
         raise SystemExit(f"images: need --images >= {CLASSES} and at least one batch ({n} images, batch {batch})")
     try:
         import PIL.Image  # noqa: F401  (the corpus painter's)
@@ -326,33 +354,49 @@ def run(args, out) -> dict:
         out.note(why)
         return {"skipped": why, "headline": [why]}
 
+    mode = "QUICK mode: not figures" if quick else "full run" if full else (
+        f"time budget {minutes:g} min (--budget-minutes; --full for the publication run)")
     out.log(f"fastpipe images benchmark — {bc.machine_line(out.facts)}")
     out.note(f"k = {k} threads or workers for every loader, batch {batch}, sizes {sizes}, cache {states}, "
-             f"{reps} repetition(s), {n} images per corpus ({', '.join(kinds)})"
-             + ("; QUICK mode: not figures" if quick else ""))
+             f"{reps or 'budgeted'} repetition(s), {n} images per corpus ({', '.join(kinds)}); {mode}")
     settings = {"images": n, "batch": batch, "threads": k, "sizes": sizes, "states": states, "corpora": kinds,
                 "reps": reps, "warmup": WARMUP_BATCHES if not quick else 2, "seed": args.seed,
+                "budget_minutes": minutes, "full": full,
                 "baseline": BASELINE, "recipe": RECIPE, "cold_limit": COLD_LIMIT, "sample_interval_s": SAMPLE_INTERVAL,
                 "loaders": {key: LOADERS[key]._asdict() for key in keys}}
     results = {"settings": settings, "corpora": {}}
+    timeout = CASE_TIMEOUT["quick" if quick else "full" if full else "budget"]
 
-    def checkpoint(kind, partial):
-        results["corpora"][kind] = partial
-        out.checkpoint(results)
-
-    for kind in kinds:
-        results["corpora"][kind] = run_corpus(kind, keys, settings, args, out, checkpoint)
+    # Every corpus is made (or found) first; then the repetitions run over all of them, so that the budget
+    # can be judged after the first one.
+    prepared = [prepare_corpus(kind, keys, settings, args, out, timeout) for kind in kinds]
+    for p in prepared:
+        results["corpora"][p["results"]["corpus"]["kind"]] = p["results"]
+    total = sum(len(p["active"]) for p in prepared)
+    r = 0
+    with out.progress(total=(reps or FULL_REPS) * total, desc="images", unit="case") as bar:
+        while reps is None or r < reps:
+            t0 = time.perf_counter()
+            for p in prepared:
+                run_rep(p, r, reps, timeout, out, bar)
+                out.checkpoint(results)
+            r += 1
+            if reps is None:
+                reps = budget.reps(time.perf_counter() - t0, MIN_REPS, FULL_REPS)
+                bar.total = reps * total
+                out.note(budget.line(reps, time.perf_counter() - t0, "repetition of every row on every corpus"))
+    settings["reps"] = reps
+    for p in prepared:
+        finish_corpus(p, keys, out)
     results["headline"] = [line for kind in kinds
                            for line in headline(results["corpora"][kind], sizes, states)]
     return results
 
 
-def run_corpus(kind: str, keys: list, settings: dict, args, out, checkpoint) -> dict:
-    """Every loader on one corpus: its facts, skipped rows, runs and summary rows (and its report)."""
-    n, batch, k, reps = settings["images"], settings["batch"], settings["threads"], settings["reps"]
-    sizes, states = settings["sizes"], settings["states"]
+def prepare_corpus(kind: str, keys: list, settings: dict, args, out, timeout: float) -> dict:
+    """One corpus made (or found) and its peers' availability: what its repetitions need."""
+    n, k = settings["images"], settings["threads"]
     data_dir = os.path.join(args.data_dir, "quick") if args.quick else args.data_dir
-    timeout = CASE_TIMEOUT["quick" if args.quick else "full"]
     facts = out.facts
     c = corpus_paths(data_dir, n, args.seed, args.grain, kind)
     corpus = ensure_corpus(c, n, args.seed, args.grain, k, out, kind)
@@ -362,7 +406,6 @@ def run_corpus(kind: str, keys: list, settings: dict, args, out, checkpoint) -> 
     if facts["usable_cpus"] and os.getloadavg()[0] > 0.5 * facts["usable_cpus"]:
         out.note(f"NOTE: load average {os.getloadavg()[0]:.1f} on {facts['usable_cpus']} CPUs before the {kind} "
                  "corpus: other work is running, the numbers will be noisy (see the spread column)")
-
     skipped = {}
     for key in keys:
         needs = LOADERS[key].needs
@@ -374,6 +417,44 @@ def run_corpus(kind: str, keys: list, settings: dict, args, out, checkpoint) -> 
         why = ensure_beton(c, k, corpus, out, timeout)
         if why:
             skipped["ffcv"] = why
+    active = [key for key in keys if key not in skipped]
+    results = {"settings": settings, "corpus": corpus, "skipped": skipped, "runs": {key: [] for key in active}}
+    spec = {"action": "measure", "tree": c.tree, "packed": c.packed, "beton": c.beton, "index": c.index,
+            "num_images": n, "classes": CLASSES, "batch": settings["batch"], "threads": k, "seed": args.seed,
+            "warmup": settings["warmup"]}
+    return {"kind": kind, "dir": c.dir, "active": active, "spec": spec, "results": results}
+
+
+def run_rep(p: dict, r: int, reps, timeout: float, out, bar) -> None:
+    """Repetition r of every loader on one corpus, in an order rotated each repetition (and the sizes and
+    cache states inside each case process too)."""
+    kind, results, spec = p["kind"], p["results"], p["spec"]
+    skipped, sizes, states = results["skipped"], results["settings"]["sizes"], results["settings"]["states"]
+    for key in rotated(p["active"], r):
+        if key in skipped:  # its import failed in an earlier repetition
+            bar.update()
+            continue
+        res = spawn_case({**spec, "loader": key, "sizes": rotated(sizes, r), "states": rotated(states, r)}, timeout)
+        if "skipped" in res:
+            skipped[key] = res["skipped"]
+        errors = [f"{s}: {e['error']}" for s, e in res.get("sizes", {}).items() if "error" in e]
+        if "error" in res or errors:
+            out.progress_line(f"  {LOADERS[key].label}: {res.get('error') or '; '.join(errors)}\n"
+                              + res.get("log_tail", "")[-1500:])
+        if "error" not in res and not errors:
+            res.pop("log_tail", None)  # kept in the JSON only where something went wrong
+        results["runs"][key].append(res)
+        done = [f"{s} {st} {bc.fmt_rate(q['images_per_s'])}/s" for s, e in res.get("sizes", {}).items()
+                for st, q in e.get("passes", {}).items()]
+        out.progress_line(f"  {kind} rep {r + 1}/{reps or '?'} {LOADERS[key].label}: {', '.join(done) or 'no pass'}")
+        bar.update()
+
+
+def finish_corpus(p: dict, keys: list, out) -> None:
+    """One corpus's facts, skipped rows, summary rows and tables."""
+    kind, results = p["kind"], p["results"]
+    corpus, skipped, settings = results["corpus"], results["skipped"], results["settings"]
+    n, sizes, states = settings["images"], settings["sizes"], settings["states"]
     formats = ", ".join(f"{v} {f}" for f, v in corpus.get("formats", {"JPEG": n}).items())
     out.table(["images", "count", "mean KB", "bits/pixel"],
               [[g, v["count"], bc.fmt(v["mean_kb"], ".1f"), bc.fmt(v["bpp"], ".2f")]
@@ -383,44 +464,15 @@ def run_corpus(kind: str, keys: list, settings: dict, args, out, checkpoint) -> 
                     f"(crops, zoom, flips, colour jitter, sharpening, grain sigma {corpus['grain_sigma']:g}), "
                     f"JPEG q{JPEG_QUALITY} 4:2:0; {corpus['total_mb']:.0f} MB, packed {corpus['packed_mb']:.0f} MB"
                     + (f", FFCV .beton {corpus['beton_mb']:.0f} MB" if "beton_mb" in corpus else ""))
-    out.note(f"corpus: {c.dir} ({facts['data_dir_filesystem'].get('fstype')}); mean file "
+    out.note(f"corpus: {p['dir']} ({out.facts['data_dir_filesystem'].get('fstype')}); mean file "
              f"{corpus['mean_kb_typical']:.0f} KB without the large ones (ImageNet's train images: ~110 KB)")
     for key, why in skipped.items():
         out.note(f"{kind} corpus: skipped {LOADERS[key].label}: {why}")
-
-    active = [key for key in keys if key not in skipped]
-    results = {"settings": settings, "corpus": corpus, "skipped": skipped, "runs": {key: [] for key in active}}
-    spec = {"action": "measure", "tree": c.tree, "packed": c.packed, "beton": c.beton, "index": c.index,
-            "num_images": n, "classes": CLASSES, "batch": batch, "threads": k, "seed": args.seed,
-            "warmup": settings["warmup"]}
-    with out.progress(total=reps * len(active), desc=f"images {kind}", unit="case") as bar:
-        for r in range(reps):
-            for key in rotated(active, r):
-                if key in skipped:  # its import failed in an earlier repetition
-                    bar.update()
-                    continue
-                res = spawn_case({**spec, "loader": key, "sizes": rotated(sizes, r),
-                                  "states": rotated(states, r)}, timeout)
-                if "skipped" in res:
-                    skipped[key] = res["skipped"]
-                errors = [f"{s}: {e['error']}" for s, e in res.get("sizes", {}).items() if "error" in e]
-                if "error" in res or errors:
-                    out.progress_line(f"  {LOADERS[key].label}: {res.get('error') or '; '.join(errors)}\n"
-                                      + res.get("log_tail", "")[-1500:])
-                if "error" not in res and not errors:
-                    res.pop("log_tail", None)  # kept in the JSON only where something went wrong
-                results["runs"][key].append(res)
-                done = [f"{s} {st} {bc.fmt_rate(p['images_per_s'])}/s" for s, e in res.get("sizes", {}).items()
-                        for st, p in e.get("passes", {}).items()]
-                out.progress_line(f"  {kind} rep {r + 1}/{reps} {LOADERS[key].label}: {', '.join(done) or 'no pass'}")
-                checkpoint(kind, results)
-                bar.update()
     for key in list(results["runs"]):
         if key in skipped:
             del results["runs"][key]
     results["rows"] = summarize(results, keys, sizes, states)
     report(results, keys, sizes, states, out)
-    return results
 
 
 if __name__ == "__main__":

@@ -19,6 +19,7 @@ import numpy as np
 import torch
 
 import fastpipe
+from fastpipe.bench import BUDGET_MINUTES
 from fastpipe.bench import common as bc
 from fastpipe.bench.baselines import image_baselines, token_baselines
 from fastpipe.bench.loader_direct import DD_BLOCK, DIRECT_REPS, run_direct
@@ -61,14 +62,22 @@ FULL_CAPS = {
 QUICK_CAPS = {"default": 30}
 FULL_REPS = 7
 OVERLAP_REPS = 5
+MIN_REPS = 3  # the fewest repetitions a time budget chooses for a loop: a median and a range
+# What each repetition loop's full count costs, relative to the others (the time budget's shares): passes
+# times a rough cost per pass on the 2-core VM (the loader-alone and overlap loops run every loader, the
+# busy and torch steps fastpipe's rows and a few gathers, each against its pure steps; a direct pass reads
+# the 1.2 GB file from the disk).
+LOOP_WEIGHTS = {"alone": FULL_REPS * 12, "overlap": OVERLAP_REPS * 14, "busy": OVERLAP_REPS * 5,
+                "torch": OVERLAP_REPS * 8, "direct": DIRECT_REPS * 12}
 
 
 def add_arguments(p):
     p.add_argument("--only", default=",".join(PARTS),
                    help=f"comma-separated subset of {','.join(PARTS)} (default: %(default)s)")
     p.add_argument("--reps", type=int, default=None,
-                   help=f"repetitions per measurement (default {FULL_REPS} alone, {OVERLAP_REPS} overlap, "
-                        f"{DIRECT_REPS} direct; --quick 1)")
+                   help=f"repetitions per measurement (default: up to {FULL_REPS} alone, {OVERLAP_REPS} overlap, "
+                        f"{DIRECT_REPS} direct, and at least {MIN_REPS}, as many as the time budget leaves room "
+                        f"for; --full all of them; --quick 1)")
     p.add_argument("--threads", type=int, default=None, help="fastpipe num_threads (default: fastpipe's)")
     p.add_argument("--no-overlap", action="store_true", help="skip the overlap mode")
     p.add_argument("--seed", type=int, default=0, help="seed of the generated data")
@@ -269,7 +278,7 @@ def recover_order(spec, files, loader) -> tuple[np.ndarray | None, dict]:
 # --------------------------------------------------------------------------------------------------
 # One dataset: loader alone, then overlap.
 # --------------------------------------------------------------------------------------------------
-def run_dataset(name, spec, files, args, out):
+def run_dataset(name, spec, files, args, out, budget):
     res = {"title": spec["title"], "spec": {k: v for k, v in spec.items() if k != "title"}, "files": files}
     B = spec["batch"]
     if spec["kind"] == "images":
@@ -376,14 +385,14 @@ def run_dataset(name, spec, files, args, out):
 
     # (1) loader alone: repetitions interleaved (rotated order), so drift on a shared machine hits all.
     with out.progress(total=reps * len(live), desc=f"{name}: loader alone", unit="pass") as bar:
-        for r in range(reps):
+        for r in budget.repeat(f"{name} alone", MIN_REPS, reps):
             for c in rotated(live, r):
                 measure(c, c.alone)
                 bar.update()
 
     # Gather time of one batch (per-batch median over the bound's passes) sets the simulated step.
     per_batch = []
-    for _ in range(max(1, min(3, reps))):
+    for _ in range(max(1, min(3, budget.chosen.get(f"{name} alone", reps)))):
         it = gather()
         while True:
             t0 = time.perf_counter()
@@ -420,7 +429,7 @@ def run_dataset(name, spec, files, args, out):
     if not args.no_overlap:
         n_pure = min(200, res["batches_per_epoch"])
         with out.progress(total=oreps * len(live), desc=f"{name}: overlap", unit="pass") as bar:
-            for r in range(oreps):
+            for r in budget.repeat(f"{name} overlap", MIN_REPS, oreps):
                 pure.append(pure_steps(sleep_arg, n_pure) / n_pure)
                 for c in rotated(live, r):
                     d0 = run_delay()
@@ -444,7 +453,7 @@ def run_dataset(name, spec, files, args, out):
         for kind, consume, group in (("busy", None, fp_cases), ("torch", touch_with_torch, fp_cases + inline)):
             counters = placement_counters()
             with out.progress(total=oreps * len(group), desc=f"{name}: {kind} step", unit="pass") as bar:
-                for r in range(oreps):
+                for r in budget.repeat(f"{name} {kind}", MIN_REPS, oreps):
                     step_pure[kind].append(busy_steps(step, n_pure, consume, fixed))
                     for c in rotated(group, r):
                         d0 = run_delay()
@@ -467,10 +476,13 @@ def run_dataset(name, spec, files, args, out):
 
     # Results. Ratios are medians of per-repetition ratios: each repetition runs every loader back to
     # back, so a slow drift in the machine's load cancels out of them.
-    def paired(a: Case | None, b: Case | None) -> float:
+    def paired_reps(a: Case | None, b: Case | None) -> list[float]:
         if a is None or b is None or not a.alone or not b.alone:
-            return float("nan")
-        return bc.median([x / y for x, y in zip(a.rates(), b.rates())])
+            return []
+        return [x / y for x, y in zip(a.rates(), b.rates())]
+
+    def paired(a: Case | None, b: Case | None) -> float:
+        return bc.median(paired_reps(a, b))
 
     def best(a: Case | None) -> float:
         return max(a.rates()) if a is not None and a.alone else float("nan")
@@ -487,6 +499,7 @@ def run_dataset(name, spec, files, args, out):
                "samples_per_s": rate, "samples_per_s_spread_pct": bc.spread_pct(rates),
                "read_GBps": rate * rec_bytes / 1e9, "out_GBps": rate * out_bytes / 1e9,
                "fastpipe_over_this": paired(fp_case, c), "this_over_bound": paired(c, bound_case),
+               "fastpipe_over_this_reps": paired_reps(fp_case, c), "this_over_bound_reps": paired_reps(c, bound_case),
                # least-disturbed estimates (noise only slows a pass): best pass of each loader
                "samples_per_s_best": max(rates) if rates else float("nan"),
                "fastpipe_over_this_best": bc.ratio(best(fp_case), best(c)),
@@ -538,6 +551,13 @@ def run(args, out) -> dict:
     if bad:
         raise SystemExit(f"loader --only: unknown {bad}; choose from {','.join(PARTS)}")
     data_dir = os.path.join(args.data_dir, "quick") if args.quick else args.data_dir
+    # The default run has a time budget that decides how many repetitions each loop gets (after its first);
+    # --full, --quick or --reps give every loop its count.
+    minutes = None if (args.quick or args.full or args.reps) else (args.budget_minutes or BUDGET_MINUTES["loader"])
+    budget = bc.Budget(minutes)
+    parts = [n for n in ("cifar", "imagenet", "tokens") if n in only]
+    budget.plan({f"{n} {loop}": LOOP_WEIGHTS[loop] for n in parts for loop in ("alone", "overlap", "busy", "torch")
+                 if loop == "alone" or not args.no_overlap} | ({"direct": LOOP_WEIGHTS["direct"]} if "direct" in only else {}))
 
     facts = out.facts
     out.log(f"fastpipe loader benchmark — {bc.machine_line(facts)}; numpy {facts['numpy']}")
@@ -557,17 +577,22 @@ def run(args, out) -> dict:
     results = {}
     for name in ("cifar", "imagenet", "tokens"):
         if name in only:
-            results[name] = run_dataset(name, scaled_spec(name, args.quick), files[name], args, out)
+            results[name] = run_dataset(name, scaled_spec(name, args.quick), files[name], args, out, budget)
     if "direct" in only:
-        results["direct"] = run_direct(files["imagenet"], scaled_spec("imagenet", args.quick), args, out)
+        results["direct"] = run_direct(files["imagenet"], scaled_spec("imagenet", args.quick), args, out, budget)
+    if minutes is not None:
+        out.note(f"time budget {minutes:g} min (--budget-minutes; --full for the publication run): "
+                 f"{budget.elapsed():.0f} s spent; repetitions per loop: "
+                 + ", ".join(f"{k} {v}" for k, v in budget.chosen.items()))
 
     summary = summarize(results)
-    out.table(["target", "median", "best pass", "status"],
-              [[s["target"], s["shown"], shown_best(s), s["status"] + (f" ({s['note']})" if s["note"] else "")]
-               for s in summary], align="lrrl",
+    out.table(["target", "median", "range", "best pass", "status"],
+              [[s["target"], s["shown"], s["range"], shown_best(s), s["status"] + (f" ({s['note']})" if s["note"] else "")]
+               for s in summary], align="lrrrl",
               title="Targets (issue 2; this 2-core VM, page-cached"
                     + ("; QUICK run, indicative only" if args.quick else "") + ")")
-    out.note("Status uses the medians. 'best pass' compares each loader's least-disturbed pass "
+    out.note("Status uses the medians. 'range': the repetitions' values (min-max; the torch step: fastpipe's added "
+             "time minus index_select's, per repetition). 'best pass' compares each loader's least-disturbed pass "
              "(noise only slows a pass).")
     return {
         "settings": {"batch_sizes": {"cifar": CIFAR_BATCH, "imagenet": IMAGENET_BATCH, "tokens": TOKEN_BATCH},
@@ -575,8 +600,10 @@ def run(args, out) -> dict:
                      "step_over_gather": STEP_OVER_GATHER, "caps": QUICK_CAPS if args.quick else FULL_CAPS,
                      "reps": args.reps or ({"alone": 1, "overlap": 1, "direct": 1} if args.quick else
                                            {"alone": FULL_REPS, "overlap": OVERLAP_REPS, "direct": DIRECT_REPS}),
+                     "budget_minutes": minutes, "reps_chosen": budget.chosen,
                      "fastpipe_threads": args.threads, "fastpipe_seed": FASTPIPE_SEED, "dd_block": DD_BLOCK},
         "datasets": results,
         "summary": summary,
-        "headline": [f"{s['target']}: {s['shown']} {s['status']}" for s in summary if s["status"] != "SKIP"],
+        "headline": [f"{s['target']}: {s['shown']}" + (f" (range {s['range']})" if s["range"] != "-" else "")
+                     + f" {s['status']}" for s in summary if s["status"] != "SKIP"],
     }

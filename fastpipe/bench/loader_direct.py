@@ -40,7 +40,7 @@ def run_dd(path: str, count: int | None):
             "cmd": " ".join(cmd)}
 
 
-def run_direct(files, spec, args, out):
+def run_direct(files, spec, args, out, budget=None):
     res = {"file": files["images"], "cmd": None}
     out.heading(f"direct I/O: {files['images']}")
     path = files["images"]
@@ -90,7 +90,7 @@ def run_direct(files, spec, args, out):
     jobs = [lambda: dd_runs.append(run_dd(path, None))] if "dd_error" not in res else []
     jobs += [(lambda m=mode: fp_pass(m)) for mode in loaders]
     with out.progress(total=reps * len(jobs), desc="direct I/O", unit="pass") as bar:
-        for r in range(reps):
+        for r in (budget.repeat("direct", 3, reps) if budget is not None else range(reps)):
             for job in rotated(jobs, r):
                 job()
                 bar.update()
@@ -110,8 +110,10 @@ def run_direct(files, spec, args, out):
         gbps = [x["samples"] * rec / x["seconds"] / 1e9 for x in runs]
         g = bc.median(gbps)
         entry = res["fastpipe"][mode]
-        over = bc.median([a / b for a, b in zip(gbps, dd_each)]) if dd_each else float("nan")
+        over_reps = [a / b for a, b in zip(gbps, dd_each)]
+        over = bc.median(over_reps) if dd_each else float("nan")
         entry.update(runs=runs, GBps=g, GBps_best=max(gbps), GBps_spread_pct=bc.spread_pct(gbps), over_dd=over,
+                     over_dd_reps=over_reps,
                      over_dd_best=bc.ratio(max(gbps), res["dd_GBps_best"]))
         entry.update(fastpipe_stats(ld))
         label = f"fastpipe io='direct', shuffle={mode == 'shuffle'}"

@@ -92,24 +92,30 @@ def summarize(results) -> list[dict]:
         except KeyError:
             return None
 
-    def add(target, value, ok, shown, best=None, note=""):
-        status = "SKIP" if value is None else ("PASS" if ok(value) else "FAIL")
-        summary.append({"target": target, "value": value, "best_rep_value": best, "status": status,
-                        "shown": shown if value is not None else "not measured", "note": note})
-
     def x(v):
         return f"{bc.fmt(v, '.2f')}x"
 
     def pct(v):
         return f"{bc.fmt(v, '.1f')}%"
 
+    def add(target, value, ok, shown, best=None, note="", reps=None, unit=x):
+        """reps: the per-repetition values that value is the median of, shown as their range (noise)."""
+        status = "SKIP" if value is None else ("PASS" if ok(value) else "FAIL")
+        reps = [r for r in (reps or []) if r is not None and not math.isnan(r)]
+        shown_range = f"{unit(min(reps))}-{unit(max(reps))}" if len(reps) > 1 and value is not None else "-"
+        summary.append({"target": target, "value": value, "best_rep_value": best, "status": status,
+                        "shown": shown if value is not None else "not measured", "note": note,
+                        "reps": reps, "range": shown_range})
+
     v = loader("cifar", "dl_sample_w2", "fastpipe_over_this")
     bv = loader("cifar", "dl_sample_w2", "fastpipe_over_this_best")
-    add(">= 20x DataLoader(num_workers=2, per-sample), CIFAR-like", v, lambda a: a >= 20, x(v), bv)
+    add(">= 20x DataLoader(num_workers=2, per-sample), CIFAR-like", v, lambda a: a >= 20, x(v), bv,
+        reps=loader("cifar", "dl_sample_w2", "fastpipe_over_this_reps"))
     for ds, t in (("cifar", 1.0), ("imagenet", 1.0)):  # issue 21 raised CIFAR-like from 0.7x
         v = loader(ds, "fastpipe", "this_over_bound")
         bv = loader(ds, "fastpipe", "this_over_bound_best")
-        add(f"loader alone >= {t}x single-thread gather bound, {ds}", v, lambda a, t=t: a >= t, x(v), bv)
+        add(f"loader alone >= {t}x single-thread gather bound, {ds}", v, lambda a, t=t: a >= t, x(v), bv,
+            reps=loader(ds, "fastpipe", "this_over_bound_reps"))
     for ds in ("cifar", "imagenet", "tokens"):
         v = loader(ds, "fastpipe", "overlap_added_pct")
         bv = loader(ds, "fastpipe", "overlap_added_pct_best")
@@ -118,21 +124,26 @@ def summarize(results) -> list[dict]:
         if eff is not None and not math.isnan(eff) and eff > 1.25:
             note = f"step {eff:.1f}x longer than asked: time.sleep floor"
         add(f"overlap (step = {STEP_OVER_GATHER:g}x gather): fastpipe adds <= 5%, {ds}", v, lambda a: a <= 5.0,
-            pct(v), bv, note)
+            pct(v), bv, note, reps=loader(ds, "fastpipe", "overlap_added_pct_reps"), unit=pct)
     for ds in ("cifar", "imagenet"):  # issue 21
         v = loader(ds, "fastpipe", "busy_added_pct")
         add(f"busy step (= {STEP_OVER_GATHER:g}x gather): fastpipe adds <= 5%, {ds}", v, lambda a: a <= 5.0, pct(v),
-            loader(ds, "fastpipe", "busy_added_pct_best"))
+            loader(ds, "fastpipe", "busy_added_pct_best"), reps=loader(ds, "fastpipe", "busy_added_pct_reps"),
+            unit=pct)
     # issue 21: a step whose torch ops use the cores the loader needs; the default, and num_threads=0
     for ds, (key, which) in itertools.product(("cifar", "imagenet"), (("fastpipe", "default"),
                                                                      ("fastpipe_0t", "num_threads=0"))):
         v, peer = loader(ds, key, "torch_added_pct"), loader(ds, "index_select", "torch_added_pct")
         add(f"torch step: fastpipe {which} adds no more than torch.index_select in the loop, {ds}",
             None if v is None or peer is None else v - peer, lambda a: a <= 0.0,
-            f"{pct(v)} vs {pct(peer)}", loader(ds, key, "torch_added_pct_best"))
+            f"{pct(v)} vs {pct(peer)}", loader(ds, key, "torch_added_pct_best"),
+            reps=[a - b for a, b in zip(loader(ds, key, "torch_added_pct_reps") or [],
+                                        loader(ds, "index_select", "torch_added_pct_reps") or [])],
+            unit=lambda d: f"{d:+.1f}")
     v = loader("cifar", "fastpipe_1t", "fastpipe_over_this")
     add("default threads >= 1.0x num_threads=1, cifar", v, lambda a: a >= 1.0, x(v),
-        loader("cifar", "fastpipe_1t", "fastpipe_over_this_best"))
+        loader("cifar", "fastpipe_1t", "fastpipe_over_this_best"), reps=loader("cifar", "fastpipe_1t",
+                                                                               "fastpipe_over_this_reps"))
     d = results.get("direct", {}).get("fastpipe", {})
     for mode in ("shuffle", "sequential"):
         e = d.get(mode, {})
@@ -140,7 +151,8 @@ def summarize(results) -> list[dict]:
         v = None if v is None or math.isnan(v) else v
         bv = e.get("over_dd_best")
         add(f"direct I/O >= 80% of dd sequential direct, imagenet, fastpipe {mode}", v, lambda a: a >= 0.8,
-            f"{bc.fmt(100 * v if v is not None else None, '.0f')}%", bv)
+            f"{bc.fmt(100 * v if v is not None else None, '.0f')}%", bv, reps=e.get("over_dd_reps"),
+            unit=lambda r: f"{100 * r:.0f}%")
         if e.get("invalid"):
             summary[-1]["status"] = "INVALID"
             summary[-1]["note"] = e["invalid"]

@@ -11,7 +11,7 @@ import sys
 import pytest
 
 import fastpipe.nn
-from fastpipe.bench import cli
+from fastpipe.bench import BUDGET_MINUTES, cli
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
 HAS_MATPLOTLIB = importlib.util.find_spec("matplotlib") is not None
@@ -126,7 +126,7 @@ def test_loader_quick_writes_every_row_and_check(loader_run):
     assert set(direct) == {"shuffle", "sequential"}
     summary = results["summary"]
     assert len(summary) == 15 and all(s["status"] in ("PASS", "FAIL", "SKIP", "INVALID") for s in summary)
-    assert "Targets (issue 2" in stdout and "| target | median | best pass | status |" in md
+    assert "Targets (issue 2" in stdout and "| target | median | range | best pass | status |" in md
     if HAS_MATPLOTLIB:
         assert sorted(os.path.basename(p).split("_", 3)[-1] for p in doc["files"]["plots"]) == [
             "cifar_alone.png", "direct.png", "imagenet_alone.png", "tokens_alone.png"]
@@ -263,3 +263,24 @@ def test_bench_extra_declares_the_harness_optional_packages():
     with open(REPO / "pyproject.toml", "rb") as f:
         extras = tomllib.load(f)["project"]["optional-dependencies"]
     assert {"pillow", "tqdm", "matplotlib"} <= set(extras["bench"])
+
+
+def test_all_shares_a_total_budget_and_passes_full(monkeypatch):
+    """`all --budget-minutes T` shares T among the suites in proportion to their own defaults; --full and
+    --quick reach every suite; the two exclude each other."""
+    seen = {}
+
+    def fake_run_suite(name, args):
+        seen[name] = (args.budget_minutes, args.full, args.quick)
+        return {"json": "x.json", "markdown": "x.md", "plots": [], "headline": []}
+
+    monkeypatch.setattr(cli, "run_suite", fake_run_suite)
+    assert cli.main(["all", "--suites", "loader,train,images", "--budget-minutes", "9"], prog="fastpipe-bench") == 0
+    total = sum(BUDGET_MINUTES[s] for s in ("loader", "train", "images"))
+    assert seen == {s: (pytest.approx(9 * BUDGET_MINUTES[s] / total), False, False) for s in ("loader", "train", "images")}
+    seen.clear()
+    assert cli.main(["all", "--suites", "train,conv", "--full"], prog="fastpipe-bench") == 0
+    assert seen == {"train": (None, True, False), "conv": (None, True, False)}  # None: the suite's own default
+    with pytest.raises(SystemExit) as e:
+        cli.main(["all", "--quick", "--full"], prog="fastpipe-bench")
+    assert e.value.code == 2

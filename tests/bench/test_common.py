@@ -133,3 +133,51 @@ def test_checkpoint_marks_the_json_incomplete(tmp_path):
     doc = json.loads(open(out.json_path).read())
     assert doc["complete"] is False and doc["results"] == {"partial": True}
     assert os.listdir(tmp_path) == [os.path.basename(out.json_path)]  # no markdown or plots yet
+
+
+class _Clock:
+    """A stand-in for time.perf_counter that moves only when told to."""
+
+    def __init__(self):
+        self.t = 1000.0
+
+    def __call__(self):
+        return self.t
+
+
+def test_budget_chooses_repetitions_from_the_first_one(monkeypatch):
+    clock = _Clock()
+    monkeypatch.setattr(bc.time, "perf_counter", clock)
+    assert bc.Budget(None).reps(1e9, 2, 5) == 5  # no budget (--full, --quick, --reps): the full count
+    b = bc.Budget(1.0)  # 60 s
+    clock.t += 10  # e.g. data generation and a first repetition of 10 s
+    assert b.left() == 50
+    assert b.reps(10, 2, 5) == 5  # 1 + 5 more fit: capped at the full count
+    assert b.reps(20, 2, 5) == 3  # 1 + 2 more
+    assert b.reps(100, 2, 5) == 2  # none fits, but a median and a range need 2
+    clock.t += 200  # already over: still the minimum, and the note says so
+    assert b.reps(10, 2, 5) == 2 and "over budget" in b.line(2, 10, "repetition")
+    assert "time budget 1 min" in b.line(2, 10, "repetition")
+    with pytest.raises(SystemExit):
+        bc.Budget(0)
+
+
+def test_budget_shares_what_is_left_among_the_loops_still_to_run(monkeypatch):
+    clock = _Clock()
+    monkeypatch.setattr(bc.time, "perf_counter", clock)
+    b = bc.Budget(1.0)
+    b.plan({"a": 1.0, "b": 1.0, "c": 2.0})
+    ran = []
+    for r in b.repeat("a", 2, 10):  # its share: a quarter of what is left after its first repetition
+        ran.append(r)
+        clock.t += 3
+    assert ran == list(range(b.chosen["a"])) and b.chosen["a"] == 1 + int((60 - 3) / 4 // 3)  # 5
+    for r in b.repeat("b", 2, 10):  # a third of what is left (c weighs 2)
+        clock.t += 1
+    assert b.chosen["b"] == 10  # cheap: the full count
+    for r in b.repeat("c", 3, 4):
+        clock.t += 100  # far over: the minimum
+    assert b.chosen["c"] == 3
+    unbudgeted = bc.Budget(None)
+    assert list(unbudgeted.repeat("x", 3, 7)) == list(range(7)) and unbudgeted.chosen == {"x": 7}
+    assert list(bc.Budget(0.01).repeat("y", 3, 1)) == [0]  # never more than asked for, even under the minimum

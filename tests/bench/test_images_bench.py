@@ -4,6 +4,7 @@ import glob
 import importlib.util
 import json
 import os
+import re
 import shutil
 
 import numpy as np
@@ -185,3 +186,28 @@ def test_quick_run_reports_the_recipe_rows_against_their_own_baseline(tmp_path):
     line = next(x for x in doc["results"]["headline"] if "TA recipe" in x)
     assert "fastpipe vs DataLoader + v2 (PIL), TA recipe, jpeg, 160x160 warm" in line
     assert "the augmentations cost" in line and "fastpipe ImageFolder" in line
+
+
+def test_the_budget_sizes_the_corpus_and_never_runs_under_two_repetitions(tmp_path):
+    """The default run's corpus size comes from its budget, and its repetitions from the first one's time:
+    a budget too small for more still gives two (a median and a range), says so, and shows the range."""
+    assert images.budget_images(8) == 1000 and images.budget_images(0.5) == images.BUDGET_MIN_IMAGES
+    assert images.budget_images(1000) == images.IMAGES
+    loaders = "fastpipe_folder,dl_pil" if HAS_TORCHVISION else "fastpipe_folder,fastpipe_packed"
+    out = tmp_path / "res" / "images.json"
+    rc = cli.main(["images", "--budget-minutes", "0.01", "--images", "24", "--batch-size", "8", "--sizes", "32",
+                   "--cache", "warm", "--corpora", "jpeg", "--loaders", loaders,
+                   "--data-dir", str(tmp_path / "data"), "--out", str(out), "--no-progress"], prog="fastpipe-bench")
+    assert rc == 0
+    doc = json.loads(out.read_text())
+    settings = doc["results"]["settings"]
+    assert settings["reps"] == images.MIN_REPS == 2 and settings["budget_minutes"] == 0.01
+    res = doc["results"]["corpora"]["jpeg"]
+    assert [len(v) for v in res["runs"].values()] == [2, 2]
+    md = open(doc["files"]["markdown"]).read()
+    assert "time budget 0.01 min" in md and "over budget" in md
+    assert res["rows"]["32_warm"]["fastpipe_folder"]["reps"] == 2
+    if HAS_TORCHVISION:  # the headline's ratio with its range over the two repetitions
+        (line,) = doc["results"]["headline"]
+        assert re.search(r"ImageFolder \d+\.\d\dx \(\d+\.\d\d-\d+\.\d\d\)", line), line
+        assert "medians of 2 reps" in line

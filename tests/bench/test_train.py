@@ -88,10 +88,11 @@ def test_every_feed_gives_the_same_kind_of_batch(tmp_path):
 
 
 def test_a_short_run_trains_and_reports(tmp_path):
-    """Not the quick mode: enough steps for the training check, on a tiny net."""
+    """Not the quick mode: enough steps for the training check, on a tiny net, two repetitions (two
+    augmentation seeds: the check's noise)."""
     cmd = [sys.executable, "-m", "fastpipe.bench", "train", "--models", "resnet", "--datasets", "cifar",
            "--steps", "25", "--warmup", "2", "--batch-size", "32", "--width", "0.125", "--workers", "2",
-           "--reps", "1", "--out-dir", str(tmp_path / "out"), "--data-dir", str(tmp_path / "data"), "--no-progress"]
+           "--reps", "2", "--out-dir", str(tmp_path / "out"), "--data-dir", str(tmp_path / "data"), "--no-progress"]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     (path,) = glob.glob(str(tmp_path / "out" / "train_*.json"))
@@ -103,10 +104,73 @@ def test_a_short_run_trains_and_reports(tmp_path):
         assert row["images_per_s"] > 0 and 0 <= row["data_wait_pct"] <= 100, (feed, row)
         assert row["cpu_s_per_step"] > 0 and row["peak_mem_bytes"] > 0, (feed, row)
         assert np.isfinite([row["loss_first"], row["loss_last"]]).all(), (feed, row)
+        assert len(row["images_per_s_reps"]) == len(row["loss_last_reps"]) == 2, (feed, row)
     assert case["rows"]["synthetic"]["data_wait_pct"] < 5  # one batch, already there
+    check = case["check"]
+    assert check["status"] == "as stock" and check["stock_learns"] and check["losses_agree"], check
+    assert check["reps"] == 2 and check["tolerance"] >= train.LOSS_AGREES * check["stock_drop"] > 0, check
     assert case["loss_falls"] is True and case["losses_agree"] is True, case
-    assert results["summary"]["all_train"] is True
-    assert case["fastpipe_over_stock"] == pytest.approx(
-        case["rows"]["fastpipe"]["images_per_s"] / case["rows"]["stock"]["images_per_s"])
-    assert "fastpipe / stock" in proc.stdout and "both train" in proc.stdout
+    assert results["summary"]["all_train"] is True and results["summary"]["reps"] == 2
+    assert len(case["fastpipe_over_stock_reps"]) == 2
+    assert case["fastpipe_over_stock"] == pytest.approx(np.median(case["fastpipe_over_stock_reps"]))
+    assert "fastpipe / stock" in proc.stdout and "as stock (loss" in proc.stdout
+    assert "over 2 reps" in results["headline"][0]
     assert glob.glob(str(tmp_path / "out" / "train_*.md"))
+
+
+def _run(first, last):
+    return {"loss_first": first, "loss_last": last}
+
+
+@pytest.mark.parametrize("stock, fastpipe, status", [
+    # fastpipe within noise of stock: the tolerance is the larger of the reps' range and a quarter of
+    # stock's drop (2.3 -> 1.0: 0.325)
+    ([_run(2.3, 1.0), _run(2.3, 1.1)], [_run(2.3, 1.25), _run(2.3, 1.2)], "as stock"),
+    # fastpipe's loss fell much less than stock's: its batches do not teach what stock's teach
+    ([_run(2.3, 1.0), _run(2.3, 1.05)], [_run(2.3, 2.1), _run(2.3, 2.2)], "FAILED"),
+    # much better than stock is as suspicious as worse: the two must agree
+    ([_run(2.3, 1.5), _run(2.3, 1.55)], [_run(2.3, 0.2), _run(2.3, 0.25)], "FAILED"),
+    # noisy repetitions (a wide range between augmentation seeds) widen the tolerance
+    ([_run(2.3, 0.6), _run(2.3, 1.6)], [_run(2.3, 1.9), _run(2.3, 1.8)], "as stock"),
+    # stock did not learn either: the case says nothing about fastpipe
+    ([_run(2.5, 2.33), _run(2.5, 2.4)], [_run(2.5, 2.41), _run(2.5, 2.45)], "inconclusive"),
+    # a net that learnt within its first quarter of steps: its start is chance (ln 10), not its first loss
+    ([_run(1.9, 1.6), _run(1.9, 1.65)], [_run(1.85, 1.6), _run(1.9, 1.7)], "as stock"),
+    # stock fell, but by less than the noise: a loader that did not train would pass too
+    ([_run(2.4, 0.9), _run(2.4, 2.3)], [_run(2.4, 1.0), _run(2.4, 1.1)], "inconclusive"),
+])
+def test_training_check_compares_fastpipe_with_stock_within_noise(stock, fastpipe, status):
+    check = train.training_check({"stock": stock, "fastpipe": fastpipe}, quick=False)
+    assert check["status"] == status, check
+    assert train.training_check({"stock": stock, "fastpipe": fastpipe}, quick=True) == {"status": None}
+
+
+def test_the_check_fails_a_loader_whose_labels_do_not_match_its_images(tmp_path, monkeypatch):
+    """The check end to end on a small case that learns: fastpipe's batches with their labels shuffled
+    (the images no longer teach their class) must fail it, the real ones pass it."""
+    paths = train.ensure_data(str(tmp_path), "t", 512, 16)
+    o = {"device": torch.device("cpu"), "gpu": False, "quick": False, "steps": 40, "warmup": 2, "width": 0.125,
+         "workers": 0, "seed": 0, "lr": None}
+
+    def case():
+        return {"model": "resnet", "dataset": "t", "image_size": 16, "batch": 32, "records": 512, "paths": paths,
+                "runs": {"stock": [], "fastpipe": []}}
+
+    real = train.FEEDS["fastpipe"]
+    monkeypatch.delitem(train.FEEDS, "synthetic")  # the check compares these two only
+
+    def shuffled_labels(paths, o, batch):
+        g = torch.Generator().manual_seed(1)
+        for x, y in real(paths, o, batch):
+            yield x, y[torch.randperm(len(y), generator=g)]
+
+    results = {}
+    for name, feed in (("real", real), ("shuffled", shuffled_labels)):
+        monkeypatch.setitem(train.FEEDS, "fastpipe", feed)
+        c = case()
+        for rep in range(2):
+            train.run_rep(c, o, rep)
+        assert [r["aug_seed"] for r in c["runs"]["stock"]] == [0, 1000]  # a seed of its own per repetition
+        results[name] = train.training_check(c["runs"], quick=False)
+    assert results["real"]["status"] == "as stock", results
+    assert results["shuffled"]["status"] == "FAILED", results
