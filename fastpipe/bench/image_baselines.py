@@ -81,19 +81,22 @@ def _dataloader(ds, batch: int, threads: int, seed: int):
                       pin_memory=False, drop_last=True, generator=g)
 
 
-def dataloader_pil(root: str, size: int, batch: int, threads: int, seed: int = 0, recipe: bool = False) -> Pipeline:
+def dataloader_pil(root: str, size: int, batch: int, threads: int, seed: int = 0, recipe: bool = False,
+                   interpolation: str = "bilinear") -> Pipeline:
     """``DataLoader(num_workers=threads)`` over ``torchvision.datasets.ImageFolder`` (PIL decodes) with
     ``v2.Compose([RandomResizedCrop(S, antialias=True), RandomHorizontalFlip(), PILToTensor(),
     ToDtype(float32, scale=True), Normalize(MEAN, STD)])``: what most training scripts do. ``recipe``:
-    torchvision's reference train recipe, ``TrivialAugmentWide(interpolation=BILINEAR)`` after the flip (on
-    the PIL image, bilinear as the references pass it) and ``RandomErasing(0.1)`` last."""
+    torchvision's reference train recipe, ``TrivialAugmentWide`` after the flip (on the PIL image, with the
+    references' interpolation: bilinear, or bicubic for their --interpolation bicubic recipes, which pass it to
+    the crop too) and ``RandomErasing(0.1)`` last."""
     import torch
     from torchvision import datasets
     from torchvision.transforms import v2
 
-    augment = [v2.TrivialAugmentWide(interpolation=v2.InterpolationMode.BILINEAR)] if recipe else []
+    mode = v2.InterpolationMode(interpolation)
+    augment = [v2.TrivialAugmentWide(interpolation=mode)] if recipe else []
     erase = [v2.RandomErasing(0.1)] if recipe else []
-    tf = v2.Compose([v2.RandomResizedCrop(size, antialias=True), v2.RandomHorizontalFlip(), *augment,
+    tf = v2.Compose([v2.RandomResizedCrop(size, interpolation=mode, antialias=True), v2.RandomHorizontalFlip(), *augment,
                      v2.PILToTensor(), v2.ToDtype(torch.float32, scale=True), v2.Normalize(MEAN, STD), *erase])
     dl = _dataloader(datasets.ImageFolder(root, transform=tf), batch, threads, seed)
     return Pipeline(lambda: iter(dl), len(dl), close_iter=_drop_dataloader_iter)

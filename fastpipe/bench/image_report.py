@@ -169,11 +169,15 @@ def headline(results: dict, sizes: list, states: list) -> list[str]:
         rates = " and ".join(bc.fmt_rate(rows[key].get("images_per_s")) for key in fp)
         lines.append(f"fastpipe vs {what}, {kind}, {size}x{size} {state}, k={k}: {', '.join(parts)} "
                      f"({rates} vs {bc.fmt_rate(rows[peer].get('images_per_s'))} images/s{reps})")
-    recipe = [key for key in PLAIN_OF if key in results["runs"]]
-    if "fastpipe_recipe" in recipe and "dl_pil_recipe" in recipe:
+    for ours, theirs, what, costs in (
+            ("fastpipe_recipe", "dl_pil_recipe", "TA recipe", "the augmentations cost (1 - recipe/plain rate)"),
+            ("fastpipe_recipe_bicubic", "dl_pil_recipe_bicubic", "TA recipe bicubic",
+             "the bicubic crop and augmentations cost (1 - recipe/plain bilinear rate)")):
+        if ours not in results["runs"] or theirs not in results["runs"]:
+            continue
         cost = ", ".join(f"{LOADERS[key].label.split(',')[0]} {_pct(1 - pair_ratio(results, key, PLAIN_OF[key], size, state))}"
-                         for key in recipe if PLAIN_OF[key] in results["runs"])
-        lines.append(f"fastpipe vs DataLoader + v2 (PIL), TA recipe, {kind}, {size}x{size} {state}, k={k}: "
-                     f"{_times_range(pair_ratios(results, 'fastpipe_recipe', 'dl_pil_recipe', size, state))}"
-                     + (f"; the augmentations cost (1 - recipe/plain rate): {cost}" if cost else ""))
+                         for key in (ours, theirs) if PLAIN_OF[key] in results["runs"])
+        lines.append(f"fastpipe vs DataLoader + v2 (PIL), {what}, {kind}, {size}x{size} {state}, k={k}: "
+                     f"{_times_range(pair_ratios(results, ours, theirs, size, state))}"
+                     + (f"; {costs}: {cost}" if cost else ""))
     return lines

@@ -3,8 +3,9 @@
 Every row yields the same training batches: ``[B, 3, S, S]`` NCHW float32 and int64 labels. The plain
 rows make them with RandomResizedCrop(S) + horizontal flip + ImageNet normalisation; the recipe rows
 (``*_recipe``) with torchvision's reference train recipe on top (RECIPE: + TrivialAugmentWide after the
-flip, bilinear as the references pass it, + RandomErasing(0.1) last), on the JPEG corpus, each compared
-with DataLoader + torchvision v2 running that recipe.
+flip, bilinear as the references pass it, + RandomErasing(0.1) last), and its --interpolation bicubic form
+(``*_recipe_bicubic``: the crop and TrivialAugmentWide bicubic), on the JPEG corpus, each compared with
+DataLoader + torchvision v2 running that recipe.
 """
 
 from __future__ import annotations
@@ -37,6 +38,12 @@ LOADERS = {
     "dl_pil_recipe": LoaderRow("DataLoader + v2 on PIL, TA recipe", "torchvision", "tree",
                                "the DataLoader baseline with v2.TrivialAugmentWide(interpolation=BILINEAR) after "
                                "the flip and v2.RandomErasing(0.1) last: torchvision's reference recipe"),
+    "fastpipe_recipe_bicubic": LoaderRow("fastpipe ImageFolder, TA recipe bicubic", None, "tree",
+                                         "the fastpipe recipe row with interpolation='bicubic' for the crop and "
+                                         "TrivialAugmentWide (the references' --interpolation bicubic)"),
+    "dl_pil_recipe_bicubic": LoaderRow("DataLoader + v2 on PIL, TA recipe bicubic", "torchvision", "tree",
+                                       "the DataLoader recipe row with InterpolationMode.BICUBIC for "
+                                       "RandomResizedCrop and TrivialAugmentWide"),
     "dali_cpu": LoaderRow("DALI CPU pipeline", "nvidia.dali", "tree",
                           "DALI readers.file + decoders.image_random_crop + resize + crop_mirror_normalize, "
                           "device_id=None"),
@@ -49,8 +56,12 @@ BASELINE = "dl_pil"
 JPEG_ONLY = {"dl_decode_jpeg": "torchvision.io.decode_jpeg reads JPEGs only",
              "fastpipe_recipe": "the recipe rows run on the JPEG corpus",
              "dl_pil_recipe": "the recipe rows run on the JPEG corpus",
+             "fastpipe_recipe_bicubic": "the recipe rows run on the JPEG corpus",
+             "dl_pil_recipe_bicubic": "the recipe rows run on the JPEG corpus",
              "ffcv": "FFCV's .beton re-encodes every image as a JPEG: not the same input"}
 # The recipe rows: compared with the baseline running the same recipe, and with their own plain row
 # (what the augmentations cost).
-BASELINE_OF = {"fastpipe_recipe": "dl_pil_recipe", "dl_pil_recipe": "dl_pil_recipe"}
-PLAIN_OF = {"fastpipe_recipe": "fastpipe_folder", "dl_pil_recipe": "dl_pil"}
+BASELINE_OF = {"fastpipe_recipe": "dl_pil_recipe", "dl_pil_recipe": "dl_pil_recipe",
+               "fastpipe_recipe_bicubic": "dl_pil_recipe_bicubic", "dl_pil_recipe_bicubic": "dl_pil_recipe_bicubic"}
+PLAIN_OF = {"fastpipe_recipe": "fastpipe_folder", "dl_pil_recipe": "dl_pil",
+            "fastpipe_recipe_bicubic": "fastpipe_folder", "dl_pil_recipe_bicubic": "dl_pil"}

@@ -132,20 +132,22 @@ def check_batch(batch, size: int, b: int, classes: int) -> float:
 
 def build_pipeline(key: str, spec: dict, size: int):
     b, k, seed = spec["batch"], spec["threads"], spec["seed"]
-    if key in ("fastpipe_folder", "fastpipe_packed", "fastpipe_recipe"):
+    if key in ("fastpipe_folder", "fastpipe_packed", "fastpipe_recipe", "fastpipe_recipe_bicubic"):
         import fastpipe
         from fastpipe.transforms import RandomErasing, RandomResizedCrop, TrivialAugmentWide
 
-        recipe = (dict(augment=TrivialAugmentWide(interpolation="bilinear"), erase=RandomErasing(0.1))
-                  if key == "fastpipe_recipe" else {})
+        mode = "bicubic" if key == "fastpipe_recipe_bicubic" else "bilinear"
+        recipe = (dict(augment=TrivialAugmentWide(interpolation=mode), erase=RandomErasing(0.1), interpolation=mode)
+                  if key.startswith("fastpipe_recipe") else {})
         tf = RandomResizedCrop(size, mean=ib.MEAN, std=ib.STD, **recipe)  # mirror=0.5, float32, NCHW
         ds = (fastpipe.ImageDataset(spec["packed"]) if key == "fastpipe_packed"
               else fastpipe.ImageFolder(spec["tree"], cache_dir=spec["index"]))
         ld = fastpipe.Loader(ds, batch_size=b, shuffle=True, seed=seed, num_threads=k, transforms={0: tf},
                              drop_last=True)
         return ib.Pipeline(lambda: iter(ld), len(ld), close=ld.close, info={"io_modes": list(ld.io_modes)})
-    if key in ("dl_pil", "dl_pil_recipe"):
-        return ib.dataloader_pil(spec["tree"], size, b, k, seed, recipe=key == "dl_pil_recipe")
+    if key in ("dl_pil", "dl_pil_recipe", "dl_pil_recipe_bicubic"):
+        return ib.dataloader_pil(spec["tree"], size, b, k, seed, recipe=key.startswith("dl_pil_recipe"),
+                                 interpolation="bicubic" if key == "dl_pil_recipe_bicubic" else "bilinear")
     if key == "dl_decode_jpeg":
         return ib.dataloader_decode_jpeg(spec["tree"], size, b, k, seed)
     if key == "dali_cpu":

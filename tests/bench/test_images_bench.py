@@ -167,25 +167,31 @@ def test_quick_run_reports_every_row(tmp_path, monkeypatch):
 @pytest.mark.timeout(120)
 @pytest.mark.skipif(not HAS_TORCHVISION, reason="the DataLoader baselines need torchvision")
 def test_quick_run_reports_the_recipe_rows_against_their_own_baseline(tmp_path):
-    """The TA recipe rows (image_rows.py) run on the JPEG corpus only, each compared with DataLoader + v2
-    running the same recipe, and the headline says what the augmentations cost fastpipe."""
+    """The TA recipe rows (image_rows.py), bilinear and the references' bicubic, run on the JPEG corpus only,
+    each compared with DataLoader + v2 running the same recipe, and the headline says what they cost fastpipe."""
     out = tmp_path / "res" / "images.json"
     rc = cli.main(["images", "--quick", "--images", "40", "--batch-size", "8", "--sizes", "160", "--cache", "warm",
-                   "--corpora", "jpeg,png", "--loaders", "fastpipe_folder,fastpipe_recipe,dl_pil_recipe",
+                   "--corpora", "jpeg,png", "--loaders", "fastpipe_folder,fastpipe_recipe,dl_pil_recipe,"
+                   "fastpipe_recipe_bicubic,dl_pil_recipe_bicubic",
                    "--data-dir", str(tmp_path / "data"), "--out", str(out), "--no-progress"], prog="fastpipe-bench")
     assert rc == 0
     doc = json.loads(out.read_text())
     jpeg, png = doc["results"]["corpora"]["jpeg"], doc["results"]["corpora"]["png"]
-    assert png["skipped"] == {"fastpipe_recipe": "the recipe rows run on the JPEG corpus",
-                              "dl_pil_recipe": "the recipe rows run on the JPEG corpus"}
+    assert png["skipped"] == {key: "the recipe rows run on the JPEG corpus" for key in
+                              ("fastpipe_recipe", "dl_pil_recipe", "fastpipe_recipe_bicubic", "dl_pil_recipe_bicubic")}
     rows = jpeg["rows"]["160_warm"]
     assert rows["dl_pil_recipe"]["x_vs_baseline"] == pytest.approx(1.0)
     assert rows["fastpipe_recipe"]["x_vs_baseline"] > 0 and rows["fastpipe_folder"]["x_vs_baseline"] is None
     entry = jpeg["runs"]["fastpipe_recipe"][0]["sizes"]["160"]
     assert -1.0 < entry["pixels"]["mean"] < 1.0 and 0.5 < entry["pixels"]["std"] < 2.0, entry["pixels"]
-    line = next(x for x in doc["results"]["headline"] if "TA recipe" in x)
+    assert rows["dl_pil_recipe_bicubic"]["x_vs_baseline"] == pytest.approx(1.0)
+    assert rows["fastpipe_recipe_bicubic"]["x_vs_baseline"] > 0
+    line = next(x for x in doc["results"]["headline"] if "TA recipe," in x)
     assert "fastpipe vs DataLoader + v2 (PIL), TA recipe, jpeg, 160x160 warm" in line
     assert "the augmentations cost" in line and "fastpipe ImageFolder" in line
+    line = next(x for x in doc["results"]["headline"] if "TA recipe bicubic" in x)
+    assert "fastpipe vs DataLoader + v2 (PIL), TA recipe bicubic, jpeg, 160x160 warm" in line
+    assert "the bicubic crop and augmentations cost" in line
 
 
 def test_the_budget_sizes_the_corpus_and_never_runs_under_two_repetitions(tmp_path):
