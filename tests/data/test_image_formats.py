@@ -28,13 +28,25 @@ def read(path):
         return f.read()
 
 
+@pytest.fixture
+def c_decoders_only(monkeypatch):
+    """Pillow as the fallback decoder refuses every record: a PNG or WebP that the reader threads' decoder
+    (libspng, libwebp) did not decode fails, instead of a test comparing Pillow with Pillow."""
+    from fastpipe.data import _pillow
+
+    def refuse(data):
+        raise AssertionError("the Pillow fallback decoded a record the C decoders should have")
+
+    monkeypatch.setattr(_pillow, "decode_rgb", refuse)
+
+
 def whole_images(ds):
     """Every image decoded whole (no transform), as (H, W, 3) uint8 arrays."""
     return [ds[i][0].numpy() for i in range(len(ds))]
 
 
 @pytest.mark.parametrize("interlace", [False, True], ids=["sequential", "adam7"])
-def test_png_of_every_colour_type_and_depth_decodes_as_pillow(tmp_path, rng, interlace):
+def test_png_of_every_colour_type_and_depth_decodes_as_pillow(tmp_path, rng, interlace, c_decoders_only):
     root = tmp_path / "t"
     for color_type, depth in PNG_MODES:
         for k in range(2):  # awkward sizes: 1 pixel, odd, wider than a packed byte's worth
@@ -74,7 +86,7 @@ def test_webp_and_the_formats_pillow_decodes_match_pillow_and_are_counted(tmp_pa
 
 
 @pytest.mark.parametrize("fmt", ["PNG", "WEBP"])
-def test_crops_of_png_and_webp_match_pillow(tmp_path, rng, fmt):
+def test_crops_of_png_and_webp_match_pillow(tmp_path, rng, fmt, c_decoders_only):
     sizes = [(91, 117), (40, 301), (257, 64), (2, 3)]
     for k, (h, w) in enumerate(sizes):
         write(str(tmp_path / "t" / "c" / f"{k}.{fmt.lower()}"), pillow_bytes(picture(rng, h, w), fmt, quality=75))
@@ -89,6 +101,7 @@ def test_crops_of_png_and_webp_match_pillow(tmp_path, rng, fmt):
     t = RandomResizedCrop((57, 91), mirror=0.5)
     ld = fastpipe.Loader(ds, batch_size=2, transforms={0: t}, seed=5)
     got = [x for xs, _ in ld for x in xs]
+    assert ld.stats()["images_pillow"] == 0
     for (path, _), x, (top, left, h, w, flip) in zip(ds.samples, got, t.boxes(ds, range(len(ds)), 0, seed=5),
                                                      strict=True):
         diff = np.abs(as_hwc_255(x) - reference_resized_crop(pil_rgb(path), top, left, h, w, (57, 91), flip))
