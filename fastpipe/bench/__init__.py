@@ -44,7 +44,8 @@ SUITES = {
 }
 
 # The default run's wall-clock budget of each suite that has one, in minutes (``--budget-minutes``; none with
-# ``--full`` or ``--quick``): the suite measures its first repetition and chooses how many more fit. Sized
+# ``--full`` or ``--quick``): the suite measures its first repetition, and runs another while the slowest so far
+# still fits (``common.Budget``). Sized
 # so that `make bench` (loader, train, images) gives its headline in under 20 minutes on 2 cores,
 # data generation included.
 BUDGET_MINUTES = {"loader": 5.0, "train": 5.0, "images": 8.0}

@@ -29,7 +29,7 @@ def _common_options(out_file: bool) -> argparse.ArgumentParser:
     g.add_argument("--budget-minutes", type=float, default=None, metavar="M",
                    help="wall-clock budget of a suite (for `all`: of the suites together, shared in "
                         "proportion to their own defaults): repetitions (and the images suite's corpus size) are "
-                        "chosen to fit it after the first repetition is measured (defaults: loader "
+                        "chosen to fit it, from the time each repetition takes (defaults: loader "
                         f"{BUDGET_MINUTES['loader']:g}, train {BUDGET_MINUTES['train']:g}, images "
                         f"{BUDGET_MINUTES['images']:g} minutes; the other suites have none)")
     g.add_argument("--out-dir", default=DEFAULT_OUT_DIR, metavar="DIR",

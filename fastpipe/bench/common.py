@@ -58,11 +58,12 @@ def geomean(xs: Iterable[float]) -> float:
 class Budget:
     """A suite's wall-clock budget (``--budget-minutes``), counted from its construction: data generation,
     warm-ups and measurements alike. ``minutes=None`` is no budget (``--full``, ``--quick``, or a count
-    the user gave): ``reps`` then returns its upper bound.
+    the user gave): every loop then runs its full count.
 
-    The suites run a first repetition of everything they compare (ours and the baselines, alternating), then
-    ask how many repetitions in all fit in what is left: ``reps(first_seconds, lo, hi)``. The count never
-    goes under ``lo`` (a median and a range need a few), so a budget too small for ``lo`` repetitions is
+    The suites run a first repetition of everything they compare (ours and the baselines, alternating),
+    then another while the slowest repetition so far still fits in what is left (``more``): on a machine
+    that gets busier the later repetitions run slower, and the budget still holds. The count never goes
+    under ``lo`` (a median and a range need a few), so a budget too small for ``lo`` repetitions is
     overrun, and ``line`` says so."""
 
     def __init__(self, minutes: float | None):
@@ -79,34 +80,42 @@ class Budget:
     def left(self) -> float:
         return float("inf") if self.seconds is None else self.seconds - self.elapsed()
 
-    def reps(self, first_seconds: float, lo: int, hi: int) -> int:
-        """Repetitions in all (the first one included): 1 + as many more of ``first_seconds`` as fit in
-        what is left, within [lo, hi]."""
+    def more(self, times: list[float], lo: int, hi: int, deadline: float | None = None) -> bool:
+        """After len(times) repetitions that took ``times`` seconds: run another? Below ``lo``, yes; at
+        ``hi``, no; else if the slowest so far fits before ``deadline`` (a ``time.perf_counter`` value;
+        default: the end of the budget)."""
+        done = len(times)
+        if done < min(lo, hi):
+            return True
+        if done >= hi:
+            return False
         if self.seconds is None:
-            return hi
-        more = int(self.left() // max(first_seconds, 1e-6))
-        return max(lo, min(hi, 1 + more))
+            return True
+        end = self.started + self.seconds if deadline is None else deadline
+        return time.perf_counter() + max(times) <= end
 
     def plan(self, weights: dict[str, float]) -> None:
         """The repetition loops a suite will run (``repeat``'s names), each with a weight: roughly what its
-        full count costs relative to the others. Each loop then gets its share of what is left when it
-        starts (see ``share``)."""
+        full count costs relative to the others. Each loop then gets its share of what is left when its
+        first repetition ends (see ``share``)."""
         self._weights = dict(weights)
 
     def repeat(self, name: str, lo: int, hi: int):
-        """Repetition indices of loop ``name``: 0, then as many more as its share of the budget leaves
-        room for, judged from how long the first one took (time passes between ``next`` calls); ``hi``
-        of them without a budget. The count is recorded in ``chosen[name]``."""
-        weights = self._weights
-        w = weights.pop(name, 1.0)
-        lo = min(lo, hi)
-        t0 = time.perf_counter()
-        yield 0
-        first = time.perf_counter() - t0
-        more = self.share(w, w + sum(weights.values())) // max(first, 1e-6)
-        n = hi if self.seconds is None else max(lo, min(hi, 1 + int(more)))
-        self.chosen[name] = n
-        yield from range(1, n)
+        """Repetition indices of loop ``name``: 0, then more while the slowest so far fits in the loop's
+        share of the budget (time passes between ``next`` calls); ``hi`` of them without a budget. The
+        count is recorded in ``chosen[name]``."""
+        w = self._weights.pop(name, 1.0)
+        times: list[float] = []
+        deadline = None
+        while True:
+            t0 = time.perf_counter()
+            yield len(times)
+            times.append(time.perf_counter() - t0)
+            if deadline is None and self.seconds is not None:  # after the first: its share of what is left
+                deadline = time.perf_counter() + self.share(w, w + sum(self._weights.values()))
+            if not self.more(times, lo, hi, deadline):
+                break
+        self.chosen[name] = len(times)
 
     def share(self, weight: float, weights_left: float) -> float:
         """Seconds for a part weighing ``weight`` of the ``weights_left`` still to run (its own included):
@@ -115,14 +124,15 @@ class Budget:
             return float("inf")
         return max(0.0, self.left()) * weight / weights_left if weights_left > 0 else 0.0
 
-    def line(self, reps: int, first_seconds: float, what: str) -> str:
-        """One line for the report: the budget, the first repetition's time, the count chosen."""
+    def line(self, times: list[float], what: str) -> str:
+        """One line for the report: the budget, each repetition's time, the count it came to."""
+        took = ", ".join(f"{t:.0f}" for t in times)
         if self.seconds is None:
-            return f"{reps} repetition(s) ({what}: {first_seconds:.0f} s the first)"
-        over = ("; over budget: fewer repetitions would not give a median and a range"
-                if self.elapsed() + (reps - 1) * first_seconds > self.seconds * 1.05 else "")
-        return (f"time budget {self.seconds / 60:g} min: the first {what} took {first_seconds:.0f} s "
-                f"({self.elapsed():.0f} s spent so far), so {reps} repetition(s){over} "
+            return f"{len(times)} repetition(s) of {what} ({took} s)"
+        over = ("; over budget: fewer would not give a median and a range"
+                if self.elapsed() > self.seconds * 1.05 else "")
+        return (f"time budget {self.seconds / 60:g} min: {len(times)} repetition(s) of {what} ({took} s; "
+                f"{self.elapsed():.0f} s in all, data included){over} "
                 "(--budget-minutes, --reps, or --full for the publication run)")
 
 

@@ -17,8 +17,9 @@ repetition. A peer that is not installed (``requirements/bench-peers.txt``) is s
 benchmarks/README.md says what every row and column means.
 
 The default run has a time budget (``--budget-minutes``, ``BUDGET_MINUTES["images"]``): corpora of
-``BUDGET_IMAGES_PER_MINUTE`` images per budget minute, the headline's size only (``BUDGET_SIZES``), and as
-many repetitions as fit after the first one over every corpus (``MIN_REPS`` to ``FULL_REPS``). ``--full``
+``BUDGET_IMAGES_PER_MINUTE`` images per budget minute, the headline's size only (``BUDGET_SIZES``), and after
+a first repetition over every corpus another while the slowest so far still fits (``MIN_REPS`` to
+``FULL_REPS``). ``--full``
 is the publication run: ``IMAGES`` images, ``SIZES``, ``FULL_REPS`` repetitions.
 """
 
@@ -81,7 +82,7 @@ def add_arguments(p):
                         f"{','.join(map(str, SIZES))})")
     p.add_argument("--cache", default=",".join(STATES), help="page-cache states: warm, cold (default: %(default)s)")
     p.add_argument("--reps", type=int, default=None,
-                   help=f"repetitions (default: as many as the time budget leaves room for after the first, "
+                   help=f"repetitions (default: within the time budget, another while the slowest so far fits, "
                         f"{MIN_REPS} to {FULL_REPS}; --full {FULL_REPS}; --quick 1)")
     p.add_argument("--images", type=int, default=None,
                    help=f"images in the generated corpus (default: {BUDGET_IMAGES_PER_MINUTE} per budget minute, "
@@ -370,24 +371,23 @@ def run(args, out) -> dict:
     timeout = CASE_TIMEOUT["quick" if quick else "full" if full else "budget"]
 
     # Every corpus is made (or found) first; then the repetitions run over all of them, so that the budget
-    # can be judged after the first one.
+    # can be judged after each.
     prepared = [prepare_corpus(kind, keys, settings, args, out, timeout) for kind in kinds]
     for p in prepared:
         results["corpora"][p["results"]["corpus"]["kind"]] = p["results"]
     total = sum(len(p["active"]) for p in prepared)
-    r = 0
-    with out.progress(total=(reps or FULL_REPS) * total, desc="images", unit="case") as bar:
-        while reps is None or r < reps:
+    # Repetitions: a fixed count, or within the budget another while the slowest so far still fits.
+    lo, hi = (reps, reps) if reps else (MIN_REPS, FULL_REPS)
+    times = []
+    with out.progress(total=hi * total, desc="images", unit="case") as bar:
+        while budget.more(times, lo, hi):
             t0 = time.perf_counter()
             for p in prepared:
-                run_rep(p, r, reps, timeout, out, bar)
+                run_rep(p, len(times), reps, timeout, out, bar)
                 out.checkpoint(results)
-            r += 1
-            if reps is None:
-                reps = budget.reps(time.perf_counter() - t0, MIN_REPS, FULL_REPS)
-                bar.total = reps * total
-                out.note(budget.line(reps, time.perf_counter() - t0, "repetition of every row on every corpus"))
-    settings["reps"] = reps
+            times.append(time.perf_counter() - t0)
+    reps = settings["reps"] = len(times)
+    out.note(budget.line(times, "every row on every corpus"))
     for p in prepared:
         finish_corpus(p, keys, out)
     results["headline"] = [line for kind in kinds

@@ -76,8 +76,8 @@ def add_arguments(p):
                    help=f"comma-separated subset of {','.join(PARTS)} (default: %(default)s)")
     p.add_argument("--reps", type=int, default=None,
                    help=f"repetitions per measurement (default: up to {FULL_REPS} alone, {OVERLAP_REPS} overlap, "
-                        f"{DIRECT_REPS} direct, and at least {MIN_REPS}, as many as the time budget leaves room "
-                        f"for; --full all of them; --quick 1)")
+                        f"{DIRECT_REPS} direct, and at least {MIN_REPS}: another while the slowest so far fits in "
+                        f"the loop's share of the time budget; --full all of them; --quick 1)")
     p.add_argument("--threads", type=int, default=None, help="fastpipe num_threads (default: fastpipe's)")
     p.add_argument("--no-overlap", action="store_true", help="skip the overlap mode")
     p.add_argument("--seed", type=int, default=0, help="seed of the generated data")

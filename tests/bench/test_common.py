@@ -145,19 +145,22 @@ class _Clock:
         return self.t
 
 
-def test_budget_chooses_repetitions_from_the_first_one(monkeypatch):
+def test_budget_runs_another_repetition_while_the_slowest_still_fits(monkeypatch):
     clock = _Clock()
     monkeypatch.setattr(bc.time, "perf_counter", clock)
-    assert bc.Budget(None).reps(1e9, 2, 5) == 5  # no budget (--full, --quick, --reps): the full count
+    unbudgeted = bc.Budget(None)  # --full, --quick, --reps: the full count
+    assert unbudgeted.more([1e9] * 4, 2, 5) and not unbudgeted.more([1e9] * 5, 2, 5)
     b = bc.Budget(1.0)  # 60 s
     clock.t += 10  # e.g. data generation and a first repetition of 10 s
     assert b.left() == 50
-    assert b.reps(10, 2, 5) == 5  # 1 + 5 more fit: capped at the full count
-    assert b.reps(20, 2, 5) == 3  # 1 + 2 more
-    assert b.reps(100, 2, 5) == 2  # none fits, but a median and a range need 2
-    clock.t += 200  # already over: still the minimum, and the note says so
-    assert b.reps(10, 2, 5) == 2 and "over budget" in b.line(2, 10, "repetition")
-    assert "time budget 1 min" in b.line(2, 10, "repetition")
+    assert b.more([10], 2, 5)  # below the minimum
+    assert b.more([10, 10], 2, 5)  # 50 s left: another 10 s fits
+    assert not b.more([10, 10, 10, 10, 10], 2, 5)  # the full count
+    assert not b.more([10, 60], 2, 5)  # the slowest so far (a busier machine) does not fit
+    clock.t += 200  # over: the minimum still runs, and the note says so
+    assert b.more([10], 2, 5) and not b.more([10, 10], 2, 5)
+    line = b.line([10, 10], "every case")
+    assert "time budget 1 min: 2 repetition(s) of every case (10, 10 s" in line and "over budget" in line
     with pytest.raises(SystemExit):
         bc.Budget(0)
 
@@ -167,17 +170,17 @@ def test_budget_shares_what_is_left_among_the_loops_still_to_run(monkeypatch):
     monkeypatch.setattr(bc.time, "perf_counter", clock)
     b = bc.Budget(1.0)
     b.plan({"a": 1.0, "b": 1.0, "c": 2.0})
-    ran = []
     for r in b.repeat("a", 2, 10):  # its share: a quarter of what is left after its first repetition
-        ran.append(r)
         clock.t += 3
-    assert ran == list(range(b.chosen["a"])) and b.chosen["a"] == 1 + int((60 - 3) / 4 // 3)  # 5
+    assert b.chosen["a"] == 1 + int((60 - 3) / 4 // 3)  # 5: the first, and 4 more of 3 s in 14.25 s
     for r in b.repeat("b", 2, 10):  # a third of what is left (c weighs 2)
         clock.t += 1
     assert b.chosen["b"] == 10  # cheap: the full count
+    seen = []
     for r in b.repeat("c", 3, 4):
+        seen.append(r)
         clock.t += 100  # far over: the minimum
-    assert b.chosen["c"] == 3
+    assert seen == [0, 1, 2] and b.chosen["c"] == 3
     unbudgeted = bc.Budget(None)
     assert list(unbudgeted.repeat("x", 3, 7)) == list(range(7)) and unbudgeted.chosen == {"x": 7}
     assert list(bc.Budget(0.01).repeat("y", 3, 1)) == [0]  # never more than asked for, even under the minimum
