@@ -5,13 +5,15 @@
 Over a JPEG ImageFolder tree (the images suite's corpus, or any), RandomResizedCrop(224) + flip + ImageNet
 normalisation with each augmentation (none, TrivialAugmentWide nearest and bilinear, AugMix), and the
 references' --interpolation bicubic recipe (RandomResizedCrop and TrivialAugmentWide bicubic, and the
-bicubic crop alone), fastpipe's fused form (k reader threads) and DataLoader + v2 on PIL (k workers),
-batch 64, warm page cache. Rounds alternate the rows; each row reads `--images` images after 3 warm-up
+bicubic crop alone), and the references' --mixup-alpha/--cutmix-alpha (v2's MixUp or CutMix as their
+collate_fn, and the same on the batch in the loop, which fastpipe does without a copy), fastpipe's fused form
+(k reader threads) and DataLoader + v2 on PIL (k workers), batch 64, warm page cache. Rounds alternate the rows; each row reads `--images` images after 3 warm-up
 batches; medians over `--reps` rounds. Writes a Markdown table (images/s, fastpipe over DataLoader, each
 one's cost over its plain row: the crop of the same interpolation without augmentation).
 """
 
 import argparse
+import functools
 import os
 import platform
 import statistics
@@ -20,8 +22,26 @@ import time
 import torch
 
 MEAN, STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
-AUGMENTS = ("none", "TA nearest", "TA bilinear", "AugMix", "bicubic: none", "bicubic: TA bicubic")
+AUGMENTS = ("none", "TA nearest", "TA bilinear", "AugMix", "bicubic: none", "bicubic: TA bicubic",
+            "MixUp/CutMix collate_fn", "MixUp/CutMix in the loop")
 PLAIN = {a: "bicubic: none" if a.startswith("bicubic") else "none" for a in AUGMENTS}
+
+
+def mixup_cutmix(root):
+    """The references' batch transform: v2.RandomChoice of MixUp(alpha 0.2) and CutMix(alpha 1.0)."""
+    from torchvision.transforms import v2
+
+    classes = sum(1 for e in os.scandir(root) if e.is_dir())
+    return v2.RandomChoice([v2.MixUp(alpha=0.2, num_classes=classes), v2.CutMix(alpha=1.0, num_classes=classes)])
+
+
+def mixing_collate(mix, batch):
+    """The references' collate_fn: ``mixup_cutmix(*default_collate(batch))`` (module level: workers pickle it)."""
+    return mix(*torch.utils.data.default_collate(batch))
+
+
+def collate_of(augment, root):
+    return functools.partial(mixing_collate, mixup_cutmix(root)) if augment == "MixUp/CutMix collate_fn" else None
 
 
 def interpolation(augment):
@@ -34,10 +54,11 @@ def fastpipe_batches(root, augment, threads, seed):
 
     fused = {"none": None, "TA nearest": TrivialAugmentWide(),
              "TA bilinear": TrivialAugmentWide(interpolation="bilinear"), "AugMix": AugMix(),
-             "bicubic: none": None, "bicubic: TA bicubic": TrivialAugmentWide(interpolation="bicubic")}[augment]
+             "bicubic: none": None, "bicubic: TA bicubic": TrivialAugmentWide(interpolation="bicubic")}.get(augment)
     t = RandomResizedCrop(224, mirror=0.5, mean=MEAN, std=STD, augment=fused, interpolation=interpolation(augment))
+    extra = {"collate_fn": collate} if (collate := collate_of(augment, root)) else {}
     return fastpipe.Loader(fastpipe.ImageFolder(root), batch_size=64, shuffle=True, num_threads=threads,
-                           transforms={0: t}, seed=seed)
+                           transforms={0: t}, seed=seed, **extra)
 
 
 def dataloader_batches(root, augment, threads, seed):
@@ -47,14 +68,15 @@ def dataloader_batches(root, augment, threads, seed):
     step = {"none": [], "TA nearest": [v2.TrivialAugmentWide()],
             "TA bilinear": [v2.TrivialAugmentWide(interpolation=v2.InterpolationMode.BILINEAR)],
             "AugMix": [v2.AugMix()], "bicubic: none": [],
-            "bicubic: TA bicubic": [v2.TrivialAugmentWide(interpolation=v2.InterpolationMode.BICUBIC)]}[augment]
+            "bicubic: TA bicubic": [v2.TrivialAugmentWide(interpolation=v2.InterpolationMode.BICUBIC)]}.get(augment, [])
     mode = v2.InterpolationMode(interpolation(augment))
     tf = v2.Compose([v2.RandomResizedCrop(224, interpolation=mode, antialias=True), v2.RandomHorizontalFlip(), *step,
                      v2.PILToTensor(),
                      v2.ToDtype(torch.float32, scale=True), v2.Normalize(MEAN, STD)])
     torch.manual_seed(seed)
+    extra = {"collate_fn": collate} if (collate := collate_of(augment, root)) else {}
     return torch.utils.data.DataLoader(datasets.ImageFolder(root, transform=tf), batch_size=64, shuffle=True,
-                                       num_workers=threads)
+                                       num_workers=threads, **extra)
 
 
 def rate(make, root, augment, threads, seed, images):
@@ -65,13 +87,18 @@ def rate(make, root, augment, threads, seed, images):
         while True:
             yield from loader
 
-    it = batches()
+    def mixed(source):  # the references' MixUp/CutMix on the batch, in the training loop
+        mix = mixup_cutmix(root)
+        for x, y in source:
+            yield mix(x, y)
+
+    it = mixed(batches()) if augment == "MixUp/CutMix in the loop" else batches()
     for _ in range(3):
         next(it)
     start, seen, checksum = time.perf_counter(), 0, 0.0
     while seen < images:
-        x, _ = next(it)
-        checksum += float(x.sum())
+        x, y = next(it)
+        checksum += float(x.sum()) + float(y.sum())
         seen += x.shape[0]
     out = seen / (time.perf_counter() - start)
     del it, loader

@@ -11,7 +11,7 @@ that only seeds torch, random and numpy first (the reference sets no seed).
     python benchmarks/reference_recipes.py --configs defaults,bicubic --epochs 1
 
 Prints, and writes as markdown to --out: per configuration, the last epoch's training loss and the final
-Acc@1 of each loader, and the median epoch time of each (the reference's own "Total time" lines), with
+Acc@1 of each loader, and the median epoch time of each (from the reference's own progress lines), with
 fastpipe's speedup.
 """
 
@@ -140,8 +140,12 @@ def parse(output):
     """(last epoch's mean training loss or None, last Acc@1, per-epoch seconds)."""
     losses = re.findall(r"Epoch: \[(\d+)\].*?loss: [0-9.]+ \(([0-9.]+)\)", output)
     acc = re.findall(r"Acc@1 ([0-9.]+)", output)
-    times = [sum(int(v) * 60 ** i for i, v in enumerate(reversed(t.split(":"))))
-             for t in re.findall(r"Epoch: \[\d+\] Total time: ([0-9:]+)", output)]
+    # The epoch's time: its last progress line's mean step time (the metric logger's "time:", an average
+    # over the epoch) times its steps; the "Total time" lines round to whole seconds.
+    last_lines = {}
+    for epoch, steps, mean in re.findall(r"Epoch: \[(\d+)\]\s+\[\s*\d+/(\d+)\].*?time: ([0-9.]+)", output):
+        last_lines[int(epoch)] = int(steps) * float(mean)
+    times = [last_lines[e] for e in sorted(last_lines)]
     last = float(losses[-1][1]) if losses else None
     return last, float(acc[-1]) if acc else None, times
 
@@ -203,7 +207,7 @@ def main(argv=None):
             m = r[l]
             loss = "-" if m["loss"] is None else f"{m['loss']:.3f}"
             cells += [f"{loss} / {m['acc']:.1f}" if m["acc"] is not None else loss,
-                      "-" if m["epoch_s"] is None else f"{m['epoch_s']:.0f}"]
+                      "-" if m["epoch_s"] is None else f"{m['epoch_s']:.1f}"]
         speed = ""
         if len(loaders) == 2:
             a, b = (r[l]["epoch_s"] for l in loaders)
