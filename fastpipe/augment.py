@@ -39,8 +39,12 @@ def _torchvision_v2():
     try:
         from torchvision.transforms import v2
     except ImportError as e:
-        raise ImportError("fastpipe's TrivialAugmentWide, RandAugment and AutoAugment take their magnitude tables "
-                          "from torchvision: pip install torchvision") from e
+        import torch
+
+        raise ImportError("fastpipe's TrivialAugmentWide, RandAugment, AutoAugment and AugMix take their op tables "
+                          "from torchvision, which is not installed: pip install 'fastpipe[vision]' "
+                          f"torch=={torch.__version__.split('+')[0]} (torch pinned to yours, so that pip picks "
+                          "the torchvision made for it)") from e
     return v2
 
 
@@ -156,6 +160,7 @@ class _Geometric(_Augment):
     and bring in `fill` from outside."""
 
     def __init__(self, interpolation, fill):
+        _torchvision_v2()  # its op tables are read when the Loader is built: say it is missing here, where it is named
         self.interpolation = _interpolation(interpolation)
         self.fill_value = _fill(fill)
         self.v1_fill = False  # the converter's: torchvision v1's blend of a bilinear fill

@@ -12,6 +12,7 @@ file. Random data comes from the ``rng`` fixture, seeded from a printed seed; re
 import ast
 import gc
 import os
+import re
 import struct
 import subprocess
 import sys
@@ -80,17 +81,30 @@ def _skip_reason(report):
     return report.longrepr[2] if isinstance(report.longrepr, tuple) else str(report.longrepr)
 
 
+# The packages a GPU run's tests may go without (pytest.importorskip's skip stays a skip): the GPU readings
+# and the CuPy cross-checks. Any other import skip of a gpu test (torchvision, the augmentation tests'
+# reference) fails a run under FASTPIPE_REQUIRE_GPU=1.
+OPTIONAL_ON_GPU = {"cupy", "pynvml"}
+
+
+def _optional_import(reason):
+    """Whether a skip's reason is pytest.importorskip's for one of OPTIONAL_ON_GPU's packages."""
+    name = re.match(r"could not import '([\w.]+)'", reason.removeprefix("Skipped: "))
+    return bool(name) and name.group(1).split(".")[0] in OPTIONAL_ON_GPU
+
+
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_makereport(item, call):
     """Under FASTPIPE_REQUIRE_GPU=1 every skip of a `gpu` test is a failure, however it was written: a
     skipif mark (on the test, its parameter or its module: those skip before pytest_runtest_setup above
-    runs) or pytest.skip() inside the test. Only pytest.importorskip's skips stay skips: an optional Python
-    package (CuPy, pynvml) missing is the machine's choice, not a broken GPU setup."""
+    runs), pytest.skip() inside the test, or pytest.importorskip of a package the GPU run needs (torchvision:
+    the augmentation tests compare with it). Only OPTIONAL_ON_GPU's packages may be missing: the machine's
+    choice, not a broken GPU setup."""
     outcome = yield
     report = outcome.get_result()
     if not (report.skipped and _gpu_required() and item.get_closest_marker("gpu") is not None):
         return
-    if hasattr(report, "wasxfail") or "could not import" in _skip_reason(report):
+    if hasattr(report, "wasxfail") or _optional_import(_skip_reason(report)):
         return  # an expected failure, or an optional package that is not installed
     reason = _skip_reason(report)
     report.outcome = "failed"
@@ -110,7 +124,7 @@ def pytest_make_collect_report(collector):
     if not (report.skipped and _gpu_required() and isinstance(collector, pytest.Module)):
         return
     reason = _skip_reason(report)
-    if "mark.gpu" in collector.path.read_text() and "could not import" not in reason:
+    if "mark.gpu" in collector.path.read_text() and not _optional_import(reason):
         _SKIPPED_MODULES.append(f"FASTPIPE_REQUIRE_GPU=1 but {report.nodeid} was skipped whole: {reason}")
 
 

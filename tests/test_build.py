@@ -94,7 +94,8 @@ def test_import_without_gpu_in_fresh_process():
 
 
 # Every way a test may be skipped for lack of a GPU: (file, content); then the skips that stay skips under
-# FASTPIPE_REQUIRE_GPU=1: a CPU test's, a module without gpu tests, a missing optional package.
+# FASTPIPE_REQUIRE_GPU=1: a CPU test's, a module without gpu tests, a missing optional package (not a package
+# the GPU run needs, such as torchvision, whether a test or its module imports it).
 SKIP_STYLES = {
     "test_marked.py": "import pytest\n\n@pytest.mark.gpu\ndef test_on_gpu():\n    pass\n",
     "test_module_skipif.py": ("import pytest\n\npytestmark = [pytest.mark.gpu, pytest.mark.skipif(True, reason='no GPU "
@@ -110,7 +111,11 @@ SKIP_STYLES = {
     "test_cpu_module_skipped.py": ("import pytest\n\npytest.skip('a module without gpu tests may skip', "
                                    "allow_module_level=True)\n\ndef test_cpu():\n    pass\n"),
     "test_optional_package.py": ("import pytest\n\n@pytest.mark.gpu\ndef test_needs_a_package():\n"
-                                 "    pytest.importorskip('fastpipe_no_such_package')\n"),
+                                 "    pytest.importorskip('fastpipe_optional_package')\n"),
+    "test_required_package.py": ("import pytest\n\n@pytest.mark.gpu\ndef test_needs_torchvision():\n"
+                                 "    pytest.importorskip('fastpipe_required_package')\n"),
+    "test_module_import_skipped.py": ("import pytest\n\npytest.importorskip('fastpipe_required_package')\n\n"
+                                      "@pytest.mark.gpu\ndef test_never_collected():\n    pass\n"),
 }
 
 
@@ -120,16 +125,18 @@ SKIP_STYLES = {
 def test_gpu_tests_skip_without_a_gpu_unless_a_gpu_is_required(tmp_path, require, gpu):
     """tests/conftest.py: here every gpu test skips; where the device script requires a GPU, every skip of
     a gpu test is a failure however the skip is written (the gpu marker; a skipif on the module or a
-    parameter, which runs before the marker's hook; a skip inside the test; a module skipped whole fails
-    the run), so a GPU run cannot pass by skipping. `gpu`: the marker's own check passes, as on a GPU
-    machine whose tests skip for another reason (a broken setup). A CPU test's skip stays a skip, and so
-    does a gpu test's pytest.importorskip (an optional package, such as CuPy, is not a GPU setup)."""
+    parameter, which runs before the marker's hook; a skip inside the test; pytest.importorskip of a package
+    the run needs, in the test or its module; a module skipped whole fails the run), so a GPU run cannot
+    pass by skipping. `gpu`: the marker's own check passes, as on a GPU machine whose tests skip for
+    another reason (a broken setup). A CPU test's skip stays a skip, and so does a gpu test's
+    pytest.importorskip of an optional package (OPTIONAL_ON_GPU: CuPy is not a GPU setup)."""
     tests = os.path.dirname(os.path.abspath(__file__))
     (tmp_path / "conftest.py").write_text(
         "import importlib.util\n"
         f"spec = importlib.util.spec_from_file_location('suite_conftest', {os.path.join(tests, 'conftest.py')!r})\n"
         "suite = importlib.util.module_from_spec(spec)\nspec.loader.exec_module(suite)\n"
         + ("suite._gpu_missing = lambda: None\n" if gpu else "")
+        + "suite.OPTIONAL_ON_GPU = {'fastpipe_optional_package'}\n"
         + "".join(f"{hook} = suite.{hook}\n" for hook in ("pytest_runtest_setup", "pytest_runtest_makereport",
                                                           "pytest_make_collect_report", "pytest_terminal_summary",
                                                           "pytest_sessionfinish")))
@@ -141,13 +148,16 @@ def test_gpu_tests_skip_without_a_gpu_unless_a_gpu_is_required(tmp_path, require
                           env={**os.environ, "FASTPIPE_REQUIRE_GPU": require})
     out = proc.stdout
     if require == "0":
-        assert proc.returncode == 0 and "8 skipped" in out and "needs a CUDA device" in out, out
+        assert proc.returncode == 0 and "10 skipped" in out and "needs a CUDA device" in out, out
         return
     assert proc.returncode == 1, out
     failed = {"test_module_skipif.py::test_module_marked": "this gpu test was skipped: Skipped: no GPU here",
               "test_param_skipif.py::test_param[cuda]": "this gpu test was skipped: Skipped: no GPU here",
               "test_skip_inside.py::test_skips_itself": ("this gpu test was skipped: Skipped: no GPU here" if gpu
-                                                         else "this test needs a CUDA device")}
+                                                         else "this test needs a CUDA device"),
+              "test_required_package.py::test_needs_torchvision": (
+                  "this gpu test was skipped: Skipped: could not import 'fastpipe_required_package'" if gpu
+                  else "this test needs a CUDA device")}
     if gpu:
         assert re.search(r"^PASSED test_marked.py::test_on_gpu$", out, re.M), out
     else:
@@ -156,6 +166,8 @@ def test_gpu_tests_skip_without_a_gpu_unless_a_gpu_is_required(tmp_path, require
         assert re.search(rf"^(FAILED|ERROR) {re.escape(test)} ", out, re.M), f"{test} not failed:\n{out}"
         assert f"FASTPIPE_REQUIRE_GPU=1 but {why}" in out, out
     assert "FASTPIPE_REQUIRE_GPU=1 but test_module_skipped.py was skipped whole: Skipped: no GPU here" in out, out
+    assert ("FASTPIPE_REQUIRE_GPU=1 but test_module_import_skipped.py was skipped whole: Skipped: could not import "
+            "'fastpipe_required_package'") in out, out
     assert re.search(r"^SKIPPED \[1\] test_cpu.py:\d+: a CPU test may skip$", out, re.M), out
     assert re.search(r"^SKIPPED \[1\] test_cpu_module_skipped.py:\d+: a module without gpu tests may skip$", out,
                      re.M), out

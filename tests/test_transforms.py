@@ -1,6 +1,8 @@
 """fastpipe.transforms.CropMirrorNormalize in the Loader, against a float64 reference built here: the
 crops and flips from an independent Python implementation of the documented counter-based hash."""
 
+import sys
+
 import numpy as np
 import pytest
 import torch
@@ -178,3 +180,17 @@ def test_errors_name_the_field_and_the_reason(tmp_path, images, fp):
                        (dict(layout="CHW"), "layout must be"), (dict(in_layout="NHWC"), "in_layout must be")]:
         with pytest.raises((ValueError, TypeError), match=match):
             CropMirrorNormalize(**{"mean": 0.5, "std": 0.5, **bad})
+
+
+@pytest.mark.parametrize("name", ["TrivialAugmentWide", "RandAugment", "AutoAugment", "AugMix"])
+def test_augmentations_without_torchvision_name_the_extra_and_the_torch_to_keep(monkeypatch, name):
+    """The policies read torchvision's op tables: without it, the error says how to install it without
+    replacing the torch fastpipe was built against (torchvision's wheels pin one torch)."""
+    import fastpipe.transforms as T
+
+    for mod in [m for m in sys.modules if m == "torchvision" or m.startswith("torchvision.")]:
+        monkeypatch.delitem(sys.modules, mod)
+    monkeypatch.setitem(sys.modules, "torchvision", None)  # `import torchvision` raises ImportError
+    with pytest.raises(ImportError, match=r"pip install 'fastpipe\[vision\]' torch==" +
+                       torch.__version__.split("+")[0].replace(".", r"\.") + " "):
+        getattr(T, name)()
