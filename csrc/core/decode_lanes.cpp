@@ -11,12 +11,22 @@ namespace fastpipe {
 DecodeLanes::DecodeLanes(Device& device, int lanes, int64_t stride, int64_t batch_size, int64_t work_stride)
     : device_(device), lanes_(static_cast<size_t>(lanes)), stride_(stride), batch_size_(batch_size),
       work_stride_(work_stride) {
-  for (Lane& l : lanes_) {
-    l.decoded = static_cast<uint8_t*>(device_.alloc(static_cast<size_t>(stride_ * batch_size_)));
-    if (work_stride_ > 0) l.work = static_cast<uint8_t*>(device_.alloc(static_cast<size_t>(work_stride_ * batch_size_)));
-    l.copied = device_.new_event();
-    l.done = device_.new_event();
-    l.stream = device_.new_stream();
+  try {
+    for (Lane& l : lanes_) {
+      l.decoded = static_cast<uint8_t*>(device_.alloc(static_cast<size_t>(stride_ * batch_size_)));
+      if (work_stride_ > 0)
+        l.work = static_cast<uint8_t*>(device_.alloc(static_cast<size_t>(work_stride_ * batch_size_)));
+      l.copied = device_.new_event();
+      l.done = device_.new_event();
+      l.stream = device_.new_stream();
+    }
+  } catch (...) {  // what the lanes before the failure got is freed: no destructor runs for a throwing constructor
+    try {
+      teardown();
+    } catch (const std::exception& e) {
+      report_teardown_failure("freeing the decode lanes after a failed allocation", e.what());
+    }
+    throw;
   }
 }
 
@@ -27,11 +37,11 @@ void DecodeLanes::teardown() {
     device_.unpin(refused_planes_->data());
   }
   for (Lane& l : lanes_) {
-    if (l.done) {
+    if (l.done && l.stream) {
       device_.record(l.done, l.stream);
       device_.synchronize(l.done);
-      device_.delete_event(l.done);
     }
+    if (l.done) device_.delete_event(l.done);
     if (l.copied) device_.delete_event(l.copied);
     if (l.decoded) device_.free(l.decoded);
     if (l.work) device_.free(l.work);
@@ -95,6 +105,7 @@ images::DecodedLayout DecodeLanes::decode(const JpegDecodeJob& job, const std::v
   } catch (const Error& e) {
     if (e.kind() != ErrorKind::kValue) throw;
     decode_refused(job, samples, e.what(), lane.stream);
+    return layout;  // libjpeg's planes: counted in after_refusal, not as the device's planar decodes
   }
   if (layout == images::DecodedLayout::kYccPlanar) planar_ += static_cast<int64_t>(job.data.size());
   return layout;
@@ -110,16 +121,21 @@ void DecodeLanes::decode_refused(const JpegDecodeJob& job, const std::vector<int
   } else {
     device_.synchronize(refused_copied_);  // the last refusal's copies out of the planes are done
   }
+  // Every image is decoded before any copy is queued: an image libjpeg refuses then leaves no copy in
+  // flight out of the planes that refused_copied_ would not cover (the next refusal and teardown wait on it).
+  auto planes = [&](size_t k) {
+    return reinterpret_cast<uint8_t*>(refused_planes_->data()) + static_cast<int64_t>(k) * stride_;
+  };
   for (size_t k = 0; k < job.data.size(); ++k) {
-    auto* planes = reinterpret_cast<uint8_t*>(refused_planes_->data()) + static_cast<int64_t>(k) * stride_;
     try {
-      refused_decoder_->decode_planes(job.data[k], job.sizes[k], job.planes[k], planes);
+      refused_decoder_->decode_planes(job.data[k], job.sizes[k], job.planes[k], planes(k));
     } catch (const std::runtime_error& e) {
       throw Error(ErrorKind::kValue, "sample " + std::to_string(samples[k]) + " cannot be decoded: the device's "
                                      "decoder refused its batch (" + why + ") and libjpeg says: " + e.what());
     }
-    device_.copy_to_device(job.out[k], planes, static_cast<size_t>(images::ycc_planes_bytes(job.planes[k])), on);
   }
+  for (size_t k = 0; k < job.data.size(); ++k)
+    device_.copy_to_device(job.out[k], planes(k), static_cast<size_t>(images::ycc_planes_bytes(job.planes[k])), on);
   device_.record(refused_copied_, on);
   after_refusal_ += static_cast<int64_t>(job.data.size());
 }

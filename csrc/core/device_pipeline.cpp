@@ -337,6 +337,13 @@ DevicePipeline::DevicePipeline(std::shared_ptr<Device> device, std::vector<Colum
     needs_index |= p.kind == Conversion::kCropMirrorNormalize;
   }
 
+  // Only the reader threads substitute a bad image (they read and decode the substitute); an image the
+  // device's decoder and then libjpeg refuse is found on the submitter thread, with no reader to ask.
+  if (pixel_budget > 0 && options.replace_bad_images)
+    throw Error(ErrorKind::kValue,
+                "on_error='replace' is not available with image_decode='device': only the reader threads "
+                "substitute a bad image, and an image the device's decoder refuses is found after they have "
+                "passed it; use image_decode='host' (the reader threads decode and replace), or on_error='raise'");
   if (pixel_budget > 0) device_->open_jpeg_decoder();
   auto fences = st.fences;
   options.raw_outputs = true;
@@ -397,13 +404,24 @@ DevicePipeline::DevicePipeline(std::shared_ptr<Device> device, std::vector<Colum
   if (pixel_budget > 0) submitter_ = std::make_unique<SerialWorker>();
 }
 
-DevicePipeline::~DevicePipeline() { close(); }
+DevicePipeline::~DevicePipeline() { close(SerialWorker::kTeardownSeconds, nullptr); }
 
-void DevicePipeline::start(std::vector<int64_t> indices, bool drop_last, uint64_t epoch) {
+void DevicePipeline::wait_for_submitter(const std::function<void()>& wait) {
+  try {
+    wait();
+  } catch (...) {
+    submitter_missed_ = true;  // close() then gives it kStuckGraceSeconds only
+    throw;
+  }
+}
+
+void DevicePipeline::start(std::vector<int64_t> indices, bool drop_last, uint64_t epoch, double timeout_s,
+                           const std::function<void()>& poll) {
   {
     // Batches issued for the abandoned pass are dropped (once their work is queued): their slots are
     // free again once the copy stream passes them (the next copy into a slot is queued behind them anyway).
-    if (submitter_) submitter_->wait_idle();
+    if (submitter_)
+      wait_for_submitter([&] { submitter_->wait_idle(timeout_s, poll, "queuing the last pass's device work"); });
     std::lock_guard<std::mutex> lk(state_->mu);
     for (const Issued& i : state_->issued)
       if (i.slot >= 0) state_->slots[i.slot].state = DeviceSlot::State::kFree;
@@ -520,7 +538,9 @@ std::shared_ptr<DeviceBatch> DevicePipeline::next(double timeout_s, const std::f
     submission = st.issued.front().submission;
   }
   std::exception_ptr submit_error;
-  if (submission) submit_error = submitter_->wait(*submission, timeout_s, poll, "queuing the next batch's device work");
+  if (submission)
+    wait_for_submitter(
+        [&] { submit_error = submitter_->wait(*submission, timeout_s, poll, "queuing the next batch's device work"); });
   Issued item;
   {
     std::lock_guard<std::mutex> lk(st.mu);
@@ -555,11 +575,15 @@ std::shared_ptr<DeviceBatch> DevicePipeline::next(double timeout_s, const std::f
   return batch;
 }
 
-void DevicePipeline::close() {
+void DevicePipeline::close(double timeout_s, const std::function<void()>& poll) {
   if (!reader_) return;
   reader_->close();
   if (getpid() != state_->owner_pid) return;
-  if (submitter_) submitter_->stop();  // it queues what was issued, then ends
+  // The submitter queues what was issued, then ends. One stuck in a device call (a wait for it already
+  // ran out, or is cut short here) is left running: its task holds what it touches.
+  if (submitter_ && !submitter_->stop(submitter_missed_ ? kStuckGraceSeconds : timeout_s, poll))
+    report_teardown_failure("waiting for the loader's submitter thread at close()",
+                            "a device call it made has not returned; the thread is left running");
   try {  // a device that failed (a sticky error) cannot be waited for: reported, and close() goes on
     DeviceGuard guard(*device_);
     refuse_teardown_in_capture(*device_);

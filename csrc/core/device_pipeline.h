@@ -83,12 +83,17 @@ class DevicePipeline {
   DevicePipeline& operator=(const DevicePipeline&) = delete;
 
   BatchReader& reader() { return *reader_; }
-  void start(std::vector<int64_t> indices, bool drop_last, uint64_t epoch);
+  // A new pass. Waits (as next() does) for the submitter to queue the abandoned pass's work.
+  void start(std::vector<int64_t> indices, bool drop_last, uint64_t epoch, double timeout_s,
+             const std::function<void()>& poll);
   // The next batch, ready on the consumer's stream when it returns (nullptr at the pass's end).
   std::shared_ptr<DeviceBatch> next(double timeout_s, const std::function<void()>& poll);
-  // Waits for the copies in flight and stops the reader. Batches handed out stay valid. Never throws: a
-  // device failure here is reported once (report_teardown_failure).
-  void close();
+  // Waits for the copies in flight and stops the reader. Batches handed out stay valid. A device failure
+  // here is reported once (report_teardown_failure), not thrown; what poll throws is. The submitter is
+  // waited for up to timeout_s (> 0; kStuckGraceSeconds if a wait for it already failed), polling, then
+  // left running (reported).
+  void close(double timeout_s, const std::function<void()>& poll);
+  static constexpr double kStuckGraceSeconds = 0.2;
 
   // Device outputs: per column one (copies and transforms) or two (token windows: x, y).
   const std::vector<OutputLayout>& outputs() const;
@@ -101,10 +106,13 @@ class DevicePipeline {
 
  private:
   bool issue(bool block, double timeout_s, const std::function<void()>& poll);
+  // Runs a wait for the submitter; one that raises (a timeout, an interrupt) marks it as maybe stuck.
+  void wait_for_submitter(const std::function<void()>& wait);
   std::shared_ptr<Device> device_;
   std::shared_ptr<PipelineState> state_;
   std::unique_ptr<BatchReader> reader_;
   std::unique_ptr<SerialWorker> submitter_;  // image pipelines: queues each batch's device work
+  bool submitter_missed_ = false;            // a wait for it ran out or was interrupted
 };
 
 }  // namespace fastpipe

@@ -64,11 +64,14 @@ thread_local int tl_capture_mode = kCaptureGlobal;
 thread_local int tl_current_device = 0;
 thread_local bool tl_stream_worker = false;  // the calling thread runs a stream's queue
 // The calls fail() can make fail, by kind (Impl::pass and failing are indexed alike). "reject": the JPEG
-// decoder refuses a batch's data (as nvJPEG does an image it finds corrupt), not a device failure.
-constexpr int kNumFailKinds = 8;
+// decoder refuses a batch's data (as nvJPEG does an image it finds corrupt), not a device failure;
+// "hang": the decode call does not return (a stuck driver call) until release_hangs().
+constexpr int kNumFailKinds = 10;
 constexpr int kReject = 7;
-constexpr const char* kFailKinds[kNumFailKinds] = {"copy", "launch",      "decode", "record",
-                                                   "wait", "synchronize", "free",   "reject"};
+constexpr int kHang = 8;
+constexpr int kAlloc = 9;
+constexpr const char* kFailKinds[kNumFailKinds] = {"copy", "launch", "decode", "record", "wait",
+                                                   "synchronize", "free", "reject", "hang", "alloc"};
 }  // namespace
 
 // A graph capture begun on `stream` by the thread `owner` (begin_capture).
@@ -83,15 +86,26 @@ struct SimDevice::Impl {
   std::mutex mu;
   // fail(): per kind (kFailKinds), calls still to let through, then calls to fail.
   int pass[kNumFailKinds] = {}, failing[kNumFailKinds] = {};
+  int hanging = 0;        // calls stuck in a "hang" now
+  std::atomic<int64_t> live_allocations{0};  // alloc() minus free()
+  uint64_t released = 0;  // release_hangs() calls so far
+  std::condition_variable unhang;
 
   void maybe_fail(int kind, const char* call) {
-    std::lock_guard<std::mutex> lk(mu);
+    std::unique_lock<std::mutex> lk(mu);
     if (failing[kind] == 0) return;
     if (pass[kind] > 0) {
       --pass[kind];
       return;
     }
     --failing[kind];
+    if (kind == kHang) {
+      ++hanging;
+      const uint64_t generation = released;
+      unhang.wait(lk, [&] { return released != generation; });
+      --hanging;
+      return;
+    }
     if (kind == kReject)
       throw Error(ErrorKind::kValue, std::string("simulated device: ") + call +
                                          ": the decoder rejected the batch's data (injected by a test)");
@@ -223,6 +237,7 @@ SimDevice::SimDevice(int max_delay_us, uint64_t seed, int index) : impl_(std::ma
 }
 
 SimDevice::~SimDevice() {
+  release_hangs();
   for (auto& s : impl_->streams) {
     {
       std::lock_guard<std::mutex> lk(s->mu);
@@ -247,10 +262,14 @@ int SimDevice::current_device() { return tl_current_device; }
 
 void* SimDevice::alloc(size_t bytes) {
   impl_->unsafe_call("alloc");
+  impl_->maybe_fail(kAlloc, "alloc");
   void* p = std::aligned_alloc(256, (std::max<size_t>(bytes, 1) + 255) / 256 * 256);
   if (!p) throw Error(ErrorKind::kState, "simulated device: out of memory for " + std::to_string(bytes) + " bytes");
+  ++impl_->live_allocations;
   return p;
 }
+
+int64_t SimDevice::live_allocations() const { return impl_->live_allocations.load(); }
 
 void SimDevice::free(void* p) {
   impl_->maybe_fail(6, "free");
@@ -259,6 +278,7 @@ void SimDevice::free(void* p) {
   // stream's own work (a stream-ordered free, as cudaFreeAsync) it is ordered already.
   if (!tl_stream_worker) drain();
   std::free(p);
+  --impl_->live_allocations;
 }
 
 Stream* SimDevice::new_stream() {
@@ -341,6 +361,7 @@ void SimDevice::launch(const DeviceKernel& k, Stream* s) {
 }
 
 images::DecodedLayout SimDevice::decode_jpegs(const JpegDecodeJob& job, Stream* s) {
+  impl_->maybe_fail(kHang, "decode_jpegs");
   impl_->maybe_fail(2, "decode_jpegs");
   impl_->maybe_fail(kReject, "decode_jpegs");
   impl_->loader_work("decode_jpegs", s);
@@ -402,10 +423,23 @@ void SimDevice::fail(const std::string& what, int count, int after) {
   while (kind < kNumFailKinds && what != kFailKinds[kind]) ++kind;
   if (kind == kNumFailKinds)
     throw Error(ErrorKind::kValue,
-                "what must be copy, launch, decode, record, wait, synchronize, free or reject, got '" + what + "'");
+                "what must be copy, launch, decode, record, wait, synchronize, free, reject, hang or alloc, got '" + what + "'");
   std::lock_guard<std::mutex> lk(impl_->mu);
   impl_->failing[kind] = count;
   impl_->pass[kind] = after;
+}
+
+void SimDevice::release_hangs() {
+  {
+    std::lock_guard<std::mutex> lk(impl_->mu);
+    ++impl_->released;
+  }
+  impl_->unhang.notify_all();
+}
+
+int SimDevice::hanging() const {
+  std::lock_guard<std::mutex> lk(impl_->mu);
+  return impl_->hanging;
 }
 
 void SimDevice::record(Event* e, Stream* s) {

@@ -64,11 +64,15 @@ class SimDevice : public Device {
   void pool_free(void* p, size_t bytes);
   // What the program did that a GPU would not survive (work queued on a deleted stream, ...).
   std::vector<std::string> misuses() const;
-  // Test hook: the next `count` calls of `what` (copy, launch, decode, record, wait, synchronize, free)
+  // Test hook: the next `count` calls of `what` (copy, launch, decode, record, wait, synchronize, free, alloc)
   // fail as a device reports a failure (Error kState naming the call), or for "reject" the decode calls
-  // refuse their batch's data as a decoder refuses a corrupt image (Error kValue), after the first
-  // `after` of them succeed.
+  // refuse their batch's data as a decoder refuses a corrupt image (Error kValue), or for "hang" the
+  // decode calls do not return (a stuck driver call) until release_hangs(), after the first `after` of
+  // them succeed.
   void fail(const std::string& what, int count, int after);
+  void release_hangs();  // also at destruction
+  int hanging() const;   // decode calls stuck in a "hang" now
+  int64_t live_allocations() const;  // alloc() calls not yet freed
 
  private:
   struct Impl;

@@ -234,13 +234,41 @@ class PyReader {
 
   BatchReader& reader() const { return pipeline_ ? pipeline_->reader() : *reader_; }
 
+ private:
+  // Runs fn without the GIL, polling for Python signals (KeyboardInterrupt) while it waits.
+  template <typename Fn>
+  auto interruptible(Fn fn) {
+    bool interrupted = false;
+    decltype(fn(std::function<void()>())) result;
+    {
+      py::gil_scoped_release nogil;
+      try {
+        result = fn([&] {
+          py::gil_scoped_acquire gil;
+          if (PyErr_CheckSignals() != 0) {
+            interrupted = true;
+            throw std::runtime_error("interrupted");
+          }
+        });
+      } catch (const std::runtime_error&) {
+        if (!interrupted) throw;
+      }
+    }
+    if (interrupted) throw py::error_already_set();  // the KeyboardInterrupt set by PyErr_CheckSignals
+    return result;
+  }
+
+ public:
   void start(py::array_t<int64_t, py::array::c_style | py::array::forcecast> indices, bool drop_last,
-             uint64_t epoch) {
+             uint64_t epoch, double timeout) {
     std::vector<int64_t> idx(indices.data(), indices.data() + indices.size());
-    py::gil_scoped_release nogil;
     if (pipeline_) {
-      pipeline_->start(std::move(idx), drop_last, epoch);
+      interruptible([&](const std::function<void()>& poll) {
+        pipeline_->start(std::move(idx), drop_last, epoch, timeout, poll);
+        return true;
+      });
     } else {
+      py::gil_scoped_release nogil;
       reader_->start(std::move(idx), drop_last, epoch);
     }
   }
@@ -287,11 +315,15 @@ class PyReader {
     return d;
   }
 
-  void close() {
-    py::gil_scoped_release nogil;
+  // timeout <= 0: the device pipeline's submitter gets SerialWorker::kTeardownSeconds.
+  void close(double timeout) {
     if (pipeline_) {
-      pipeline_->close();
+      interruptible([&](const std::function<void()>& poll) {
+        pipeline_->close(timeout > 0 ? timeout : SerialWorker::kTeardownSeconds, poll);
+        return true;
+      });
     } else {
+      py::gil_scoped_release nogil;
       reader_->close();
     }
   }
@@ -308,29 +340,6 @@ class PyReader {
   }
 
  private:
-  // Runs fn without the GIL, polling for Python signals (KeyboardInterrupt) while it waits.
-  template <typename Fn>
-  auto interruptible(Fn fn) {
-    bool interrupted = false;
-    decltype(fn(std::function<void()>())) result;
-    {
-      py::gil_scoped_release nogil;
-      try {
-        result = fn([&] {
-          py::gil_scoped_acquire gil;
-          if (PyErr_CheckSignals() != 0) {
-            interrupted = true;
-            throw std::runtime_error("interrupted");
-          }
-        });
-      } catch (const std::runtime_error&) {
-        if (!interrupted) throw;
-      }
-    }
-    if (interrupted) throw py::error_already_set();  // the KeyboardInterrupt set by PyErr_CheckSignals
-    return result;
-  }
-
   py::object next_on_host(double timeout) {
     // A ready batch is taken without releasing the GIL: the common case in a loop that keeps up.
     bool end = false;
@@ -478,10 +487,11 @@ void bind_loader(py::module& m) {
            py::arg("io"), py::arg("pin") = py::none(), py::arg("device") = py::none(),
            py::arg("when_full") = "allocate", py::arg("on_error") = "raise", py::arg("seed") = 0,
            py::arg("nvjpeg") = "", py::arg("gather") = "threads")
-      .def("start", &PyReader::start, py::arg("indices"), py::arg("drop_last"), py::arg("epoch"))
+      .def("start", &PyReader::start, py::arg("indices"), py::arg("drop_last"), py::arg("epoch"),
+           py::arg("timeout") = -1.0)
       .def("next", &PyReader::next, py::arg("timeout"))
       .def("stats", &PyReader::stats)
-      .def("close", &PyReader::close)
+      .def("close", &PyReader::close, py::arg("timeout") = -1.0)
       .def("io_modes", &PyReader::io_modes)
       .def("warnings", &PyReader::warnings)
       // Test hooks (core/batch_reader.h): tests/conftest.py reaches them through loader._reader.

@@ -74,6 +74,9 @@ void bind_loader_test_hooks(py::module& m) {
           },
           py::arg("layout"), "How decode_jpegs writes images: planar YCbCr (nvJPEG's YUV) or interleaved RGB.")
       .def("_fail", &SimDevice::fail, py::arg("what"), py::arg("count") = 1, py::arg("after") = 0)
+      .def("_release_hangs", &SimDevice::release_hangs)
+      .def("_hanging", &SimDevice::hanging)
+      .def("_live_allocations", &SimDevice::live_allocations)
       .def("misuses", &SimDevice::misuses)
       .def(
           "begin_capture",

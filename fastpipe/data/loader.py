@@ -154,7 +154,8 @@ class Loader:
         threads decoding only what nvJPEG is not given (progressive or unusual JPEGs, images over the
         per-record budgets, shrinks of more than 4x, which DCT scaling makes cheap on the CPU). "auto"
         is $FASTPIPE_IMAGE_DECODE, else "host": the device path stays off until its tests have passed
-        on a GPU. A corrupt image that only nvJPEG finds fails its batch (on_error cannot replace it).
+        on a GPU. With "device", ``on_error="replace"`` is refused: only the reader threads substitute
+        a bad image, and one that nvJPEG and then libjpeg refuse fails its batch, naming the sample.
 
     DataLoader's other keywords are mapped: ``num_workers`` sets the number of reader threads and leaves
     the choice of where to read automatic, as with ``num_threads`` unset (its default, 0, leaves the
@@ -382,7 +383,7 @@ class Loader:
         indices = self._indices(epoch)
         it._resumed, self._resume = self._resume, None
         self.epoch = epoch + 1
-        self._reader.start(indices[skip * self.batch_size:], self.drop_last, epoch % (1 << 64))
+        self._reader.start(indices[skip * self.batch_size:], self.drop_last, epoch % (1 << 64), self._timeout)
         it.epoch, it.position, it._start_position, it._stale = epoch, skip, skip, False
 
     def _reclaim(self):

@@ -11,12 +11,17 @@
 #include <deque>
 #include <memory>
 #include <chrono>
+#include <condition_variable>
+#include <functional>
+#include <mutex>
 #include <random>
 #include <thread>
 #include <string>
 #include <vector>
 
 #include "core/device_pipeline.h"
+#include "core/error.h"
+#include "core/serial_worker.h"
 #include "core/sim_device.h"
 #include "stress_file.h"
 
@@ -68,7 +73,7 @@ void run(const std::string& path, int max_delay_us, bool overflow, bool canary =
     std::vector<int64_t> idx(kRecords);
     for (int64_t i = 0; i < kRecords; ++i) idx[i] = i;
     std::shuffle(idx.begin(), idx.end(), rng);
-    pipe.start(idx, false, pass);
+    pipe.start(idx, false, pass, 30.0, nullptr);
     std::deque<std::shared_ptr<DeviceBatch>> held;
     int64_t b = 0;
     const int64_t stop_at = pass == 2 ? 20 : -1;  // abandon pass 2 midway
@@ -116,8 +121,58 @@ void run(const std::string& path, int max_delay_us, bool overflow, bool canary =
   }
   auto keep = pipe.next(30.0, nullptr);  // the pass is over: none
   if (keep) ++failures;
-  pipe.close();
+  pipe.close(30.0, nullptr);
   sim->drain();
+}
+
+// The submitter's waits end: a task stuck (in a device call) makes wait_idle time out and stop() leave
+// its thread behind, which later finishes safely after the worker is gone (ASan: no use after free);
+// work posted after stop() is refused.
+void serial_worker_waits_end() {
+  std::mutex mu;
+  std::condition_variable cv;
+  bool release = false, finished = false;
+  auto stuck = [&] {
+    std::unique_lock<std::mutex> lk(mu);
+    cv.wait(lk, [&] { return release; });
+    finished = true;
+    cv.notify_all();
+  };
+  auto expect_error = [](ErrorKind kind, const std::function<void()>& fn, const char* what) {
+    try {
+      fn();
+    } catch (const Error& e) {
+      if (e.kind() == kind) return;
+    }
+    std::fprintf(stderr, "serial worker: %s did not fail as it should\n", what);
+    ++failures;
+  };
+  {
+    auto worker = std::make_unique<SerialWorker>();
+    auto ticket = worker->post(stuck);
+    expect_error(ErrorKind::kTimeout, [&] { worker->wait_idle(0.2, nullptr, "idle"); }, "wait_idle on a stuck task");
+    expect_error(ErrorKind::kTimeout, [&] { worker->wait(*ticket, 0.2, nullptr, "ticket"); }, "wait on a stuck task");
+    int polls = 0;
+    expect_error(ErrorKind::kState, [&] {
+      worker->wait(*ticket, 0, [&] { if (++polls == 3) throw Error(ErrorKind::kState, "interrupted"); }, "ticket");
+    }, "a wait whose poll raises");
+    if (worker->stop(0.2, nullptr)) {
+      std::fprintf(stderr, "serial worker: stop() joined a thread stuck in its task\n");
+      ++failures;
+    }
+    expect_error(ErrorKind::kState, [&] { worker->post([] {}); }, "post() after stop()");
+  }  // the worker is gone; its thread is not
+  std::unique_lock<std::mutex> lk(mu);
+  release = true;
+  cv.notify_all();
+  cv.wait(lk, [&] { return finished; });
+  auto worker = std::make_unique<SerialWorker>();  // and one that is not stuck stops at once
+  int ran = 0;
+  for (int k = 0; k < 3; ++k) worker->post([&] { ++ran; });
+  if (!worker->stop(0, nullptr) || ran != 3) {
+    std::fprintf(stderr, "serial worker: stop() did not run what was posted and join\n");
+    ++failures;
+  }
 }
 
 }  // namespace
@@ -132,6 +187,7 @@ int main(int argc, char** argv) {
     std::printf("%s\n", wrong ? "CANARY RACED" : "CANARY DID NOT RACE");
     return 0;
   }
+  serial_worker_waits_end();
   for (int delay : {0, 200})
     for (bool overflow : {false, true}) run(path, delay, overflow);
   failures += wrong;

@@ -8,6 +8,7 @@ makes the outputs. Checked against the host path, which sums the same weights in
 GPU (the gpu tests) nvJPEG's IDCT differs from libjpeg's a little.
 """
 
+import gc
 import os
 import warnings
 
@@ -227,30 +228,38 @@ def test_a_batch_the_decoder_refuses_is_decoded_by_libjpeg(folder, layout):
     host = host_batches(folder, t, seed=5)
     dev, stats = device_batches(folder, t, seed=5, fail=("reject", 1, 1), layout=layout)  # the second batch's
     assert 0 < stats["images_decoded_after_refusal"] < stats["images_decoded_on_device"] == len(folder)
+    # Planar: the device's own decodes into planes (libjpeg's after the refusal are not the device's).
+    assert stats["images_decoded_planar"] == (
+        stats["images_decoded_on_device"] - stats["images_decoded_after_refusal"] if layout == "planar" else 0)
     for (a, la), (b, lb) in zip(host, dev, strict=True):
         np.testing.assert_array_equal(la, lb)
         np.testing.assert_allclose(b, a, atol=FLOAT_TOL * 255)
 
 
-def test_a_jpeg_neither_decoder_takes_fails_its_batch_naming_the_sample(tmp_path, rng):
+@pytest.mark.parametrize("bad", [4, 5])
+def test_a_jpeg_neither_decoder_takes_fails_its_batch_naming_the_sample(tmp_path, rng, bad):
+    """The batch [4, 5] with its first or second image corrupt. The second: libjpeg decodes sample 4 before
+    it meets 5, and no copy of 4's planes may be left in flight (the teardown unpins them at once, and
+    the slow streams here would read them after that: the simulation reports it)."""
     root = tmp_path / "t"
     for k in range(6):
         data = bytearray(jpeg_bytes(picture(rng, 50, 70)))
-        if k == 4:  # a restart marker inside the scan: its markers and end are intact, its data is not
+        if k == bad:  # a restart marker inside the scan: its markers and end are intact, its data is not
             mid = (data.index(b"\xff\xda") + len(data)) // 2
             data[mid:mid + 2] = b"\xff\xd3"
         write(str(root / "c" / f"{k}.jpg"), bytes(data))
     ds = fastpipe.ImageFolder(str(root), cache_dir="off")
     t = CenterCrop(24, resize=30, dct_scaling=False)
-    with _device.simulated() as sim:
+    with _device.simulated(max_delay_us=20000, seed=int(rng.integers(1 << 30))) as sim:
         ld = fastpipe.Loader(ds, batch_size=2, transforms={0: t}, device="cuda", image_decode="device", timeout=60)
         it = iter(ld)
         for _ in range(2):  # samples 0-3
             next(it)
-        with pytest.raises(ValueError, match="sample 4 cannot be decoded: the device's decoder refused its batch"):
+        with pytest.raises(ValueError, match=f"sample {bad} cannot be decoded: the device's decoder refused its batch"):
             next(it)
         del it, ld
         sim.drain()
+        assert not sim.misuses()
 
 
 def test_device_decode_needs_a_device_and_images(folder, tmp_path):
@@ -308,3 +317,34 @@ def test_nvjpeg_decode_on_a_gpu_is_close_to_the_host_path(folder):
     assert part.mean() <= 1.0 and np.percentile(part, 99) <= 4.0, (part.mean(), np.percentile(part, 99))
     for (_, la), (_, lb) in zip(host, dev, strict=True):
         np.testing.assert_array_equal(la, lb)
+
+
+def test_a_failed_lane_allocation_frees_what_was_allocated(folder):
+    """The second decode lane's allocation fails: the first lane's buffers are freed (a throwing
+    constructor runs no destructor), and so is everything else the loader allocated."""
+    t = CenterCrop(24, resize=30, dct_scaling=False)
+    with _device.simulated() as sim:
+        ld = fastpipe.Loader(folder, batch_size=2, transforms={0: t}, device="cuda", image_decode="device")
+        allocations = sim._live_allocations()  # the arena and each lane's decoded images
+        del ld
+        assert sim._live_allocations() == 0
+        for after in range(allocations):
+            sim._fail("alloc", 1, after)
+            with pytest.raises(RuntimeError, match="alloc failed"):
+                fastpipe.Loader(folder, batch_size=2, transforms={0: t}, device="cuda", image_decode="device")
+            gc.collect()
+            assert sim._live_allocations() == 0, f"allocation {after} failed"
+
+
+def test_replacing_bad_images_is_refused_with_device_decode(folder):
+    """Only the reader threads substitute a bad image: the device path refuses on_error='replace' at
+    construction (it used to ignore it and fail the batch), and the host path takes it."""
+    t = CenterCrop(24, resize=30, dct_scaling=False)
+    with _device.simulated():
+        with pytest.raises(ValueError, match="on_error='replace' is not available with image_decode='device'"):
+            fastpipe.Loader(folder, batch_size=2, transforms={0: t}, device="cuda", image_decode="device",
+                            on_error="replace")
+        ld = fastpipe.Loader(folder, batch_size=2, transforms={0: t}, device="cuda", image_decode="host",
+                             on_error="replace")
+        assert len(list(ld)) == 3
+        del ld

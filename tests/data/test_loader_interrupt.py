@@ -1,0 +1,97 @@
+"""Every wait of a device loader ends, and Ctrl-C works: a device decode that never returns (a stuck
+driver call, played by the simulated device) hangs neither the training loop's next(), nor a new pass's
+iter(), nor close(). The waits poll for signals while the GIL is released; the stuck thread is left to
+end on its own and holds what it touches, so that it ends safely once the call returns."""
+
+import _thread
+import gc
+import os
+import sys
+import threading
+import time
+
+import pytest
+
+import fastpipe
+from fastpipe.data import _device
+from fastpipe.transforms import CenterCrop
+
+from jpegs import jpeg_bytes, picture, write
+
+HANG = 30.0
+
+
+def native_threads():
+    return len(os.listdir("/proc/self/task"))
+
+
+def wait_until(condition, what):
+    deadline = time.monotonic() + HANG
+    while not condition():
+        assert time.monotonic() < deadline, f"{what} within {HANG} s"
+        time.sleep(0.005)
+
+
+def interrupt_when(condition, what):
+    """As Ctrl-C once condition() holds: the main thread's next signal check raises KeyboardInterrupt.
+    Returns the list that receives the time it was sent."""
+    sent = []
+
+    def run():
+        wait_until(condition, what)
+        sent.append(time.monotonic())
+        _thread.interrupt_main()
+
+    threading.Thread(target=run, daemon=True).start()
+    return sent
+
+
+def main_thread_in(function):
+    """Whether the main thread is (below) a call of the loader's `function` (it then waits in C++)."""
+    frame = sys._current_frames().get(threading.main_thread().ident)
+    while frame is not None:
+        if frame.f_code.co_name == function and "fastpipe" in frame.f_code.co_filename:
+            return True
+        frame = frame.f_back
+    return False
+
+
+@pytest.fixture
+def folder(tmp_path, rng):
+    for k in range(8):
+        write(str(tmp_path / "t" / f"c{k % 2}" / f"{k}.jpg"), jpeg_bytes(picture(rng, 40 + k, 50)))
+    return fastpipe.ImageFolder(str(tmp_path / "t"), cache_dir="off")
+
+
+@pytest.mark.timeout(120, method="thread")
+def test_ctrl_c_during_a_stuck_device_decode_ends_the_loader_within_a_second(folder):
+    t = CenterCrop(24, resize=30, dct_scaling=False)
+    before = native_threads()
+    with _device.simulated() as sim:
+        ld = fastpipe.Loader(folder, batch_size=2, transforms={0: t}, device="cuda", image_decode="device",
+                             prefetch=1, timeout=60)
+        sim._fail("hang", count=1, after=1)  # the second batch's decode call never returns
+        it = iter(ld)
+        next(it)
+        # The next batch's wait for its stuck decode.
+        sent = interrupt_when(lambda: sim._hanging() == 1, "the second batch's decode hangs")
+        with pytest.raises(KeyboardInterrupt):
+            next(it)
+        assert time.monotonic() - sent[0] < 1.0
+        # A new pass waits for the abandoned pass's queued work: the same stuck call.
+        sent = interrupt_when(lambda: main_thread_in("_start"), "iter() waits for the stuck work")
+        ld.set_epoch(1)
+        with pytest.raises(KeyboardInterrupt):
+            iter(ld)
+        assert time.monotonic() - sent[0] < 1.0
+        start = time.monotonic()
+        ld.close()
+        assert time.monotonic() - start < 1.0
+        assert sim._hanging() == 1  # still stuck: the loader did not wait for it
+        del it, ld
+        sim._release_hangs()
+    # Once the call returns, the thread left behind ends and lets go of the (simulated) device, whose
+    # streams' threads end with it.
+    del sim
+    wait_until(lambda: gc.collect() is not None and native_threads() <= before,
+               f"every thread ends ({native_threads()} > {before})")
