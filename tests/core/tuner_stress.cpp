@@ -308,9 +308,14 @@ void churn(int forward, int backward, int operations) {
     barrier.wait();
   };
 
+  // The churn runs its operations, then on until the selectors' counters show every race it is for was
+  // met (a capture during a call, a throw, a call meeting its key's timing): random interleavings reach
+  // them at different times on a loaded machine. A minute without them is a failure, not a wait.
   auto churner = [&] {
     std::mt19937 rng(7);
-    for (int n = 0; n < operations; ++n) {
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+    auto reached = [&] { return captured > 0 && threw > 0 && met_timing > 0; };
+    for (int n = 0; n < operations || (!reached() && std::chrono::steady_clock::now() < deadline); ++n) {
       const int op = static_cast<int>(rng() % 16);
       const int64_t type = rng() % 2;
       if (op == 0) {

@@ -1,7 +1,10 @@
 """Reader threads keep off the core the training loop takes its batches on while the other cores leave
 them ample time, and take every core again once the loop waits for them (issue 21;
 csrc/core/reader_placement.h). The batches stay exact whichever cores read them (also
-test_loader_gather_auto.py's switches)."""
+test_loader_gather_auto.py's switches). When the readers keep off the core and when they take it back
+(their demand, the waits, the holds of 64 to 512 batches) is CorePlacement's decision on a scripted clock,
+checked in tests/core/reader_stress.cpp: a test here that timed a sleeping loop's CPU shares failed on a
+loaded machine."""
 
 import os
 import threading
@@ -55,27 +58,6 @@ def test_reader_keeps_off_the_training_threads_core(dataset_factory, fp, home_af
         s = feed.take(lambda: None)
     assert reader_threads()[mine] == CORES
     assert s["spare_cpu"] is None and s["spared_batches"] == 6, s
-    ld.close()
-
-
-def test_placement_follows_the_loop(dataset_factory, fp):
-    # 1.5 MB batches: a 3 ms step leaves the readers idle most of the time, so they keep off the training
-    # thread's core; a loop that only takes batches waits for them, so they take every core again.
-    ds, arrays, _ = dataset_factory(600, {"x": ("uint8", (64, 1024))})
-    ld = fp.loader(ds, 24, shuffle=True, num_threads=2)
-    feed = Feed(fp, ld, arrays)
-    s = feed.until(lambda: time.sleep(0.003), lambda s: s["spare_cpu"] is not None, 200)
-    assert s["reader_cores"] < 0.75 * (len(CORES) - 1) and s["spared_batches"] >= 1, s
-    spared = s["spared_batches"]
-    s = feed.until(lambda: None, lambda s: s["spare_cpu"] is None, 2000, verify=False)
-    assert s["spared_batches"] > spared, s
-    # How many batches that took is the prefetched batches plus whole 20 ms windows: tens to hundreds,
-    # with the machine's speed. What follows is counted from here.
-    spared = s["spared_batches"]
-    # Tried again after 64 batches, and more: the loop still waits for them, so they keep every core.
-    for _ in range(400):
-        s = feed.take(lambda: None, verify=False)
-    assert s["spare_cpu"] is None and s["spared_batches"] < spared + 200, s
     ld.close()
 
 

@@ -13,6 +13,8 @@ import torch
 import fastpipe.nn as fnn
 from fastpipe.nn.functional import conv2d_act
 
+pytestmark = pytest.mark.torch_build
+
 # (input, weight, groups): a 3x3, a depthwise and a 1x1 layer, so that each engine family is keyed.
 LAYERS = [((2, 8, 9, 11), (8, 8, 3, 3), 1), ((1, 6, 7, 5), (6, 1, 3, 3), 6), ((3, 4, 6, 6), (10, 4, 1, 1), 1)]
 ROUNDS = 6
@@ -62,10 +64,13 @@ def test_forward_and_backward_on_other_threads_while_choices_are_forgotten():
             for name, a, e in zip(("input", "weight", "bias"), got, want, strict=True):
                 torch.testing.assert_close(a.double(), e, atol=1e-3, rtol=1e-4, msg=lambda m: f"{name}: {m}")
 
+    timed = set()  # the keys the churn saw timed before it forgot them: the keyed path ran meanwhile
+
     @guarded
     def churn():
         k = 0
         while not done.is_set():
+            timed.update(line.split(" -> ")[0] for line in fnn.conv_engine_cache() if "timed here" in line)
             (fnn.clear_conv_engine_cache if k % 3 == 0 else fnn.retune)()
             k += 1
 
@@ -83,3 +88,4 @@ def test_forward_and_backward_on_other_threads_while_choices_are_forgotten():
     if errors:
         raise errors[0]
     assert handoff.empty()
+    assert timed, "no engine choice was timed while the threads ran: the keyed path was not exercised"
