@@ -5,6 +5,7 @@ ThreadSanitizer cannot run inside CPython, so csrc/core is compiled with tests/c
 into a standalone binary. A deliberately broken canary proves each sanitizer is really active.
 """
 
+import concurrent.futures
 import os
 import shutil
 import subprocess
@@ -29,9 +30,27 @@ SANITIZERS = {
 }
 
 
-def _build(tmp_path, name, sources, flags):
+def _compile(source, out, flags):
+    cmd = [CXX, "-std=c++17", "-O1", "-g", *flags, "-I", os.path.join(ROOT, "csrc"), "-c", source, "-o", out]
+    subprocess.run(cmd, check=True, capture_output=True, text=True)
+    return out
+
+
+_CORE_OBJECTS = {}  # sanitizer -> csrc/core's objects, compiled once per run (each program links them)
+
+
+def _core_objects(tmp_path_factory, sanitizer):
+    if sanitizer not in _CORE_OBJECTS:
+        out = tmp_path_factory.mktemp(f"core-{sanitizer}")
+        with concurrent.futures.ThreadPoolExecutor(os.cpu_count() or 1) as pool:
+            _CORE_OBJECTS[sanitizer] = list(pool.map(
+                lambda src: _compile(src, str(out / (os.path.basename(src) + ".o")), SANITIZERS[sanitizer][0]), CORE))
+    return _CORE_OBJECTS[sanitizer]
+
+
+def _build(tmp_path, name, sources, flags, objects=()):
     exe = str(tmp_path / name)
-    cmd = [CXX, "-std=c++17", "-O1", "-g", *flags, "-I", os.path.join(ROOT, "csrc"), *sources, "-o", exe,
+    cmd = [CXX, "-std=c++17", "-O1", "-g", *flags, "-I", os.path.join(ROOT, "csrc"), *sources, *objects, "-o", exe,
            "-lpthread"]
     subprocess.run(cmd, check=True, capture_output=True, text=True)
     return exe
@@ -47,7 +66,7 @@ def _run(cmd):
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize("program", sorted(STRESS))
 @pytest.mark.parametrize("sanitizer", sorted(SANITIZERS))
-def test_stress_under_sanitizer(tmp_path, sanitizer, program):
+def test_stress_under_sanitizer(tmp_path, tmp_path_factory, sanitizer, program):
     """reader: the batch reader's threads, leases and passes; pipeline: the device pipeline on the
     simulated device (streams with random delays, stream-ordered release, overflow); tuner: the conv
     engine choices selected from forward and backward threads while they are cleared, forgotten,
@@ -62,7 +81,7 @@ def test_stress_under_sanitizer(tmp_path, sanitizer, program):
     assert any(canary_report in e for e in reports), \
         f"the {sanitizer} sanitizer did not catch its canary in 3 runs:\n{reports[-1][-2000:]}"
 
-    exe = _build(tmp_path, "stress", CORE + [STRESS[program]], flags)
+    exe = _build(tmp_path, "stress", [STRESS[program]], flags, _core_objects(tmp_path_factory, sanitizer))
     r = _run(exe)
     print(r.stdout, r.stderr[-4000:])
     assert r.returncode == 0 and r.stdout.strip().endswith("OK"), r.stderr[-4000:]

@@ -7,6 +7,7 @@ bounded fuzzing itself is `make fuzz`. Needs clang with libFuzzer (Debian: clang
 
 import functools
 import os
+import re
 import shutil
 import subprocess
 
@@ -16,14 +17,21 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
 FLAGS = ["-std=c++17", "-fsanitize=fuzzer,address,undefined", "-fno-sanitize-recover=undefined", "-g", "-O1",
          "-I", os.path.join(ROOT, "csrc"), "-I", HERE, "-DFASTPIPE_WITH_JPEG", "-DFASTPIPE_WITH_PNG", "-DFASTPIPE_WITH_WEBP"]
-# gather.cpp opens image columns too, so the token-file opener links the image path.
-IMAGE_PATH = ["image_format", "jpeg_header", "jpeg_decode", "png_decode", "webp_decode", "resample", "augment"]
-# harness -> (engine sources it links, its corpus directory); as in run.sh.
-HARNESSES = {
-    "npy_header_fuzz": (["npy", "file", "fault"], "npy"),
-    "token_file_fuzz": (["npy", "file", "fault", "gather", "image_column", *IMAGE_PATH], "tokens"),
-    "image_fuzz": ([*IMAGE_PATH, "image_scan", "file", "fault"], "image"),
-}
+
+
+def _run_sh_harnesses():
+    """harness -> (engine sources it links, its corpus directory), read from run.sh (written once there:
+    a source the fuzzers link that was missing here failed every harness's link)."""
+    with open(os.path.join(HERE, "run.sh")) as f:
+        text = f.read()
+    image_path = re.search(r'^IMAGE_PATH="([^"]*)"', text, re.M).group(1)
+    sources = {n: v.replace("$IMAGE_PATH", image_path).split()
+               for n, v in re.findall(r'\[(\w+)\]="([^"]*)"', text.split("declare -A SOURCES=", 1)[1].split("\n\n")[0])}
+    corpora = dict(re.findall(r"\[(\w+)\]=(\w+)", re.search(r"^declare -A CORPUS=\((.*)\)$", text, re.M).group(1)))
+    return {name: (sources[name], corpora[name]) for name in corpora}
+
+
+HARNESSES = _run_sh_harnesses()
 
 
 def _env(tmp):
