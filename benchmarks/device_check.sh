@@ -232,12 +232,14 @@ part_conv() {
     grep -A25 "each engine forced" "$RESULTS/conv_engines_bwd_gpu.txt" | head -30
   else
     $PY benchmarks/conv_bench.py --help >/dev/null || rc=1
-    # The conv ops' CPU tests against the GPU machine's torch (issue 29: its keyed path crashed there,
-    # and CI otherwise runs them against other torch versions only), the threaded ones included.
-    timeout $((120 * SCALE)) $PY -m pytest tests/nn -m "not gpu" -q -p no:cacheprovider -o addopts="" \
-      >"$RESULTS/conv_cpu_tests.log" 2>&1 || rc=1
-    echo "conv CPU tests against torch $($PY -c 'import torch; print(torch.__version__)'): $(tail -1 "$RESULTS/conv_cpu_tests.log")"
-    grep -E "^(FAILED|ERROR)" "$RESULTS/conv_cpu_tests.log" | head -20
+    # The tests of what a torch build or version can change (the `torch_build` marker: the conv ops,
+    # the threaded ones included, tensors, torchvision's references, trainers) against the GPU machine's
+    # torch, without a GPU (issue 29: the conv keyed path crashed there, and CI otherwise runs them
+    # against other torch versions only).
+    timeout $((180 * SCALE)) $PY -m pytest tests -m "torch_build and not gpu" -q -p no:cacheprovider -o addopts="" \
+      >"$RESULTS/torch_build_tests.log" 2>&1 || rc=1
+    echo "torch_build tests against torch $($PY -c 'import torch; print(torch.__version__)'): $(tail -1 "$RESULTS/torch_build_tests.log")"
+    grep -E "^(FAILED|ERROR)" "$RESULTS/torch_build_tests.log" | head -20
   fi
   return $rc
 }

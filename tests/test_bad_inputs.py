@@ -19,6 +19,8 @@ from fastpipe.nn import FusedConv2d, fuse
 from fastpipe.nn.functional import conv2d_act
 from fastpipe.transforms import CenterCrop, CropMirrorNormalize, RandomResizedCrop
 
+pytestmark = pytest.mark.torch_build
+
 N = 12
 NAN, INF = float("nan"), float("inf")
 

@@ -10,6 +10,8 @@ import torch
 
 import fastpipe
 
+pytestmark = pytest.mark.torch_build
+
 
 def test_build_info_keys_and_types():
     info = fastpipe.build_info()

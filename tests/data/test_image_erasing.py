@@ -17,7 +17,7 @@ T1 = tv.transforms
 T2 = pytest.importorskip("torchvision.transforms.v2")
 F2 = T2.functional
 MEAN, STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
-pytestmark = pytest.mark.timeout(120, method="thread")
+pytestmark = [pytest.mark.timeout(120, method="thread"), pytest.mark.torch_build]
 
 
 @pytest.fixture

@@ -20,7 +20,7 @@ tv = pytest.importorskip("torchvision")
 F1 = tv.transforms.functional
 F2 = pytest.importorskip("torchvision.transforms.v2.functional")
 IM = tv.transforms.InterpolationMode
-pytestmark = pytest.mark.timeout(180, method="thread")
+pytestmark = [pytest.mark.timeout(180, method="thread"), pytest.mark.torch_build]
 SIZES = [(75, 100), (100, 75), (61, 89), (40, 40), (90, 31), (23, 57)]
 CASES = [(i, a) for i in ("bicubic", "nearest") for a in ("pil", "torch_uint8", "torch_float")]
 

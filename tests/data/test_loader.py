@@ -13,7 +13,7 @@ import torch
 
 import fastpipe
 
-pytestmark = pytest.mark.timeout(60)
+pytestmark = [pytest.mark.timeout(60), pytest.mark.torch_build]
 
 DTYPES = ["bool", "uint8", "int8", "int16", "uint16", "int32", "int64", "float16", "float32", "float64"]
 SHAPES = [(), (3,), (3, 5, 7)]

@@ -5,7 +5,7 @@ import math
 import numpy as np
 import pytest
 
-pytestmark = pytest.mark.timeout(60)
+pytestmark = [pytest.mark.timeout(60), pytest.mark.torch_build]
 
 N = 1_003
 

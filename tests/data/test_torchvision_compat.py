@@ -14,7 +14,7 @@ tv = pytest.importorskip("torchvision")
 T1 = tv.transforms
 T2 = pytest.importorskip("torchvision.transforms.v2")
 MEAN, STD = [0.485, 0.456, 0.406], [0.229, 0.224, 0.225]
-pytestmark = pytest.mark.timeout(120, method="thread")
+pytestmark = [pytest.mark.timeout(120, method="thread"), pytest.mark.torch_build]
 
 
 @pytest.fixture

@@ -30,7 +30,7 @@ import pytest
 
 # A run imports torch and the framework in both processes at once on 2 cores: ~15-25 s. The limits are
 # for a loaded CI machine and a hang, not the expected time.
-pytestmark = pytest.mark.timeout(240)
+pytestmark = [pytest.mark.timeout(240), pytest.mark.torch_build]
 RUN_TIMEOUT = 180
 
 ROOT = Path(__file__).resolve().parents[2]

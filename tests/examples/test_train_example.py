@@ -18,7 +18,7 @@ import pytest
 import torch
 
 # Each torchrun start imports torch twice on 2 cores (~10 s); the module runs four of them.
-pytestmark = pytest.mark.timeout(420)
+pytestmark = [pytest.mark.timeout(420), pytest.mark.torch_build]
 
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "examples" / "train.py"

@@ -5,6 +5,8 @@ from conv_ref import ACTIVATIONS, grad_from_output
 from fastpipe._ext import _C
 from fastpipe.nn import _activations
 
+pytestmark = pytest.mark.torch_build
+
 
 def test_activations_are_one_table():
     """The ops' activations (C++ table) against what Python resolves users' names to, the eager

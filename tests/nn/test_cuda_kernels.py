@@ -9,7 +9,7 @@ import fastpipe.nn as fnn
 from conv_ref import engines, run_engines
 from fastpipe.nn.functional import conv2d_act
 
-pytestmark = pytest.mark.gpu
+pytestmark = [pytest.mark.gpu, pytest.mark.torch_build]
 
 def test_misaligned_and_strided_operands():
     x = torch.randn(2, 10, 9, 9, device="cuda")

@@ -17,6 +17,8 @@ import fastpipe.nn as fnn
 from conv_ref import poison_cuda_allocations, run_engines
 from fastpipe.nn.functional import conv2d_act
 
+pytestmark = pytest.mark.torch_build
+
 # (channels, height, width, kernel, stride, padding, dilation): the kernel sizes the backward is built
 # for (3, 5, 7), odd channel counts, 1-pixel and odd images, stride 2 with odd sizes, padding beyond
 # the dilated reach, dilation 2, and channel counts that take the vectorised NHWC path (8, 16, 24, 40).

@@ -13,6 +13,8 @@ import fastpipe.nn as fnn
 from conv_ref import poison_cuda_allocations, run_engines
 from fastpipe.nn.functional import conv2d_act
 
+pytestmark = pytest.mark.torch_build
+
 # (channels, height, width, kernel, stride, padding, dilation)
 SHAPES = [
     (3, 7, 13, (3, 3), (1, 1), (1, 1), (1, 1)),

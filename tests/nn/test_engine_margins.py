@@ -15,8 +15,9 @@ import fastpipe.nn as fnn
 from conv_ref import run_engines
 from fastpipe.nn.functional import conv2d_act
 
-pytestmark = pytest.mark.skipif(not torch.backends.mkldnn.is_available(),
-                                reason="torch without oneDNN: the CPU has eager alone, nothing is timed")
+pytestmark = [pytest.mark.skipif(not torch.backends.mkldnn.is_available(),
+                                 reason="torch without oneDNN: the CPU has eager alone, nothing is timed"),
+              pytest.mark.torch_build]
 
 THIN = "runner_up=1.01 eager=1.01 spread=0.002 timings=1"
 WIDE = "runner_up=2 eager=2 spread=0.01 timings=1"

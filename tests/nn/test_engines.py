@@ -12,6 +12,8 @@ import fastpipe.nn as fnn
 from conv_ref import conv_call, engine_can_run, run_engines
 from fastpipe.nn.functional import conv2d_act
 
+pytestmark = pytest.mark.torch_build
+
 HAS_ONEDNN = torch.backends.mkldnn.is_available()
 
 

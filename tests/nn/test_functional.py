@@ -12,6 +12,8 @@ from conv_ref import (ACT_IDS, ACTIVATIONS, DEVICES, check_error, conv_call, eag
 from fastpipe.bench.conv import SHAPES as BENCH  # the shapes, as the conv suite measures them
 from fastpipe.nn.functional import conv2d_act
 
+pytestmark = pytest.mark.torch_build
+
 # (N, C_in, H, W, C_out, kernel, stride, padding, dilation, groups): the awkward cases.
 AWKWARD = {
     "c3-7x7s2": (2, 3, 17, 19, 8, 7, 2, 3, 1, 1),

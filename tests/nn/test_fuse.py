@@ -11,6 +11,8 @@ import torch.nn.functional as F
 import fastpipe.nn as fnn
 from conv_ref import ACT_IDS, ACTIVATIONS, DEVICES, check_error, eager_activation, run_engines
 
+pytestmark = pytest.mark.torch_build
+
 
 class BasicBlock(nn.Module):
     def __init__(self, inplanes, planes, stride=1):

@@ -16,6 +16,8 @@ import fastpipe.nn as fnn
 from conv_ref import poison_cuda_allocations, run_engines
 from fastpipe.nn.functional import conv2d_act
 
+pytestmark = pytest.mark.torch_build
+
 # (batch, in_channels, out_channels, height, width). GEMM m = out_channels, n = batch x pixels, k = in_channels:
 # the last four have a dimension of 1 (n, m and k; m, n and k), where cuBLASLt's epilogues may not be used.
 SHAPES = [(2, 3, 10, 7, 13), (3, 10, 59, 13, 7), (2, 64, 24, 5, 5),

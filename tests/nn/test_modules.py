@@ -7,6 +7,8 @@ import torch.nn as nn
 import fastpipe.nn as fnn
 from conv_ref import DEVICES, engines, expected_engine, module_call, run_engines
 
+pytestmark = pytest.mark.torch_build
+
 
 def pair(activation="relu", **kwargs):
     """A FusedConv2d and the eager Conv2d + activation it must match, sharing parameters."""

@@ -25,6 +25,8 @@ from conv_ref import (
 from fastpipe.nn import _activations
 from fastpipe.nn.functional import conv2d_act
 
+pytestmark = pytest.mark.torch_build
+
 SMALL = (2, 6, 7, 8, 5, 3, 1, 1, 1, 1)  # N, C_in, H, W, C_out, k, stride, padding, dilation, groups
 GROUPED = (2, 6, 9, 7, 6, 3, 2, 2, 2, 3)
 
