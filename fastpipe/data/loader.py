@@ -118,7 +118,9 @@ class Loader:
         records of 64 KiB or more when the data exceeds half the available memory, else mmap.
     timeout : float or None
         Seconds to wait for a batch before raising TimeoutError (None or 0: wait forever). The
-        ``timeout`` attribute may be changed later; it applies from the next batch on.
+        ``timeout`` attribute may be changed later; it applies from the next batch on. Every wait
+        (``next()``, a new pass's ``iter()``, ``close()``) releases the GIL and checks for Ctrl-C every
+        50 ms; a device call that never returns is left behind by ``close()`` (reported once on stderr).
     sampler : iterable of int, optional
         A custom epoch order (as DataLoader's ``sampler``), iterated once per ``iter()``. Its epoch is
         yours: fastpipe calls its ``set_epoch`` only from :meth:`set_epoch`. A sampler with an ``epoch``
