@@ -282,6 +282,7 @@ part_sanitize() {
     "racecheck|augment|tests/data/test_image_augment.py|gpu"
     "memcheck|augmix|tests/data/test_image_augmix.py|gpu"
     "memcheck|filters|tests/data/test_image_filters.py|gpu"
+    "memcheck|device_decode|tests/data/test_image_device.py|gpu"
     "racecheck|augmix|tests/data/test_image_augmix.py|gpu"
     "initcheck|loader|tests/data/test_loader_gpu.py|gpu and not graph and not capture"
   )
