@@ -1,6 +1,8 @@
 """The activations table kept once in C++ (csrc/cuda/activation.h, exported as _C.CONV_ACTIVATIONS)
 against its Python views in fastpipe/nn/_activations.py."""
 
+import pytest
+
 from conv_ref import ACTIVATIONS, grad_from_output
 from fastpipe._ext import _C
 from fastpipe.nn import _activations
