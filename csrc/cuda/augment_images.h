@@ -2,7 +2,8 @@
 // resample kernel leaves each augmented record's resized image rounded to uint8, as 3 planes, in the
 // first half of the record's work area (ResampleImagesKernel::work), then this pass runs the sample's ops
 // (augment_ops.h) in turn, between the two halves (AugMix's mixing in place, with the original and the
-// sums after them), and stores the normalised, erased output. On a GPU one block per image (the
+// sums after them; GaussianBlur in two 1-D passes through a float plane), and stores the normalised,
+// erased output. On a GPU one block per image (the
 // statistics gathered in shared memory); on the simulated device the same per-pixel code over every
 // pixel in turn (augment_image_serial). Both compute the same integers for the statistics, so the
 // outputs are equal.
@@ -17,20 +18,26 @@
 
 namespace fastpipe::images {
 
-// Whether an AugMix stage is among the augmentations: its mixing needs the original image and the sums.
-FASTPIPE_HD inline bool mixes(const ImageTransformParams& p) {
+FASTPIPE_HD inline bool has_stage(const ImageTransformParams& p, AugmentStageKind kind) {
   for (int n = 0; n < p.augment.stages; ++n)
-    if (p.augment.stage[n].kind == static_cast<int32_t>(AugmentStageKind::kAugMix)) return true;
+    if (p.augment.stage[n].kind == static_cast<int32_t>(kind)) return true;
   return false;
 }
+// AugMix's mixing needs the original image and the sums; GaussianBlur's two passes a plane of column sums.
+FASTPIPE_HD inline bool mixes(const ImageTransformParams& p) { return has_stage(p, AugmentStageKind::kAugMix); }
+FASTPIPE_HD inline bool blurs(const ImageTransformParams& p) { return has_stage(p, AugmentStageKind::kBlur); }
 
 // One record's work area: two images of 3 uint8 planes (the image and the next op's output, in turn);
-// with AugMix, then the original (3 uint8 planes) and, 16-aligned, the mix (3 float planes).
+// with AugMix, then the original (3 uint8 planes) and, 16-aligned, the mix (3 float planes); with a blur,
+// then its column sums (1 float plane: a channel at a time).
 FASTPIPE_HD inline int64_t mix_offset(int64_t plane) { return (3 * kChannels * plane + 15) / 16 * 16; }
+FASTPIPE_HD inline int64_t blur_offset(const ImageTransformParams& p, int64_t plane) {
+  return mix_offset(plane) + (mixes(p) ? kChannels * plane * static_cast<int64_t>(sizeof(float)) : 0);
+}
 FASTPIPE_HD inline int64_t augment_work_bytes(const ImageTransformParams& p) {
   const int64_t plane = static_cast<int64_t>(p.out_height) * p.out_width;
-  return mixes(p) ? mix_offset(plane) + kChannels * plane * static_cast<int64_t>(sizeof(float))
-                  : 2 * kChannels * plane;
+  if (!mixes(p) && !blurs(p)) return 2 * kChannels * plane;
+  return blur_offset(p, plane) + (blurs(p) ? plane * static_cast<int64_t>(sizeof(float)) : 0);
 }
 
 FASTPIPE_HD inline bool augments(const ImageTransformParams& p) {
@@ -75,6 +82,20 @@ inline void augment_image_serial(const ImageTransformParams& p, const ImageDesc&
     if (op.kind == static_cast<int32_t>(OpKind::kMix)) {
       for (int64_t at = 0; at < plane; ++at)
         mix_pixel(op, img, work + 2 * kChannels * plane, reinterpret_cast<float*>(work + mix_offset(plane)), plane, at);
+      continue;
+    }
+    if (op.kind == static_cast<int32_t>(OpKind::kBlur)) {  // two passes, as the GPU kernel and the CPU
+      float* columns = reinterpret_cast<float*>(work + blur_offset(p, plane));
+      for (int c = 0; c < kChannels; ++c) {
+        for (int64_t at = 0; at < plane; ++at)
+          columns[at] = blur_column(op, ops.blur + kMaxBlurTaps, img + c * plane, h, w, static_cast<int>(at / w),
+                                    static_cast<int>(at % w));
+        for (int64_t at = 0; at < plane; ++at)
+          other[c * plane + at] = blur_row(op, ops.blur, columns, w, static_cast<int>(at / w), static_cast<int>(at % w));
+      }
+      uint8_t* t = img;
+      img = other;
+      other = t;
       continue;
     }
     if (op.kind == static_cast<int32_t>(OpKind::kTable)) {

@@ -568,20 +568,31 @@ FASTPIPE_HD inline int reflect(int i, int n) {
   return r < 0 ? 0 : (r >= n ? n - 1 : r);
 }
 
-// The blur of one value: rows (y) first, then columns (x), each sum in order from the first tap, then
-// rounded (half to even) as torchvision rounds its float result: the reader threads' two passes compute
-// the same sums.
+// GaussianBlur, rows (y) first, then columns (x), each sum in order from the first tap, then rounded
+// (half to even) as torchvision rounds its float result. In two passes (the reader threads', the
+// device's): blur_column at every pixel of a plane, then blur_row over those sums; blurred_value is the
+// same sums for one value.
+FASTPIPE_HD inline float blur_column(const PlannedOp& p, const float* wy, const uint8_t* plane, int h, int w, int y,
+                                     int x) {
+  const int ry = p.taps[1] / 2;
+  float column = 0.0f;
+  for (int i = 0; i < p.taps[1]; ++i)
+    column = add_rn(column, mul_rn(wy[i], static_cast<float>(plane[static_cast<int64_t>(reflect(y + i - ry, h)) * w + x])));
+  return column;
+}
+FASTPIPE_HD inline uint8_t blur_row(const PlannedOp& p, const float* wx, const float* columns, int w, int y, int x) {
+  const int rx = p.taps[0] / 2;
+  float acc = 0.0f;
+  for (int j = 0; j < p.taps[0]; ++j)
+    acc = add_rn(acc, mul_rn(wx[j], columns[static_cast<int64_t>(y) * w + reflect(x + j - rx, w)]));
+  return static_cast<uint8_t>(round_even(acc));
+}
 FASTPIPE_HD inline uint8_t blurred_value(const PlannedOp& p, const float* wx, const float* wy, const uint8_t* plane,
                                          int h, int w, int y, int x) {
-  const int rx = p.taps[0] / 2, ry = p.taps[1] / 2;
+  const int rx = p.taps[0] / 2;
   float acc = 0.0f;
-  for (int j = 0; j < p.taps[0]; ++j) {
-    const int sx = reflect(x + j - rx, w);
-    float column = 0.0f;
-    for (int i = 0; i < p.taps[1]; ++i)
-      column = add_rn(column, mul_rn(wy[i], static_cast<float>(plane[static_cast<int64_t>(reflect(y + i - ry, h)) * w + sx])));
-    acc = add_rn(acc, mul_rn(wx[j], column));
-  }
+  for (int j = 0; j < p.taps[0]; ++j)
+    acc = add_rn(acc, mul_rn(wx[j], blur_column(p, wy, plane, h, w, y, reflect(x + j - rx, w))));
   return static_cast<uint8_t>(round_even(acc));
 }
 

@@ -1,7 +1,8 @@
 // Float arithmetic rounded as torchvision's kernels round it, the same on the host and the device: each
 // operation rounded as written (mul_rn, add_rn, div_rn), a fused multiply-add rounded once (ExactFma,
 // also on a CPU without FMA) and rintf without a library call (round_even). Used by the augmentation
-// ops (augment_ops.h). Plain C++ (no torch, no CUDA headers outside nvcc).
+// ops (augment_ops.h) and the resample's taps and sums (resample_taps.h, image_transform.h), whose
+// device code must compute the host's bits. Plain C++ (no torch, no CUDA headers outside nvcc).
 #pragma once
 
 #include <math.h>
@@ -24,6 +25,20 @@ FASTPIPE_HD inline float mul_rn(float a, float b) {
 FASTPIPE_HD inline float add_rn(float a, float b) {
 #if defined(__CUDA_ARCH__)
   return __fadd_rn(a, b);
+#else
+  return a + b;
+#endif
+}
+FASTPIPE_HD inline double mul_rn(double a, double b) {
+#if defined(__CUDA_ARCH__)
+  return __dmul_rn(a, b);
+#else
+  return a * b;
+#endif
+}
+FASTPIPE_HD inline double add_rn(double a, double b) {
+#if defined(__CUDA_ARCH__)
+  return __dadd_rn(a, b);
 #else
   return a + b;
 #endif

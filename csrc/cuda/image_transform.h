@@ -315,9 +315,9 @@ FASTPIPE_HD inline float resampled_value(DecodedLayout layout, const ImageDesc& 
   float acc = 0.0f;
   for (int i = 0; i < ny; ++i) {
     const int y = g.y.origin + fy + i;
-    float h = 0.0f;
-    for (int j = 0; j < nx; ++j) h += wx[j] * decoded_pixel(layout, d, image, y, g.x.origin + fx + j, c);
-    acc += wy[i] * h;
+    float h = 0.0f;  // rounded as the host rounds (float_rounding.h): nvcc would fuse each step
+    for (int j = 0; j < nx; ++j) h = add_rn(h, mul_rn(wx[j], decoded_pixel(layout, d, image, y, g.x.origin + fx + j, c)));
+    acc = add_rn(acc, mul_rn(wy[i], h));
   }
   return g.y.filter == Filter::kBicubic ? torch_float_uint8(acc) : acc;
 }

@@ -84,6 +84,22 @@ __global__ void augment_images_kernel(AugmentImagesKernel k) {
       __syncthreads();
       continue;
     }
+    if (op.kind == static_cast<int32_t>(images::OpKind::kBlur)) {  // two 1-D passes, a channel at a time
+      float* columns = reinterpret_cast<float*>(k.work + n * k.work_stride + images::blur_offset(p, plane));
+      for (int c = 0; c < images::kChannels; ++c) {
+        for (int64_t at = threadIdx.x; at < plane; at += blockDim.x)
+          columns[at] = images::blur_column(op, ops.blur + images::kMaxBlurTaps, img + c * plane, h, w,
+                                            static_cast<int>(at / w), static_cast<int>(at % w));
+        __syncthreads();
+        for (int64_t at = threadIdx.x; at < plane; at += blockDim.x)
+          other[c * plane + at] = images::blur_row(op, ops.blur, columns, w, static_cast<int>(at / w), static_cast<int>(at % w));
+        __syncthreads();
+      }
+      uint8_t* t = img;
+      img = other;
+      other = t;
+      continue;
+    }
     if (op.kind == static_cast<int32_t>(images::OpKind::kTable)) {
       for (int i = threadIdx.x; i < 3 * 256; i += blockDim.x) stats.hist[i / 256][i % 256] = 0;
       if (threadIdx.x == 0) stats.grey_sum = 0;

@@ -21,6 +21,7 @@
 #include <math.h>
 #include <stdint.h>
 
+#include "cuda/float_rounding.h"
 #include "cuda/host_device.h"
 
 namespace fastpipe::images {
@@ -69,15 +70,20 @@ FASTPIPE_HD inline int max_taps(const Axis& a) {
 // The filter at x (in units of the stretched filter), bicubic in the evaluation order of the kernel it
 // reproduces (PIL's bicubic_filter, or torch's cubic_convolution1/2): the weights' last bits decide ties
 // of the fixed-point sums.
+// Each operation rounded as written (mul_rn, add_rn): nvcc would fuse a * b + c on the device, where the
+// host rounds twice (-ffp-contract=off), and the weights would differ in their last bits.
 FASTPIPE_HD inline double filter_weight(const Axis& a, double x) {
   x = fabs(x);
   if (a.filter == Filter::kBilinear) return x < 1.0 ? 1.0 - x : 0.0;
   const double A = -0.5;
-  if (x < 1.0) return ((A + 2.0) * x - (A + 3.0)) * x * x + 1.0;
+  if (x < 1.0) return add_rn(mul_rn(mul_rn(add_rn(mul_rn(A + 2.0, x), -(A + 3.0)), x), x), 1.0);
   if (x >= 2.0) return 0.0;
-  if (a.as == ResizeAs::kPil) return (((x - 5.0) * x + 8.0) * x - 4.0) * A;
-  return ((A * x - 5.0 * A) * x + 8.0 * A) * x - 4.0 * A;
+  if (a.as == ResizeAs::kPil) return mul_rn(add_rn(mul_rn(add_rn(mul_rn(x - 5.0, x), 8.0), x), -4.0), A);
+  return add_rn(mul_rn(add_rn(mul_rn(add_rn(mul_rn(A, x), -5.0 * A), x), 8.0 * A), x), -4.0 * A);
 }
+
+// The centre of resized pixel k in source pixels (PIL's center = (k + 0.5) * scale, offset by the crop).
+FASTPIPE_HD inline double tap_center(const Axis& a, int k) { return add_rn(a.in0, mul_rn(k + 0.5, a.step)); }
 
 // The source pixel (relative to the origin) a nearest resize takes for resized pixel k.
 FASTPIPE_HD inline int nearest_tap(const Axis& a, int k) {
@@ -101,7 +107,7 @@ FASTPIPE_HD inline void resized_tap_range(const Axis& a, int k, int* lo, int* hi
     return;
   }
   const double support = filter_support(a);
-  const double center = a.in0 + (k + 0.5) * a.step;
+  const double center = tap_center(a, k);
   const int l = static_cast<int>(center - support + 0.5);
   const int h = static_cast<int>(center + support + 0.5);
   *lo = l < 0 ? 0 : l;
@@ -138,7 +144,7 @@ FASTPIPE_HD inline int resized_taps(const Axis& a, int k, int* first, W* w) {
     if (n) put_weight(w, 1.0, a.precision);
     return n;
   }
-  const double center = a.in0 + (k + 0.5) * a.step;
+  const double center = tap_center(a, k);
   const double inv = 1.0 / filter_scale(a);
   double sum = 0.0;
   for (int j = 0; j < n; ++j) sum += filter_weight(a, (lo + j - center + 0.5) * inv);
@@ -169,7 +175,7 @@ FASTPIPE_HD inline int fixed_precision(const Axis& a, int resized) {
   for (int k = 0; k < resized; ++k) {
     int lo = 0, hi = 0;
     resized_tap_range(real, k, &lo, &hi);
-    const double center = a.in0 + (k + 0.5) * a.step;
+    const double center = tap_center(a, k);
     const double inv = 1.0 / filter_scale(a);
     double sum = 0.0;
     for (int j = lo; j < hi; ++j) sum += filter_weight(real, (j - center + 0.5) * inv);
