@@ -10,6 +10,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <string>
 #include <vector>
 
 #include "core/error.h"
@@ -129,6 +130,9 @@ class Device {
   // Opens the JPEG decoder decode_jpegs uses, once (a pipeline that decodes images calls it when it is
   // made, so that a decoder that cannot work here is an error then, saying why, not at the first batch).
   virtual void open_jpeg_decoder() = 0;
+  // The JPEG decoder in use and the layout it writes, decided once for every stream (nvJPEG's backend
+  // and planar YCbCr, or interleaved RGB and why); "" before a decoder is opened.
+  virtual std::string jpeg_decoder() const { return ""; }
   virtual void record(Event* e, Stream* s) = 0;
   virtual void wait(Stream* s, Event* e) = 0;
   virtual void synchronize(Event* e) = 0;

@@ -608,6 +608,7 @@ DeviceStats DevicePipeline::stats() const {
   s.images_decoded_on_host = state_->lanes ? state_->lanes->on_host() : 0;
   s.images_decoded_planar = state_->lanes ? state_->lanes->planar() : 0;
   s.images_decoded_after_refusal = state_->lanes ? state_->lanes->after_refusal() : 0;
+  if (state_->lanes) s.jpeg_decoder = device_->jpeg_decoder();
   return s;
 }
 

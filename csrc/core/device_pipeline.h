@@ -41,6 +41,7 @@ struct DeviceStats {
   int64_t images_decoded_on_host = 0;    // ... and those the reader threads decoded instead
   int64_t images_decoded_planar = 0;     // ... of those on the device, into planes (the host's colours)
   int64_t images_decoded_after_refusal = 0;  // ... of those, in batches the decoder refused: by libjpeg
+  std::string jpeg_decoder;                  // Device::jpeg_decoder(): the decoder and its layout
 };
 
 struct PipelineState;

@@ -418,6 +418,11 @@ images::DecodedLayout SimDevice::decode_jpegs(const JpegDecodeJob& job, Stream* 
 
 void SimDevice::set_jpeg_layout(images::DecodedLayout layout) { impl_->jpeg_layout = layout; }
 
+std::string SimDevice::jpeg_decoder() const {
+  return impl_->jpeg_layout.load() == images::DecodedLayout::kYccPlanar ? "simulated libjpeg (planar YCbCr)"
+                                                                        : "simulated libjpeg (interleaved RGB)";
+}
+
 void SimDevice::fail(const std::string& what, int count, int after) {
   int kind = 0;
   while (kind < kNumFailKinds && what != kFailKinds[kind]) ++kind;

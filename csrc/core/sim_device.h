@@ -37,6 +37,7 @@ class SimDevice : public Device {
   // libjpeg, whole images, into planes (libjpeg's raw output) or, after set_jpeg_layout, interleaved RGB.
   images::DecodedLayout decode_jpegs(const JpegDecodeJob& job, Stream* s) override;
   void open_jpeg_decoder() override {}  // libjpeg, a decoder per call
+  std::string jpeg_decoder() const override;
   void record(Event* e, Stream* s) override;
   void wait(Stream* s, Event* e) override;
   void synchronize(Event* e) override;

@@ -311,6 +311,7 @@ class PyReader {
       d["images_decoded_on_host"] = ds.images_decoded_on_host;
       d["images_decoded_planar"] = ds.images_decoded_planar;
       d["images_decoded_after_refusal"] = ds.images_decoded_after_refusal;
+      if (!ds.jpeg_decoder.empty()) d["jpeg_decoder"] = ds.jpeg_decoder;
     }
     return d;
   }

@@ -28,6 +28,7 @@ class TracedDevice final : public Device {
   void launch(const DeviceKernel& k, Stream* s) override;
   images::DecodedLayout decode_jpegs(const JpegDecodeJob& job, Stream* s) override;
   void open_jpeg_decoder() override { inner_->open_jpeg_decoder(); }
+  std::string jpeg_decoder() const override { return inner_->jpeg_decoder(); }
   void record(Event* e, Stream* s) override { inner_->record(e, s); }
   void wait(Stream* s, Event* e) override { inner_->wait(s, e); }
   void synchronize(Event* e) override { inner_->synchronize(e); }

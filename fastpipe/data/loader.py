@@ -475,10 +475,12 @@ class Loader:
             in the reader threads, decoded by Pillow holding the GIL: BMP, GIF, TIFF, ...),
             and with ``image_decode="device"`` images_decoded_on_device, images_decoded_on_host (those
             the device was not given: progressive, CMYK, over the budgets, shrunk more than 4x) and
-            images_decoded_planar (those on the device decoded into YCbCr planes, whose upsampling and
-            colour conversion are libjpeg's: the host path's colours; else nvJPEG's interleaved RGB),
-            images_decoded_after_refusal (of those, in batches nvJPEG refused as corrupt: decoded by
-            libjpeg in the loader's device thread instead; a file libjpeg refuses too fails its batch).
+            images_decoded_planar (those nvJPEG decoded into YCbCr planes, whose upsampling and colour
+            conversion are libjpeg's: the host path's colours; else nvJPEG's interleaved RGB),
+            images_decoded_after_refusal (of those on the device, in batches nvJPEG refused as corrupt:
+            decoded by libjpeg in the loader's device thread instead; a file libjpeg refuses too fails
+            its batch), and jpeg_decoder (nvJPEG's backend and the layout it writes, decided once for
+            both decode lanes: planar YCbCr, or interleaved RGB and why).
         """
         s = self._reader.stats()
         wall = s["wall_seconds"]

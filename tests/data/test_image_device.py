@@ -75,6 +75,7 @@ def test_device_decode_matches_the_host_path(folder, transform, layout):
     assert stats["images_decoded_on_device"] >= len(folder) // 2
     planar = stats["images_decoded_on_device"] if layout == "planar" else 0
     assert stats["images_decoded_planar"] == planar
+    assert stats["jpeg_decoder"] == f"simulated libjpeg ({'planar YCbCr' if layout == 'planar' else 'interleaved RGB'})"
     tol = 1e-2 if transform.out_dtype == torch.bfloat16 else FLOAT_TOL * 255  # values are normalised
     for (a, la), (b, lb) in zip(host, dev, strict=True):
         np.testing.assert_array_equal(la, lb)
@@ -313,6 +314,7 @@ def test_nvjpeg_decode_on_a_gpu_is_close_to_the_host_path(folder):
     # these pictures' hard colour edges an H200 gave means of 2.9-6.6 levels, p99 17-47, max 76. Planes
     # upsampled and converted as libjpeg does leave the IDCT's rounding only (issue 30's accuracy).
     assert stats["images_decoded_planar"] == len(folder), backend
+    assert stats["jpeg_decoder"].endswith("(planar YCbCr)"), stats["jpeg_decoder"]  # both lanes, decided once
     part = np.stack([d for d, s in zip(diff, subsampling, strict=True) if s != 0])
     assert part.mean() <= 1.0 and np.percentile(part, 99) <= 4.0, (part.mean(), np.percentile(part, 99))
     for (_, la), (_, lb) in zip(host, dev, strict=True):

@@ -100,7 +100,22 @@ class CudaDevice : public Device {
       if (!d) d = spare_decoder_ ? std::move(spare_decoder_) : open_locked();
       decoder = d.get();
     }
-    return decoder->decode(job, raw(s));
+    const images::DecodedLayout layout = decoder->decode(job, raw(s));
+    if (!decoder->planar()) {  // refused planes: every lane's decoder goes interleaved, decided once
+      std::lock_guard<std::mutex> lk(decoder_mu_);
+      if (planar_refused_.empty()) {
+        planar_refused_ = decoder->backend();
+        for (auto& [stream, d] : decoders_)
+          if (d->planar()) d->refuse_planar("another lane's decoder was refused them: " + planar_refused_);
+      }
+    }
+    return layout;
+  }
+  std::string jpeg_decoder() const override {
+    std::lock_guard<std::mutex> lk(decoder_mu_);
+    if (!planar_refused_.empty()) return planar_refused_;
+    for (const auto& [stream, d] : decoders_) return d->backend();
+    return spare_decoder_ ? spare_decoder_->backend() : "";
   }
   void open_jpeg_decoder() override {
     std::lock_guard<std::mutex> lk(decoder_mu_);
@@ -145,17 +160,23 @@ class CudaDevice : public Device {
   // A new nvJPEG decoder (with decoder_mu_ held), or Error(kState) saying why there can be none.
   std::unique_ptr<cuda::JpegBatchDecoder> open_locked() {
     std::string why;
-    if (why_no_decoder_.empty())
-      if (auto d = cuda::make_jpeg_decoder(nvjpeg_path_, &why)) return d;
+    if (why_no_decoder_.empty()) {
+      if (auto d = cuda::make_jpeg_decoder(nvjpeg_path_, &why)) {
+        if (!planar_refused_.empty() && d->planar())
+          d->refuse_planar("another lane's decoder was refused them: " + planar_refused_);
+        return d;
+      }
+    }
     if (why_no_decoder_.empty()) why_no_decoder_ = why;
     throw Error(ErrorKind::kState, "image_decode='device': GPU JPEG decoding is unavailable here: " + why_no_decoder_ +
                                        "; image_decode='host' decodes on the CPU");
   }
 
-  std::mutex decoder_mu_;
+  mutable std::mutex decoder_mu_;
   std::unordered_map<Stream*, std::unique_ptr<cuda::JpegBatchDecoder>> decoders_;
   std::unique_ptr<cuda::JpegBatchDecoder> spare_decoder_;  // opened by open_jpeg_decoder, the first stream's
   std::string why_no_decoder_;  // the first failure to open one: later ones are not tried
+  std::string planar_refused_;  // the first decoder's backend() once it was refused planes: all follow
 };
 
 }  // namespace

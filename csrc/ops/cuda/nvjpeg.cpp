@@ -2,6 +2,7 @@
 
 #include <dlfcn.h>
 
+#include <atomic>
 #include <mutex>
 #include <vector>
 
@@ -95,7 +96,7 @@ class NvjpegDecoder final : public JpegBatchDecoder {
       // An image it does not take in planes (this batch goes as RGB, planes stay for the next), planes
       // refused altogether (RGB from now on), or else the data or the device.
       if (refuses_format(s)) {
-        refuse_planar(message_);
+        refuse_planar_locked(message_);
       } else if (s != NVJPEG_STATUS_JPEG_NOT_SUPPORTED) {
         throw Error(rejects_data(s) ? ErrorKind::kValue : ErrorKind::kState,
                     message_ + " for a batch of " + std::to_string(n) + " images on the " + backend_ + " backend");
@@ -111,13 +112,21 @@ class NvjpegDecoder final : public JpegBatchDecoder {
   void probe_planar() {
     const nvjpegStatus_t s = api_.batched_initialize(handle_, state_, 1, 1, NVJPEG_OUTPUT_YUV);
     if (s != NVJPEG_STATUS_SUCCESS) {
-      refuse_planar(failed("nvjpegDecodeBatchedInitialize(NVJPEG_OUTPUT_YUV)", s));
+      refuse_planar_locked(failed("nvjpegDecodeBatchedInitialize(NVJPEG_OUTPUT_YUV)", s));
     } else {
       initialized_n_ = 1;
     }
   }
 
-  const std::string& backend() const override { return described_; }
+  std::string backend() const override {
+    std::lock_guard<std::mutex> lk(mu_);
+    return described_;
+  }
+  bool planar() const override { return planar_.load(); }
+  void refuse_planar(const std::string& why) override {
+    std::lock_guard<std::mutex> lk(mu_);
+    refuse_planar_locked(why);
+  }
 
  private:
   // A status that says the output format, not the data or the device, is the problem.
@@ -130,7 +139,7 @@ class NvjpegDecoder final : public JpegBatchDecoder {
            s == NVJPEG_STATUS_INCOMPLETE_BITSTREAM;
   }
 
-  void refuse_planar(const std::string& why) {
+  void refuse_planar_locked(const std::string& why) {
     planar_ = false;
     described_ = backend_ + " (interleaved RGB, nvJPEG's own chroma upsampling: " + why + ")";
   }
@@ -177,8 +186,8 @@ class NvjpegDecoder final : public JpegBatchDecoder {
   nvjpegJpegState_t state_;
   std::string backend_;
   std::string described_;  // backend_ and the layout
-  std::mutex mu_;
-  bool planar_ = true;
+  mutable std::mutex mu_;
+  std::atomic<bool> planar_{true};
   std::string message_;
   int initialized_n_ = 0;  // the batch size and format the state was initialised for (0: none)
   nvjpegOutputFormat_t initialized_format_ = NVJPEG_OUTPUT_YUV;

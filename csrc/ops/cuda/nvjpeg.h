@@ -19,7 +19,11 @@ class JpegBatchDecoder {
   // Throws Error(kState) naming the nvJPEG call and its status; returns the layout written.
   virtual images::DecodedLayout decode(const JpegDecodeJob& job, cudaStream_t stream) = 0;
   // "hardware" or "default", then the layout: "(planar YCbCr)", or "(interleaved RGB, ...: why)".
-  virtual const std::string& backend() const = 0;
+  virtual std::string backend() const = 0;
+  // Whether it still decodes into planes; refuse_planar turns them off (another decoder of the same
+  // loader was refused them: every lane writes the same layout).
+  virtual bool planar() const = 0;
+  virtual void refuse_planar(const std::string& why) = 0;
 };
 
 // A decoder for the current CUDA device, from the library at `path` ("" : the usual names); null with
