@@ -1,7 +1,9 @@
 #include "core/png_decode.h"
 
+#include <atomic>
 #include <cstring>
 #include <stdexcept>
+#include <string>
 
 #ifdef FASTPIPE_WITH_PNG
 #include <spng.h>
@@ -77,6 +79,13 @@ void row_to_rgb(const uint8_t* row, const PngInfo& info, const uint8_t* palette,
 
 }  // namespace
 
+namespace {
+std::atomic<size_t> interlaced_budget{kMaxInterlacedBytes};
+constexpr size_t kKeepBytes = size_t{16} << 20;  // a buffer larger than this is freed after its image
+}  // namespace
+
+void set_interlaced_budget(size_t bytes) { interlaced_budget = bytes ? bytes : kMaxInterlacedBytes; }
+
 bool png_decoding_built() { return true; }
 std::string png_library_version() { return std::string("libspng ") + spng_version_string(); }
 
@@ -108,11 +117,19 @@ const uint8_t* PngDecoder::decode(const uint8_t* data, size_t size, const PngInf
   *stride = out_row;
   if (info.interlaced) {
     // Adam7 spreads every row over seven passes: the whole image is decoded, then the region converted.
+    const size_t budget = interlaced_budget.load(std::memory_order_relaxed);
+    if (image_bytes > budget)
+      throw std::runtime_error("an interlaced PNG of " + std::to_string(info.width) + "x" +
+                               std::to_string(info.height) + " is decoded whole (Adam7 spreads each row over seven "
+                               "passes): " + std::to_string(image_bytes >> 20) + " MiB of samples, over the " +
+                               std::to_string(budget >> 20) + " MiB a reader thread may hold for one image; save it "
+                               "without interlacing");
     rows_.resize(image_bytes);
     check(spng_decode_image(c.ctx, rows_.data(), image_bytes, SPNG_FMT_PNG, 0));
     for (int y = r.y0; y < r.y1; ++y)
       row_to_rgb(rows_.data() + static_cast<size_t>(y) * row_bytes, info, palette, r.x0, r.x1,
                  pixels_.data() + (y - r.y0) * out_row);
+    if (image_bytes > kKeepBytes) std::vector<uint8_t>().swap(rows_);  // not held between images
     return pixels_.data();
   }
   rows_.resize(row_bytes);
@@ -126,6 +143,8 @@ const uint8_t* PngDecoder::decode(const uint8_t* data, size_t size, const PngInf
 }
 
 #else  // built without libspng
+
+void set_interlaced_budget(size_t) {}
 
 bool png_decoding_built() { return false; }
 std::string png_library_version() { return ""; }

@@ -23,6 +23,12 @@ namespace fastpipe {
 bool png_decoding_built();
 std::string png_library_version();
 
+// An interlaced PNG is decoded whole in its reader thread: at most this many bytes of samples (a
+// larger one is an error saying so, not gigabytes per thread at the pixel cap).
+constexpr size_t kMaxInterlacedBytes = size_t{128} << 20;
+// Test hook: the budget in force (0: kMaxInterlacedBytes again).
+void set_interlaced_budget(size_t bytes);
+
 // One per reader thread: keeps its buffers from image to image.
 class PngDecoder {
  public:

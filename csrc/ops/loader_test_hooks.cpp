@@ -12,6 +12,7 @@
 #include "core/fault.h"
 #include "core/jpeg_decode.h"
 #include "core/jpeg_header.h"
+#include "core/png_decode.h"
 #include "core/sim_device.h"
 #include "ops/bindings.h"
 
@@ -114,6 +115,8 @@ void bind_loader_test_hooks(py::module& m) {
       py::arg("kind"), py::arg("path") = "", py::arg("every") = 1, py::arg("after") = 0, py::arg("limit") = -1,
       py::arg("seed") = 0);
   m.def("_fault_disarm", &fault::disarm);
+  m.def("_png_interlaced_budget", &set_interlaced_budget, py::arg("bytes"),
+        "The bytes of samples an interlaced PNG may need (decoded whole); 0 restores kMaxInterlacedBytes.");
   m.def("_fault_count", &fault::injected);
 
   // One augmentation op (augment_ops.h's AugOp) at `magnitude` applied to an HWC uint8 image, as the

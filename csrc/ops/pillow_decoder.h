@@ -10,8 +10,8 @@
 
 namespace fastpipe {
 
-// `decode(memoryview) -> uint8 array (height, width, 3)`, called from reader threads with the GIL held
-// for that call only.
+// `decode(bytes) -> uint8 array (height, width, 3)`, called from reader threads with the GIL held for
+// that call only.
 std::shared_ptr<const FallbackDecoder> python_fallback_decoder(pybind11::object decode);
 
 }  // namespace fastpipe

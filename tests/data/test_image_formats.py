@@ -5,6 +5,8 @@ crops within the JPEG path's tolerance, in trees of mixed formats and through to
 ImageFolder handed to the Loader."""
 
 import os
+import subprocess
+import sys
 import warnings
 
 import numpy as np
@@ -228,6 +230,47 @@ def test_pillow_records_with_next_reading_the_batches(tmp_path, rng):
     assert ld.stats()["images_pillow"] == len(ds)
 
 
+def test_what_the_fallback_decoder_keeps_stays_the_records_bytes(tmp_path, rng, monkeypatch):
+    """Pillow is given each record's encoded bytes as its own bytes object, not a view of the reader's
+    buffer (which the next record overwrites; a memoryview, even released after the call, lives on in
+    any view made of it): what a decoder keeps is still that file's bytes after later records."""
+    from fastpipe.data import _pillow
+
+    kept, real = [], _pillow.decode_rgb
+
+    def keeping(data):
+        kept.append(memoryview(data))
+        return real(data)
+
+    monkeypatch.setattr(_pillow, "decode_rgb", keeping)
+    for k in range(6):
+        write(str(tmp_path / "t" / "c" / f"{k}.bmp"), pillow_bytes(picture(rng, 16 + k, 16), "BMP"))
+    ds = fastpipe.ImageFolder(str(tmp_path / "t"), cache_dir="off")
+    ld = fastpipe.Loader(ds, batch_size=2, num_threads=1, transforms={0: CenterCrop(16, out_dtype=torch.uint8)},
+                         timeout=60)
+    assert len(list(ld)) == 3
+    assert sorted(bytes(v) for v in kept) == sorted(read(path) for path, _ in ds.samples)
+
+
+def test_an_interlaced_png_over_the_reader_budget_is_refused_saying_why(tmp_path, rng, c_decoders_only):
+    """An Adam7 PNG is decoded whole in its reader thread: past the budget (128 MiB of samples; a small
+    one here) the record fails with the reason, and the same image without interlacing decodes."""
+    samples = rng.integers(0, 256, (40, 50, 3))
+    write(str(tmp_path / "t" / "c" / "a.png"), png_bytes(samples, 2, 8, rng, interlace=True))
+    write(str(tmp_path / "u" / "c" / "a.png"), png_bytes(samples, 2, 8, rng, interlace=False))
+    t = CenterCrop(32, out_dtype=torch.uint8)
+    fastpipe._ext._C._png_interlaced_budget(40 * 50 * 3 - 1)
+    try:
+        with pytest.raises(ValueError, match=r"an interlaced PNG of 50x40 is decoded whole .* over the 0 MiB a reader"):
+            list(fastpipe.Loader(fastpipe.ImageFolder(str(tmp_path / "t"), cache_dir="off"), batch_size=1,
+                                 transforms={0: t}, timeout=60))
+        (x, _), = fastpipe.Loader(fastpipe.ImageFolder(str(tmp_path / "u"), cache_dir="off"), batch_size=1,
+                                  transforms={0: t}, timeout=60)
+        assert x.shape == (1, 3, 32, 32)
+    finally:
+        fastpipe._ext._C._png_interlaced_budget(0)
+
+
 @pytest.mark.parametrize("image_decode", ["host", "device"])
 def test_a_mixed_tree_on_the_simulated_device_equals_the_cpu_loader(tmp_path, rng, image_decode):
     # Other formats are decoded on the CPU on a CUDA loader too (with image_decode="device", the JPEGs
@@ -276,3 +319,25 @@ def test_sample_lists_of_one_root_keep_their_own_labels(tmp_path, rng):
     for ds, label, files in ((a, 0, paths[:4]), (b, 1, paths[2:])):
         ys = torch.cat([y for _, y in fastpipe.Loader(ds, batch_size=3, transforms=t)])
         assert ys.tolist() == [label] * 4 and [p for p, _ in ds.samples] == files
+
+
+def test_the_interpreter_exits_while_readers_decode_with_pillow(tmp_path, rng):
+    """Reader threads that decode with Pillow take the GIL; one that asked for it after the interpreter
+    began to finalize would never get it (or be ended holding the reader's locks). The interpreter's exit
+    is announced first (atexit), so a script that ends with readers mid-decode exits at once and cleanly."""
+    for k in range(64):
+        write(str(tmp_path / "t" / "c" / f"{k}.bmp"), pillow_bytes(picture(rng, 40 + k % 5, 48), "BMP"))
+    script = (
+        "import fastpipe, torch\n"
+        "from fastpipe.transforms import CenterCrop\n"
+        f"ds = fastpipe.ImageFolder({str(tmp_path / 't')!r}, cache_dir='off')\n"
+        "ld = fastpipe.Loader(ds, batch_size=2, num_threads=2, prefetch=8, "
+        "transforms={0: CenterCrop(32, out_dtype=torch.uint8)})\n"
+        "it = iter(ld)\n"
+        "next(it)\n"
+        "print('exiting', flush=True)\n"  # the readers are still decoding the batches read ahead
+    )
+    for _ in range(3):
+        proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
+        assert proc.returncode == 0 and "exiting" in proc.stdout, proc.stderr[-3000:]
+        assert "Fatal Python error" not in proc.stderr, proc.stderr[-3000:]
