@@ -13,43 +13,20 @@
 
 namespace fastpipe::images {
 
-// Float operations rounded as written: nvcc would fuse a * b + c into one rounding (and --use_fast_math
-// approximates division), the host compilers here do neither (ISO C++ mode, no -ffast-math).
-FASTPIPE_HD inline float mul_rn(float a, float b) {
+// Operations rounded as written: nvcc would fuse a * b + c into one rounding (and --use_fast_math
+// approximates float division); the host compilers here do neither (-ffp-contract=off, no -ffast-math).
+// On the device the intrinsic, which is never fused; on the host the operator.
 #if defined(__CUDA_ARCH__)
-  return __fmul_rn(a, b);
+#define FASTPIPE_ROUNDED(device, host) return device
 #else
-  return a * b;
+#define FASTPIPE_ROUNDED(device, host) return host
 #endif
-}
-FASTPIPE_HD inline float add_rn(float a, float b) {
-#if defined(__CUDA_ARCH__)
-  return __fadd_rn(a, b);
-#else
-  return a + b;
-#endif
-}
-FASTPIPE_HD inline double mul_rn(double a, double b) {
-#if defined(__CUDA_ARCH__)
-  return __dmul_rn(a, b);
-#else
-  return a * b;
-#endif
-}
-FASTPIPE_HD inline double add_rn(double a, double b) {
-#if defined(__CUDA_ARCH__)
-  return __dadd_rn(a, b);
-#else
-  return a + b;
-#endif
-}
-FASTPIPE_HD inline float div_rn(float a, float b) {
-#if defined(__CUDA_ARCH__)
-  return __fdiv_rn(a, b);
-#else
-  return a / b;
-#endif
-}
+FASTPIPE_HD inline float mul_rn(float a, float b) { FASTPIPE_ROUNDED(__fmul_rn(a, b), a * b); }
+FASTPIPE_HD inline float add_rn(float a, float b) { FASTPIPE_ROUNDED(__fadd_rn(a, b), a + b); }
+FASTPIPE_HD inline float div_rn(float a, float b) { FASTPIPE_ROUNDED(__fdiv_rn(a, b), a / b); }
+FASTPIPE_HD inline double mul_rn(double a, double b) { FASTPIPE_ROUNDED(__dmul_rn(a, b), a * b); }
+FASTPIPE_HD inline double add_rn(double a, double b) { FASTPIPE_ROUNDED(__dadd_rn(a, b), a + b); }
+#undef FASTPIPE_ROUNDED
 
 // a * b + c rounded once, as ATen's vectorised add_(other, alpha) computes it (a fused multiply-add). On
 // a GPU the hardware's fmaf. On the CPU, where x86-64's baseline has no FMA instruction (and glibc's fmaf

@@ -6,6 +6,7 @@ end on its own and holds what it touches, so that it ends safely once the call r
 import _thread
 import gc
 import os
+import signal
 import sys
 import threading
 import time
@@ -57,6 +58,15 @@ def main_thread_in(function):
 
 
 @pytest.fixture
+def ctrl_c():
+    """Python's own Ctrl-C handler, which a run started as a background job (SIGINT ignored, as CI may
+    start it) does not install: interrupt_main() does nothing without it."""
+    old = signal.signal(signal.SIGINT, signal.default_int_handler)
+    yield
+    signal.signal(signal.SIGINT, old)
+
+
+@pytest.fixture
 def folder(tmp_path, rng):
     for k in range(8):
         write(str(tmp_path / "t" / f"c{k % 2}" / f"{k}.jpg"), jpeg_bytes(picture(rng, 40 + k, 50)))
@@ -64,7 +74,7 @@ def folder(tmp_path, rng):
 
 
 @pytest.mark.timeout(120, method="thread")
-def test_ctrl_c_during_a_stuck_device_decode_ends_the_loader_within_a_second(folder):
+def test_ctrl_c_during_a_stuck_device_decode_ends_the_loader_within_a_second(folder, ctrl_c):
     t = CenterCrop(24, resize=30, dct_scaling=False)
     before = native_threads()
     with _device.simulated() as sim:
