@@ -47,11 +47,15 @@ def interrupt_when(condition, what):
     return sent
 
 
+PACKAGE = os.path.dirname(os.path.abspath(fastpipe.__file__)) + os.sep
+
+
 def main_thread_in(function):
-    """Whether the main thread is (below) a call of the loader's `function` (it then waits in C++)."""
+    """Whether the main thread is (below) a call of fastpipe's `function` (it then waits in C++, or is
+    about to: the signal is seen by the wait's next poll)."""
     frame = sys._current_frames().get(threading.main_thread().ident)
     while frame is not None:
-        if frame.f_code.co_name == function and "fastpipe" in frame.f_code.co_filename:
+        if frame.f_code.co_name == function and frame.f_code.co_filename.startswith(PACKAGE):
             return True
         frame = frame.f_back
     return False
@@ -83,8 +87,10 @@ def test_ctrl_c_during_a_stuck_device_decode_ends_the_loader_within_a_second(fol
         sim._fail("hang", count=1, after=1)  # the second batch's decode call never returns
         it = iter(ld)
         next(it)
-        # The next batch's wait for its stuck decode.
-        sent = interrupt_when(lambda: sim._hanging() == 1, "the second batch's decode hangs")
+        # The next batch's wait for its stuck decode (the decode may hang before next() is called: the
+        # batch is issued ahead).
+        sent = interrupt_when(lambda: sim._hanging() == 1 and main_thread_in("__next__"),
+                              "next() waits for the second batch's stuck decode")
         with pytest.raises(KeyboardInterrupt):
             next(it)
         assert time.monotonic() - sent[0] < 1.0
