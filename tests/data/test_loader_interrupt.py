@@ -4,7 +4,6 @@ iter(), nor close(). The waits poll for signals while the GIL is released; the s
 end on its own and holds what it touches, so that it ends safely once the call returns."""
 
 import _thread
-import gc
 import os
 import signal
 import sys
@@ -19,29 +18,15 @@ from fastpipe.transforms import CenterCrop
 
 from jpegs import jpeg_bytes, picture, write
 
-HANG = 30.0
-
-
-def native_threads():
-    return len(os.listdir("/proc/self/task"))
-
-
-def wait_until(condition, what):
-    deadline = time.monotonic() + HANG
-    while not condition():
-        assert time.monotonic() < deadline, f"{what} within {HANG} s"
-        time.sleep(0.005)
-
-
-def interrupt_when(condition, what):
-    """As Ctrl-C once condition() holds: the main thread's next signal check raises KeyboardInterrupt.
-    Returns the list that receives the time it was sent."""
+def interrupt_when(fp, condition):
+    """As Ctrl-C once condition() holds (within fp.HANG; else never, and the test's wait fails): the main
+    thread's next signal check raises KeyboardInterrupt. Returns the list that receives the time sent."""
     sent = []
 
     def run():
-        wait_until(condition, what)
-        sent.append(time.monotonic())
-        _thread.interrupt_main()
+        if fp.wait_until(condition):
+            sent.append(time.monotonic())
+            _thread.interrupt_main()
 
     threading.Thread(target=run, daemon=True).start()
     return sent
@@ -78,9 +63,9 @@ def folder(tmp_path, rng):
 
 
 @pytest.mark.timeout(120, method="thread")
-def test_ctrl_c_during_a_stuck_device_decode_ends_the_loader_within_a_second(folder, ctrl_c):
+def test_ctrl_c_during_a_stuck_device_decode_ends_the_loader_within_a_second(folder, ctrl_c, fp):
     t = CenterCrop(24, resize=30, dct_scaling=False)
-    before = native_threads()
+    before = fp.count_threads()
     with _device.simulated() as sim:
         ld = fastpipe.Loader(folder, batch_size=2, transforms={0: t}, device="cuda", image_decode="device",
                              prefetch=1, timeout=60)
@@ -89,13 +74,12 @@ def test_ctrl_c_during_a_stuck_device_decode_ends_the_loader_within_a_second(fol
         next(it)
         # The next batch's wait for its stuck decode (the decode may hang before next() is called: the
         # batch is issued ahead).
-        sent = interrupt_when(lambda: sim._hanging() == 1 and main_thread_in("__next__"),
-                              "next() waits for the second batch's stuck decode")
+        sent = interrupt_when(fp, lambda: sim._hanging() == 1 and main_thread_in("__next__"))
         with pytest.raises(KeyboardInterrupt):
             next(it)
         assert time.monotonic() - sent[0] < 1.0
         # A new pass waits for the abandoned pass's queued work: the same stuck call.
-        sent = interrupt_when(lambda: main_thread_in("_start"), "iter() waits for the stuck work")
+        sent = interrupt_when(fp, lambda: main_thread_in("_start"))
         ld.set_epoch(1)
         with pytest.raises(KeyboardInterrupt):
             iter(ld)
@@ -109,5 +93,4 @@ def test_ctrl_c_during_a_stuck_device_decode_ends_the_loader_within_a_second(fol
     # Once the call returns, the thread left behind ends and lets go of the (simulated) device, whose
     # streams' threads end with it.
     del sim
-    wait_until(lambda: gc.collect() is not None and native_threads() <= before,
-               f"every thread ends ({native_threads()} > {before})")
+    assert fp.wait_until(lambda: fp.count_threads() <= before), f"threads left: {fp.count_threads()} > {before}"
