@@ -175,7 +175,7 @@ srcs = sources("csrc/core/*.cpp") + sources("csrc/ops/*.cpp") + sources("csrc/op
 if WITH_CUDA:
     srcs += sources("csrc/cuda/*.cu")
 else:
-    srcs = [s for s in srcs if not s.startswith(os.path.join("csrc", "ops", "cuda", ""))]
+    srcs = [s for s in srcs if not s.startswith(os.path.join("csrc", "ops", "cuda_host", ""))]
 
 defines = [
     ("FASTPIPE_VERSION", f'"{VERSION}"'),

@@ -11,28 +11,29 @@ the torch in use rounds it (fastpipe/torch_rounding.py); GaussianBlur to within 
 augmentations' magnitudes are torchvision's own tables, read from torchvision (which TrivialAugmentWide,
 RandAugment and AutoAugment therefore need). Which ops a sample gets is drawn as torchvision draws it,
 from the hash of (seed, epoch, sample) rather than torch's generator: the same in any run, on any number
-of threads. csrc/cuda/augment_ops.h and augment_draws.h.
+of threads. csrc/kernels/augment_ops.h and augment_draws.h.
 """
 
 import numbers
 
 from fastpipe import _checks as checks
+from fastpipe._ext import _C
 from fastpipe.torch_rounding import affine_rounding
 
 __all__ = ["AugMix", "AutoAugment", "ColorJitter", "GaussianBlur", "RandAugment", "RandomApply", "RandomGrayscale",
            "TrivialAugmentWide"]
 
-# The order of csrc/cuda/augment_ops.h's AugOp.
-OPS = ("Identity", "ShearX", "ShearY", "TranslateX", "TranslateY", "Rotate", "Brightness", "Color", "Contrast",
-       "Sharpness", "Posterize", "Solarize", "AutoContrast", "Equalize", "Invert", "Hue", "Grayscale", "Blur",
-       "MixOriginal", "MixChain", "MixLast")
+# csrc/kernels/augment_ops.h's AugOp names, in its order.
+OPS = _C.AUGMENT["ops"]
 # ColorJitter's, RandomGrayscale's and GaussianBlur's ops, reported by torchvision's functional names with
 # their factor (GaussianBlur: its sigma).
 FACTOR_OPS = {"Brightness": "adjust_brightness", "Contrast": "adjust_contrast", "Color": "adjust_saturation",
               "Hue": "adjust_hue", "Grayscale": "rgb_to_grayscale", "Blur": "gaussian_blur"}
 # augment_draws.h's AugmentStageKind, and its limits.
-_ONE_OF, _SUB_POLICY, _COLOR_JITTER, _GRAYSCALE, _BLUR, _AUGMIX = 1, 2, 3, 4, 5, 6
-_MAX_STAGES, _MAX_CANDIDATES, _MAX_MAGNITUDES, _MAX_OPS, _MAX_BLUR_TAPS, _MAX_CHAINS = 4, 64, 512, 16, 47, 6
+_ONE_OF, _SUB_POLICY, _COLOR_JITTER, _GRAYSCALE, _BLUR, _AUGMIX = (
+    _C.AUGMENT["stage_kinds"][k] for k in ("one_of", "sub_policy", "color_jitter", "grayscale", "blur", "augmix"))
+_MAX_STAGES, _MAX_CANDIDATES, _MAX_MAGNITUDES, _MAX_OPS, _MAX_BLUR_TAPS, _MAX_CHAINS = (
+    _C.AUGMENT[k] for k in ("max_stages", "max_candidates", "max_magnitudes", "max_ops", "max_blur_taps", "max_chains"))
 
 
 def _torchvision_v2():

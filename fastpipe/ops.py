@@ -12,7 +12,7 @@ The ops are defined in C++ (csrc/ops/conv_act.cpp) and registered when fastpipe.
 ``fastpipe::_conv2d_act_backward(grad_out, saved, activation, act_args, bias_grad)``
     (gradient w.r.t. the pre-activation, bias gradient or an empty tensor) in one pass. ``saved`` is the
     output or the pre-activation, as ``fastpipe._C.CONV_ACTIVATIONS`` says per activation (the table in
-    csrc/cuda/activation.h).
+    csrc/kernels/activation.h).
 
 Autograd is registered in C++ (csrc/ops/autograd): backward runs ``_conv2d_act_backward`` then
 ``aten.convolution_backward`` for the input and weight gradients. This module adds the fake kernels and

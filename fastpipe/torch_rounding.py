@@ -1,5 +1,5 @@
 """Where the torch in use fuses a multiply-add in torchvision's affine sampling (rotate, shear, translate),
-measured: the fused geometric ops (csrc/cuda/augment_ops.h, images::Sampling) round their source positions
+measured: the fused geometric ops (csrc/kernels/augment_ops.h, images::Sampling) round their source positions
 and bilinear sums as it does, so that they give torchvision's pixels where a position falls on a tie.
 
 It is not a constant: torch's bmm sums the affine grid with a BLAS (whose kernel depends on the CPU) above

@@ -3,7 +3,7 @@
 - ``CropMirrorNormalize`` works on fixed-size uint8 images (``.npy`` columns). On the CPU it runs in the
   reader threads as each record lands in the batch; on a CUDA loader, in one kernel per batch after the
   copy (the uint8 images cross PCIe, not the floats). Both run the same per-element code
-  (csrc/cuda/transforms.h), so they give bit-identical results.
+  (csrc/kernels/transforms.h), so they give bit-identical results.
 - ``RandomResizedCrop`` and ``CenterCrop`` turn JPEG records (:class:`fastpipe.ImageFolder`,
   :class:`fastpipe.ImageDataset`) into fixed-size images: the crop is drawn from the stored image size,
   only the rows and columns it needs are decoded (in the reader threads, without the GIL), then one pass

@@ -1,4 +1,4 @@
-// The CPU side of the fused augmentations (cuda/augment_ops.h): a sample's ops applied in turn to its
+// The CPU side of the fused augmentations (kernels/augment_ops.h): a sample's ops applied in turn to its
 // resized uint8 image in a reader thread, each op a pass over the output-sized image, kept as 3 planes
 // (R, G, B) so that every op's loop runs over contiguous values.
 #pragma once
@@ -6,7 +6,7 @@
 #include <cstdint>
 #include <vector>
 
-#include "cuda/augment_draws.h"
+#include "kernels/augment_draws.h"
 
 namespace fastpipe {
 

@@ -101,14 +101,7 @@ const int64_t* Lease::indices() const {
 
 BatchReader::BatchReader(std::vector<ColumnSpec> columns, ReaderOptions opt) : owner_pid_(getpid()) {
   FP_CHECK_VALUE(!columns.empty(), "a loader needs at least one column");
-  FP_CHECK_VALUE(opt.batch_size >= 1, "batch_size must be at least 1, got " + std::to_string(opt.batch_size));
-  FP_CHECK_VALUE(opt.num_threads >= 0, "num_threads must be at least 1 (0: automatic), got " +
-                                          std::to_string(opt.num_threads));
-  FP_CHECK_VALUE(opt.num_threads <= kMaxReaderThreads,
-                 "num_threads must be at most " + std::to_string(kMaxReaderThreads) +
-                     " (each reader thread has a stack and chunk buffers, and more readers than that only "
-                     "contend for the disk and the cores), got " + std::to_string(opt.num_threads));
-  FP_CHECK_VALUE(opt.prefetch >= 0, "prefetch must be at least 1 (0: automatic), got " + std::to_string(opt.prefetch));
+  opt.check();
   auto st = std::make_shared<ReaderState>();
   st->opt = opt;
   st->owner_pid = owner_pid_;
@@ -545,14 +538,14 @@ ReaderStats BatchReader::stats() const {
   s.overflow_batches = st.overflow_batches;
   s.next_batches = st.next_batches;
   s.gathering_in_next = st.opt.gather == GatherIn::kNext || st.readers_paused;
-  if (policy_) s.step_cores = policy_->last_step_cores();
-  s.spare_cpu = st.spare_cpu;
+  if (policy_ && policy_->last_step_cores() >= 0) s.step_cores = policy_->last_step_cores();
+  if (st.spare_cpu >= 0) s.spare_cpu = st.spare_cpu;
   s.spared_batches = st.spared_batches;
-  if (placement_) s.reader_cores = placement_->last_demand();
+  if (placement_ && placement_->last_demand() >= 0) s.reader_cores = placement_->last_demand();
   s.images_replaced = st.images_replaced.load();
   for (const Column& c : st.columns)
-    if (c.spec.image && c.spec.image->fallback) s.images_fallback += c.spec.image->fallback->decoded();
-  s.replace_log = st.replace_log;
+    if (c.spec.image && c.spec.image->fallback) s.images_pillow += c.spec.image->fallback->decoded();
+  s.replaced = st.replace_log;
   return s;
 }
 

@@ -16,46 +16,31 @@
 #include <functional>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
 
 #include "core/gather.h"
+#include "core/reader_config.h"
 
 namespace fastpipe {
-
-// More reader threads than this never help (they contend for the disk and the cores); refused up front.
-constexpr int kMaxReaderThreads = 1024;
 
 // Runs body(begin, end, worker) over [0, n) split among workers (torch's intra-op threads, from the ops
 // layer; `worker` numbers the thread running it); null: serially on the calling thread.
 using ParallelFor = std::function<void(int64_t n, const std::function<void(int64_t, int64_t, int)>& body)>;
 
-// Who gathers the batches. kThreads: reader threads, ahead of the consumer. kNext: no reader threads;
-// next() reads each batch itself when it is asked for, its chunks spread over `parallel_for`
-// (num_threads then sizes the chunks: the workers it has); for a training step that keeps every core
-// busy with its own parallel work, where reader threads would only compete with it. kAuto: reader
-// threads, paused (and next() reading) while the step keeps the cores busy (gather_policy.h).
-enum class GatherIn { kThreads, kNext, kAuto };
-
-struct ReaderOptions {
-  int64_t batch_size = 1;
-  int num_threads = 0;  // 0: default_num_threads
-  GatherIn gather = GatherIn::kThreads;
-  ParallelFor parallel_for;  // kNext and kAuto
-  int prefetch = 0;   // batches read ahead of the consumer (0: default_prefetch of the batch bytes)
+// The user's settings (reader_config.h), resolved here: num_threads and prefetch 0 become the defaults for
+// the columns; and what the layers above add.
+struct ReaderOptions : ReaderConfig {
+  ParallelFor parallel_for;  // GatherIn::kNext and kAuto
   int num_slots = 0;  // arena slots, > prefetch (0: prefetch + 2)
-  IoMode io = IoMode::kAuto;
   // Every column delivered as its records (one output each, no widening or transform): a device
   // pipeline converts them after the copy.
   bool raw_outputs = false;
   // Each slot also holds its batch's sample indices (int64, after the outputs; Lease::indices), for the
   // device pipeline to copy along for the transforms.
   bool index_output = false;
-  // An image that cannot be read or decoded is replaced by another record drawn from (seed, epoch,
-  // sample) instead of failing the batch (Loader's on_error="replace"); counted in the stats.
-  bool replace_bad_images = false;
-  uint64_t seed = 0;
   // When every slot is held by the consumer, next() reads the next batch itself into memory this
   // returns (at least `bytes`, kept alive by the shared_ptr), outside the arena. Null: next() raises at
   // once in that case, since no slot can be filled until the consumer frees one.
@@ -72,30 +57,37 @@ struct ReaderOptions {
   std::function<void(int)> before_slot_fill;
 };
 
+// The reader's counters, each under the name Loader.stats() gives it: the binding copies them by this list.
+// X(type, name); an optional is None until it has been measured.
+#define FASTPIPE_READER_STATS(X)                                                                                   \
+  X(int64_t, batches)                                                                                              \
+  X(int64_t, bytes_read)                                                                                           \
+  X(double, read_seconds)   /* summed over reader threads */                                                       \
+  X(double, wait_seconds)   /* consumer blocked in next() */                                                       \
+  X(double, wall_seconds)   /* inside passes: from each start() to its last batch */                               \
+  X(int64_t, arena_bytes)                                                                                          \
+  X(int, prefetch)                                                                                                 \
+  X(int, num_slots)                                                                                                \
+  X(int, slots_leased)                                                                                             \
+  X(int, num_threads)                                                                                              \
+  X(int64_t, waits)            /* next() calls that found no batch ready and waited */                             \
+  X(int64_t, overflow_batches) /* read outside the arena because every slot was held */                            \
+  X(int64_t, next_batches)     /* read by next() itself (GatherIn::kNext, or kAuto's busy steps) */                \
+  X(bool, gathering_in_next)   /* where the next batches are read now */                                           \
+  X(std::optional<double>, step_cores) /* GatherIn::kAuto: cores the step used in the last window */               \
+  /* Where the readers run (reader_placement.h): the core they keep off now, the batches taken while they */       \
+  /* kept off the consumer's core, their reading time per second of the last window. */                            \
+  X(std::optional<int>, spare_cpu)                                                                                 \
+  X(int64_t, spared_batches)                                                                                       \
+  X(std::optional<double>, reader_cores)                                                                           \
+  X(int64_t, images_replaced)  /* bad images replaced by other records (OnError::kReplace) */                      \
+  X(int64_t, images_pillow)    /* decoded by an image column's fallback decoder (the binding's Pillow) */          \
+  X(std::vector<std::string>, replaced) /* the first of them: which image, why, and by which record */
+
 struct ReaderStats {
-  int64_t batches = 0;
-  int64_t bytes_read = 0;
-  double read_seconds = 0;   // summed over reader threads
-  double wait_seconds = 0;   // consumer blocked in next()
-  double wall_seconds = 0;   // inside passes: from each start() to its last batch
-  int64_t arena_bytes = 0;
-  int prefetch = 0;
-  int num_slots = 0;
-  int slots_leased = 0;
-  int num_threads = 0;
-  int64_t waits = 0;         // next() calls that found no batch ready and waited
-  int64_t overflow_batches = 0;  // read outside the arena because every slot was held
-  int64_t next_batches = 0;      // read by next() itself (GatherIn::kNext, or kAuto's busy steps)
-  bool gathering_in_next = false;  // where the next batches are read now
-  double step_cores = -1;        // GatherIn::kAuto: cores the step used in the last window (< 0: not yet)
-  // Where the readers run (reader_placement.h): the core they keep off now (-1: none), the batches
-  // taken while they kept off the consumer's core, their reading time per second of the last window.
-  int spare_cpu = -1;
-  int64_t spared_batches = 0;
-  double reader_cores = -1;
-  int64_t images_replaced = 0;   // bad images replaced by other records (ReaderOptions::replace_bad_images)
-  int64_t images_fallback = 0;   // images decoded by an image column's fallback decoder (Pillow), with the GIL
-  std::vector<std::string> replace_log;  // the first of them: which image, why, and by which record
+#define FASTPIPE_FIELD(type, name) type name{};
+  FASTPIPE_READER_STATS(FASTPIPE_FIELD)
+#undef FASTPIPE_FIELD
 };
 
 // An output region inside every slot: `record_bytes` per record, records back to back.

@@ -4,7 +4,7 @@
 #include <string>
 
 #include "core/error.h"
-#include "cuda/augment_images.h"
+#include "kernels/augment_images.h"
 
 namespace fastpipe {
 

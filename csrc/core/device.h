@@ -1,6 +1,6 @@
 // Streams, events, asynchronous copies, device memory and the batch kernels behind one narrow interface.
 // The device pipeline (device_pipeline.h) is written against it; CUDA implements it
-// (csrc/ops/cuda/cuda_device.cpp) and a CPU simulation (sim_device.h) lets the pipeline's ordering logic
+// (csrc/ops/cuda_host/cuda_device.cpp) and a CPU simulation (sim_device.h) lets the pipeline's ordering logic
 // run, and be tested, on a machine without a GPU.
 //
 // Semantics are CUDA's: work queued on one stream runs in order; record(e, s) marks the point of s where
@@ -14,8 +14,8 @@
 #include <vector>
 
 #include "core/error.h"
-#include "cuda/image_transform.h"
-#include "cuda/transforms.h"
+#include "kernels/image_transform.h"
+#include "kernels/transforms.h"
 
 namespace fastpipe {
 
@@ -61,7 +61,7 @@ struct ResampleImagesKernel {
   int64_t work_stride = 0;
 };
 
-// The augmentations (cuda/augment_images.h) of the records the resample left in their work areas, and
+// The augmentations (kernels/augment_images.h) of the records the resample left in their work areas, and
 // their outputs.
 struct AugmentImagesKernel {
   images::ImageTransformParams params;

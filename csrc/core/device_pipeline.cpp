@@ -11,7 +11,7 @@
 #include "core/decode_lanes.h"
 #include "core/error.h"
 #include "core/host_fences.h"
-#include "cuda/augment_images.h"
+#include "kernels/augment_images.h"
 #include "core/pinned_arena.h"
 
 namespace fastpipe {
@@ -339,7 +339,7 @@ DevicePipeline::DevicePipeline(std::shared_ptr<Device> device, std::vector<Colum
 
   // Only the reader threads substitute a bad image (they read and decode the substitute); an image the
   // device's decoder and then libjpeg refuse is found on the submitter thread, with no reader to ask.
-  if (pixel_budget > 0 && options.replace_bad_images)
+  if (pixel_budget > 0 && options.on_error == OnError::kReplace)
     throw Error(ErrorKind::kValue,
                 "on_error='replace' is not available with image_decode='device': only the reader threads "
                 "substitute a bad image, and an image the device's decoder refuses is found after they have "
@@ -600,9 +600,9 @@ int64_t DevicePipeline::slot_bytes() const { return state_->slot_bytes; }
 DeviceStats DevicePipeline::stats() const {
   std::lock_guard<std::mutex> lk(state_->mu);
   DeviceStats s;
-  s.arena_bytes = state_->slot_bytes * static_cast<int64_t>(state_->slots.size());
-  s.num_slots = static_cast<int>(state_->slots.size());
-  s.slots_leased = state_->leased;
+  s.device_arena_bytes = state_->slot_bytes * static_cast<int64_t>(state_->slots.size());
+  s.device_slots = static_cast<int>(state_->slots.size());
+  s.device_slots_leased = state_->leased;
   s.overflow_batches = state_->overflow_batches;
   s.images_decoded_on_device = state_->lanes ? state_->lanes->on_device() : 0;
   s.images_decoded_on_host = state_->lanes ? state_->lanes->on_host() : 0;

@@ -16,6 +16,8 @@
 
 #include <functional>
 #include <memory>
+#include <optional>
+#include <string>
 #include <vector>
 
 #include "core/batch_reader.h"
@@ -32,16 +34,23 @@ struct OverflowBuffer {
 };
 using OverflowFn = std::function<OverflowBuffer(int64_t bytes, Stream* copy_stream)>;
 
+// The device pipeline's counters, under the names Loader.stats() gives them (after the reader's, whose
+// overflow_batches this one's replaces). X(type, name).
+#define FASTPIPE_DEVICE_STATS(X)                                                                                   \
+  X(int64_t, device_arena_bytes)                                                                                   \
+  X(int, device_slots)                                                                                             \
+  X(int, device_slots_leased)                                                                                      \
+  X(int64_t, overflow_batches)                                                                                     \
+  X(int64_t, images_decoded_on_device)     /* image_decode="device": records decoded on the device */              \
+  X(int64_t, images_decoded_on_host)       /* ... and those the reader threads decoded instead */                  \
+  X(int64_t, images_decoded_planar)        /* ... of those on the device, into planes (the host's colours) */      \
+  X(int64_t, images_decoded_after_refusal) /* ... of those, in batches the decoder refused: by libjpeg */           \
+  X(std::optional<std::string>, jpeg_decoder) /* Device::jpeg_decoder(): the decoder and its layout */
+
 struct DeviceStats {
-  int64_t arena_bytes = 0;
-  int num_slots = 0;
-  int slots_leased = 0;
-  int64_t overflow_batches = 0;
-  int64_t images_decoded_on_device = 0;  // image_decode="device": records decoded on the device
-  int64_t images_decoded_on_host = 0;    // ... and those the reader threads decoded instead
-  int64_t images_decoded_planar = 0;     // ... of those on the device, into planes (the host's colours)
-  int64_t images_decoded_after_refusal = 0;  // ... of those, in batches the decoder refused: by libjpeg
-  std::string jpeg_decoder;                  // Device::jpeg_decoder(): the decoder and its layout
+#define FASTPIPE_FIELD(type, name) type name{};
+  FASTPIPE_DEVICE_STATS(FASTPIPE_FIELD)
+#undef FASTPIPE_FIELD
 };
 
 struct PipelineState;

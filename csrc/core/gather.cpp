@@ -200,7 +200,7 @@ ThreadBuffers thread_buffers(const std::vector<Column>& columns, int64_t chunk) 
 
 std::string Column::io_name() const {
   if (spec.image && !file) return "files";
-  return file ? io_mode_name(file->mode()) : "closed";
+  return file ? choice_name(file->mode()) : "closed";
 }
 
 int64_t Column::output_record_bytes(int output) const {

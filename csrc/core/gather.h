@@ -13,7 +13,7 @@
 #include "core/file.h"
 #include "core/image_column.h"
 #include "core/io_mode.h"
-#include "cuda/transforms.h"
+#include "kernels/transforms.h"
 
 namespace fastpipe {
 

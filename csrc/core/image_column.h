@@ -16,7 +16,7 @@
 #include "core/png_decode.h"
 #include "core/resample.h"
 #include "core/webp_decode.h"
-#include "cuda/image_transform.h"
+#include "kernels/image_transform.h"
 
 namespace fastpipe {
 

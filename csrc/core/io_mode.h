@@ -1,10 +1,8 @@
 // How a column's records are read: one enum and one name per mode, shared by the engine, its
-// statistics and the Python API (fastpipe._C.IO_MODES).
+// statistics and the Python API (fastpipe._C.ReaderConfig's io).
 #pragma once
 
-#include <string>
-
-#include "core/error.h"
+#include "core/choices.h"
 
 namespace fastpipe {
 
@@ -15,26 +13,10 @@ enum class IoMode {
   kDirect,  // O_DIRECT pread, bypassing the page cache
 };
 
-struct IoModeName {
-  IoMode mode;
-  const char* name;
+template <>
+struct Choices<IoMode> {
+  static constexpr Named<IoMode> names[] = {
+      {IoMode::kAuto, "auto"}, {IoMode::kMmap, "mmap"}, {IoMode::kPread, "pread"}, {IoMode::kDirect, "direct"}};
 };
-inline constexpr IoModeName kIoModes[] = {
-    {IoMode::kAuto, "auto"}, {IoMode::kMmap, "mmap"}, {IoMode::kPread, "pread"}, {IoMode::kDirect, "direct"}};
-
-inline const char* io_mode_name(IoMode m) {
-  for (const auto& e : kIoModes)
-    if (e.mode == m) return e.name;
-  return "?";
-}
-
-inline IoMode parse_io_mode(const std::string& name) {
-  std::string known;
-  for (const auto& e : kIoModes) {
-    if (name == e.name) return e.mode;
-    known += std::string(known.empty() ? "'" : ", '") + e.name + "'";
-  }
-  throw Error(ErrorKind::kValue, "io must be one of " + known + ", got '" + name + "'");
-}
 
 }  // namespace fastpipe

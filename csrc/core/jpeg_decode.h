@@ -13,8 +13,8 @@
 #include <vector>
 
 #include "core/jpeg_header.h"
-#include "cuda/image_transform.h"
-#include "cuda/jpeg_color.h"
+#include "kernels/image_transform.h"
+#include "kernels/jpeg_color.h"
 
 namespace fastpipe {
 

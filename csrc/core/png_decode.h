@@ -15,7 +15,7 @@
 #include <vector>
 
 #include "core/image_format.h"
-#include "cuda/image_transform.h"
+#include "kernels/image_transform.h"
 
 namespace fastpipe {
 

@@ -96,7 +96,7 @@ struct ReaderState {
 
   // Statistics.
   std::atomic<int64_t> bytes_read{0};
-  std::atomic<int64_t> images_replaced{0};  // bad images replaced by others (ReaderOptions::replace_bad_images)
+  std::atomic<int64_t> images_replaced{0};  // bad images replaced by others (OnError::kReplace)
   std::vector<std::string> replace_log;  // the first kReplaceLogSize of them: which, why, by what
   std::atomic<int64_t> read_ns{0};
   int64_t batches_out = 0;

@@ -41,14 +41,14 @@ int64_t read_images_of(ReaderState& st, int64_t record, int64_t draw, int64_t po
 }
 
 // The images of chunk record k (the slot's record pos); a bad one is replaced
-// (ReaderOptions::replace_bad_images) by substitutes drawn until one reads, and idx[k] becomes that record.
+// (OnError::kReplace) by substitutes drawn until one reads, and idx[k] becomes that record.
 int64_t read_images_or_replace(ReaderState& st, int64_t* idx, int64_t k, int64_t pos, char* base, uint64_t epoch,
                                ThreadBuffers& tb) {
   const int64_t original = idx[k];
   try {
     return read_images_of(st, original, original, pos, base, epoch, tb);
   } catch (const Error& e) {
-    if (!st.opt.replace_bad_images) throw;
+    if (st.opt.on_error != OnError::kReplace) throw;
     const std::string why = e.what();
     for (int attempt = 0; attempt < kMaxSubstitutes; ++attempt) {
       const int64_t j = substitute(st.opt.seed, epoch, original, attempt, st.num_records);

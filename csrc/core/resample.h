@@ -10,7 +10,7 @@
 #include <vector>
 
 #include "core/augment.h"
-#include "cuda/image_transform.h"
+#include "kernels/image_transform.h"
 
 namespace fastpipe {
 

@@ -16,7 +16,7 @@
 #include "core/gather.h"
 #include "core/jpeg_decode.h"
 #include "core/jpeg_header.h"
-#include "cuda/augment_images.h"
+#include "kernels/augment_images.h"
 
 namespace fastpipe {
 

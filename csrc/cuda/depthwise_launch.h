@@ -3,7 +3,7 @@
 
 #include <cuda_runtime_api.h>
 
-#include "cuda/depthwise.h"
+#include "kernels/depthwise.h"
 #include "cuda/epilogue.h"
 
 namespace fastpipe::cuda {

@@ -9,7 +9,7 @@
 #include <cstdint>
 #include <type_traits>
 
-#include "cuda/activation.h"
+#include "kernels/activation.h"
 #include "cuda/epilogue.h"
 
 namespace fastpipe::cuda {

@@ -10,8 +10,8 @@
 
 #include <cstdint>
 
-#include "cuda/activation.h"
-#include "cuda/dtype.h"
+#include "kernels/activation.h"
+#include "kernels/dtype.h"
 
 namespace fastpipe::cuda {
 

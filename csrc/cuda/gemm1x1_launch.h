@@ -9,7 +9,7 @@
 #include <string>
 
 #include "cuda/epilogue.h"
-#include "cuda/gemm1x1.h"
+#include "kernels/gemm1x1.h"
 
 namespace fastpipe::cuda {
 

@@ -2,9 +2,9 @@
 
 #include <cstdint>
 
-#include "cuda/augment_images.h"
-#include "cuda/image_transform.h"
-#include "cuda/transforms.h"
+#include "kernels/augment_images.h"
+#include "kernels/image_transform.h"
+#include "kernels/transforms.h"
 
 namespace fastpipe::cuda {
 namespace {

@@ -1,5 +1,5 @@
 // The fused convolution's activations in ATen: parsing the ops' (activation, act_args) into an ActSpec
-// (cuda/activation.h holds the table), applying one, and its backward.
+// (kernels/activation.h holds the table), applying one, and its backward.
 #pragma once
 
 #include <ATen/core/Tensor.h>
@@ -7,7 +7,7 @@
 #include <tuple>
 #include <vector>
 
-#include "cuda/activation.h"
+#include "kernels/activation.h"
 
 namespace fastpipe::conv {
 

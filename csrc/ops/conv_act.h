@@ -16,7 +16,7 @@
 #include <string>
 #include <tuple>
 
-#include "cuda/activation.h"
+#include "kernels/activation.h"
 
 // The conv ops' arguments in schema order (conv_act.cpp), written once: the op bodies, autograd and
 // autocast all take them.

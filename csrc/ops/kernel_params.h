@@ -1,4 +1,4 @@
-// The CUDA kernels' parameter structs (csrc/cuda) filled from checked arguments: shared by the CUDA glue
+// The CUDA kernels' parameter structs (csrc/kernels) filled from checked arguments: shared by the CUDA glue
 // (cuda/) and the kernels' host models (cpu/), so that both see the same shapes.
 #pragma once
 
@@ -6,8 +6,8 @@
 
 #include <array>
 
-#include "cuda/depthwise.h"
-#include "cuda/dtype.h"
+#include "kernels/depthwise.h"
+#include "kernels/dtype.h"
 #include "ops/conv_act.h"
 
 namespace fastpipe::conv {

@@ -1,10 +1,9 @@
 // Python bindings of the batch reader and the device pipeline (csrc/core): their errors become Python
 // exceptions, batches become zero-copy tensors whose last reference returns the slot; and the shared
-// tables (dtypes, io modes).
+// table of dtypes; the reader's settings and counters are reader_config.cpp's.
 #include <ATen/Parallel.h>
 #include <pybind11/numpy.h>
 #include <pybind11/stl.h>
-
 
 #include "core/batch_reader.h"
 #include "core/device_pipeline.h"
@@ -14,13 +13,14 @@
 #include "core/pinned_arena.h"
 #include "core/sim_device.h"
 #include "ops/bindings.h"
+#include "ops/reader_config.h"
 #include "ops/traced_device.h"
 #ifdef FASTPIPE_WITH_CUDA
 #include <c10/cuda/CUDACachingAllocator.h>
 #include <c10/cuda/CUDAStream.h>
 #include <cuda_runtime_api.h>
 
-#include "ops/cuda/cuda_device.h"
+#include "ops/cuda_host/cuda_device.h"
 #endif
 
 namespace py = pybind11;
@@ -172,35 +172,23 @@ OverflowFn overflow_allocator(const DeviceChoice& c) {
 class PyReader {
  public:
   PyReader(std::vector<ColumnSpec> columns, const std::vector<std::pair<std::string, std::vector<int64_t>>>& outputs,
-           int64_t batch_size, int num_threads, int prefetch, const std::string& io, const py::object& pin,
-           const py::object& device, const std::string& when_full, const std::string& on_error, uint64_t seed,
-           const std::string& nvjpeg, const std::string& gather)
+           const ReaderConfig& config, const py::object& pin, const py::object& device, const std::string& nvjpeg)
       : choice_(choose_device(device, nvjpeg)) {
-    TORCH_CHECK(when_full == "allocate" || when_full == "error", "when_full must be 'allocate' or 'error', got '",
-                when_full, "'");
-    TORCH_CHECK(on_error == "raise" || on_error == "replace", "on_error must be 'raise' or 'replace', got '", on_error,
-                "'");
+    config.check();
     ReaderOptions opt;
-    opt.replace_bad_images = on_error == "replace";
-    opt.seed = seed;
-    opt.batch_size = batch_size;
-    opt.num_threads = num_threads;
-    opt.prefetch = prefetch;
-    opt.io = parse_io_mode(io);
-    TORCH_CHECK_VALUE(gather == "threads" || gather == "next" || gather == "auto",
-                      "gather must be 'threads', 'next' or 'auto', got '", gather, "'");
-    if (gather != "threads") {
-      TORCH_CHECK_VALUE(!choice_.device, "num_threads=0 (each batch read in next()) makes CPU batches; a device "
-                        "Loader reads ahead on its copy stream and needs reader threads");
+    static_cast<ReaderConfig&>(opt) = config;
+    if (opt.gather != GatherIn::kThreads) {
+      TORCH_CHECK_VALUE(!choice_.device, "num_threads=0 reads each batch in next() and makes CPU batches; a device "
+                        "Loader reads ahead on its copy stream and needs reader threads (num_threads >= 1)");
       // The batch's chunks on torch's intra-op threads: the ones a CPU training step keeps busy.
-      opt.gather = gather == "next" ? GatherIn::kNext : GatherIn::kAuto;
       if (opt.gather == GatherIn::kNext) opt.num_threads = at::get_num_threads();
       opt.parallel_for = [](int64_t n, const std::function<void(int64_t, int64_t, int)>& body) {
         at::parallel_for(0, n, 1, [&](int64_t begin, int64_t end) { body(begin, end, at::get_thread_num()); });
       };
     }
+    const bool allocate = opt.when_full == WhenFull::kAllocate;
     if (choice_.device) {
-      OverflowFn overflow = when_full == "allocate" ? overflow_allocator(choice_) : nullptr;
+      OverflowFn overflow = allocate ? overflow_allocator(choice_) : nullptr;
       py::gil_scoped_release nogil;  // opening files and touching the arenas can take a while
       pipeline_ = std::make_unique<DevicePipeline>(std::make_shared<TracedDevice>(choice_.device), std::move(columns),
                                                    opt, std::move(overflow));
@@ -209,7 +197,7 @@ class PyReader {
         pinned_ = std::make_shared<PinnedArena>(choose_device(pin).device);
         pinned_->install(opt, pinned_);
       }
-      if (when_full == "allocate") {
+      if (allocate) {
         opt.overflow = [](int64_t bytes) {
           auto t = std::make_shared<at::Tensor>(at::empty({bytes}, at::kByte));
           return std::make_pair(static_cast<char*>(t->data_ptr()), std::shared_ptr<void>(t));
@@ -278,42 +266,9 @@ class PyReader {
   }
 
   py::dict stats() const {
-    const ReaderStats s = reader().stats();
-    py::dict d;
-    d["batches"] = s.batches;
-    d["bytes_read"] = s.bytes_read;
-    d["read_seconds"] = s.read_seconds;
-    d["wait_seconds"] = s.wait_seconds;
-    d["wall_seconds"] = s.wall_seconds;
-    d["arena_bytes"] = s.arena_bytes;
-    d["prefetch"] = s.prefetch;
-    d["num_slots"] = s.num_slots;
-    d["slots_leased"] = s.slots_leased;
-    d["num_threads"] = s.num_threads;
-    d["waits"] = s.waits;
-    d["overflow_batches"] = s.overflow_batches;
-    d["next_batches"] = s.next_batches;
-    d["gathering_in_next"] = s.gathering_in_next;
-    d["step_cores"] = s.step_cores < 0 ? py::object(py::none()) : py::object(py::float_(s.step_cores));
-    d["spare_cpu"] = s.spare_cpu < 0 ? py::object(py::none()) : py::object(py::int_(s.spare_cpu));
-    d["spared_batches"] = s.spared_batches;
-    d["reader_cores"] = s.reader_cores < 0 ? py::object(py::none()) : py::object(py::float_(s.reader_cores));
-    d["images_replaced"] = s.images_replaced;
-    d["images_pillow"] = s.images_fallback;
-    d["replaced"] = s.replace_log;
-    if (pipeline_) {
-      const DeviceStats ds = pipeline_->stats();
-      d["device_arena_bytes"] = ds.arena_bytes;
-      d["device_slots"] = ds.num_slots;
-      d["device_slots_leased"] = ds.slots_leased;
-      d["overflow_batches"] = ds.overflow_batches;
-      d["images_decoded_on_device"] = ds.images_decoded_on_device;
-      d["images_decoded_on_host"] = ds.images_decoded_on_host;
-      d["images_decoded_planar"] = ds.images_decoded_planar;
-      d["images_decoded_after_refusal"] = ds.images_decoded_after_refusal;
-      if (!ds.jpeg_decoder.empty()) d["jpeg_decoder"] = ds.jpeg_decoder;
-    }
-    return d;
+    if (!pipeline_) return stats_dict(reader().stats(), nullptr);
+    const DeviceStats device = pipeline_->stats();
+    return stats_dict(reader().stats(), &device);
   }
 
   // timeout <= 0: the device pipeline's submitter gets SerialWorker::kTeardownSeconds.
@@ -392,7 +347,7 @@ class PyReader {
   void warn_replaced() {
     warned_replaced_ = true;
     const ReaderStats s = reader().stats();
-    const std::string msg = "fastpipe.Loader: " + (s.replace_log.empty() ? std::string("an image could not be read") : s.replace_log[0]) +
+    const std::string msg = "fastpipe.Loader: " + (s.replaced.empty() ? std::string("an image could not be read") : s.replaced[0]) +
                             ". on_error='replace' substitutes bad images with other records; stats()['images_replaced'] "
                             "counts them and stats()['replaced'] lists the first.";
     if (PyErr_WarnEx(PyExc_UserWarning, msg.c_str(), 1) < 0) throw py::error_already_set();
@@ -404,7 +359,7 @@ class PyReader {
     warned_overflow_ = true;
     const int slots = reader().stats().num_slots;
     const std::string msg =
-        "fastpipe.Loader: the program holds every one of the " + std::to_string(pipeline_ ? pipeline_->stats().num_slots : slots) +
+        "fastpipe.Loader: the program holds every one of the " + std::to_string(pipeline_ ? pipeline_->stats().device_slots : slots) +
         " arena slots (e.g. list(loader), or batches kept in a list), so this batch and the next ones while that "
         "lasts are read into freshly allocated memory (stats()['overflow_batches']). Drop or .clone() the batches "
         "you keep, or raise prefetch, to stay in the fixed arena; when_full='error' raises instead.";
@@ -460,18 +415,17 @@ void bind_loader(py::module& m) {
       "read_npy_header", [](const std::string& path) { return header_dict(read_npy_header(path)); }, py::arg("path"),
       "Reads and validates a .npy header; ValueError names the file and the defect.");
 
-  // The shared tables, for the Python side (fastpipe/data: dtypes written and read, io modes).
-  py::list dtypes, io_modes;
+  // The shared table, for the Python side (fastpipe/data: dtypes written and read).
+  py::list dtypes;
   for (const auto& d : kDtypes) dtypes.append(d.name);
-  for (const auto& e : kIoModes) io_modes.append(e.name);
   m.attr("DTYPES") = py::tuple(dtypes);
-  m.attr("IO_MODES") = py::tuple(io_modes);
+  bind_reader_config(m);
 
   // The reader's policies (core/gather.h), for tests on figures no test machine has.
   m.def(
       "_io_policy",
       [](const std::string& io, int64_t record_bytes, int64_t total_bytes, int64_t mem_available) {
-        return std::string(io_mode_name(choose_mode(parse_io_mode(io), record_bytes, total_bytes, mem_available)));
+        return std::string(choice_name(choose_mode(parse_choice<IoMode>("io", io), record_bytes, total_bytes, mem_available)));
       },
       py::arg("io"), py::arg("record_bytes"), py::arg("total_bytes"), py::arg("mem_available"));
   m.def("_default_num_threads", &default_num_threads, py::arg("cores"), py::arg("any_direct"),
@@ -482,12 +436,9 @@ void bind_loader(py::module& m) {
 
   py::class_<PyReader>(m, "BatchReader")
       .def(py::init<std::vector<ColumnSpec>, const std::vector<std::pair<std::string, std::vector<int64_t>>>&,
-                    int64_t, int, int, const std::string&, const py::object&, const py::object&, const std::string&,
-                    const std::string&, uint64_t, const std::string&, const std::string&>(),
-           py::arg("columns"), py::arg("outputs"), py::arg("batch_size"), py::arg("num_threads"), py::arg("prefetch"),
-           py::arg("io"), py::arg("pin") = py::none(), py::arg("device") = py::none(),
-           py::arg("when_full") = "allocate", py::arg("on_error") = "raise", py::arg("seed") = 0,
-           py::arg("nvjpeg") = "", py::arg("gather") = "threads")
+                    const ReaderConfig&, const py::object&, const py::object&, const std::string&>(),
+           py::arg("columns"), py::arg("outputs"), py::arg("config"), py::arg("pin") = py::none(),
+           py::arg("device") = py::none(), py::arg("nvjpeg") = "")
       .def("start", &PyReader::start, py::arg("indices"), py::arg("drop_last"), py::arg("epoch"),
            py::arg("timeout") = -1.0)
       .def("next", &PyReader::next, py::arg("timeout"))

@@ -1,6 +1,6 @@
 // Python bindings used by the tests only: the CPU simulation of a device (core/sim_device.h), the
 // fault injection in the file layer (core/fault.h) and the device decode's colour model
-// (cuda/jpeg_color.h) against libjpeg.
+// (kernels/jpeg_color.h) against libjpeg.
 #include <pybind11/numpy.h>
 #include <pybind11/stl.h>
 

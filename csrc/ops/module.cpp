@@ -2,7 +2,7 @@
 // ops register themselves with the dispatcher (TORCH_LIBRARY in conv_act.cpp) when this library loads.
 #include <torch/extension.h>
 
-#include "cuda/activation.h"
+#include "kernels/activation.h"
 #include "ops/activations.h"
 #include "ops/bindings.h"
 #include "ops/conv_act.h"
@@ -76,7 +76,7 @@ PYBIND11_MODULE(_C, m) {
 #endif
   info["cuda_archs"] = FASTPIPE_CUDA_ARCHS;
   m.attr("BUILD_INFO") = info;
-  // The fused convolution's activations (cuda/activation.h): (name, number of act_args, whether
+  // The fused convolution's activations (kernels/activation.h): (name, number of act_args, whether
   // backward keeps the output rather than the pre-activation, for act_args that keep the sign).
   py::list acts;
   for (const auto& a : fastpipe::kActivations)

@@ -14,7 +14,7 @@ from fastpipe.data import _collate, _device, torchvision_compat
 from fastpipe.data._source import ColumnSource
 from fastpipe.data.order import REMAINDER_POLICIES, epoch_order, shard, shard_size
 
-IO_MODES = _C.IO_MODES
+IO_MODES = _C.ReaderConfig.choices["io"]
 _STATE_FORMAT = "fastpipe.Loader/1"
 # State keys that must match for a saved position to mean the same batches.
 # Not the rank: every rank is at the same batch, so one rank's state resumes them all (Lightning
@@ -201,11 +201,7 @@ class Loader:
                 raise ValueError(f"fastpipe.Loader does not take {name}: {why}")
         self.collate_fn = _collate.checked(collate_fn)
         self.device, reader_device = _device.resolve(device)
-        checks.choice(when_full, "when_full", ("allocate", "error"))
-        checks.choice(on_error, "on_error", ("raise", "replace"))
         checks.choice(image_decode, "image_decode", ("auto", "host", "device"))
-        batch_size = checks.integer(batch_size, "batch_size", low=1)
-        checks.choice(io, "io", IO_MODES)
         checks.choice(shard_remainder, "shard_remainder", REMAINDER_POLICIES)
         shuffle = False if shuffle is None else checks.flag(shuffle, "shuffle")  # DataLoader's default is None
         drop_last = checks.flag(drop_last, "drop_last")
@@ -225,24 +221,17 @@ class Loader:
             num_threads = num_workers  # 0: the reader decides
             gather = "auto" if reader_device is None else "threads"
         else:
-            num_threads = checks.integer(num_threads, "num_threads", low=0)
             gather = "next" if num_threads == 0 else "threads"
-        if gather == "next" and reader_device is not None:
-            raise ValueError(f"num_threads=0 reads each batch in next() and makes CPU batches; device={device!r} "
-                             "reads ahead on its copy stream and needs reader threads (num_threads >= 1)")
         if prefetch_factor is not None:
             prefetch = checks.integer(prefetch_factor, "prefetch_factor", low=1) * max(1, num_workers)
-        if prefetch is None:
-            prefetch = 0  # the reader sizes it from the batch bytes
-        else:
-            # num_slots = prefetch + 2 is a C int; the arena check refuses most of this range anyway.
-            prefetch = checks.integer(prefetch, "prefetch", low=1, high=2**31 - 3)
         if generator is not None:
             if not isinstance(generator, torch.Generator):
                 raise TypeError(f"generator must be a torch.Generator, got {type(generator).__name__}")
             seed = generator.initial_seed()
-        # The shuffle seeds numpy with [seed, epoch], and the transforms hash it as 64 bits.
-        seed = checks.integer(seed, "seed", low=0, high=2**64 - 1)
+        # Defaults and checks of the reader's settings are C++'s (csrc/core/reader_config.h).
+        config = _C.ReaderConfig(batch_size=batch_size, num_threads=num_threads, prefetch=prefetch, io=io,
+                                 gather=gather, when_full=when_full, on_error=on_error, seed=seed)
+        batch_size, seed = config.batch_size, config.seed
         if pin_memory_device and not str(pin_memory_device).startswith("cuda"):
             raise ValueError(f"pin_memory_device must be '' or a CUDA device, got {pin_memory_device!r}")
         pin = None
@@ -272,11 +261,8 @@ class Loader:
         self.transforms = dict(transforms or {})
         self.on_error = on_error
         self._reader_args = dict(
-            columns=columns, outputs=outputs, batch_size=batch_size,
-            num_threads=num_threads, prefetch=prefetch, io=io, pin=pin,
-            device=reader_device, when_full=when_full, on_error=on_error, seed=seed,
+            columns=columns, outputs=outputs, config=config, pin=pin, device=reader_device,
             nvjpeg=_device.nvjpeg_library() if isinstance(reader_device, int) else "",
-            gather=gather,
         )
         self._open_reader()
         for w in self._reader.warnings():

@@ -1,5 +1,5 @@
 """torchvision's TrivialAugmentWide, RandAugment and AutoAugment fused into the JPEG transforms
-(fastpipe.augment, csrc/cuda/augment_ops.h, augment_draws.h): each op equals torchvision's tensor kernel
+(fastpipe.augment, csrc/kernels/augment_ops.h, augment_draws.h): each op equals torchvision's tensor kernel
 given the same parameters, each sample's output is torchvision's ops on the resized uint8 image with the
 ops the Loader draws, the draws follow torchvision's own sampling, and torchvision's reference train
 pipeline switches in one line."""

@@ -1,4 +1,4 @@
-"""torchvision's AugMix fused into the JPEG transforms (fastpipe.augment.AugMix; csrc/cuda/augment_draws.h's
+"""torchvision's AugMix fused into the JPEG transforms (fastpipe.augment.AugMix; csrc/kernels/augment_draws.h's
 add_augmix, augment_ops.h's mix_pixel): each output is torchvision's mixing of its chains, replayed with
 torchvision's ops and float32 arithmetic from the draws the Loader reports, on the CPU, the simulated
 device and a GPU; the draws follow torchvision's own sampling; its pipelines switch in one line."""

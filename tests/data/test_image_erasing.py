@@ -1,4 +1,4 @@
-"""RandomErasing fused into the JPEG transforms' output (fastpipe.transforms.RandomErasing, csrc/cuda/
+"""RandomErasing fused into the JPEG transforms' output (fastpipe.transforms.RandomErasing, csrc/kernels/
 random_erasing.h): each sample's output is torchvision's ``erase`` of the un-erased output on the box the
 Loader draws, the boxes are drawn as torchvision's get_params draws them, and a torchvision pipeline ending
 in RandomErasing switches in one line."""

@@ -1,4 +1,4 @@
-"""The device decode's colour model (csrc/cuda/jpeg_color.h): a JPEG's YCbCr planes, as a GPU decoder's
+"""The device decode's colour model (csrc/kernels/jpeg_color.h): a JPEG's YCbCr planes, as a GPU decoder's
 planar output holds them, upsampled and converted per pixel the way libjpeg-turbo decodes to RGB. Checked
 pixel for pixel against libjpeg's own decode of the same file, for every chroma sampling the device
 takes (4:4:4, 4:2:2, 4:2:0, 4:4:0, 4:1:1, grayscale) and sizes whose chroma rows are 1 to 3 samples

@@ -1,6 +1,6 @@
 // libFuzzer harness of the path one JPEG, PNG or WebP takes in a reader thread (csrc/core/image_column.cpp's
 // read_image, in memory): the header parsers (image_format.cpp, jpeg_header.cpp), the completeness check,
-// the transform's geometry and taps (cuda/image_transform.h), the region decode (libjpeg, libspng or
+// the transform's geometry and taps (kernels/image_transform.h), the region decode (libjpeg, libspng or
 // libwebp: jpeg_decode.cpp, png_decode.cpp, webp_decode.cpp), the resample (resample.cpp) and, with the
 // transform byte's top bit, every augmentation op (augment.cpp). Input: 4 control bytes (transform,
 // output height, output width, flags), then the file. A clean end is an
@@ -21,7 +21,7 @@
 #include "core/png_decode.h"
 #include "core/resample.h"
 #include "core/webp_decode.h"
-#include "cuda/image_transform.h"
+#include "kernels/image_transform.h"
 #include "fuzz_check.h"
 
 using namespace fastpipe;

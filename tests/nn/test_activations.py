@@ -1,4 +1,4 @@
-"""The activations table kept once in C++ (csrc/cuda/activation.h, exported as _C.CONV_ACTIVATIONS)
+"""The activations table kept once in C++ (csrc/kernels/activation.h, exported as _C.CONV_ACTIVATIONS)
 against its Python views in fastpipe/nn/_activations.py."""
 
 import pytest

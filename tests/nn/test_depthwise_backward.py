@@ -1,4 +1,4 @@
-"""The depthwise engine's backward (csrc/cuda/depthwise.h): the input, weight and bias gradients of a
+"""The depthwise engine's backward (csrc/kernels/depthwise.h): the input, weight and bias gradients of a
 depthwise convolution, chosen per key apart from the forward (eager is aten.convolution_backward).
 
 On the CPU its kernels' code runs as a model, block by block as the GPU runs it (the CPU backward

@@ -1,4 +1,4 @@
-"""The direct depthwise kernel (csrc/cuda/depthwise.h): its index and boundary arithmetic run on the host
+"""The direct depthwise kernel (csrc/kernels/depthwise.h): its index and boundary arithmetic run on the host
 over whole grids (every build), and the kernel itself on a GPU (gpu-marked), against float64 references
 on awkward shapes: odd channel counts, 1-pixel and odd images, every kernel size, strides with odd
 sizes, padding up to and beyond the kernel, dilation."""

@@ -1,4 +1,4 @@
-"""The gemm1x1 engine (csrc/cuda/gemm1x1.h): a 1x1 channels_last convolution as one cuBLASLt GEMM with the
+"""The gemm1x1 engine (csrc/kernels/gemm1x1.h): a 1x1 channels_last convolution as one cuBLASLt GEMM with the
 residual, bias and ReLU / tanh-GELU in its epilogue. Its plan (operand order, transposes, leading
 dimensions, where the bias and residual go, which activations need the epilogue kernel after it) runs on
 the host through a model of cuBLASLt's column-major semantics on every build; the engine itself on a GPU

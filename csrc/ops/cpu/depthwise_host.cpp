@@ -1,4 +1,4 @@
-// The depthwise kernels' code (csrc/cuda/depthwise.h) run on the host, in float32, so that the CPU tests
+// The depthwise kernels' code (csrc/kernels/depthwise.h) run on the host, in float32, so that the CPU tests
 // check their index and boundary arithmetic on every build, GPU or not:
 // - fastpipe::_depthwise_host, the forward kernels' per-element code over a whole output grid, before
 //   the activation, `lanes` channels per step as the vectorised NHWC path computes them (1: the
@@ -15,7 +15,7 @@
 #include <type_traits>
 #include <vector>
 
-#include "cuda/depthwise.h"
+#include "kernels/depthwise.h"
 #include "ops/conv_act.h"
 #include "ops/conv_tuner.h"
 #include "ops/kernel_params.h"

@@ -1,4 +1,4 @@
-// fastpipe::_gemm1x1_host: the gemm1x1 engine's plan (csrc/cuda/gemm1x1.h) run through a host model of
+// fastpipe::_gemm1x1_host: the gemm1x1 engine's plan (csrc/kernels/gemm1x1.h) run through a host model of
 // cuBLASLt's semantics (column-major operands, transposes, leading dimensions, C with beta, a bias per row
 // of D, ReLU / tanh-GELU epilogues), on the same NHWC buffers the GPU engine hands cuBLASLt, then the
 // activation the epilogue kernel applies after it. A test op: the CPU tests check the plan against float64
@@ -9,7 +9,7 @@
 #include <cmath>
 #include <string>
 
-#include "cuda/gemm1x1.h"
+#include "kernels/gemm1x1.h"
 #include "ops/activations.h"
 
 namespace fastpipe::conv {

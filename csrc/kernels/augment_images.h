@@ -12,9 +12,9 @@
 
 #include <stdint.h>
 
-#include "cuda/augment_ops.h"
-#include "cuda/host_device.h"
-#include "cuda/image_transform.h"
+#include "kernels/augment_ops.h"
+#include "kernels/host_device.h"
+#include "kernels/image_transform.h"
 
 namespace fastpipe::images {
 

@@ -13,7 +13,7 @@
 
 #include <stdint.h>
 
-#include "cuda/host_device.h"
+#include "kernels/host_device.h"
 
 namespace fastpipe::images {
 

@@ -1,4 +1,4 @@
-#include "ops/cuda/cuda_device.h"
+#include "ops/cuda_host/cuda_device.h"
 
 #include <c10/cuda/CUDAStream.h>
 #include <cuda_runtime_api.h>
@@ -9,7 +9,7 @@
 
 #include "core/error.h"
 #include "cuda/loader_kernels.h"
-#include "ops/cuda/nvjpeg.h"
+#include "ops/cuda_host/nvjpeg.h"
 
 namespace fastpipe {
 namespace {

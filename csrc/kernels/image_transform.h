@@ -20,13 +20,13 @@
 #include <math.h>
 #include <stdint.h>
 
-#include "cuda/augment_draws.h"
-#include "cuda/host_device.h"
-#include "cuda/jpeg_color.h"
-#include "cuda/random_erasing.h"
-#include "cuda/resample_taps.h"
-#include "cuda/sample_draws.h"
-#include "cuda/transforms.h"
+#include "kernels/augment_draws.h"
+#include "kernels/host_device.h"
+#include "kernels/jpeg_color.h"
+#include "kernels/random_erasing.h"
+#include "kernels/resample_taps.h"
+#include "kernels/sample_draws.h"
+#include "kernels/transforms.h"
 
 namespace fastpipe::images {
 
@@ -82,12 +82,9 @@ struct Region {
 };
 
 // ---- random draws -------------------------------------------------------------------------------
-// Draw numbers: 2 is the flip (as CropMirrorNormalize's); RandomResizedCrop's try t uses 16 + 4t + k.
-constexpr uint64_t kDrawFlip = 2;
-constexpr uint64_t kDrawBox = 16;
-
+// Draw numbers: draw_numbers.h.
 FASTPIPE_HD inline bool draw_flip(const ImageTransformParams& p, uint64_t epoch, uint64_t index) {
-  const uint32_t r = static_cast<uint32_t>(transforms::sample_bits(p.seed, epoch, index, kDrawFlip) >> 40);
+  const uint32_t r = static_cast<uint32_t>(transforms::sample_bits(p.seed, epoch, index, draws::kFlip) >> 40);
   return static_cast<float>(r) < p.mirror * 16777216.0f;
 }
 
@@ -96,8 +93,8 @@ FASTPIPE_HD inline void random_resized_box(const ImageTransformParams& p, int he
                                            uint64_t index, Geometry* g) {
   const double area = static_cast<double>(height) * width;
   const double log_lo = log(p.ratio_min), log_hi = log(p.ratio_max);
-  for (int t = 0; t < 10; ++t) {
-    const uint64_t d = kDrawBox + 4 * static_cast<uint64_t>(t);
+  for (int t = 0; t < static_cast<int>(draws::kTries); ++t) {
+    const uint64_t d = draws::kBox + draws::kPerTry * static_cast<uint64_t>(t);
     const double target = area * (p.area_min + (p.area_max - p.area_min) *
                                                    uniform01(transforms::sample_bits(p.seed, epoch, index, d)));
     const double aspect =

@@ -9,7 +9,7 @@
 #include <stdint.h>
 #include <string.h>
 
-#include "cuda/host_device.h"
+#include "kernels/host_device.h"
 
 namespace fastpipe::images {
 

@@ -142,7 +142,7 @@ at::Tensor cudnn_fused_run(const ConvArgs& a) {
   return at::cudnn_convolution_relu(input, weight, a.bias, a.stride, a.padding, a.dilation, a.groups);
 }
 
-// The direct depthwise kernel with bias, residual and activation inside (csrc/cuda/depthwise.h).
+// The direct depthwise kernel with bias, residual and activation inside (csrc/kernels/depthwise.h).
 const char* depthwise_why_not(const ConvArgs& a) {
   if (!a.input.is_cuda()) return "not a CUDA tensor";
   return depthwise_args_why_not(a);
@@ -172,7 +172,7 @@ at::Tensor depthwise_run(const ConvArgs& a) {
   return keep[0];
 }
 
-// The NCHW shared-memory-tile variant of the depthwise kernel (csrc/cuda/depthwise.h).
+// The NCHW shared-memory-tile variant of the depthwise kernel (csrc/kernels/depthwise.h).
 const char* depthwise_tiled_why_not(const ConvArgs& a) {
   if (const char* why = depthwise_why_not(a)) return why;
   return cuda::depthwise_tiled_why_not(depthwise_shape(a));
@@ -187,7 +187,7 @@ at::Tensor depthwise_tiled_run(const ConvArgs& a) {
 }
 
 // The depthwise engine's backward: the input gradient by a direct kernel, the weight and bias gradients
-// by per-block partial sums added per channel (csrc/cuda/depthwise.h).
+// by per-block partial sums added per channel (csrc/kernels/depthwise.h).
 const char* depthwise_backward_why_not(const ConvArgs& a) {
   if (!a.input.is_cuda()) return "not a CUDA tensor";
   return depthwise_backward_args_why_not(a);
@@ -225,7 +225,7 @@ EngineOut depthwise_backward_run(const ConvArgs& a) {
 }
 
 // A 1x1 convolution on channels_last tensors as one cuBLASLt GEMM with the residual, bias and ReLU or
-// tanh-GELU in its epilogue (csrc/cuda/gemm1x1.h); other activations take one epilogue-kernel pass after it.
+// tanh-GELU in its epilogue (csrc/kernels/gemm1x1.h); other activations take one epilogue-kernel pass after it.
 const char* gemm1x1_why_not(const ConvArgs& a) {
   if (const char* why = epilogue_why_not(a)) return why;  // its activation pass is the epilogue kernel
   if (a.weight.size(2) != 1 || a.weight.size(3) != 1 || a.groups != 1)

@@ -14,8 +14,8 @@
 #include <cstdint>
 #include <type_traits>
 
-#include "cuda/activation.h"
-#include "cuda/host_device.h"
+#include "kernels/activation.h"
+#include "kernels/host_device.h"
 
 namespace fastpipe::cuda {
 

@@ -21,8 +21,8 @@
 #include <math.h>
 #include <stdint.h>
 
-#include "cuda/float_rounding.h"
-#include "cuda/host_device.h"
+#include "kernels/float_rounding.h"
+#include "kernels/host_device.h"
 
 namespace fastpipe::images {
 

@@ -20,15 +20,24 @@
 
 #include <stdint.h>
 
-#include "cuda/augment_ops.h"
-#include "cuda/host_device.h"
-#include "cuda/sample_draws.h"
+#include "kernels/augment_ops.h"
+#include "kernels/host_device.h"
+#include "kernels/sample_draws.h"
 
 namespace fastpipe::images {
 
 enum class AugmentStageKind : int32_t {
   kOneOf = 1, kSubPolicy = 2, kColorJitter = 3, kGrayscale = 4, kBlur = 5, kAugMix = 6
 };
+// Every kind, with its name in fastpipe/augment.py (_C.AUGMENT["stage_kinds"]).
+struct AugmentStageKindName {
+  AugmentStageKind kind;
+  const char* name;
+};
+constexpr AugmentStageKindName kAugmentStageKindNames[] = {
+    {AugmentStageKind::kOneOf, "one_of"},       {AugmentStageKind::kSubPolicy, "sub_policy"},
+    {AugmentStageKind::kColorJitter, "color_jitter"}, {AugmentStageKind::kGrayscale, "grayscale"},
+    {AugmentStageKind::kBlur, "blur"},          {AugmentStageKind::kAugMix, "augmix"}};
 
 // One candidate op: its magnitudes are magnitudes[first, first + count) (count 0: magnitude 0), drawn
 // uniformly; `is_signed`: negated with probability 1/2; applied with probability p.
@@ -76,15 +85,8 @@ struct SampleOps {
   float blur[2 * kMaxBlurTaps];
 };
 
-// Draw numbers: after RandomErasing's (random_erasing.h: 64 to 104). Stage s draws from 128 + 64 s (op k
-// of a kOneOf or kSubPolicy stage: + 4k + j; a colour jitter: + 0 to 7; its p: + 63); gate g: 448 + g.
-constexpr uint64_t kDrawAugment = 128;
-constexpr uint64_t kDrawsPerStage = 64;
-constexpr uint64_t kDrawGate = kDrawAugment + kMaxAugmentStages * kDrawsPerStage;
-// AugMix's, from 1024 + 1024 s: chain i's depth + i, Gamma variate j + 16 + 32 j (+ 0 to 30), chain i's
-// op k + 512 + 64 i + 4 k (+ 0 to 2).
-constexpr uint64_t kDrawAugMix = 1024;
-constexpr uint64_t kDrawsPerAugMix = 1024;
+// Draw numbers: draw_numbers.h.
+static_assert(draws::kMaxStages == kMaxAugmentStages, "draw_numbers.h reserves draws for each stage");
 
 FASTPIPE_HD inline void add_op(const AugmentParams& a, const AugmentCandidate& c, uint64_t seed, uint64_t epoch,
                                uint64_t index, uint64_t d, int h, int w, SampleOps* out) {
@@ -192,11 +194,11 @@ FASTPIPE_HD inline SampleOps draw_augment(const AugmentParams& a, uint64_t seed,
   SampleOps s;
   for (int n = 0; n < a.stages; ++n) {
     const AugmentStage& st = a.stage[n];
-    const uint64_t base = kDrawAugment + kDrawsPerStage * static_cast<uint64_t>(n);
-    if (st.gate >= 0 && !(draw01(seed, epoch, index, kDrawGate + static_cast<uint64_t>(st.gate)) <
+    const uint64_t base = draws::kAugment + draws::kPerStage * static_cast<uint64_t>(n);
+    if (st.gate >= 0 && !(draw01(seed, epoch, index, draws::kGate + static_cast<uint64_t>(st.gate)) <
                           static_cast<double>(st.gate_p)))
       continue;
-    if (st.p < 1.0f && !(draw01(seed, epoch, index, base + kDrawsPerStage - 1) < static_cast<double>(st.p))) continue;
+    if (st.p < 1.0f && !(draw01(seed, epoch, index, base + draws::kPerStage - 1) < static_cast<double>(st.p))) continue;
     switch (static_cast<AugmentStageKind>(st.kind)) {
       case AugmentStageKind::kOneOf:
         for (int k = 0; k < st.num_ops; ++k) {
@@ -216,7 +218,7 @@ FASTPIPE_HD inline SampleOps draw_augment(const AugmentParams& a, uint64_t seed,
       }
       case AugmentStageKind::kColorJitter: add_jitter(st, seed, epoch, index, base, &s); break;
       case AugmentStageKind::kAugMix:
-        add_augmix(a, st, seed, epoch, index, kDrawAugMix + kDrawsPerAugMix * static_cast<uint64_t>(n), h, w, &s);
+        add_augmix(a, st, seed, epoch, index, draws::kAugMix + draws::kPerAugMix * static_cast<uint64_t>(n), h, w, &s);
         break;
       case AugmentStageKind::kGrayscale:
         if (s.count < kMaxAugmentOps) s.op[s.count++] = plan_factor(AugOp::kGrayscale, 0.0f);

@@ -16,8 +16,8 @@
 #include <stdint.h>
 #include <string.h>
 
-#include "cuda/float_rounding.h"
-#include "cuda/host_device.h"
+#include "kernels/float_rounding.h"
+#include "kernels/host_device.h"
 
 namespace fastpipe::images {
 
@@ -45,6 +45,12 @@ enum class AugOp : int32_t {
   kMixLast,      // AugMix: the last chain's added, and the mix truncated to uint8 becomes the image
   kCount
 };
+// Their names, in order: torchvision's op names (fastpipe.augment.OPS, from _C.AUGMENT["ops"]).
+constexpr const char* kAugOpNames[] = {
+    "Identity",   "ShearX",   "ShearY",       "TranslateX", "TranslateY", "Rotate",   "Brightness",
+    "Color",      "Contrast", "Sharpness",    "Posterize",  "Solarize",   "AutoContrast", "Equalize",
+    "Invert",     "Hue",      "Grayscale",    "Blur",       "MixOriginal", "MixChain", "MixLast"};
+static_assert(sizeof(kAugOpNames) / sizeof(kAugOpNames[0]) == static_cast<int>(AugOp::kCount), "a name for every op");
 
 // How an op reads its input.
 enum class OpKind : int32_t {

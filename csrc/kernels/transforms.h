@@ -10,7 +10,8 @@
 #include <cstdint>
 #include <cstring>
 
-#include "cuda/host_device.h"
+#include "kernels/draw_numbers.h"
+#include "kernels/host_device.h"
 
 namespace fastpipe::transforms {
 
@@ -57,14 +58,14 @@ FASTPIPE_HD inline SampleWindow sample_window(const CropMirrorNormalizeParams& p
   SampleWindow w;
   const int dy = p.in_height - p.out_height, dx = p.in_width - p.out_width;
   if (p.random_crop) {
-    w.y0 = static_cast<int>(sample_bits(p.seed, epoch, index, 0) % static_cast<uint64_t>(dy + 1));
-    w.x0 = static_cast<int>(sample_bits(p.seed, epoch, index, 1) % static_cast<uint64_t>(dx + 1));
+    w.y0 = static_cast<int>(sample_bits(p.seed, epoch, index, draws::kCropY) % static_cast<uint64_t>(dy + 1));
+    w.x0 = static_cast<int>(sample_bits(p.seed, epoch, index, draws::kCropX) % static_cast<uint64_t>(dx + 1));
   } else {
     w.y0 = dy / 2;
     w.x0 = dx / 2;
   }
   // 24 random bits against the probability: exact for 0 and 1, and for every multiple of 2**-24.
-  const uint32_t r = static_cast<uint32_t>(sample_bits(p.seed, epoch, index, 2) >> 40);
+  const uint32_t r = static_cast<uint32_t>(sample_bits(p.seed, epoch, index, draws::kFlip) >> 40);
   w.flip = static_cast<float>(r) < p.mirror * 16777216.0f;
   return w;
 }

@@ -10,8 +10,8 @@
 #include <math.h>
 #include <stdint.h>
 
-#include "cuda/host_device.h"
-#include "cuda/sample_draws.h"
+#include "kernels/host_device.h"
+#include "kernels/sample_draws.h"
 
 namespace fastpipe::images {
 
@@ -27,17 +27,14 @@ struct EraseBox {
   int top = 0, left = 0, height = 0, width = 0;
 };
 
-// Draw numbers: after the crop's (image_transform.h: 2, and 16 to 55); try t uses 65 + 4t + k.
-constexpr uint64_t kDrawErase = 64;
-
 FASTPIPE_HD inline EraseBox erase_box(const ErasingParams& e, uint64_t seed, uint64_t epoch, uint64_t index,
                                       int out_height, int out_width) {
   EraseBox b;
-  if (e.p <= 0.0f || draw01(seed, epoch, index, kDrawErase) >= static_cast<double>(e.p)) return b;
+  if (e.p <= 0.0f || draw01(seed, epoch, index, draws::kErase) >= static_cast<double>(e.p)) return b;
   const double area = static_cast<double>(out_height) * out_width;
   const double log_lo = log(e.ratio_min), log_hi = log(e.ratio_max);
-  for (int t = 0; t < 10; ++t) {
-    const uint64_t d = kDrawErase + 1 + 4 * static_cast<uint64_t>(t);
+  for (int t = 0; t < static_cast<int>(draws::kTries); ++t) {
+    const uint64_t d = draws::kErase + 1 + draws::kPerTry * static_cast<uint64_t>(t);
     const double erase_area = area * (e.scale_min + (e.scale_max - e.scale_min) * draw01(seed, epoch, index, d));
     const double aspect = exp(log_lo + (log_hi - log_lo) * draw01(seed, epoch, index, d + 1));
     const int h = round_half_even(sqrt(erase_area * aspect));

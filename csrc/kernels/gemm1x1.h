@@ -8,7 +8,7 @@
 
 #include <cstdint>
 
-#include "cuda/activation.h"
+#include "kernels/activation.h"
 
 namespace fastpipe::cuda {
 

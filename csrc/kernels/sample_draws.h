@@ -7,8 +7,8 @@
 #include <math.h>
 #include <stdint.h>
 
-#include "cuda/host_device.h"
-#include "cuda/transforms.h"
+#include "kernels/host_device.h"
+#include "kernels/transforms.h"
 
 namespace fastpipe::images {
 

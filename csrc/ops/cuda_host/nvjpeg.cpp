@@ -1,4 +1,4 @@
-#include "ops/cuda/nvjpeg.h"
+#include "ops/cuda_host/nvjpeg.h"
 
 #include <dlfcn.h>
 
@@ -74,7 +74,7 @@ void* load_library(const std::string& path, std::string* why_not) {
 }
 
 // Planar YCbCr (NVJPEG_OUTPUT_YUV, each component at its own resolution) is asked for first, so that the
-// resample kernel upsamples and converts the colour as libjpeg does (cuda/jpeg_color.h); where nvJPEG
+// resample kernel upsamples and converts the colour as libjpeg does (kernels/jpeg_color.h); where nvJPEG
 // refuses it, interleaved RGB (its own upsampling) from then on, the refusal kept in backend().
 class NvjpegDecoder final : public JpegBatchDecoder {
  public:
