@@ -20,7 +20,9 @@
 #include <unordered_set>
 
 #include "ops/activations.h"
+#include "core/conv_statistics.h"
 #include "ops/conv_tuner_state.h"
+#include "ops/conv_validation.h"
 
 namespace fastpipe::conv {
 
@@ -55,8 +57,6 @@ EngineOut run_eager_backward(const ConvArgs& a) {
       a.padding, a.dilation, false, {0, 0}, a.groups, a.need);
   return {grad_input, grad_weight, grad_bias};
 }
-
-constexpr double kSwitchMargin = 1.03;  // a candidate replaces eager only when at least 3% faster
 
 int64_t bits_of(double v) {
   int64_t b;
@@ -117,43 +117,6 @@ std::string describe(const ConvArgs& a) {
   return s.str();
 }
 
-// The choice from each candidate's fastest round and the median over rounds of its time divided by
-// eager's in the same round ([0] is eager: ratio 1). A candidate replaces eager only when it is at least
-// kSwitchMargin faster by both: a burst of load slows a round, not the median of paired ratios, so the
-// same machine makes the same choice run after run; the fastest among those qualified wins.
-size_t pick_engine(at::ArrayRef<double> fastest, at::ArrayRef<double> ratio) {
-  size_t best = 0;
-  for (size_t i = 1; i < fastest.size(); ++i) {
-    const bool qualifies = fastest[i] * kSwitchMargin <= fastest[0] && ratio[i] * kSwitchMargin <= 1.0;
-    if (qualifies && (best == 0 || ratio[i] < ratio[best])) best = i;
-  }
-  return best;
-}
-
-// The p-quantile of v (0.5: the median), interpolated between neighbours.
-double quantile(std::vector<double> v, double p) {
-  std::sort(v.begin(), v.end());
-  const double at = p * static_cast<double>(v.size() - 1);
-  const size_t lo = static_cast<size_t>(at);
-  return lo + 1 < v.size() ? v[lo] + (at - lo) * (v[lo + 1] - v[lo]) : v[lo];
-}
-
-// The margin of candidate `chosen` from the rounds' times relative to eager's: over the best of the other
-// live candidates (paired by round, so that a burst slowing one round cancels out), and over eager.
-Margin margin_of(size_t chosen, const std::vector<size_t>& live, const std::vector<std::vector<double>>& ratios,
-                 at::ArrayRef<double> ratio) {
-  size_t runner_up = chosen;
-  for (size_t i : live)
-    if (i != chosen && (runner_up == chosen || ratio[i] < ratio[runner_up])) runner_up = i;
-  std::vector<double> over(ratios[chosen].size());
-  for (size_t r = 0; r < over.size(); ++r) over[r] = ratios[runner_up][r] / std::max(ratios[chosen][r], 1e-12);
-  Margin m;
-  m.vs_runner_up = quantile(over, 0.5);
-  m.vs_eager = 1.0 / ratio[chosen];
-  m.spread = (quantile(over, 0.75) - quantile(over, 0.25)) / 2 / m.vs_runner_up;
-  return m;
-}
-
 double now_ms() {
   return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now().time_since_epoch()).count();
 }
@@ -168,48 +131,6 @@ double perturb_amount = 0;
 double perturbation_of(const char* name) {
   std::lock_guard<std::mutex> lock(perturb_mutex);
   return perturb_name == name ? perturb_amount : 0.0;
-}
-
-// How far a candidate's output may be from eager's, relative to the largest magnitude of eager's: the
-// rounding of the dtype over a convolution's sum, and TF32 where cuDNN may use it for float32.
-double output_tolerance(const ConvArgs& a) {
-  switch (a.input.scalar_type()) {
-    case at::kDouble: return 1e-9;
-    case at::kFloat:
-      return a.input.is_cuda() && at::globalContext().allowTF32CuDNN(at::Float32Op::CONV) ? 2e-2 : 1e-3;
-    case at::kHalf: return 1e-2;
-    default: return 4e-2;  // bfloat16
-  }
-}
-
-// Why `got` is not eager's `want` within tolerance (nullopt when it is): a shape or dtype that differs,
-// a NaN or infinity where eager has none, or the largest difference.
-std::optional<std::string> disagreement(const at::Tensor& got, const at::Tensor& want, double tolerance) {
-  if (got.sizes() != want.sizes() || got.scalar_type() != want.scalar_type())
-    return c10::str("its output is ", got.scalar_type(), got.sizes(), ", eager's ", want.scalar_type(), want.sizes());
-  if (want.numel() == 0) return std::nullopt;
-  const at::Tensor g = got.to(at::kDouble), w = want.to(at::kDouble);
-  const bool want_finite = w.isfinite().all().item<bool>();
-  if (want_finite && !g.isfinite().all().item<bool>()) return std::string("its output has NaN or infinity, eager's none");
-  if (!want_finite) return std::nullopt;  // eager overflowed too: nothing to compare against
-  const double scale = std::max(w.abs().max().item<double>(), 1e-30);
-  const double diff = g.sub(w).abs().max().item<double>();
-  if (diff <= tolerance * scale) return std::nullopt;
-  return c10::str("its output differs from eager's by up to ", diff, " (", diff / scale,
-                  " of the largest magnitude; tolerance ", tolerance, ")");
-}
-
-// The same for every result of an engine (the output, or each gradient eager computed).
-std::optional<std::string> disagreement(const EngineOut& got, const EngineOut& want, const ConvArgs& a) {
-  const char* names[] = {"input gradient: ", "weight gradient: ", "bias gradient: "};
-  const double tolerance = output_tolerance(a);
-  for (size_t i = 0; i < want.size(); ++i) {
-    if (!want[i].defined()) continue;
-    const char* what = a.backward ? names[i] : "";
-    if (!got[i].defined()) return c10::str(what, "not computed");
-    if (auto why = disagreement(got[i], want[i], tolerance)) return what + *why;
-  }
-  return std::nullopt;
 }
 
 void warn_once(TunerState& st, const std::string& message) {
@@ -467,7 +388,8 @@ bool engine_time_unvalidated(bool on) {
 int64_t pick_engine_op(at::ArrayRef<double> fastest, at::ArrayRef<double> ratio) {
   TORCH_CHECK(!fastest.empty(), "fastest must hold eager's time first, got an empty list");
   TORCH_CHECK(ratio.size() == fastest.size(), "ratio needs one value per candidate");
-  return static_cast<int64_t>(pick_engine(fastest, ratio));
+  return static_cast<int64_t>(pick_engine(std::vector<double>(fastest.begin(), fastest.end()),
+                                           std::vector<double>(ratio.begin(), ratio.end())));
 }
 
 void engine_perturb_check(c10::string_view name, double amount) {

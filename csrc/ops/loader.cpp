@@ -1,6 +1,6 @@
 // Python bindings of the batch reader and the device pipeline (csrc/core): their errors become Python
 // exceptions, batches become zero-copy tensors whose last reference returns the slot; and the shared
-// table of dtypes; the reader's settings and counters are reader_config.cpp's.
+// errors, tables and settings are engine_tables.cpp's and reader_config.cpp's.
 #include <ATen/Parallel.h>
 #include <pybind11/numpy.h>
 #include <pybind11/stl.h>
@@ -9,7 +9,6 @@
 #include "core/device_pipeline.h"
 #include "core/dtypes.h"
 #include "core/error.h"
-#include "core/npy.h"
 #include "core/pinned_arena.h"
 #include "core/sim_device.h"
 #include "ops/bindings.h"
@@ -27,44 +26,6 @@ namespace py = pybind11;
 
 namespace fastpipe {
 namespace {
-
-void translate(const Error& e) {
-  switch (e.kind()) {
-    case ErrorKind::kValue:
-      PyErr_SetString(PyExc_ValueError, e.what());
-      return;
-    case ErrorKind::kTimeout:
-      PyErr_SetString(PyExc_TimeoutError, e.what());
-      return;
-    case ErrorKind::kState:
-      PyErr_SetString(PyExc_RuntimeError, e.what());
-      return;
-    case ErrorKind::kIO: {
-      // OSError(errno, message) picks the subclass (FileNotFoundError, PermissionError, ...).
-      PyObject* args = e.error_number() ? Py_BuildValue("(is)", e.error_number(), e.what()) : Py_BuildValue("(s)", e.what());
-      PyObject* exc = args ? PyObject_Call(PyExc_OSError, args, nullptr) : nullptr;
-      Py_XDECREF(args);
-      if (exc) {
-        PyErr_SetObject(reinterpret_cast<PyObject*>(Py_TYPE(exc)), exc);
-        Py_DECREF(exc);
-      }
-      return;
-    }
-  }
-}
-
-py::dict header_dict(const NpyHeader& h) {
-  py::dict d;
-  d["version"] = py::make_tuple(h.major, h.minor);
-  d["descr"] = h.descr;
-  d["dtype"] = h.dtype;
-  d["itemsize"] = h.itemsize;
-  d["shape"] = py::tuple(py::cast(h.shape));
-  d["data_offset"] = h.data_offset;
-  d["data_bytes"] = h.data_bytes;
-  d["file_size"] = h.file_size;
-  return d;
-}
 
 c10::ScalarType scalar_type(DtypeId id) {
   switch (id) {  // every DtypeId: the compiler warns when core/dtypes.h gains one this misses
@@ -403,34 +364,8 @@ void record_stream(const at::Tensor& t, uintptr_t stream) {
 }  // namespace
 
 void bind_loader(py::module& m) {
-  py::register_exception_translator([](std::exception_ptr p) {
-    try {
-      if (p) std::rethrow_exception(p);
-    } catch (const Error& e) {
-      translate(e);
-    }
-  });
-
-  m.def(
-      "read_npy_header", [](const std::string& path) { return header_dict(read_npy_header(path)); }, py::arg("path"),
-      "Reads and validates a .npy header; ValueError names the file and the defect.");
-
-  // The shared table, for the Python side (fastpipe/data: dtypes written and read).
-  py::list dtypes;
-  for (const auto& d : kDtypes) dtypes.append(d.name);
-  m.attr("DTYPES") = py::tuple(dtypes);
+  bind_engine_tables(m);
   bind_reader_config(m);
-
-  // The reader's policies (core/gather.h), for tests on figures no test machine has.
-  m.def(
-      "_io_policy",
-      [](const std::string& io, int64_t record_bytes, int64_t total_bytes, int64_t mem_available) {
-        return std::string(choice_name(choose_mode(parse_choice<IoMode>("io", io), record_bytes, total_bytes, mem_available)));
-      },
-      py::arg("io"), py::arg("record_bytes"), py::arg("total_bytes"), py::arg("mem_available"));
-  m.def("_default_num_threads", &default_num_threads, py::arg("cores"), py::arg("any_direct"),
-        py::arg("decodes") = false);
-  m.def("_default_prefetch", &default_prefetch, py::arg("batch_bytes"));
 
   m.def("record_stream", &record_stream, py::arg("tensor"), py::arg("stream"));
 

@@ -4,6 +4,8 @@
 
 #include <string>
 
+#include "core/gather.h"
+
 namespace py = pybind11;
 
 namespace fastpipe {
@@ -151,6 +153,17 @@ type is a TypeError and a wrong value a ValueError, naming the setting. ``fields
   cls.attr("choices") = choices;
   m.attr("READER_STATS") = py::tuple(reader_stats);
   m.attr("DEVICE_STATS") = py::tuple(device_stats);
+
+  // The reader's policies (core/gather.h), for tests on figures no test machine has.
+  m.def(
+      "_io_policy",
+      [](const std::string& io, int64_t record_bytes, int64_t total_bytes, int64_t mem_available) {
+        return std::string(choice_name(choose_mode(parse_choice<IoMode>("io", io), record_bytes, total_bytes, mem_available)));
+      },
+      py::arg("io"), py::arg("record_bytes"), py::arg("total_bytes"), py::arg("mem_available"));
+  m.def("_default_num_threads", &default_num_threads, py::arg("cores"), py::arg("any_direct"),
+        py::arg("decodes") = false);
+  m.def("_default_prefetch", &default_prefetch, py::arg("batch_bytes"));
 }
 
 }  // namespace fastpipe

@@ -9,7 +9,10 @@
 
 namespace fastpipe {
 
+// _C.ReaderConfig, READER_STATS, DEVICE_STATS, and the automatic settings' policies (for tests).
 void bind_reader_config(pybind11::module& m);
+// The engine's errors as Python exceptions, the dtype table, the .npy header reader (engine_tables.cpp).
+void bind_engine_tables(pybind11::module& m);
 pybind11::dict stats_dict(const ReaderStats& reader, const DeviceStats* device);
 
 }  // namespace fastpipe

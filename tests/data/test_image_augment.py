@@ -104,14 +104,21 @@ def test_gaussian_blur_is_torchvisions_to_a_level(size, kernel, rng):
         ((name, sigma),) = ops
         assert name == "gaussian_blur" and 0.1 <= sigma <= 5.0
         sigmas.append(sigma)
+    # The share is pooled over at least 20,000 values a mode: on a 9 x 4 image one value is 0.9%.
+    images = max(1, 20000 // (6 * size[0] * size[1] * 3))
+    worst, shares = {False: 0, True: 0}, {False: [], True: []}
     for sigma in sigmas[:6]:
-        img = rng.integers(0, 256, (*size, 3), dtype=np.uint8)
-        want = F2.gaussian_blur(torch.from_numpy(img).permute(2, 0, 1), list(kernel), [sigma, sigma])
-        for emulate in (False, True):
-            ours = _C._augment_apply(img, OPS.index("Blur"), sigma, [0, 0, 0], emulate_fma=emulate, by_factor=True,
-                                     taps=kernel)
-            worst, share = blur_levels(ours, want.permute(1, 2, 0).numpy())
-            assert worst <= 1 and share < 0.005, (sigma, emulate, worst, share)
+        for _ in range(images):
+            img = rng.integers(0, 256, (*size, 3), dtype=np.uint8)
+            want = F2.gaussian_blur(torch.from_numpy(img).permute(2, 0, 1), list(kernel), [sigma, sigma])
+            for emulate in (False, True):
+                ours = _C._augment_apply(img, OPS.index("Blur"), sigma, [0, 0, 0], emulate_fma=emulate,
+                                         by_factor=True, taps=kernel)
+                w, share = blur_levels(ours, want.permute(1, 2, 0).numpy())
+                worst[emulate] = max(worst[emulate], w)
+                shares[emulate].append(share)
+    for emulate in (False, True):
+        assert worst[emulate] <= 1 and np.mean(shares[emulate]) < 0.005, (emulate, worst, np.mean(shares[emulate]))
 
 
 @pytest.mark.parametrize("name", list(FACTOR_FNS))
