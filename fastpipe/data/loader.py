@@ -1,6 +1,5 @@
 """Loader: a drop-in replacement for torch.utils.data.DataLoader over on-disk tensor datasets."""
 
-import contextlib
 import os
 import warnings
 import weakref
@@ -10,9 +9,10 @@ import torch
 
 from fastpipe import _checks as checks
 from fastpipe._ext import _C, build_info
-from fastpipe.data import _collate, _device, torchvision_compat
+from fastpipe.data import _collate, _dataloader_args, _device, torchvision_compat
 from fastpipe.data._source import ColumnSource
-from fastpipe.data.order import REMAINDER_POLICIES, epoch_order, shard, shard_size
+from fastpipe.data.order import REMAINDER_POLICIES, distributed_defaults, epoch_order, shard, shard_size
+from fastpipe.data.passes import EpochIterator, OwnOrder, epoch_of
 
 IO_MODES = _C.ReaderConfig.choices["io"]
 _STATE_FORMAT = "fastpipe.Loader/1"
@@ -20,35 +20,6 @@ _STATE_FORMAT = "fastpipe.Loader/1"
 # Not the rank: every rank is at the same batch, so one rank's state resumes them all (Lightning
 # checkpoints rank 0's and hands it to every rank).
 _STATE_IDENTITY = ("num_samples", "batch_size", "shuffle", "seed", "drop_last", "world_size", "shard_remainder")
-# The wait in next() as a named range of torch.profiler traces. Opening a range costs ~15 us, so it is
-# opened only while a profiler records; checking that costs ~0.1 us.
-_NEXT_RANGE = "fastpipe::loader.next"
-_profiler_enabled = torch.autograd._profiler_enabled
-_NO_RANGE = contextlib.nullcontext()
-
-
-def _distributed_defaults(rank, world_size):
-    dist = torch.distributed
-    initialised = dist.is_available() and dist.is_initialized()
-    if world_size is None:
-        world_size = dist.get_world_size() if initialised else 1
-    if rank is None:
-        rank = dist.get_rank() if initialised else 0
-    world_size = checks.integer(world_size, "world_size", low=1)
-    rank = checks.integer(rank, "rank", low=0, high=world_size - 1, why=f" (world_size={world_size})")
-    return rank, world_size
-
-
-_warned_unpinned = False
-
-
-def _warn_unpinned_once():
-    """Scripts pass pin_memory=True to every loader, on machines with and without a GPU: say it once."""
-    global _warned_unpinned
-    if not _warned_unpinned:
-        _warned_unpinned = True
-        warnings.warn("pin_memory=True but no usable CUDA device (or fastpipe was built without CUDA): batches "
-                      "are not pinned (this warning is shown once per process)", stacklevel=3)
 
 
 def _close_reader(reader):
@@ -192,22 +163,15 @@ class Loader:
                             f"torchvision's ImageFolder), got {type(dataset).__name__}: convert a map-style dataset "
                             f"once with `ds = fastpipe.write_npy(dataset, out_dir)` (tensors) or "
                             f"`fastpipe.write_images(dataset, out_dir)` (encoded images or paths, and labels) and pass that")
-        for name, value, why in (
-            ("worker_init_fn", worker_init_fn, "there are no worker processes, only reader threads"),
-            ("batch_sampler", batch_sampler, "use batch_size/shuffle/drop_last, or sampler= for a custom order"),
-            ("multiprocessing_context", multiprocessing_context, "there are no worker processes"),
-        ):
-            if value is not None:
-                raise ValueError(f"fastpipe.Loader does not take {name}: {why}")
+        _dataloader_args.refuse(worker_init_fn=worker_init_fn, batch_sampler=batch_sampler,
+                                multiprocessing_context=multiprocessing_context,
+                                persistent_workers=persistent_workers, in_order=in_order)
         self.collate_fn = _collate.checked(collate_fn)
         self.device, reader_device = _device.resolve(device)
         checks.choice(image_decode, "image_decode", ("auto", "host", "device"))
         checks.choice(shard_remainder, "shard_remainder", REMAINDER_POLICIES)
         shuffle = False if shuffle is None else checks.flag(shuffle, "shuffle")  # DataLoader's default is None
         drop_last = checks.flag(drop_last, "drop_last")
-        pin_memory = checks.flag(pin_memory, "pin_memory")
-        checks.flag(persistent_workers, "persistent_workers")
-        checks.flag(in_order, "in_order")
         if sampler is not None:
             if shuffle:
                 raise ValueError("sampler and shuffle=True are exclusive (as in DataLoader): the sampler sets the "
@@ -216,36 +180,21 @@ class Loader:
                 raise TypeError(f"sampler must be an iterable of indices with a len(), got {type(sampler).__name__}")
         if len(dataset) == 0:
             raise ValueError(f"the dataset is empty: {dataset!r}")
-        num_workers = checks.integer(num_workers, "num_workers", low=0)
-        if num_threads is None:
-            num_threads = num_workers  # 0: the reader decides
-            gather = "auto" if reader_device is None else "threads"
-        else:
-            gather = "next" if num_threads == 0 else "threads"
-        if prefetch_factor is not None:
-            prefetch = checks.integer(prefetch_factor, "prefetch_factor", low=1) * max(1, num_workers)
-        if generator is not None:
-            if not isinstance(generator, torch.Generator):
-                raise TypeError(f"generator must be a torch.Generator, got {type(generator).__name__}")
-            seed = generator.initial_seed()
+        num_threads, gather = _dataloader_args.reader_threads(num_threads, num_workers, reader_device is not None)
+        prefetch = _dataloader_args.reader_prefetch(prefetch, prefetch_factor, num_workers)
+        seed = _dataloader_args.seed_of(seed, generator)
         # Defaults and checks of the reader's settings are C++'s (csrc/core/reader_config.h).
         config = _C.ReaderConfig(batch_size=batch_size, num_threads=num_threads, prefetch=prefetch, io=io,
                                  gather=gather, when_full=when_full, on_error=on_error, seed=seed)
         batch_size, seed = config.batch_size, config.seed
-        if pin_memory_device and not str(pin_memory_device).startswith("cuda"):
-            raise ValueError(f"pin_memory_device must be '' or a CUDA device, got {pin_memory_device!r}")
-        pin = None
-        if pin_memory and reader_device is None:  # a device loader pins its host slots anyway
-            pin = _device.pin_device(pin_memory_device)
-            if pin is None:
-                _warn_unpinned_once()
+        pin = _dataloader_args.pinning(pin_memory, pin_memory_device, reader_device)
         self.dataset = dataset
         self.batch_size = batch_size
         self.shuffle = shuffle
         self.seed = seed
         self.drop_last = drop_last
         self._sampler = sampler  # the user's; the `sampler` property also stands for the Loader's own order
-        self.rank, self.world_size = _distributed_defaults(rank, world_size)
+        self.rank, self.world_size = distributed_defaults(rank, world_size)
         self.shard_remainder = shard_remainder
         self.timeout = timeout
         self.epoch = 0
@@ -311,7 +260,7 @@ class Loader:
         """The ``sampler`` given, else the Loader's own order as a sampler (``set_epoch``, ``__iter__``,
         ``__len__``): trainers that set the epoch of a loader's sampler (Lightning does at each epoch) set
         the Loader's."""
-        return self._sampler if self._sampler is not None else _OwnOrder(self)
+        return self._sampler if self._sampler is not None else OwnOrder(self)
 
     def set_epoch(self, epoch):
         """Sets the epoch of the next iteration (its shuffle, and the transforms' random draws); later
@@ -350,14 +299,14 @@ class Loader:
             self._open_reader()
         self._reclaim()
         self._supersede("a newer iter() of the same Loader")
-        it = _EpochIterator(self)
+        it = EpochIterator(self)
         self._start(it)
         self._active = it
         return it
 
     def _start(self, it):
         """Starts iterator ``it``'s pass: reading ahead begins now."""
-        seen = _epoch_of(self._sampler)
+        seen = epoch_of(self._sampler)
         if seen is not None:
             # The user's sampler.set_epoch(e) (the references' train_sampler.set_epoch(epoch)) decides the
             # order; the transforms' draws follow that epoch too, so that a resumed run redraws them.
@@ -492,75 +441,3 @@ class Loader:
     def __repr__(self):
         return (f"Loader({self.dataset!r}, batch_size={self.batch_size}, shuffle={self.shuffle}, "
                 f"rank={self.rank}/{self.world_size}, io={self.io_modes})")
-
-
-class _OwnOrder:
-    """A Loader's own order (shuffle, seed, shard) standing in for a sampler: its epoch is the Loader's."""
-
-    def __init__(self, loader):
-        self._loader = weakref.ref(loader)
-
-    @property
-    def epoch(self):
-        return self._loader().epoch
-
-    def set_epoch(self, epoch):
-        self._loader().set_epoch(epoch)
-
-    def __iter__(self):
-        loader = self._loader()
-        return iter(loader._indices(loader.epoch).tolist())
-
-    def __len__(self):
-        return self._loader()._num_samples()
-
-
-def _epoch_of(sampler):
-    """A sampler's epoch (DistributedSampler's and the like's ``epoch``), or None."""
-    epoch = getattr(sampler, "epoch", None)
-    return epoch if isinstance(epoch, int) and not isinstance(epoch, bool) and epoch >= 0 else None
-
-
-class _EpochIterator:
-    """One pass over the loader; a new iter(), set_epoch() or load_state_dict() supersedes it once it has
-    yielded a batch (before that, it starts again from the new position: Loader._reclaim)."""
-
-    __slots__ = ("_loader", "_reader", "_pack", "epoch", "position", "_start_position", "_done", "_superseded_by",
-                 "_stale", "_resumed")
-
-    def __init__(self, loader):
-        self._loader = loader
-        self._reader = loader._reader
-        self._pack = _collate.packer(loader.dataset, loader.collate_fn)
-        self.epoch = None
-        self.position = self._start_position = 0
-        self._done = False
-        self._superseded_by = None
-        self._stale = False  # reclaimed by the Loader: starts again at the first next()
-        self._resumed = None  # the resume position the pass took
-
-    def __iter__(self):
-        return self
-
-    def __next__(self):
-        if self._done:
-            raise StopIteration
-        if self._superseded_by is not None:
-            raise RuntimeError(f"this iterator was superseded by {self._superseded_by}: iterate the Loader anew")
-        if self.position == self._start_position:
-            moved = _epoch_of(self._loader._sampler)
-            if self._stale or (moved is not None and moved != self.epoch):
-                self._loader._reclaim()
-                self._loader._start(self)
-        with torch.profiler.record_function(_NEXT_RANGE) if _profiler_enabled() else _NO_RANGE:
-            tensors = self._reader.next(self._loader._timeout)
-        if tensors is None:
-            self._done = True
-            raise StopIteration
-        self.position += 1
-        return self._pack(tensors)
-
-    def __len__(self):
-        if self._stale:
-            return len(self._loader) - self._loader.state_dict()["batch"]
-        return len(self._loader) - self.position

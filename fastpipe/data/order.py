@@ -1,6 +1,9 @@
 """Sample order: a pure function of (seed, epoch), sharded across distributed ranks."""
 
 import numpy as np
+import torch
+
+from fastpipe import _checks as checks
 
 REMAINDER_POLICIES = ("pad", "drop")
 
@@ -34,3 +37,16 @@ def shard_size(num_samples, *, world_size, remainder):
     if remainder == "drop":
         return num_samples // world_size
     return -(-num_samples // world_size)
+
+
+def distributed_defaults(rank, world_size):
+    """(rank, world_size): as given, else torch.distributed's when it is initialised, else (0, 1)."""
+    dist = torch.distributed
+    initialised = dist.is_available() and dist.is_initialized()
+    if world_size is None:
+        world_size = dist.get_world_size() if initialised else 1
+    if rank is None:
+        rank = dist.get_rank() if initialised else 0
+    world_size = checks.integer(world_size, "world_size", low=1)
+    rank = checks.integer(rank, "rank", low=0, high=world_size - 1, why=f" (world_size={world_size})")
+    return rank, world_size

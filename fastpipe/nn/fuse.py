@@ -2,11 +2,8 @@
 
 import copy
 import dataclasses
-import inspect
 import logging
 import operator
-import statistics
-import time
 
 import torch
 import torch.fx as fx
@@ -14,7 +11,7 @@ import torch.nn as nn
 
 from fastpipe import _checks as checks
 from fastpipe import ops
-from fastpipe.nn import _activations
+from fastpipe.nn import _activations, _fuse_timing, _fx_writes
 from fastpipe.nn.modules import FusedConv2d
 
 __all__ = ["fuse", "FuseReport", "FusedChain", "FusedConv2dAdd"]
@@ -113,7 +110,7 @@ def fuse(model, inplace=False, example_inputs=None):
     report = FuseReport()
     fused = _fuse_module(model, "", report)
     if example_inputs is not None:
-        _keep_stock_where_fusion_loses(fused, tuple(example_inputs), report)
+        _fuse_timing.keep_stock_where_fusion_loses(fused, tuple(example_inputs), report)
     fused.fuse_report = report
     log.info("%s", report)
     return fused
@@ -195,68 +192,6 @@ def _hooks(m):
     return [k for k, v in kinds.items() if v]
 
 
-# Each fused site is timed against its stock twin in this many paired rounds of about this many seconds
-# each, the order alternating (the second of a pair runs on warmer caches).
-_SITE_ROUNDS = 9
-_SITE_SECONDS = 0.005
-
-
-def _seconds_per_call(fn, inner):
-    t0 = time.perf_counter()
-    for _ in range(inner):
-        fn()
-    return (time.perf_counter() - t0) / inner
-
-
-def _keep_stock_where_fusion_loses(model, inputs, report):
-    """Runs `model` once on `inputs`, then times every FusedConv2d on what it got against its stock
-    twin; sites where fusion is not faster compute the stock way."""
-    sites = {name: m for name, m in model.named_modules() if isinstance(m, FusedConv2d)}
-    seen = {}
-
-    def capture(name):
-        def hook(module, args, kwargs):
-            residual = kwargs.get("residual", args[1] if len(args) > 1 else None)
-            clone = lambda t: t.detach().clone() if isinstance(t, torch.Tensor) else t  # noqa: E731
-            seen.setdefault(name, (clone(args[0]), clone(residual)))
-        return hook
-
-    handles = [m.register_forward_pre_hook(capture(name), with_kwargs=True) for name, m in sites.items()]
-    try:
-        with torch.no_grad():
-            model(*inputs)
-    except Exception as e:
-        raise ValueError(f"example_inputs: the model fails on them ({type(e).__name__}: {e})") from e
-    finally:
-        for h in handles:
-            h.remove()
-    with torch.no_grad():
-        for name, m in sites.items():
-            if name not in seen:
-                continue
-            x, residual = seen[name]
-
-            def run(fused, m=m, x=x, residual=residual):
-                m.fused = fused
-                return m(x, residual) if residual is not None else m(x)
-
-            for fused in (True, False, True, False):  # warm-up, and the fused engine's timing
-                run(fused)
-            once = min(_seconds_per_call(lambda: run(True), 1) for _ in range(3))
-            inner = max(1, int(_SITE_SECONDS / max(once, 1e-7)))
-            t = {True: [], False: []}
-            for r in range(_SITE_ROUNDS):
-                for fused in (True, False) if r % 2 else (False, True):
-                    t[fused].append(_seconds_per_call(lambda fused=fused: run(fused), inner))
-            # A burst of load slows a round, not the median of the per-round ratios.
-            ratio = statistics.median(f / s for f, s in zip(t[True], t[False]))
-            m.fused = ratio < 1.0
-            if not m.fused:
-                report.kept.append((name, f"fused {statistics.median(t[True]) * 1e3:.3f} ms vs stock "
-                                          f"{statistics.median(t[False]) * 1e3:.3f} ms (x{ratio:.3f}) on input "
-                                          f"{list(x.shape)}"))
-
-
 def _fuse_module(module, prefix, report):
     try:
         graph = _Tracer().trace(module)
@@ -299,74 +234,6 @@ def _residual_of(node, chain):
     if b is chain and isinstance(a, fx.Node) and a is not chain and not inplace:
         return a, inplace
     return None  # also chain + chain: the conv's output would be needed twice
-
-
-_INPLACE_FUNCTIONS = {operator.iadd, operator.isub, operator.imul, operator.itruediv, operator.ifloordiv,
-                      operator.imod, operator.ipow, operator.iand, operator.ior, operator.ixor, operator.ilshift,
-                      operator.irshift, operator.imatmul, operator.setitem}
-# Calls whose result may share memory with their first argument.
-_VIEW_METHODS = {"view", "view_as", "reshape", "reshape_as", "flatten", "unflatten", "squeeze", "unsqueeze",
-                 "transpose", "permute", "narrow", "select", "expand", "expand_as", "t", "contiguous", "detach",
-                 "as_strided", "split", "chunk", "unbind", "movedim", "swapaxes", "swapdims", "unfold",
-                 "diagonal", "__getitem__", "to", "type_as", "float", "half", "bfloat16", "double"}
-_VIEW_FUNCTIONS = {operator.getitem, getattr, torch.flatten, torch.reshape, torch.squeeze, torch.unsqueeze,
-                   torch.transpose, torch.permute, torch.narrow, torch.select, torch.split, torch.chunk,
-                   torch.unbind, torch.movedim, torch.t, torch.detach, torch.diagonal}
-
-
-def _inplace_argument(node):
-    """Whether a call_function passes ``inplace=True`` (by keyword or position)."""
-    if node.kwargs.get("inplace") is True:
-        return True
-    try:
-        bound = inspect.signature(node.target).bind(*node.args, **node.kwargs)
-    except (TypeError, ValueError):  # builtins without a signature, or a call this signature does not take
-        return False
-    return bound.arguments.get("inplace") is True
-
-
-def _writes(node, modules):
-    """The nodes a call may write into: its first argument when it works in place, and ``out=``."""
-    first = node.args[0] if node.args and isinstance(node.args[0], fx.Node) else None
-    if node.op == "call_method":
-        inplace = node.target.endswith("_") and not node.target.startswith("_")
-    elif node.op == "call_function":
-        name = getattr(node.target, "__name__", "")
-        inplace = node.target in _INPLACE_FUNCTIONS or (name.endswith("_") and not name.startswith("_")) or (
-            _inplace_argument(node))
-    elif node.op == "call_module":
-        inplace = getattr(modules.get(node.target), "inplace", False) is True
-    else:
-        inplace = False
-    written = [first] if inplace and first is not None else []
-    out = node.kwargs.get("out")
-    written += [o for o in (out if isinstance(out, (tuple, list)) else [out]) if isinstance(o, fx.Node)]
-    return written
-
-
-def _root(node, modules):
-    """The node whose memory ``node`` may share, following views and in-place results to their source."""
-    while isinstance(node, fx.Node) and node.args and isinstance(node.args[0], fx.Node):
-        aliases = (node.op == "call_method" and node.target in _VIEW_METHODS) or (
-            node.op == "call_function" and node.target in _VIEW_FUNCTIONS) or (
-            node.op == "call_module" and type(modules.get(node.target)) in (nn.Identity, nn.Flatten, nn.Unflatten)) or (
-            node.args[0] in _writes(node, modules))
-        if not aliases:
-            break
-        node = node.args[0]
-    return node
-
-
-def _written_before_end(first, last, chain, reads, modules):
-    """A node between ``first`` and ``last`` (outside the chain) that may write into one of ``reads``;
-    the fused op, which runs at ``last``, would read the changed value."""
-    roots = {_root(r, modules) for r in reads if isinstance(r, fx.Node)}
-    node = first.next
-    while node is not last and node.op != "root":
-        if node not in chain and any(_root(w, modules) in roots for w in _writes(node, modules)):
-            return node
-        node = node.next
-    return None
 
 
 def _activation_of(node, chain, modules):
@@ -479,7 +346,7 @@ def _fuse_chain(gm, node, modules, calls, qual, report):
     if last is node:
         users = len(node.users)
         return "no batch norm, activation or add follows" if users == 1 else f"its output has {users} users"
-    if (writer := _written_before_end(node, last, chain, [node.args[0], residual], modules)) is not None:
+    if (writer := _fx_writes.written_before_end(node, last, chain, [node.args[0], residual], modules)) is not None:
         return (f"{writer.name} may change its input or the residual in place before the chain ends, where the "
                 f"fused op would read them")
     try:

@@ -374,9 +374,9 @@ def test_sampler_index_out_of_range(dataset_factory, fp):
 
 @pytest.mark.skipif(fastpipe.build_info()["cuda_available"], reason="a GPU is present: pinning works")
 def test_pin_memory_without_a_gpu_warns(dataset_factory, fp, monkeypatch):
-    from fastpipe.data import loader
+    from fastpipe.data import _dataloader_args
 
-    monkeypatch.setattr(loader, "_warned_unpinned", False)  # once per process
+    monkeypatch.setattr(_dataloader_args, "_warned_unpinned", False)  # once per process
     ds, arrays, _ = dataset_factory(20, {})
     with pytest.warns(UserWarning, match="not pinned"):
         ld = fp.loader(ds, 8, pin_memory=True)

@@ -12,7 +12,7 @@ from torch.utils.data import DistributedSampler, default_collate
 from torch.utils.data._utils.collate import default_collate as collate_by_its_module_path
 
 import fastpipe
-from fastpipe.data import loader as loader_module
+from fastpipe.data import _dataloader_args
 from fastpipe.data.torchvision_compat import convert_transform
 
 from jpegs import EXACT_TOL, make_tree
@@ -326,12 +326,13 @@ def test_an_extra_pass_does_not_shift_the_epochs(indices):
 def test_pin_memory_without_a_gpu_warns_once_per_process(indices, monkeypatch):
     if fastpipe.build_info()["cuda_available"]:
         pytest.skip("a usable CUDA device pins the batches")
-    monkeypatch.setattr(loader_module, "_warned_unpinned", False)
+    monkeypatch.setattr(_dataloader_args, "_warned_unpinned", False)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         for _ in range(3):
             fastpipe.Loader(indices, batch_size=4, pin_memory=True)
-    assert len([w for w in caught if "pin_memory=True" in str(w.message)]) == 1
+    (warning,) = [w for w in caught if "pin_memory=True" in str(w.message)]
+    assert warning.filename == __file__, "the warning names the line that made the Loader"
 
 
 

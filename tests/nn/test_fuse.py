@@ -660,9 +660,8 @@ def test_example_inputs_keep_stock_sites_where_fusion_loses(monkeypatch):
     """With example inputs every fused site is timed on what it gets against its stock twin; a site
     where fusion is not faster computes the stock way, with the reason in the report, and the model's
     outputs do not change either way."""
-    import importlib
+    from fastpipe.nn import _fuse_timing
 
-    fuse_mod = importlib.import_module("fastpipe.nn.fuse")  # the module, not the function of that name
     torch.manual_seed(0)
     model = nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.BatchNorm2d(8), nn.ReLU(),
                           nn.Conv2d(8, 8, 1), nn.SiLU()).eval()
@@ -671,8 +670,8 @@ def test_example_inputs_keep_stock_sites_where_fusion_loses(monkeypatch):
         want = model(x)
     # Make the fused path look slower than the stock one at every site: all of them are kept stock. (The
     # timed calls are `lambda fused=...: run(fused)`: their default says which path a call takes.)
-    real = fuse_mod._seconds_per_call
-    monkeypatch.setattr(fuse_mod, "_seconds_per_call", lambda fn, inner: real(fn, inner) + (
+    real = _fuse_timing._seconds_per_call
+    monkeypatch.setattr(_fuse_timing, "_seconds_per_call", lambda fn, inner: real(fn, inner) + (
         1.0 if getattr(fn, "__defaults__", None) and fn.__defaults__[0] is True else 0.0))
     fused = fnn.fuse(model, example_inputs=(x,))
     kept = dict(fused.fuse_report.kept)

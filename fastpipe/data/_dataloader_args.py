@@ -1,0 +1,73 @@
+"""DataLoader's keywords in the Loader's terms: those with no meaning here are refused with the reason, and
+the worker and prefetch counts, the generator and pinning become the reader's settings."""
+
+import warnings
+
+import torch
+
+from fastpipe import _checks as checks
+from fastpipe.data import _device
+
+
+def refuse(*, worker_init_fn, batch_sampler, multiprocessing_context, persistent_workers, in_order):
+    """Raises for what fastpipe has no use for; persistent_workers and in_order are what it always does."""
+    for name, value, why in (
+        ("worker_init_fn", worker_init_fn, "there are no worker processes, only reader threads"),
+        ("batch_sampler", batch_sampler, "use batch_size/shuffle/drop_last, or sampler= for a custom order"),
+        ("multiprocessing_context", multiprocessing_context, "there are no worker processes"),
+    ):
+        if value is not None:
+            raise ValueError(f"fastpipe.Loader does not take {name}: {why}")
+    checks.flag(persistent_workers, "persistent_workers")
+    checks.flag(in_order, "in_order")
+
+
+def reader_threads(num_threads, num_workers, on_device):
+    """(num_threads, gather): num_threads unset takes num_workers (0: the reader decides) and, on the CPU,
+    leaves the choice of where to read automatic; num_threads=0 reads in next()."""
+    num_workers = checks.integer(num_workers, "num_workers", low=0)
+    if num_threads is None:
+        return num_workers, "threads" if on_device else "auto"
+    return num_threads, "next" if num_threads == 0 else "threads"
+
+
+def reader_prefetch(prefetch, prefetch_factor, num_workers):
+    """DataLoader's batches in flight, prefetch_factor * max(1, num_workers), where prefetch_factor is set."""
+    if prefetch_factor is None:
+        return prefetch
+    return checks.integer(prefetch_factor, "prefetch_factor", low=1) * max(1, num_workers)
+
+
+def seed_of(seed, generator):
+    """The generator's initial seed where one is given."""
+    if generator is None:
+        return seed
+    if not isinstance(generator, torch.Generator):
+        raise TypeError(f"generator must be a torch.Generator, got {type(generator).__name__}")
+    return generator.initial_seed()
+
+
+def pinning(pin_memory, pin_memory_device, reader_device):
+    """The device whose copies a CPU loader's pinned arena serves, or None (a device loader pins its host
+    slots anyway; without a usable CUDA device pin_memory warns once and pins nothing)."""
+    pin_memory = checks.flag(pin_memory, "pin_memory")
+    if pin_memory_device and not str(pin_memory_device).startswith("cuda"):
+        raise ValueError(f"pin_memory_device must be '' or a CUDA device, got {pin_memory_device!r}")
+    if not pin_memory or reader_device is not None:
+        return None
+    pin = _device.pin_device(pin_memory_device)
+    if pin is None:
+        _warn_unpinned_once()
+    return pin
+
+
+_warned_unpinned = False
+
+
+def _warn_unpinned_once():
+    """Scripts pass pin_memory=True to every loader, on machines with and without a GPU: say it once."""
+    global _warned_unpinned
+    if not _warned_unpinned:
+        _warned_unpinned = True
+        warnings.warn("pin_memory=True but no usable CUDA device (or fastpipe was built without CUDA): batches "
+                      "are not pinned (this warning is shown once per process)", stacklevel=4)

@@ -1,0 +1,87 @@
+"""A pass over a Loader (the iterator ``iter(loader)`` returns) and the Loader's own order standing in for a
+sampler."""
+
+import contextlib
+import weakref
+
+import torch
+
+from fastpipe.data import _collate
+
+# The wait in next() as a named range of torch.profiler traces. Opening a range costs ~15 us, so it is
+# opened only while a profiler records; checking that costs ~0.1 us.
+_NEXT_RANGE = "fastpipe::loader.next"
+_profiler_enabled = torch.autograd._profiler_enabled
+_NO_RANGE = contextlib.nullcontext()
+
+
+class OwnOrder:
+    """A Loader's own order (shuffle, seed, shard) standing in for a sampler: its epoch is the Loader's."""
+
+    def __init__(self, loader):
+        self._loader = weakref.ref(loader)
+
+    @property
+    def epoch(self):
+        return self._loader().epoch
+
+    def set_epoch(self, epoch):
+        self._loader().set_epoch(epoch)
+
+    def __iter__(self):
+        loader = self._loader()
+        return iter(loader._indices(loader.epoch).tolist())
+
+    def __len__(self):
+        return self._loader()._num_samples()
+
+
+def epoch_of(sampler):
+    """A sampler's epoch (DistributedSampler's and the like's ``epoch``), or None."""
+    epoch = getattr(sampler, "epoch", None)
+    return epoch if isinstance(epoch, int) and not isinstance(epoch, bool) and epoch >= 0 else None
+
+
+class EpochIterator:
+    """One pass over the loader; a new iter(), set_epoch() or load_state_dict() supersedes it once it has
+    yielded a batch (before that, it starts again from the new position: Loader._reclaim)."""
+
+    __slots__ = ("_loader", "_reader", "_pack", "epoch", "position", "_start_position", "_done", "_superseded_by",
+                 "_stale", "_resumed")
+
+    def __init__(self, loader):
+        self._loader = loader
+        self._reader = loader._reader
+        self._pack = _collate.packer(loader.dataset, loader.collate_fn)
+        self.epoch = None
+        self.position = self._start_position = 0
+        self._done = False
+        self._superseded_by = None
+        self._stale = False  # reclaimed by the Loader: starts again at the first next()
+        self._resumed = None  # the resume position the pass took
+
+    def __iter__(self):
+        return self
+
+    def __next__(self):
+        if self._done:
+            raise StopIteration
+        if self._superseded_by is not None:
+            raise RuntimeError(f"this iterator was superseded by {self._superseded_by}: iterate the Loader anew")
+        if self.position == self._start_position:
+            moved = epoch_of(self._loader._sampler)
+            if self._stale or (moved is not None and moved != self.epoch):
+                self._loader._reclaim()
+                self._loader._start(self)
+        with torch.profiler.record_function(_NEXT_RANGE) if _profiler_enabled() else _NO_RANGE:
+            tensors = self._reader.next(self._loader._timeout)
+        if tensors is None:
+            self._done = True
+            raise StopIteration
+        self.position += 1
+        return self._pack(tensors)
+
+    def __len__(self):
+        if self._stale:
+            return len(self._loader) - self._loader.state_dict()["batch"]
+        return len(self._loader) - self.position
