@@ -24,8 +24,8 @@ __all__ = ["AugMix", "AutoAugment", "CenterCrop", "ColorJitter", "CropMirrorNorm
            "RandomApply", "RandomErasing", "RandomGrayscale", "RandomResizedCrop", "TrivialAugmentWide"]
 
 _OUT_DTYPES = {torch.float32: "float32", torch.float16: "float16", torch.bfloat16: "bfloat16"}
-INTERPOLATIONS = ("bilinear", "bicubic", "nearest")
-RESIZE_AS = ("pil", "torch_uint8", "torch_float")
+INTERPOLATIONS = _C.IMAGE_CHOICES["interpolation"]
+RESIZE_AS = _C.IMAGE_CHOICES["resize_as"]
 _IMAGE_OUT_DTYPES = {**_OUT_DTYPES, torch.uint8: "uint8"}
 
 
@@ -241,8 +241,7 @@ class _JpegTransform:
         area, ratio, resize = self._geometry()
         extra = dict(self._augment_params or {})
         if self.erase is not None:
-            extra.update(erase_p=self.erase.p, erase_scale=self.erase.scale, erase_ratio=self.erase.ratio,
-                         erase_value=self.erase.value)
+            extra.update(erase=(self.erase.p, self.erase.scale, self.erase.ratio, self.erase.value))
         return _C.ImageTransformParams(
             mode=self._mode, out_height=self.size[0], out_width=self.size[1], area=area, ratio=ratio,
             resize_short=resize[0], resize_height=resize[1], resize_width=resize[2], mirror=self.mirror,

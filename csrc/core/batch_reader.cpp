@@ -127,8 +127,8 @@ BatchReader::BatchReader(std::vector<ColumnSpec> columns, ReaderOptions opt) : o
     record_bytes_total += s.record_bytes;
     const IoMode mode = choose_mode(opt.io, s.record_bytes, total_data, mem);
     Column c = open_column(std::move(s), mode, opt.raw_outputs);
-    if (c.file && !c.file->fallback_reason().empty())
-      st->warnings.push_back("'" + c.spec.path + "': io='direct' unavailable, " + c.file->fallback_reason() +
+    if (c.source && !c.source->fallback_reason().empty())
+      st->warnings.push_back("'" + c.spec.path + "': io='direct' unavailable, " + c.source->fallback_reason() +
                              "; using buffered reads");
     c.first_output = static_cast<int>(st->outputs.size());
     for (int k = 0; k < c.num_outputs(); ++k) {
@@ -162,11 +162,11 @@ BatchReader::BatchReader(std::vector<ColumnSpec> columns, ReaderOptions opt) : o
     // mapped pages are faulted in by the reads themselves.
     if (st->warm_page_cache)
       for (const Column& c : st->columns)
-        if (c.file) warm_file(*c.file, [] { return false; }, /*populate=*/false);
+        if (c.source) warm_source(*c.source, [] { return false; }, /*populate=*/false);
     st->warm_page_cache = false;
   } else if (opt.num_threads == 0) {
     bool any_direct = false;
-    for (const Column& c : st->columns) any_direct |= c.file && c.file->mode() == IoMode::kDirect;
+    for (const Column& c : st->columns) any_direct |= c.source && c.source->mode() == IoMode::kDirect;
     opt.num_threads = default_num_threads(usable_cores(), any_direct, decodes);
   }
   st->opt = opt;
@@ -236,7 +236,7 @@ void BatchReader::close() {
   for (auto& t : threads_) t.join();
   threads_.clear();
   std::lock_guard<std::mutex> lk(state_->mu);
-  for (Column& c : state_->columns) c.file.reset();
+  for (Column& c : state_->columns) c.source.reset();
 }
 
 void BatchReader::start(std::vector<int64_t> indices, bool drop_last, uint64_t epoch) {
@@ -246,7 +246,7 @@ void BatchReader::start(std::vector<int64_t> indices, bool drop_last, uint64_t e
   const int64_t bs = st.opt.batch_size;
   const int64_t n = static_cast<int64_t>(idx->size());
   for (const Column& c : st.columns)
-    if (c.file && c.file->mode() == IoMode::kMmap) {
+    if (c.source && c.source->mode() == IoMode::kMmap) {
       ensure_sigbus_handler();
       break;
     }

@@ -63,24 +63,24 @@ std::string record_context(const Column& c, int64_t record) {
 [[noreturn]] void throw_shrunk(const Column& c, int64_t record) {
   int64_t now = -1;
   try {
-    now = c.file->current_size();
+    now = c.source->current_size();
   } catch (const Error&) {
   }
-  if (now == c.file->size_at_open()) {  // the size is intact: the mapped page itself could not be read
+  if (now == c.source->size_at_open()) {  // the size is intact: the mapped page itself could not be read
     throw Error(ErrorKind::kIO,
                 "cannot read " + record_context(c, record) + ": reading its mapped page faulted (SIGBUS) although "
                     "the file still has its " + std::to_string(now) + " bytes: an I/O error on the device",
                 EIO);
   }
   throw Error(ErrorKind::kIO, "cannot read " + record_context(c, record) + ": the file is now " +
-                                  std::to_string(now) + " bytes, it was " + std::to_string(c.file->size_at_open()) +
+                                  std::to_string(now) + " bytes, it was " + std::to_string(c.source->size_at_open()) +
                                   " when the loader opened it (it was truncated or replaced while being read)");
 }
 
 // File::read_at_most, with a failure naming the record it was reading (its message names the offset).
 int64_t read_records(const Column& c, int64_t record, void* dst, int64_t len, int64_t offset) {
   try {
-    return c.file->read_at_most(dst, len, offset);
+    return c.source->read_at_most(dst, len, offset);
   } catch (const Error& e) {
     throw Error(e.kind(), "cannot read " + record_context(c, record) + ": " + e.what(), e.error_number());
   }
@@ -144,7 +144,7 @@ Column open_column(ColumnSpec spec, IoMode mode, bool raw) {
   c.raw = raw;
   if (s.image) {
     FP_CHECK_VALUE(!s.token_bytes && !s.cmn, "'" + s.path + "': an image column takes no other conversion");
-    c.file = open_image_column(*s.image);
+    c.source = open_image_column(*s.image);
     c.spec = std::move(spec);
     return c;
   }
@@ -171,8 +171,8 @@ Column open_column(ColumnSpec spec, IoMode mode, bool raw) {
                    "'" + s.path + "': its " + std::to_string(s.num_records) + " records of stride " +
                        std::to_string(s.record_stride) + " end past any possible file size");
   }
-  c.file = std::make_unique<File>(s.path, mode, s.record_bytes < kSmallRecord);
-  FP_CHECK_VALUE(c.file->size_at_open() >= need, "'" + s.path + "' is " + std::to_string(c.file->size_at_open()) +
+  c.source = open_record_source(s.path, mode, s.record_bytes < kSmallRecord);
+  FP_CHECK_VALUE(c.source->size_at_open() >= need, "'" + s.path + "' is " + std::to_string(c.source->size_at_open()) +
                                                       " bytes but its " + std::to_string(s.num_records) +
                                                       " records need " + std::to_string(need));
   c.spec = std::move(spec);
@@ -189,9 +189,9 @@ ThreadBuffers thread_buffers(const std::vector<Column>& columns, int64_t chunk) 
       if (!tb.image) tb.image = std::make_unique<ImageThreadState>();
       continue;
     }
-    if (c.file->mode() == IoMode::kDirect)
+    if (c.source->mode() == IoMode::kDirect)
       bounce = std::max({bounce, kBounceBytes, align_up(c.spec.record_bytes, kDirectAlign) + 2 * kDirectAlign});
-    if (c.converts() && c.file->mode() == IoMode::kPread) scratch = std::max(scratch, chunk * c.spec.record_bytes);
+    if (c.converts() && c.source->mode() == IoMode::kPread) scratch = std::max(scratch, chunk * c.spec.record_bytes);
   }
   if (bounce) tb.bounce = std::make_unique<AlignedBuffer>(static_cast<size_t>(bounce));
   if (scratch) tb.scratch = std::make_unique<AlignedBuffer>(static_cast<size_t>(scratch));
@@ -199,8 +199,8 @@ ThreadBuffers thread_buffers(const std::vector<Column>& columns, int64_t chunk) 
 }
 
 std::string Column::io_name() const {
-  if (spec.image && !file) return "files";
-  return file ? choice_name(file->mode()) : "closed";
+  if (spec.image && !source) return "files";
+  return source ? choice_name(source->mode()) : "closed";
 }
 
 int64_t Column::output_record_bytes(int output) const {
@@ -234,17 +234,17 @@ void read_records(const Column& c, const int64_t* idx, int64_t count, const Sink
   for (int64_t k = 0; k < count; ++k) tb.offsets[k] = s.data_offset + idx[k] * s.record_stride;
   const int64_t* off = tb.offsets.data();
 
-  if (c.file->mode() == IoMode::kMmap) {
+  if (c.source->mode() == IoMode::kMmap) {
     int64_t done = 0;
     auto visit = [](void* ctx, int64_t k, const char* src) { static_cast<const Sink*>(ctx)->put(k, src); };
-    if (!c.file->visit_mapped(off, count, len, visit, const_cast<Sink*>(&sink), &done)) throw_shrunk(c, idx[done]);
+    if (!c.source->visit_mapped(off, count, len, visit, const_cast<Sink*>(&sink), &done)) throw_shrunk(c, idx[done]);
   } else {
     // Sorted by file offset: sequential runs become one request, and the disk sees ascending offsets.
     tb.order.resize(static_cast<size_t>(count));
     for (int64_t k = 0; k < count; ++k) tb.order[k] = k;
     std::sort(tb.order.begin(), tb.order.end(), [&](int64_t a, int64_t b) { return off[a] < off[b]; });
     const int64_t* ord = tb.order.data();
-    const bool direct = c.file->mode() == IoMode::kDirect;
+    const bool direct = c.source->mode() == IoMode::kDirect;
     int64_t i = 0;
     while (i < count) {
       int64_t j = i + 1;
@@ -283,10 +283,10 @@ void read_records(const Column& c, const int64_t* idx, int64_t count, const Sink
   int64_t max_k = 0;
   for (int64_t k = 1; k < count; ++k)
     if (off[k] > off[max_k]) max_k = k;
-  if (count && c.file->current_size() < off[max_k] + len) throw_shrunk(c, idx[max_k]);
+  if (count && c.source->current_size() < off[max_k] + len) throw_shrunk(c, idx[max_k]);
 }
 
-void warm_file(const File& f, const std::function<bool()>& stopped, bool populate) {
+void warm_source(const RecordSource& f, const std::function<bool()>& stopped, bool populate) {
   for (int64_t off = 0; off < f.size_at_open(); off += kWarmStep) {
     if (stopped()) return;
     f.will_need(off, kWarmStep);

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "core/file.h"
+#include "core/record_source.h"
 #include "core/image_column.h"
 #include "core/io_mode.h"
 #include "kernels/transforms.h"
@@ -63,7 +64,7 @@ WidenFn widen_for(int bytes, bool is_signed);
 
 struct Column {
   ColumnSpec spec;
-  std::unique_ptr<File> file;  // null for an image folder (a file per record)
+  std::unique_ptr<RecordSource> source;  // null for an image folder (a file per record)
   int first_output = 0;  // index into the reader's outputs
   WidenFn widen = nullptr;
   bool raw = false;  // delivered as its records, without widening or transforming (a device does that)
@@ -120,6 +121,6 @@ void read_records(const Column& c, const int64_t* idx, int64_t count, const Sink
 // first pass over data that was not cached reads sequentially instead of one page per random record;
 // then (populate) maps every page of a mapped file, so that no record pays a page fault on first touch.
 // Returns early when stopped() says so.
-void warm_file(const File& f, const std::function<bool()>& stopped, bool populate = true);
+void warm_source(const RecordSource& f, const std::function<bool()>& stopped, bool populate = true);
 
 }  // namespace fastpipe

@@ -13,18 +13,18 @@ namespace {
 }
 
 // The encoded bytes of record i into ts.encoded.
-int64_t read_encoded(const ImageColumnSpec& spec, const File* packed, int64_t i, ImageThreadState& ts) {
+int64_t read_encoded(const ImageColumnSpec& spec, const RecordSource* packed, int64_t i, ImageThreadState& ts) {
   const ImageSource& src = *spec.source;
   int64_t size = 0;
-  std::unique_ptr<File> own;
-  const File* f = packed;
+  std::unique_ptr<RecordSource> own;
+  const RecordSource* f = packed;
   int64_t offset = 0;
   if (src.packed()) {
     offset = src.offsets[i];
     size = src.offsets[i + 1] - offset;
   } else {
     try {
-      own = std::make_unique<File>(src.path_of(i), IoMode::kPread);
+      own = open_record_source(src.path_of(i), IoMode::kPread);
     } catch (const Error& e) {
       throw Error(e.kind(), std::string(e.what()) + " (record " + std::to_string(i) + ")", e.error_number());
     }
@@ -82,7 +82,7 @@ void ImageSource::check() const {
   }
 }
 
-std::unique_ptr<File> open_image_column(const ImageColumnSpec& spec) {
+std::unique_ptr<RecordSource> open_image_column(const ImageColumnSpec& spec) {
   FP_CHECK_VALUE(spec.source, "an image column needs its source");
   const ImageSource& src = *spec.source;
   src.check();
@@ -90,7 +90,7 @@ std::unique_ptr<File> open_image_column(const ImageColumnSpec& spec) {
   FP_CHECK_VALUE(p.out_height >= 1 && p.out_width >= 1, "the image transform's output size must be positive");
   FP_CHECK_VALUE(spec.max_record_bytes >= 1, "max_record_bytes must be positive");
   if (!src.packed()) return nullptr;
-  auto f = std::make_unique<File>(src.packed_path, IoMode::kPread);
+  auto f = open_record_source(src.packed_path, IoMode::kPread);
   const int64_t need = src.offsets.back();
   FP_CHECK_VALUE(f->size_at_open() >= need, "'" + src.packed_path + "' is " + std::to_string(f->size_at_open()) +
                                                 " bytes but its offsets need " + std::to_string(need) +
@@ -98,7 +98,7 @@ std::unique_ptr<File> open_image_column(const ImageColumnSpec& spec) {
   return f;
 }
 
-void will_need_images(const ImageColumnSpec& spec, const File* packed, const int64_t* idx, int64_t count) {
+void will_need_images(const ImageColumnSpec& spec, const RecordSource* packed, const int64_t* idx, int64_t count) {
   if (!packed) return;
   const std::vector<int64_t>& off = spec.source->offsets;
   for (int64_t k = 0; k < count; ++k) packed->will_need(off[idx[k]], off[idx[k] + 1] - off[idx[k]]);
@@ -108,7 +108,7 @@ namespace {
 
 // Record i's bytes read into ts.encoded and its header parsed and checked (a format read here, or one
 // for the fallback decoder; its data complete): the bytes, and *header.
-int64_t load_checked(const ImageColumnSpec& spec, const File* packed, int64_t i, ImageThreadState& ts,
+int64_t load_checked(const ImageColumnSpec& spec, const RecordSource* packed, int64_t i, ImageThreadState& ts,
                      ImageHeader* header) {
   const ImageSource& src = *spec.source;
   const int64_t bytes = read_encoded(spec, packed, i, ts);
@@ -202,21 +202,12 @@ void decode_into(const ImageColumnSpec& spec, int64_t i, const ImageHeader& head
 }
 
 // Why a record (its header, its geometry at full size, its encoded bytes) is decoded on the host rather
-// than on the device, or nullptr.
+// than on the device, or nullptr and the planes the device decodes it into.
 const char* host_decode_reason(const ImageColumnSpec& spec, const ImageHeader& header, const images::Geometry& g,
-                               int64_t bytes) {
+                               int64_t bytes, images::YccPlanes* planes) {
   if (header.format != ImageFormat::kJpeg) return "not a JPEG";
   const JpegInfo& info = header.jpeg;
-  if (info.sof != 0) return "not a baseline JPEG";
-  if (info.components == 3) {
-    const bool chroma_1x1 = info.h_samp[1] == 1 && info.v_samp[1] == 1 && info.h_samp[2] == 1 && info.v_samp[2] == 1;
-    const int h = info.h_samp[0], v = info.v_samp[0];
-    if (!chroma_1x1 || !((h == 1 || h == 2 || h == 4) && (v == 1 || v == 2))) return "nonstandard chroma subsampling";
-    // Adobe's transform 0: the components are RGB, which libjpeg does not convert (the device would).
-    if (info.adobe_transform == 0) return "RGB components (Adobe transform 0)";
-  } else if (info.components != 1) {
-    return "not grayscale or YCbCr";
-  }
+  if (const char* why = device_jpeg_planes(info, planes)) return why;
   if (bytes > spec.encoded_budget) return "over the encoded budget";
   if (static_cast<int64_t>(info.height) * info.width > spec.pixel_budget) return "over the pixel budget";
   if (images::max_taps(g.y) > images::kDeviceTaps || images::max_taps(g.x) > images::kDeviceTaps)
@@ -226,7 +217,7 @@ const char* host_decode_reason(const ImageColumnSpec& spec, const ImageHeader& h
 
 }  // namespace
 
-int64_t read_image(const ImageColumnSpec& spec, const File* packed, int64_t i, int64_t draw, uint64_t epoch,
+int64_t read_image(const ImageColumnSpec& spec, const RecordSource* packed, int64_t i, int64_t draw, uint64_t epoch,
                    void* out, ImageThreadState& ts) {
   ImageHeader header;
   const int64_t bytes = load_checked(spec, packed, i, ts, &header);
@@ -234,7 +225,7 @@ int64_t read_image(const ImageColumnSpec& spec, const File* packed, int64_t i, i
   return bytes;
 }
 
-int64_t read_image_for_device(const ImageColumnSpec& spec, const File* packed, int64_t i, int64_t draw,
+int64_t read_image_for_device(const ImageColumnSpec& spec, const RecordSource* packed, int64_t i, int64_t draw,
                               uint64_t epoch, images::ImageDesc* desc, uint8_t* encoded, void* out,
                               ImageThreadState& ts) {
   ImageHeader header;
@@ -247,11 +238,9 @@ int64_t read_image_for_device(const ImageColumnSpec& spec, const File* packed, i
   desc->height = header.height;
   desc->width = header.width;
   desc->encoded_bytes = bytes;
-  if (!host_decode_reason(spec, header, g, bytes)) {
+  if (!host_decode_reason(spec, header, g, bytes, &desc->planes)) {
     desc->on = static_cast<int32_t>(images::DecodeOn::kDevice);
     desc->geometry = g;
-    const JpegInfo& info = header.jpeg;  // chroma 1x1 (host_decode_reason): Y's factors are the ratios
-    desc->planes = images::ycc_planes(header.height, header.width, info.v_samp[0], info.h_samp[0], info.components == 1);
     std::memcpy(encoded, ts.encoded.data(), static_cast<size_t>(bytes));
   } else {
     desc->on = static_cast<int32_t>(images::DecodeOn::kHost);

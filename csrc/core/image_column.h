@@ -10,7 +10,7 @@
 #include <string>
 #include <vector>
 
-#include "core/file.h"
+#include "core/record_source.h"
 #include "core/image_fallback.h"
 #include "core/jpeg_decode.h"
 #include "core/png_decode.h"
@@ -72,22 +72,22 @@ struct ImageThreadState {
 
 // The packed file of an ImageDataset, opened for pread and checked to hold every record; null for an
 // ImageFolder (its files are opened per record). Error(kValue) for a spec that cannot be read.
-std::unique_ptr<File> open_image_column(const ImageColumnSpec& spec);
+std::unique_ptr<RecordSource> open_image_column(const ImageColumnSpec& spec);
 
 // Asks the kernel to start reading these records of a packed file (their decode follows).
-void will_need_images(const ImageColumnSpec& spec, const File* packed, const int64_t* idx, int64_t count);
+void will_need_images(const ImageColumnSpec& spec, const RecordSource* packed, const int64_t* idx, int64_t count);
 
 // Reads record `index`, decodes the region its transform needs and writes the output image to `out`;
 // the crop and flip are drawn for sample `draw` of `epoch` (the record itself, unless it stands in for a
 // bad image). Returns the encoded bytes read. Throws Error naming the record and why: kValue for bad
 // data (no decoder reads it, corrupt, truncated), kIO when reading failed.
-int64_t read_image(const ImageColumnSpec& spec, const File* packed, int64_t index, int64_t draw, uint64_t epoch,
+int64_t read_image(const ImageColumnSpec& spec, const RecordSource* packed, int64_t index, int64_t draw, uint64_t epoch,
                    void* out, ImageThreadState& ts);
 
 // The same for a column decoded on the device: the record's ImageDesc and encoded bytes, or its output
 // decoded here when the device decoder does not take it (not a JPEG, not baseline, not grayscale or YCbCr
 // with standard chroma subsampling, over the byte or pixel budget, more than kDeviceTaps taps on an axis).
-int64_t read_image_for_device(const ImageColumnSpec& spec, const File* packed, int64_t index, int64_t draw,
+int64_t read_image_for_device(const ImageColumnSpec& spec, const RecordSource* packed, int64_t index, int64_t draw,
                               uint64_t epoch, images::ImageDesc* desc, uint8_t* encoded, void* out,
                               ImageThreadState& ts);
 

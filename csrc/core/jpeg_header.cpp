@@ -158,4 +158,20 @@ bool jpeg_has_end(const uint8_t* data, size_t size, const JpegInfo& info) {
   return false;
 }
 
+const char* device_jpeg_planes(const JpegInfo& info, images::YccPlanes* planes) {
+  if (info.sof != 0) return "not a baseline JPEG";
+  if (info.components == 3) {
+    const bool chroma_1x1 = info.h_samp[1] == 1 && info.v_samp[1] == 1 && info.h_samp[2] == 1 && info.v_samp[2] == 1;
+    const int h = info.h_samp[0], v = info.v_samp[0];
+    if (!chroma_1x1 || !((h == 1 || h == 2 || h == 4) && (v == 1 || v == 2))) return "nonstandard chroma subsampling";
+    // Adobe's transform 0: the components are RGB, which libjpeg does not convert (the device would).
+    if (info.adobe_transform == 0) return "RGB components (Adobe transform 0)";
+  } else if (info.components != 1) {
+    return "not grayscale or YCbCr";
+  }
+  // Chroma 1x1: Y's factors are the ratios.
+  *planes = images::ycc_planes(info.height, info.width, info.v_samp[0], info.h_samp[0], info.components == 1);
+  return nullptr;
+}
+
 }  // namespace fastpipe

@@ -8,6 +8,8 @@
 #include <cstdint>
 #include <string>
 
+#include "kernels/jpeg_color.h"
+
 namespace fastpipe {
 
 struct JpegInfo {
@@ -33,6 +35,11 @@ const char* sniff_image_format(const uint8_t* data, size_t size);
 
 // Why the decoder cannot decode a parsed JPEG (12-bit, lossless, hierarchical, 2 components, ...), or "".
 std::string jpeg_unsupported_reason(const JpegInfo& info);
+
+// Which JPEGs a device decoder is given (the one rule the reader, the simulated device and the test hooks
+// share): baseline, grayscale or YCbCr (not Adobe's RGB) with chroma sampled 1x1 and Y at 1, 2 or 4 across
+// and 1 or 2 down, decoded into `*planes` (nvJPEG's planar layout). Returns why not, or nullptr.
+const char* device_jpeg_planes(const JpegInfo& info, images::YccPlanes* planes);
 
 // Whether an end-of-image marker follows the first scan: a file cut short has none.
 bool jpeg_has_end(const uint8_t* data, size_t size, const JpegInfo& info);

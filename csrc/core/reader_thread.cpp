@@ -30,11 +30,11 @@ int64_t read_images_of(ReaderState& st, int64_t record, int64_t draw, int64_t po
       return base + out.offset + pos * out.record_bytes;
     };
     if (c.spec.image->device_decode) {
-      bytes += read_image_for_device(*c.spec.image, c.file.get(), record, draw, epoch,
+      bytes += read_image_for_device(*c.spec.image, c.source.get(), record, draw, epoch,
                                      reinterpret_cast<images::ImageDesc*>(at(0)), reinterpret_cast<uint8_t*>(at(1)),
                                      at(2), *tb.image);
     } else {
-      bytes += read_image(*c.spec.image, c.file.get(), record, draw, epoch, at(0), *tb.image);
+      bytes += read_image(*c.spec.image, c.source.get(), record, draw, epoch, at(0), *tb.image);
     }
   }
   return bytes;
@@ -76,7 +76,7 @@ void warm_files(ReaderState& st, int thread_index) {
     return st.stop;
   };
   for (size_t k = thread_index; k < st.columns.size(); k += st.opt.num_threads)
-    if (st.columns[k].file) warm_file(*st.columns[k].file, stopped);
+    if (st.columns[k].source) warm_source(*st.columns[k].source, stopped);
 }
 
 }  // namespace
@@ -106,7 +106,7 @@ int64_t fill_records(ReaderState& st, const int64_t* records, int64_t count, cha
     tb.chunk_index.assign(records, records + count);
     int64_t* chunk = tb.chunk_index.data();
     for (const Column& c : st.columns)
-      if (c.spec.image) will_need_images(*c.spec.image, c.file.get(), chunk, count);
+      if (c.spec.image) will_need_images(*c.spec.image, c.source.get(), chunk, count);
     for (int64_t k = 0; k < count; ++k) bytes += read_images_or_replace(st, chunk, k, first + k, base, epoch, tb);
     idx = chunk;
   }

@@ -9,6 +9,7 @@
 
 #include <string_view>
 
+#include "core/choices.h"
 #include "core/error.h"
 #include "core/gather.h"
 #include "core/image_column.h"
@@ -17,6 +18,7 @@
 #include "ops/augment_specs.h"
 #include "ops/bindings.h"
 #include "ops/pillow_decoder.h"
+#include "ops/reader_config.h"
 #ifdef FASTPIPE_WITH_CUDA
 #include <cuda_runtime_api.h>
 
@@ -26,6 +28,21 @@
 namespace py = pybind11;
 
 namespace fastpipe {
+
+// The resize's filter and whose arithmetic it reproduces (kernels/resample_taps.h), by the names
+// fastpipe.transforms takes (_C.IMAGE_CHOICES).
+template <>
+struct Choices<images::Filter> {
+  static constexpr Named<images::Filter> names[] = {
+      {images::Filter::kBilinear, "bilinear"}, {images::Filter::kBicubic, "bicubic"}, {images::Filter::kNearest, "nearest"}};
+};
+template <>
+struct Choices<images::ResizeAs> {
+  static constexpr Named<images::ResizeAs> names[] = {{images::ResizeAs::kPil, "pil"},
+                                                      {images::ResizeAs::kTorchUint8, "torch_uint8"},
+                                                      {images::ResizeAs::kTorchFloat, "torch_float"}};
+};
+
 namespace {
 
 using transforms::CropMirrorNormalizeParams;
@@ -41,20 +58,6 @@ transforms::OutDtype parse_out_dtype(const std::string& name, bool allow_uint8) 
   TORCH_CHECK(false, "out_dtype must be float32, float16, bfloat16", allow_uint8 ? " or uint8" : "", ", got ", name);
 }
 
-// The resize's filter and whose arithmetic it reproduces (kernels/resample_taps.h), by fastpipe.transforms' names.
-images::Filter parse_filter(const std::string& name) {
-  if (name == "bilinear") return images::Filter::kBilinear;
-  if (name == "bicubic") return images::Filter::kBicubic;
-  if (name == "nearest") return images::Filter::kNearest;
-  TORCH_CHECK(false, "interpolation must be bilinear, bicubic or nearest, got ", name);
-}
-
-images::ResizeAs parse_resize_as(const std::string& name) {
-  if (name == "pil") return images::ResizeAs::kPil;
-  if (name == "torch_uint8") return images::ResizeAs::kTorchUint8;
-  if (name == "torch_float") return images::ResizeAs::kTorchFloat;
-  TORCH_CHECK(false, "resize_as must be pil, torch_uint8 or torch_float, got ", name);
-}
 
 template <typename T>
 py::array_t<T> as_array(const std::vector<T>& v) {
@@ -96,10 +99,18 @@ py::tuple geometry_tuple(const images::Geometry& g) {
   return py::make_tuple(g.top, g.left, g.height, g.width, g.flip, g.denom);
 }
 
+// RandomErasing's (p, scale, ratio, value) as fastpipe.transforms.RandomErasing holds them (its defaults
+// are torchvision's, kept there only).
+using Erasing = std::tuple<float, std::pair<double, double>, std::pair<double, double>, std::vector<float>>;
+
 }  // namespace
 
 void bind_loader_specs(py::module& m) {
   bind_augment_tables(m);
+  py::dict image_choices;
+  image_choices["interpolation"] = choice_names<images::Filter>();
+  image_choices["resize_as"] = choice_names<images::ResizeAs>();
+  m.attr("IMAGE_CHOICES") = image_choices;
   // CropMirrorNormalize's parameters (kernels/transforms.h), filled by fastpipe/transforms.py.
   using transforms::CropMirrorNormalizeParams;
   py::class_<CropMirrorNormalizeParams, std::shared_ptr<CropMirrorNormalizeParams>>(m, "CropMirrorNormalizeParams")
@@ -160,17 +171,16 @@ void bind_loader_specs(py::module& m) {
       .def(py::init([](const std::string& mode, int out_height, int out_width, std::pair<double, double> area,
                        std::pair<double, double> ratio, int resize_short, int resize_height, int resize_width,
                        float mirror, bool out_nhwc, const std::string& out_dtype, const std::vector<float>& scale,
-                       const std::vector<float>& shift, uint64_t seed, int max_dct_denom, float erase_p,
-                       std::pair<double, double> erase_scale, std::pair<double, double> erase_ratio,
-                       const std::vector<float>& erase_value, const std::vector<py::dict>& augment_stages,
+                       const std::vector<float>& shift, uint64_t seed, int max_dct_denom,
+                       const std::optional<Erasing>& erase, const std::vector<py::dict>& augment_stages,
                        const std::vector<std::tuple<int, bool, float, int, int>>& augment_candidates,
                        const std::vector<float>& augment_magnitudes, const std::vector<int>& augment_fill,
                        const std::string& augment_interpolation, int augment_blend, const std::vector<float>& augment_fill_value,
                        std::tuple<bool, bool, bool> augment_rounding, const std::string& interpolation,
                        const std::string& resize_as, bool pil_vertical_first) {
              ImageTransformParams p;
-             p.filter = parse_filter(interpolation);
-             p.resize_as = parse_resize_as(resize_as);
+             p.filter = parse_choice<images::Filter>("interpolation", interpolation);
+             p.resize_as = parse_choice<images::ResizeAs>("resize_as", resize_as);
              p.pil_vertical_first = pil_vertical_first;
              TORCH_CHECK(mode == "random_resized" || mode == "center", "mode must be random_resized or center");
              p.mode = mode == "center" ? images::CropMode::kCenter : images::CropMode::kRandomResized;
@@ -197,17 +207,21 @@ void bind_loader_specs(py::module& m) {
              std::copy(shift.begin(), shift.end(), p.shift);
              p.seed = seed;
              p.max_dct_denom = max_dct_denom;
-             TORCH_CHECK(erase_p >= 0 && erase_p <= 1, "erase_p must be in [0, 1]");
-             TORCH_CHECK(erase_scale.first > 0 && erase_scale.first <= erase_scale.second && erase_scale.second <= 1,
-                         "erase_scale must be 0 < lo <= hi <= 1");
-             TORCH_CHECK(erase_ratio.first > 0 && erase_ratio.first <= erase_ratio.second, "erase_ratio must be 0 < lo <= hi");
-             TORCH_CHECK(erase_value.size() == images::kChannels, "erase_value needs 3 values");
-             p.erase.p = erase_p;
-             p.erase.scale_min = erase_scale.first;
-             p.erase.scale_max = erase_scale.second;
-             p.erase.ratio_min = erase_ratio.first;
-             p.erase.ratio_max = erase_ratio.second;
-             std::copy(erase_value.begin(), erase_value.end(), p.erase.value);
+             if (erase) {  // else p.erase.p stays 0: nothing erased
+               const auto& [erase_p, erase_scale, erase_ratio, erase_value] = *erase;
+               TORCH_CHECK(erase_p >= 0 && erase_p <= 1, "erase p must be in [0, 1]");
+               TORCH_CHECK(erase_scale.first > 0 && erase_scale.first <= erase_scale.second && erase_scale.second <= 1,
+                           "erase scale must be 0 < lo <= hi <= 1");
+               TORCH_CHECK(erase_ratio.first > 0 && erase_ratio.first <= erase_ratio.second,
+                           "erase ratio must be 0 < lo <= hi");
+               TORCH_CHECK(erase_value.size() == images::kChannels, "erase value needs 3 values");
+               p.erase.p = erase_p;
+               p.erase.scale_min = erase_scale.first;
+               p.erase.scale_max = erase_scale.second;
+               p.erase.ratio_min = erase_ratio.first;
+               p.erase.ratio_max = erase_ratio.second;
+               std::copy(erase_value.begin(), erase_value.end(), p.erase.value);
+             }
              set_augment(p.augment, augment_stages, augment_candidates, augment_magnitudes, augment_fill,
                          augment_interpolation, augment_blend, augment_fill_value, augment_rounding);
              // The limits the draws and the ops rely on, checked here where the spec becomes the engine's
@@ -226,10 +240,7 @@ void bind_loader_specs(py::module& m) {
            py::kw_only(), py::arg("mode"), py::arg("out_height"), py::arg("out_width"), py::arg("area"),
            py::arg("ratio"), py::arg("resize_short"), py::arg("resize_height"), py::arg("resize_width"),
            py::arg("mirror"), py::arg("out_nhwc"), py::arg("out_dtype"), py::arg("scale"), py::arg("shift"),
-           py::arg("seed"), py::arg("max_dct_denom"), py::arg("erase_p") = 0.0f,
-           py::arg("erase_scale") = std::pair<double, double>(0.02, 0.33),
-           py::arg("erase_ratio") = std::pair<double, double>(0.3, 3.3),
-           py::arg("erase_value") = std::vector<float>{0.0f, 0.0f, 0.0f},
+           py::arg("seed"), py::arg("max_dct_denom"), py::arg("erase") = py::none(),
            py::arg("augment_stages") = std::vector<py::dict>{},
            py::arg("augment_candidates") = std::vector<std::tuple<int, bool, float, int, int>>{},
            py::arg("augment_magnitudes") = std::vector<float>{}, py::arg("augment_fill") = std::vector<int>{0, 0, 0},
@@ -326,7 +337,7 @@ void bind_loader_specs(py::module& m) {
           [](const ImageColumnSpec& spec, int64_t index, uint64_t epoch) {
             // One record through the whole image path, outside a Loader (tests).
             TORCH_CHECK(index >= 0 && index < spec.source->num_records(), "index out of range");
-            std::unique_ptr<File> packed = open_image_column(spec);
+            std::unique_ptr<RecordSource> packed = open_image_column(spec);
             const images::ImageTransformParams& p = spec.transform;
             static const c10::ScalarType kType[] = {c10::kFloat, c10::kHalf, c10::kBFloat16, c10::kByte};
             const std::vector<int64_t> shape = p.out_nhwc ? std::vector<int64_t>{p.out_height, p.out_width, 3}

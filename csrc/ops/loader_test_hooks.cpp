@@ -180,11 +180,9 @@ void bind_loader_test_hooks(py::module& m) {
         JpegInfo info;
         std::string why;
         if (read_jpeg_info(bytes, data.size(), &info, &why) != JpegParse::kOk) throw py::value_error("not a JPEG: " + why);
-        if (info.components == 3 && !(info.h_samp[1] == 1 && info.v_samp[1] == 1 && info.h_samp[2] == 1 &&
-                                      info.v_samp[2] == 1))
-          throw py::value_error("the model takes chroma sampled 1x1 (Y's factors are the ratios)");
-        const images::YccPlanes p =
-            images::ycc_planes(info.height, info.width, info.v_samp[0], info.h_samp[0], info.components == 1);
+        images::YccPlanes p;
+        if (const char* why = device_jpeg_planes(info, &p))
+          throw py::value_error(std::string("the model takes what a device decodes, not this JPEG: ") + why);
         std::vector<uint8_t> planes(static_cast<size_t>(images::ycc_planes_bytes(p)));
         py::array_t<uint8_t> model({info.height, info.width, 3}), reference({info.height, info.width, 3});
         JpegDecoder decoder;

@@ -40,13 +40,6 @@ E choice_from_py(py::handle v, const char* name) {
   return parse_choice<E>(name, v.cast<std::string>());
 }
 
-template <typename E>
-py::tuple choice_names() {
-  py::list names;
-  for (const auto& e : Choices<E>::names) names.append(e.name);
-  return py::tuple(names);
-}
-
 // Sets the field `key` from `value`; false when there is no such field.
 bool set_field(ReaderConfig& c, const std::string& key, py::handle value) {
 #define FASTPIPE_SET_INT(type, name, init, low, high, why)                                                   \

@@ -11,6 +11,14 @@ namespace fastpipe {
 
 // _C.ReaderConfig, READER_STATS, DEVICE_STATS, and the automatic settings' policies (for tests).
 void bind_reader_config(pybind11::module& m);
+
+// A Choices<E> table's names as a Python tuple: the options Python lists and checks against.
+template <typename E>
+pybind11::tuple choice_names() {
+  pybind11::list names;
+  for (const auto& e : Choices<E>::names) names.append(e.name);
+  return pybind11::tuple(names);
+}
 // The engine's errors as Python exceptions, the dtype table, the .npy header reader (engine_tables.cpp).
 void bind_engine_tables(pybind11::module& m);
 pybind11::dict stats_dict(const ReaderStats& reader, const DeviceStats* device);

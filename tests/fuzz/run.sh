@@ -14,10 +14,11 @@ cd "$(dirname "$0")/../.."
 SECONDS_EACH=${FUZZ_SECONDS:-25}
 HARNESSES=(npy_header_fuzz token_file_fuzz image_fuzz)
 # The engine sources each harness links (npy.cpp reads through File, which file.cpp's fault hooks need).
-# gather.cpp opens image columns too, so the token-file opener links the image path.
+# gather.cpp opens image columns too, so the token-file opener links the image path, and it opens every
+# column through record_source.cpp.
 IMAGE_PATH="image_format jpeg_header jpeg_decode png_decode webp_decode resample resample_fixed augment"
 declare -A SOURCES=([npy_header_fuzz]="npy file fault"
-                    [token_file_fuzz]="npy file fault gather image_column $IMAGE_PATH"
+                    [token_file_fuzz]="npy file record_source fault gather image_column $IMAGE_PATH"
                     [image_fuzz]="$IMAGE_PATH image_scan file fault")
 declare -A CORPUS=([npy_header_fuzz]=npy [token_file_fuzz]=tokens [image_fuzz]=image)
 # Token files may be .npy files too.
