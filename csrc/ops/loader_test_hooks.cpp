@@ -15,6 +15,9 @@
 #include "core/png_decode.h"
 #include "core/sim_device.h"
 #include "ops/bindings.h"
+#ifdef FASTPIPE_WITH_CUDA
+#include "ops/cuda_host/nvjpeg_guard_check.h"
+#endif
 
 namespace py = pybind11;
 
@@ -205,6 +208,28 @@ void bind_loader_test_hooks(py::module& m) {
                               py::bytes(reinterpret_cast<const char*>(planes.data()), planes.size()));
       },
       py::arg("jpeg"));
+
+  // nvJPEG's writes, on a GPU: (layout, each image's region's bytes, guard bytes each image changed).
+  m.def(
+      "_nvjpeg_guarded_decode",
+      [](const std::vector<py::bytes>& jpegs, const std::string& library, int64_t guard) -> py::tuple {
+#ifdef FASTPIPE_WITH_CUDA
+        std::vector<std::string> data(jpegs.begin(), jpegs.end());
+        cuda::GuardedDecode r;
+        {
+          py::gil_scoped_release nogil;
+          r = cuda::guarded_decode(data, library, guard);
+        }
+        py::list outputs;
+        for (const std::string& o : r.outputs) outputs.append(py::bytes(o));
+        return py::make_tuple(r.layout == images::DecodedLayout::kYccPlanar ? "planar" : "interleaved", outputs,
+                              r.overwritten);
+#else
+        (void)jpegs, (void)library, (void)guard;
+        throw py::value_error("fastpipe was built without CUDA");
+#endif
+      },
+      py::arg("jpegs"), py::arg("library"), py::arg("guard") = 4096);
 }
 
 }  // namespace fastpipe

@@ -321,6 +321,31 @@ def test_nvjpeg_decode_on_a_gpu_is_close_to_the_host_path(folder):
         np.testing.assert_array_equal(la, lb)
 
 
+@pytest.mark.gpu
+@pytest.mark.parametrize("sampling", sorted(SAMPLINGS))
+def test_nvjpeg_writes_only_inside_each_images_planes(sampling, rng):
+    """Every image decoded into a region of its own between guard bytes, on the backend nvJPEG picks (the
+    hardware engines where the GPU has them): odd sizes and every chroma sampling the device is given
+    write only inside their planes (or interleaved RGB), and the planes are libjpeg's to the IDCT."""
+    ok, why = fastpipe._ext._C.nvjpeg_status(torch.cuda.current_device(), _device.nvjpeg_library())
+    if not ok:
+        pytest.skip(f"nvJPEG unavailable: {why}")
+    sizes = [(1, 1), (7, 13), (33, 17), (17, 33), (64, 48), (101, 3), (3, 101)]
+    jpegs = [SAMPLINGS[sampling](picture(rng, h, w)) for h, w in sizes]
+    layout, outputs, overwritten = fastpipe._ext._C._nvjpeg_guarded_decode(jpegs, _device.nvjpeg_library())
+    assert overwritten == [0] * len(jpegs), list(zip(sizes, overwritten))
+    for (h, w), jpeg, out in zip(sizes, jpegs, outputs, strict=True):
+        _, rgb, planes = fastpipe._ext._C._jpeg_ycc_model(jpeg)  # libjpeg's
+        want = np.frombuffer(planes, np.uint8) if layout == "planar" else np.asarray(rgb).reshape(-1)
+        got = np.frombuffer(out, np.uint8)
+        assert got.shape == want.shape, (h, w)
+        if layout == "planar" and sampling == "gray":  # Y only: the chroma room is the decoder's to fill or not
+            got, want = got[: h * w], want[: h * w]
+        if layout == "planar" or sampling in ("444", "gray"):  # interleaved: nvJPEG's own chroma upsampling
+            diff = np.abs(got.astype(int) - want.astype(int))
+            assert diff.mean() <= 1.0, (sampling, (h, w), layout, diff.mean(), diff.max())
+
+
 def test_a_failed_lane_allocation_frees_what_was_allocated(folder):
     """The second decode lane's allocation fails: the first lane's buffers are freed (a throwing
     constructor runs no destructor), and so is everything else the loader allocated."""
