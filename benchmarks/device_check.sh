@@ -290,9 +290,9 @@ part_sanitize() {
   for run in "${runs[@]}"; do
     IFS='|' read -r tool name file expr <<<"$run"
     local log="$RESULTS/sanitizer_${name}_$tool.log"
-    if [ "$REHEARSE" = 1 ]; then
-      $PY -m pytest -m gpu -q -p no:cacheprovider -o addopts="" --collect-only "$file" -k "$expr" >"$log" 2>&1 || rc=1
-      echo "$tool over $name: $(tail -1 "$log")"
+    if [ "$REHEARSE" = 1 ]; then  # each selection collected, all at once
+      $PY -m pytest -m gpu -q -p no:cacheprovider -o addopts="" --collect-only "$file" -k "$expr" >"$log" 2>&1 &
+      pids+=($!); names+=("$tool over $name"); names_log+=("${name}_$tool")
       continue
     fi
     FASTPIPE_UNDER_SANITIZER=1 PYTORCH_NO_CUDA_MEMORY_CACHING=1 timeout "$(capped 300 30)" "$sanitizer" --tool "$tool" \
@@ -300,6 +300,13 @@ part_sanitize() {
     pids+=($!); names+=("$tool over $name"); names_log+=("${name}_$tool")
   done
   local k
+  if [ "$REHEARSE" = 1 ]; then
+    for k in "${!pids[@]}"; do
+      wait "${pids[$k]}" || rc=1
+      echo "${names[$k]}: $(tail -1 "$RESULTS/sanitizer_${names_log[$k]}.log")"
+    done
+    return $rc
+  fi
   for k in "${!pids[@]}"; do
     wait "${pids[$k]}"; local r=$?
     local what="clean"

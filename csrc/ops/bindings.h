@@ -1,7 +1,8 @@
-// Entry points that add each part's Python bindings to fastpipe._C.
+// Entry points that add each part's Python bindings to fastpipe._C (pybind11 only: a file that binds no
+// tensor compiles without torch/extension.h, the slowest header to parse).
 #pragma once
 
-#include <torch/extension.h>
+#include <pybind11/pybind11.h>
 
 namespace fastpipe {
 void bind_loader(pybind11::module& m);

@@ -2,6 +2,7 @@
 // exceptions, batches become zero-copy tensors whose last reference returns the slot; and the shared
 // errors, tables and settings are engine_tables.cpp's and reader_config.cpp's.
 #include <ATen/Parallel.h>
+#include <torch/extension.h>
 #include <pybind11/numpy.h>
 #include <pybind11/stl.h>
 
@@ -9,6 +10,7 @@
 #include "core/device_pipeline.h"
 #include "core/dtypes.h"
 #include "core/error.h"
+#include "core/image_column.h"
 #include "core/pinned_arena.h"
 #include "core/sim_device.h"
 #include "ops/bindings.h"
@@ -368,6 +370,27 @@ void bind_loader(py::module& m) {
   bind_reader_config(m);
 
   m.def("record_stream", &record_stream, py::arg("tensor"), py::arg("stream"));
+
+  m.def(
+      "read_image_record",
+      [](const ImageColumnSpec& spec, int64_t index, uint64_t epoch) {
+        // One record through the whole image path, outside a Loader (ImageFolder.__getitem__, tests).
+        TORCH_CHECK_INDEX(index >= 0 && index < spec.source->num_records(), "index ", index, " is out of range for ",
+                          spec.source->num_records(), " records");
+        std::unique_ptr<RecordSource> packed = open_image_column(spec);
+        const images::ImageTransformParams& p = spec.transform;
+        static const c10::ScalarType kType[] = {c10::kFloat, c10::kHalf, c10::kBFloat16, c10::kByte};
+        const std::vector<int64_t> shape = p.out_nhwc ? std::vector<int64_t>{p.out_height, p.out_width, 3}
+                                                      : std::vector<int64_t>{3, p.out_height, p.out_width};
+        at::Tensor out = at::empty(shape, at::TensorOptions().dtype(kType[static_cast<int>(p.out_dtype)]));
+        {
+          py::gil_scoped_release nogil;
+          ImageThreadState ts;
+          read_image(spec, packed.get(), index, index, epoch, out.data_ptr(), ts);
+        }
+        return out;
+      },
+      py::arg("spec"), py::arg("index"), py::arg("epoch"));
 
   py::class_<PyReader>(m, "BatchReader")
       .def(py::init<std::vector<ColumnSpec>, const std::vector<std::pair<std::string, std::vector<int64_t>>>&,

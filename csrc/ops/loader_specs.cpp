@@ -1,6 +1,7 @@
 // Python bindings of what the datasets and transforms hand the batch reader: column specs, the
 // transforms' parameters, image sources (packed files and folders), the image header reader and the
 // decoders this build has.
+#include <c10/util/Exception.h>
 #include <pybind11/numpy.h>
 #include <pybind11/stl.h>
 
@@ -331,26 +332,7 @@ void bind_loader_specs(py::module& m) {
            py::arg("source"), py::arg("transform"), py::arg("max_record_bytes"), py::arg("device_decode") = false,
            py::arg("encoded_budget") = 0, py::arg("pixel_budget") = 0, py::arg("fallback") = py::none())
       .def_property_readonly("fallback_decoded",
-                             [](const ImageColumnSpec& s) { return s.fallback ? s.fallback->decoded() : 0; })
-      .def(
-          "_read",
-          [](const ImageColumnSpec& spec, int64_t index, uint64_t epoch) {
-            // One record through the whole image path, outside a Loader (tests).
-            TORCH_CHECK(index >= 0 && index < spec.source->num_records(), "index out of range");
-            std::unique_ptr<RecordSource> packed = open_image_column(spec);
-            const images::ImageTransformParams& p = spec.transform;
-            static const c10::ScalarType kType[] = {c10::kFloat, c10::kHalf, c10::kBFloat16, c10::kByte};
-            const std::vector<int64_t> shape = p.out_nhwc ? std::vector<int64_t>{p.out_height, p.out_width, 3}
-                                                          : std::vector<int64_t>{3, p.out_height, p.out_width};
-            at::Tensor out = at::empty(shape, at::TensorOptions().dtype(kType[static_cast<int>(p.out_dtype)]));
-            {
-              py::gil_scoped_release nogil;
-              ImageThreadState ts;
-              read_image(spec, packed.get(), index, index, epoch, out.data_ptr(), ts);
-            }
-            return out;
-          },
-          py::arg("index"), py::arg("epoch"));
+                             [](const ImageColumnSpec& s) { return s.fallback ? s.fallback->decoded() : 0; });
 
   m.def(
       "image_info",

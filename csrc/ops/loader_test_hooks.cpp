@@ -2,6 +2,7 @@
 // fault injection in the file layer (core/fault.h) and the device decode's colour model
 // (kernels/jpeg_color.h) against libjpeg.
 #include <pybind11/numpy.h>
+#include <torch/extension.h>
 #include <pybind11/stl.h>
 
 #include <chrono>

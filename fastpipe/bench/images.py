@@ -6,7 +6,7 @@ PNGs, and a mixed tree (90% JPEG, 5% PNG, 5% WebP), every loader produces
 the same training batches: RandomResizedCrop(S) + horizontal flip + float32 + ImageNet normalisation,
 ``[B, 3, S, S]`` NCHW float32 and int64 labels, at equal cores (``k`` = the usable CPUs: fastpipe's
 ``num_threads``, DataLoader's ``num_workers``, DALI's and FFCV's threads). For each output size S
-(224, 160) and page-cache state (warm: the files read once first; cold: evicted with
+(224; --full also 160) and page-cache state (warm: the files read once first; cold: evicted with
 ``posix_fadvise(DONTNEED)`` and checked with ``fincore``) it reports images/s, the ratio to
 ``DataLoader + torchvision v2 on PIL``, CPU seconds per 1,000 images (threads and worker processes),
 peak RSS and PSS, and the spread of the repetitions.
@@ -50,7 +50,7 @@ from fastpipe.bench.image_report import headline, report, summarize
 from fastpipe.bench.image_rows import BASELINE, JPEG_ONLY, LOADERS, RECIPE
 from fastpipe.bench.loader_timing import rotated
 
-SIZES = (224, 160)  # --full and --quick; the default (budget) run measures the headline's 224 only
+SIZES = (224, 160)  # --full; the default (budget) run and --quick (a smoke run) the headline's 224 only
 BUDGET_SIZES = (224,)
 STATES = ("warm", "cold")
 BATCH, QUICK_BATCH = 64, 16
@@ -78,7 +78,7 @@ def add_arguments(p):
                         "imagenet (JPEGs coded as ImageNet's are: 4:2:0 mostly, some 4:4:4, 4:2:2, grayscale "
                         "and progressive) (default: %(default)s)")
     p.add_argument("--sizes", default=None,
-                   help=f"output sizes S (default {','.join(map(str, BUDGET_SIZES))}; --full and --quick "
+                   help=f"output sizes S (default and --quick {','.join(map(str, BUDGET_SIZES))}; --full "
                         f"{','.join(map(str, SIZES))})")
     p.add_argument("--cache", default=",".join(STATES), help="page-cache states: warm, cold (default: %(default)s)")
     p.add_argument("--reps", type=int, default=None,
@@ -335,7 +335,7 @@ def run(args, out) -> dict:
         raise SystemExit(f"images --corpora: a subset of {','.join(KINDS)}, got {args.corpora!r}")
     try:
         sizes = ([int(s) for s in args.sizes.split(",") if s.strip()] if args.sizes else
-                 list(SIZES if quick or full else BUDGET_SIZES))
+                 list(SIZES if full else BUDGET_SIZES))
     except ValueError:
         raise SystemExit(f"images --sizes: integers, got {args.sizes!r}") from None
     states = [s.strip() for s in args.cache.split(",") if s.strip()]

@@ -121,7 +121,7 @@ class _Images(ColumnSource):
         spec = _C.ImageColumnSpec(self._source, transform._image_params(0), self.max_record_bytes,
                                   fallback=_pillow.decode_rgb)
         label = int(np.load(self._labels_path, mmap_mode="r")[i])
-        return spec._read(i, 0), label
+        return _C.read_image_record(spec, i, 0), label
 
     def _bad_reason(self, i):
         return "its header could not be read"

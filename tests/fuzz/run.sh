@@ -68,8 +68,9 @@ fi
 export ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1
 unset LD_PRELOAD
 
-# Each translation unit once, $(nproc) at a time: the engine files are shared by both harnesses.
-units=(canary_fuzz "${HARNESSES[@]}" npy file fault gather image_column $IMAGE_PATH image_scan)
+# Each translation unit once (the harnesses and the union of their SOURCES), $(nproc) at a time.
+# shellcheck disable=SC2068  # SOURCES' values are lists of words
+mapfile -t units < <(printf '%s\n' canary_fuzz "${HARNESSES[@]}" ${SOURCES[@]} | awk '!seen[$0]++')
 for u in "${units[@]}"; do
   src=csrc/core/$u.cpp
   [[ -f $src ]] || src=tests/fuzz/$u.cpp
