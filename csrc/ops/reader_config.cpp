@@ -28,7 +28,7 @@ T int_from_py(py::handle v, const char* name, T init, T low, T high, const char*
     const int outside = PyObject_RichCompareBool(value.ptr(), bound.ptr(), below ? Py_LT : Py_GT);
     if (outside < 0) throw py::error_already_set();
     if (outside)
-      throw py::value_error(out_of_range_message(name, below, py::str(bound), why, py::str(value)));
+      throw py::value_error(out_of_range_message(name, below, py::repr(bound), why, py::repr(value)));
   }
   return value.cast<T>();
 }
