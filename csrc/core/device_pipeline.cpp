@@ -57,6 +57,7 @@ void DeviceBatch::used_on(Stream* s) {
 DevicePipeline::DevicePipeline(std::shared_ptr<Device> device, std::vector<ColumnSpec> columns,
                                ReaderOptions options, OverflowFn overflow)
     : device_(std::move(device)), state_(std::make_shared<PipelineState>()) {
+  options.check();  // batch_size sizes the device slots before the BatchReader would check it
   PipelineState& st = *state_;
   st.device = device_;
   st.owner_pid = getpid();

@@ -5,7 +5,7 @@ namespace {
 
 template <typename T>
 void check_int(const char* name, T value, T init, T low, T high, const char* why) {
-  if (value == init && (init < low || init > high)) return;  // automatic
+  if (value == init && has_automatic(init, low, high)) return;  // automatic
   if (value < low || value > high)
     throw Error(ErrorKind::kValue, out_of_range_message(name, value < low, std::to_string(value < low ? low : high),
                                                         why, std::to_string(value)));

@@ -56,6 +56,12 @@ struct Choices<OnError> {
   CHOICE(OnError, on_error, OnError::kRaise)                                                                     \
   INT(uint64_t, seed, 0, 0, UINT64_MAX, "")
 
+// Whether an INT setting has an automatic value: a default outside its bounds.
+template <typename T>
+constexpr bool has_automatic(T init, T low, T high) {
+  return init < low || init > high;
+}
+
 struct ReaderConfig {
 #define FASTPIPE_FIELD(type, name, init, ...) type name = init;
   FASTPIPE_READER_CONFIG(FASTPIPE_FIELD, FASTPIPE_FIELD)

@@ -137,7 +137,6 @@ class PyReader {
   PyReader(std::vector<ColumnSpec> columns, const std::vector<std::pair<std::string, std::vector<int64_t>>>& outputs,
            const ReaderConfig& config, const py::object& pin, const py::object& device, const std::string& nvjpeg)
       : choice_(choose_device(device, nvjpeg)) {
-    config.check();
     ReaderOptions opt;
     static_cast<ReaderConfig&>(opt) = config;
     if (opt.gather != GatherIn::kThreads) {

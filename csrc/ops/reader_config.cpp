@@ -18,7 +18,7 @@ std::string described(py::handle v) {
 // An int (numpy's too, never a bool) in [low, high]; None for the automatic default (one outside them).
 template <typename T>
 T int_from_py(py::handle v, const char* name, T init, T low, T high, const char* why) {
-  if (v.is_none() && (init < low || init > high)) return init;
+  if (v.is_none() && has_automatic(init, low, high)) return init;
   if (PyBool_Check(v.ptr()) || !PyIndex_Check(v.ptr()))
     throw py::type_error(std::string(name) + " must be an int, got " + described(v));
   const auto value = py::reinterpret_steal<py::int_>(PyNumber_Index(v.ptr()));
@@ -60,11 +60,11 @@ bool set_field(ReaderConfig& c, const std::string& key, py::handle value) {
 }
 
 py::object get_field(const ReaderConfig& c, const std::string& key) {
-#define FASTPIPE_GET_INT(type, name, init, low, high, why) \
-  if (key == #name) {                                       \
-    const bool automatic = init < low || init > high;       \
-    if (automatic && c.name == static_cast<type>(init)) return py::none(); \
-    return py::int_(c.name);                                \
+#define FASTPIPE_GET_INT(type, name, init, low, high, why)                                                   \
+  if (key == #name) {                                                                                         \
+    const auto d = static_cast<type>(init);                                                                   \
+    if (c.name == d && has_automatic(d, static_cast<type>(low), static_cast<type>(high))) return py::none(); \
+    return py::int_(c.name);                                                                                  \
   }
 #define FASTPIPE_GET_CHOICE(type, name, init) \
   if (key == #name) return py::str(choice_name(c.name));

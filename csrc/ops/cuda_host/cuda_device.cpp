@@ -12,19 +12,19 @@
 #include "ops/cuda_host/nvjpeg.h"
 
 namespace fastpipe {
+void check_cuda(cudaError_t err, const char* what) {
+  if (err != cudaSuccess) {
+    cudaGetLastError();  // clear it: the error is reported here, not by the next unrelated call
+    throw Error(ErrorKind::kState, std::string("CUDA ") + what + " failed: " + cudaGetErrorString(err));
+  }
+}
+
 namespace {
 
 static_assert(int{cudaStreamCaptureModeGlobal} == kCaptureGlobal &&
                   int{cudaStreamCaptureModeThreadLocal} == kCaptureThreadLocal &&
                   int{cudaStreamCaptureModeRelaxed} == kCaptureRelaxed,
               "CaptureMode (core/device.h) passes cudaStreamCaptureMode's values through");
-
-void check(cudaError_t err, const char* what) {
-  if (err != cudaSuccess) {
-    cudaGetLastError();  // clear it: the error is reported here, not by the next unrelated call
-    throw Error(ErrorKind::kState, std::string("CUDA ") + what + " failed: " + cudaGetErrorString(err));
-  }
-}
 
 cudaStream_t raw(Stream* s) { return reinterpret_cast<cudaStream_t>(s); }
 cudaEvent_t raw(Event* e) { return reinterpret_cast<cudaEvent_t>(e); }
@@ -35,8 +35,8 @@ class CudaDevice : public Device {
 
   int make_current() override {
     int previous = -1;
-    check(cudaGetDevice(&previous), "cudaGetDevice");
-    if (previous != index_) check(cudaSetDevice(index_), "cudaSetDevice");
+    check_cuda(cudaGetDevice(&previous), "cudaGetDevice");
+    if (previous != index_) check_cuda(cudaSetDevice(index_), "cudaSetDevice");
     return previous;
   }
   void restore_current(int previous) noexcept override {
@@ -45,18 +45,18 @@ class CudaDevice : public Device {
 
   void* alloc(size_t bytes) override {
     void* p = nullptr;
-    check(cudaMalloc(&p, bytes), "cudaMalloc (the loader's device arena)");
+    check_cuda(cudaMalloc(&p, bytes), "cudaMalloc (the loader's device arena)");
     return p;
   }
-  void free(void* p) override { check(cudaFree(p), "cudaFree"); }
+  void free(void* p) override { check_cuda(cudaFree(p), "cudaFree"); }
   void pin(void* host, size_t bytes) override {
-    check(cudaHostRegister(host, bytes, cudaHostRegisterDefault), "cudaHostRegister");
+    check_cuda(cudaHostRegister(host, bytes, cudaHostRegisterDefault), "cudaHostRegister");
   }
-  void unpin(void* host) override { check(cudaHostUnregister(host), "cudaHostUnregister"); }
+  void unpin(void* host) override { check_cuda(cudaHostUnregister(host), "cudaHostUnregister"); }
 
   Stream* new_stream() override {
     cudaStream_t s;
-    check(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), "cudaStreamCreate");
+    check_cuda(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), "cudaStreamCreate");
     return reinterpret_cast<Stream*>(s);
   }
   Stream* consumer_stream() override {
@@ -66,27 +66,27 @@ class CudaDevice : public Device {
   Event* new_event() override {
     cudaEvent_t e;
     // Blocking sync: a host thread waiting on it sleeps instead of spinning a core.
-    check(cudaEventCreateWithFlags(&e, cudaEventBlockingSync | cudaEventDisableTiming), "cudaEventCreate");
+    check_cuda(cudaEventCreateWithFlags(&e, cudaEventBlockingSync | cudaEventDisableTiming), "cudaEventCreate");
     return reinterpret_cast<Event*>(e);
   }
-  void delete_event(Event* e) override { check(cudaEventDestroy(raw(e)), "cudaEventDestroy"); }
+  void delete_event(Event* e) override { check_cuda(cudaEventDestroy(raw(e)), "cudaEventDestroy"); }
 
   void copy_to_device(void* dst, const void* src, size_t bytes, Stream* s) override {
-    check(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, raw(s)), "cudaMemcpyAsync");
+    check_cuda(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, raw(s)), "cudaMemcpyAsync");
   }
   void launch(const DeviceKernel& k, Stream* s) override {
     switch (k.kind) {
       case DeviceKernel::Kind::kWidenTokens:
-        check(cuda::launch_widen_tokens(k.widen, raw(s)), "token widening kernel");
+        check_cuda(cuda::launch_widen_tokens(k.widen, raw(s)), "token widening kernel");
         return;
       case DeviceKernel::Kind::kCropMirrorNormalize:
-        check(cuda::launch_crop_mirror_normalize(k.cmn, raw(s)), "CropMirrorNormalize kernel");
+        check_cuda(cuda::launch_crop_mirror_normalize(k.cmn, raw(s)), "CropMirrorNormalize kernel");
         return;
       case DeviceKernel::Kind::kResampleImages:
-        check(cuda::launch_resample_images(k.resample, raw(s)), "JPEG resample kernel");
+        check_cuda(cuda::launch_resample_images(k.resample, raw(s)), "JPEG resample kernel");
         return;
       case DeviceKernel::Kind::kAugmentImages:
-        check(cuda::launch_augment_images(k.augment, raw(s)), "image augmentation kernel");
+        check_cuda(cuda::launch_augment_images(k.augment, raw(s)), "image augmentation kernel");
         return;
     }
   }
@@ -126,23 +126,23 @@ class CudaDevice : public Device {
       std::lock_guard<std::mutex> lk(decoder_mu_);
       decoders_.erase(s);
     }
-    check(cudaStreamDestroy(raw(s)), "cudaStreamDestroy");
+    check_cuda(cudaStreamDestroy(raw(s)), "cudaStreamDestroy");
   }
-  void record(Event* e, Stream* s) override { check(cudaEventRecord(raw(e), raw(s)), "cudaEventRecord"); }
-  void wait(Stream* s, Event* e) override { check(cudaStreamWaitEvent(raw(s), raw(e), 0), "cudaStreamWaitEvent"); }
-  void synchronize(Event* e) override { check(cudaEventSynchronize(raw(e)), "cudaEventSynchronize"); }
+  void record(Event* e, Stream* s) override { check_cuda(cudaEventRecord(raw(e), raw(s)), "cudaEventRecord"); }
+  void wait(Stream* s, Event* e) override { check_cuda(cudaStreamWaitEvent(raw(s), raw(e), 0), "cudaStreamWaitEvent"); }
+  void synchronize(Event* e) override { check_cuda(cudaEventSynchronize(raw(e)), "cudaEventSynchronize"); }
   bool query(Event* e) override {
     const cudaError_t err = cudaEventQuery(raw(e));
     if (err == cudaErrorNotReady) {
       cudaGetLastError();  // not an error: do not leave it pending
       return false;
     }
-    check(err, "cudaEventQuery");
+    check_cuda(err, "cudaEventQuery");
     return true;
   }
   bool capturing(Stream* s) override {
     cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
-    check(cudaStreamIsCapturing(raw(s), &status), "cudaStreamIsCapturing");
+    check_cuda(cudaStreamIsCapturing(raw(s), &status), "cudaStreamIsCapturing");
     return status != cudaStreamCaptureStatusNone;  // an invalidated capture has not ended either
   }
   int exchange_capture_mode(int mode) noexcept override {
@@ -183,7 +183,7 @@ class CudaDevice : public Device {
 
 std::shared_ptr<Device> make_cuda_device(int index, const std::string& nvjpeg_path) {
   int count = 0;
-  check(cudaGetDeviceCount(&count), "cudaGetDeviceCount");
+  check_cuda(cudaGetDeviceCount(&count), "cudaGetDeviceCount");
   if (index < 0 || index >= count)
     throw Error(ErrorKind::kValue, "device cuda:" + std::to_string(index) + " does not exist (this machine has " +
                                        std::to_string(count) + " CUDA device(s))");

@@ -6,9 +6,14 @@
 #include <memory>
 #include <string>
 
+#include <cuda_runtime_api.h>
+
 #include "core/device.h"
 
 namespace fastpipe {
+
+// Throws Error(kState) "CUDA <what> failed: <reason>" when err is not cudaSuccess, clearing the error.
+void check_cuda(cudaError_t err, const char* what);
 
 // `nvjpeg_path`: the nvJPEG library to load on the first JPEG decode ("": the usual names).
 std::shared_ptr<Device> make_cuda_device(int index, const std::string& nvjpeg_path = "");

@@ -7,19 +7,13 @@
 
 #include "core/error.h"
 #include "core/jpeg_header.h"
+#include "ops/cuda_host/cuda_device.h"
 #include "ops/cuda_host/nvjpeg.h"
 
 namespace fastpipe::cuda {
 namespace {
 
 constexpr uint8_t kGuard = 0xA5;
-
-void check(cudaError_t err, const char* what) {
-  if (err != cudaSuccess) {
-    cudaGetLastError();
-    throw Error(ErrorKind::kState, std::string("CUDA ") + what + " failed: " + cudaGetErrorString(err));
-  }
-}
 
 }  // namespace
 
@@ -46,21 +40,21 @@ GuardedDecode guarded_decode(const std::vector<std::string>& jpegs, const std::s
     job.planes.push_back(planes);
   }
   void* raw = nullptr;
-  check(cudaMalloc(&raw, static_cast<size_t>(total)), "cudaMalloc");
+  check_cuda(cudaMalloc(&raw, static_cast<size_t>(total)), "cudaMalloc");
   auto* buffer = static_cast<uint8_t*>(raw);
   const std::unique_ptr<uint8_t, void (*)(uint8_t*)> owned(buffer, [](uint8_t* p) { cudaFree(p); });
   cudaStream_t stream = nullptr;
-  check(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), "cudaStreamCreate");
+  check_cuda(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), "cudaStreamCreate");
   const std::unique_ptr<CUstream_st, void (*)(cudaStream_t)> stream_owned(stream, [](cudaStream_t s) {
     cudaStreamDestroy(s);
   });
-  check(cudaMemsetAsync(buffer, kGuard, static_cast<size_t>(total), stream), "cudaMemsetAsync");
+  check_cuda(cudaMemsetAsync(buffer, kGuard, static_cast<size_t>(total), stream), "cudaMemsetAsync");
   for (int64_t at : start) job.out.push_back(buffer + at);
   GuardedDecode result;
   result.layout = decoder->decode(job, stream);
   std::vector<uint8_t> host(static_cast<size_t>(total));
-  check(cudaMemcpyAsync(host.data(), buffer, host.size(), cudaMemcpyDeviceToHost, stream), "cudaMemcpyAsync");
-  check(cudaStreamSynchronize(stream), "cudaStreamSynchronize");
+  check_cuda(cudaMemcpyAsync(host.data(), buffer, host.size(), cudaMemcpyDeviceToHost, stream), "cudaMemcpyAsync");
+  check_cuda(cudaStreamSynchronize(stream), "cudaStreamSynchronize");
   // Image k answers for the bytes after its region up to the next one (the first also for those before it).
   for (size_t k = 0; k < start.size(); ++k) {
     const images::YccPlanes& p = job.planes[k];
