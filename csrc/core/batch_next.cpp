@@ -1,7 +1,6 @@
 // The consumer's side of the batch reader: next() and try_next() take the batches in order, and
 // read a batch themselves where the readers do not (GatherIn::kNext, kAuto's busy steps, and a batch
 // beyond the arena when the consumer holds every slot); each batch taken places the readers.
-#include <climits>
 #include <cstdio>
 
 #include "core/batch_reader.h"
