@@ -12,8 +12,10 @@ PYTEST_ARGS ?=
 
 # The image decoders' headers (fastpipe.ImageFolder/ImageDataset): libjpeg-turbo, libspng and libwebp,
 # installed from Debian's packages as root (or with sudo) when missing; elsewhere the build says which
-# decoder is OFF and why (PNG and WebP then go through Pillow). Then, best effort, libjpeg-turbo-progs:
-# its cjpeg writes the tests' 4:4:0 and 4:1:1 JPEGs (Pillow writes neither; without it those tests skip).
+# decoder is OFF and why (PNG and WebP then go through Pillow). Then, best effort: libjpeg-turbo-progs (its
+# cjpeg writes the tests' 4:4:0 and 4:1:1 JPEGs, which Pillow cannot; without it those tests skip) and
+# ccache (torch's extension build uses it when installed, as tests/fuzz does: the CPU-only build, a rebuild
+# against another torch and `make fuzz` reuse every object whose preprocessed source did not change).
 system-deps:
 	@pkg-config --exists libjpeg spng libwebp 2>/dev/null || { \
 	  if command -v apt-get >/dev/null; then \
@@ -25,11 +27,13 @@ system-deps:
 	  else \
 	    echo "warning: image decoders' headers not found and no apt-get: the build says which are OFF" >&2; \
 	  fi; }
-	@command -v cjpeg >/dev/null || { \
+	@MISSING=""; command -v cjpeg >/dev/null || MISSING="$$MISSING libjpeg-turbo-progs"; \
+	command -v ccache >/dev/null || MISSING="$$MISSING ccache"; \
+	[ -z "$$MISSING" ] || { \
 	  SUDO=$$([ "$$(id -u)" = 0 ] || echo sudo); \
 	  { command -v apt-get >/dev/null && $$SUDO apt-get update -qq && $$SUDO env DEBIAN_FRONTEND=noninteractive \
-	      apt-get install -y -qq --no-install-recommends libjpeg-turbo-progs; } >/tmp/fastpipe-apt-progs.log 2>&1 || \
-	    echo "warning: cjpeg (libjpeg-turbo-progs) could not be installed: the 4:4:0 and 4:1:1 JPEG tests skip" >&2; }
+	      apt-get install -y -qq --no-install-recommends $$MISSING; } >/tmp/fastpipe-apt-progs.log 2>&1 || \
+	    echo "warning: $$MISSING could not be installed (without cjpeg the 4:4:0 and 4:1:1 JPEG tests skip; without ccache every build compiles everything)" >&2; }
 
 setup: system-deps
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -62,8 +66,12 @@ bench-peers: setup
 	  fi; }
 	$(PY) -m pip install -r requirements/bench-peers.txt
 
+# The CPU-only build (CPU torch, no CUDA). tests/cpu_torchvision.py: the index's torchvision is a CUDA wheel,
+# whose import needs two of its ops declared against a CPU torch (its transforms are what the tests use).
 test-cpu:
-	$(MAKE) test VENV=.venv-cpu REQ=requirements/cpu.txt
+	$(MAKE) setup VENV=.venv-cpu REQ=requirements/cpu.txt
+	.venv-cpu/bin/python tests/cpu_torchvision.py install
+	.venv-cpu/bin/python -m pytest -q $(PYTEST_ARGS)
 
 # Bounded libFuzzer run (ASan+UBSan) of the .npy parser, the token-file opener and the JPEG path; installs clang-14.
 fuzz: system-deps

@@ -163,6 +163,11 @@ if "MAX_JOBS" not in os.environ:
     # A translation unit that includes torch headers needs about 1.5 GB while compiling.
     mem_gb = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
     os.environ["MAX_JOBS"] = str(max(1, min(os.cpu_count() or 1, int(mem_gb // 1.5))))
+# torch (2.12+) runs the compilers through ccache where it is installed (`make system-deps` installs it).
+# pip builds an editable install in a new temporary folder each time, which ccache hashes into every -g
+# object: leave the folder out, so that a rebuild (another torch, the CPU-only build, a fresh clone of the
+# same path) reuses each object whose preprocessed source and flags are unchanged.
+os.environ.setdefault("CCACHE_NOHASHDIR", "true")
 say(f"compile jobs: {os.environ['MAX_JOBS']}, {'debug' if DEBUG else 'release'} build"
     + (" with line tables (FASTPIPE_LINEINFO=1)" if LINEINFO else ""))
 

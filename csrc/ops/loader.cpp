@@ -2,7 +2,10 @@
 // exceptions, batches become zero-copy tensors whose last reference returns the slot; and the shared
 // errors, tables and settings are engine_tables.cpp's and reader_config.cpp's.
 #include <ATen/Parallel.h>
-#include <torch/extension.h>
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/empty.h>
+#include <c10/util/strides.h>
+#include <torch/csrc/utils/pybind.h>
 #include <pybind11/numpy.h>
 #include <pybind11/stl.h>
 

@@ -1,8 +1,9 @@
 // Python bindings used by the tests only: the CPU simulation of a device (core/sim_device.h), the
 // fault injection in the file layer (core/fault.h) and the device decode's colour model
 // (kernels/jpeg_color.h) against libjpeg.
+#include <ATen/core/Tensor.h>
 #include <pybind11/numpy.h>
-#include <torch/extension.h>
+#include <torch/csrc/utils/pybind.h>
 #include <pybind11/stl.h>
 
 #include <chrono>

@@ -1,6 +1,7 @@
 // The Python module fastpipe._C: build facts, the shared tables and the loader's batch reader. The fused
 // ops register themselves with the dispatcher (TORCH_LIBRARY in conv_act.cpp) when this library loads.
-#include <torch/extension.h>
+#include <ATen/core/Tensor.h>
+#include <torch/csrc/utils/pybind.h>
 
 #include "kernels/activation.h"
 #include "ops/activations.h"

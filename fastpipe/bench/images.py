@@ -54,7 +54,7 @@ SIZES = (224, 160)  # --full; the default (budget) run and --quick (a smoke run)
 BUDGET_SIZES = (224,)
 STATES = ("warm", "cold")
 BATCH, QUICK_BATCH = 64, 16
-IMAGES, QUICK_IMAGES = 3000, 150  # --full, --quick
+IMAGES, QUICK_IMAGES = 3000, 64  # --full, --quick
 FULL_REPS = 5  # --full, and the most a budget chooses
 MIN_REPS = 2  # the fewest a budget chooses: a median and a range
 # The default run's corpus size from its budget: images per budget minute, so that generating the three

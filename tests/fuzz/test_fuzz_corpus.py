@@ -15,8 +15,10 @@ import pytest
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
+# Compiled from ROOT with relative paths, as run.sh does: through ccache, `make fuzz` then reuses the objects.
 FLAGS = ["-std=c++17", "-fsanitize=fuzzer,address,undefined", "-fno-sanitize-recover=undefined", "-g", "-O1",
-         "-I", os.path.join(ROOT, "csrc"), "-I", HERE, "-DFASTPIPE_WITH_JPEG", "-DFASTPIPE_WITH_PNG", "-DFASTPIPE_WITH_WEBP"]
+         "-I", "csrc", "-I", "tests/fuzz", "-DFASTPIPE_WITH_JPEG", "-DFASTPIPE_WITH_PNG", "-DFASTPIPE_WITH_WEBP"]
+CCACHE = [shutil.which("ccache")] if shutil.which("ccache") else []
 
 
 def _run_sh_harnesses():
@@ -64,11 +66,11 @@ pytestmark = pytest.mark.skipif(
 def harnesses(tmp_path_factory):
     """The canary and both harnesses, each translation unit compiled once and all in parallel."""
     out = tmp_path_factory.mktemp("fuzz")
-    units = {"canary_fuzz": os.path.join(HERE, "canary_fuzz.cpp")}
+    units = {"canary_fuzz": "tests/fuzz/canary_fuzz.cpp"}
     for name, (sources, _) in HARNESSES.items():
-        units[name] = os.path.join(HERE, f"{name}.cpp")
-        units.update({s: os.path.join(ROOT, "csrc", "core", f"{s}.cpp") for s in sources})
-    procs = {u: subprocess.Popen([_fuzz_cxx(), *FLAGS, "-c", src, "-o", str(out / f"{u}.o")],
+        units[name] = f"tests/fuzz/{name}.cpp"
+        units.update({s: f"csrc/core/{s}.cpp" for s in sources})
+    procs = {u: subprocess.Popen([*CCACHE, _fuzz_cxx(), *FLAGS, "-c", src, "-o", str(out / f"{u}.o")], cwd=ROOT,
                                  stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
              for u, src in units.items()}
     for u, p in procs.items():
