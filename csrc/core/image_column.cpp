@@ -22,6 +22,15 @@ int64_t read_encoded(const ImageColumnSpec& spec, const RecordSource* packed, in
   if (src.packed()) {
     offset = src.offsets[i];
     size = src.offsets[i + 1] - offset;
+  } else if (src.members()) {
+    try {
+      own = open_record_source(src.path_of(i), IoMode::kPread);
+    } catch (const Error& e) {
+      throw Error(e.kind(), "image " + src.describe(i) + ": " + e.what(), e.error_number());
+    }
+    f = own.get();
+    offset = src.member_offsets[i];
+    size = src.member_sizes[i];
   } else {
     try {
       own = open_record_source(src.path_of(i), IoMode::kPread);
@@ -50,11 +59,17 @@ int64_t read_encoded(const ImageColumnSpec& spec, const RecordSource* packed, in
 }  // namespace
 
 std::string ImageSource::path_of(int64_t i) const {
+  if (members()) return shards[static_cast<size_t>(shard_of[i])];
   return root + "/" + names.substr(static_cast<size_t>(name_offsets[i]),
                                    static_cast<size_t>(name_offsets[i + 1] - name_offsets[i]));
 }
 
 std::string ImageSource::describe(int64_t i) const {
+  if (members())
+    return "sample '" + names.substr(static_cast<size_t>(name_offsets[i]),
+                                     static_cast<size_t>(name_offsets[i + 1] - name_offsets[i])) +
+           "' of '" + path_of(i) + "' (record " + std::to_string(i) + ": " + std::to_string(member_sizes[i]) +
+           " bytes at offset " + std::to_string(member_offsets[i]) + ")";
   if (!packed()) return "'" + path_of(i) + "'";
   return "record " + std::to_string(i) + " of '" + packed_path + "' (" + std::to_string(offsets[i + 1] - offsets[i]) +
          " bytes at offset " + std::to_string(offsets[i]) + ")";
@@ -72,14 +87,22 @@ void ImageSource::check() const {
     FP_CHECK_VALUE(n == 0 || offsets[0] >= 0, "'" + packed_path + "': a negative offset");
     for (int64_t i = 0; i < n; ++i)
       FP_CHECK_VALUE(offsets[i + 1] >= offsets[i], "'" + packed_path + "': offsets decrease at record " + std::to_string(i));
-  } else {
-    FP_CHECK_VALUE(static_cast<int64_t>(name_offsets.size()) == n + 1 && (n == 0 || name_offsets[0] == 0) &&
-                       name_offsets[n] == static_cast<int64_t>(names.size()),
-                   "image folder '" + root + "': the file names do not match their offsets");
-    for (int64_t i = 0; i < n; ++i)
-      FP_CHECK_VALUE(name_offsets[i + 1] > name_offsets[i],
-                     "image folder '" + root + "': record " + std::to_string(i) + " has an empty file name");
+    return;
   }
+  const std::string what = members() ? "webdataset shards" : "image folder '" + root + "'";
+  FP_CHECK_VALUE(static_cast<int64_t>(name_offsets.size()) == n + 1 && (n == 0 || name_offsets[0] == 0) &&
+                     name_offsets[n] == static_cast<int64_t>(names.size()),
+                 what + ": the names do not match their offsets");
+  for (int64_t i = 0; i < n; ++i)
+    FP_CHECK_VALUE(name_offsets[i + 1] > name_offsets[i], what + ": record " + std::to_string(i) + " has an empty name");
+  if (!members()) return;
+  FP_CHECK_VALUE(static_cast<int64_t>(shard_of.size()) == n && static_cast<int64_t>(member_offsets.size()) == n &&
+                     static_cast<int64_t>(member_sizes.size()) == n,
+                 what + ": shard_of, offsets and sizes must hold one entry per record");
+  for (int64_t i = 0; i < n; ++i)
+    FP_CHECK_VALUE(shard_of[i] >= 0 && shard_of[i] < static_cast<int64_t>(shards.size()) && member_offsets[i] >= 0 &&
+                       member_sizes[i] >= 0,
+                   what + ": record " + std::to_string(i) + " names no shard, or a negative offset or size");
 }
 
 std::unique_ptr<RecordSource> open_image_column(const ImageColumnSpec& spec) {

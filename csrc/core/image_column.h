@@ -28,14 +28,20 @@ struct ImageSource {
   std::string root;
   std::string names;
   std::vector<int64_t> name_offsets;
+  // WebDataset: record i is bytes [member_offsets[i], + member_sizes[i]) of shards[shard_of[i]], and
+  // names[name_offsets[i], name_offsets[i + 1]) is its sample's key.
+  std::vector<std::string> shards;
+  std::vector<int32_t> shard_of;
+  std::vector<int64_t> member_offsets, member_sizes;
   // Stored sizes, from the headers when the dataset was scanned or packed (0 x 0: it could not read one).
   // The crop is drawn from the header read with the record: a file rewritten since keeps working.
   std::vector<int32_t> heights, widths;
 
   int64_t num_records() const { return static_cast<int64_t>(heights.size()); }
   bool packed() const { return !packed_path.empty(); }
-  std::string path_of(int64_t i) const;   // ImageFolder: the record's file
-  std::string describe(int64_t i) const;  // for messages: the file, or the record of the packed file
+  bool members() const { return !shards.empty(); }
+  std::string path_of(int64_t i) const;   // ImageFolder: the record's file; WebDataset: its shard
+  std::string describe(int64_t i) const;  // for messages: the file, or the record of the packed file or shard
   // Error(kValue) naming what is inconsistent (sizes, offsets, names).
   void check() const;
 };
@@ -71,7 +77,7 @@ struct ImageThreadState {
 };
 
 // The packed file of an ImageDataset, opened for pread and checked to hold every record; null for an
-// ImageFolder (its files are opened per record). Error(kValue) for a spec that cannot be read.
+// ImageFolder or a WebDataset (their files are opened per record). Error(kValue) for a spec that cannot be read.
 std::unique_ptr<RecordSource> open_image_column(const ImageColumnSpec& spec);
 
 // Asks the kernel to start reading these records of a packed file (their decode follows).

@@ -22,30 +22,44 @@ std::string scan_one(const std::string& path, std::vector<uint8_t>& buf, ImageHe
     File f(path, IoMode::kPread);
     *bytes = f.size_at_open();
     *mtime = f.mtime_ns_at_open();
-    int64_t want = std::min<int64_t>(*bytes, kHeadBytes);
-    for (;;) {
-      buf.resize(static_cast<size_t>(want));
-      const int64_t got = f.read_at_most(buf.data(), want, 0);
-      std::string why;
-      const HeaderParse r = read_image_header(buf.data(), static_cast<size_t>(got), header, &why);
-      if (r == HeaderParse::kOk) return "";
-      if (r == HeaderParse::kError) return why;
-      if (got < want || want == *bytes) return header_truncation(*header, "file");
-      want = std::min(*bytes, want * 16);  // a header longer than the head (large EXIF or ICC segments)
-    }
+    return scan_region(f, 0, *bytes, buf, header);
   } catch (const Error& e) {
     *bytes = -1;
     return e.what();
   }
 }
 
-// body(k, buffer) for every k in [0, n), on `threads` threads (this one included), in blocks of 64.
-void for_each_file(int64_t n, int threads, const std::function<void(int64_t, std::vector<uint8_t>&)>& body) {
+std::string name_of(const std::string& names, const std::vector<int64_t>& offsets, int64_t k) {
+  return names.substr(static_cast<size_t>(offsets[k]), static_cast<size_t>(offsets[k + 1] - offsets[k]));
+}
+
+}  // namespace
+
+std::string scan_region(const RecordSource& f, int64_t offset, int64_t size, std::vector<uint8_t>& buf,
+                        ImageHeader* header) {
+  try {
+    int64_t want = std::min<int64_t>(size, kHeadBytes);
+    for (;;) {
+      buf.resize(static_cast<size_t>(want));
+      const int64_t got = f.read_at_most(buf.data(), want, offset);
+      std::string why;
+      const HeaderParse r = read_image_header(buf.data(), static_cast<size_t>(got), header, &why);
+      if (r == HeaderParse::kOk) return "";
+      if (r == HeaderParse::kError) return why;
+      if (got < want || want == size) return header_truncation(*header, "file");
+      want = std::min(size, want * 16);  // a header longer than the head (large EXIF or ICC segments)
+    }
+  } catch (const Error& e) {
+    return e.what();
+  }
+}
+
+void for_each_index(int64_t n, int threads, int64_t block, const std::function<void(int64_t, std::vector<uint8_t>&)>& body) {
   std::atomic<int64_t> next{0};
   auto work = [&] {
     std::vector<uint8_t> buf;
-    for (int64_t i; (i = next.fetch_add(64)) < n;)
-      for (int64_t k = i; k < std::min(n, i + 64); ++k) body(k, buf);
+    for (int64_t i; (i = next.fetch_add(block)) < n;)
+      for (int64_t k = i; k < std::min(n, i + block); ++k) body(k, buf);
   };
   std::vector<std::thread> pool;
   for (int t = 1; t < std::max(1, threads); ++t) {
@@ -58,12 +72,6 @@ void for_each_file(int64_t n, int threads, const std::function<void(int64_t, std
   work();
   for (auto& t : pool) t.join();
 }
-
-std::string name_of(const std::string& names, const std::vector<int64_t>& offsets, int64_t k) {
-  return names.substr(static_cast<size_t>(offsets[k]), static_cast<size_t>(offsets[k + 1] - offsets[k]));
-}
-
-}  // namespace
 
 std::string check_image(const uint8_t* data, size_t size, ImageHeader* header) {
   std::string why;
@@ -85,7 +93,7 @@ ImageScan scan_image_files(const std::string& root, const std::string& names, co
   s.bytes.assign(static_cast<size_t>(n), -1);
   s.mtimes.assign(static_cast<size_t>(n), -1);
   std::vector<std::string> why(static_cast<size_t>(n));
-  for_each_file(n, threads, [&](int64_t k, std::vector<uint8_t>& buf) {
+  for_each_index(n, threads, 64, [&](int64_t k, std::vector<uint8_t>& buf) {
     ImageHeader header;
     why[k] = scan_one(root + "/" + name_of(names, offsets, k), buf, &header, &s.bytes[k], &s.mtimes[k]);
     s.formats[k] = static_cast<int8_t>(header.format);
@@ -107,7 +115,7 @@ void stat_image_files(const std::string& root, const std::string& names, const s
   const int64_t n = offsets.empty() ? 0 : static_cast<int64_t>(offsets.size()) - 1;
   bytes->assign(static_cast<size_t>(n), -1);
   mtimes->assign(static_cast<size_t>(n), -1);
-  for_each_file(n, threads, [&](int64_t k, std::vector<uint8_t>&) {
+  for_each_index(n, threads, 64, [&](int64_t k, std::vector<uint8_t>&) {
     int64_t b = 0, m = 0;
     if (stat_path(root + "/" + name_of(names, offsets, k), &b, &m)) {
       (*bytes)[k] = b;

@@ -4,10 +4,12 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
 #include "core/image_format.h"
+#include "core/record_source.h"
 
 namespace fastpipe {
 
@@ -25,6 +27,15 @@ struct ImageScan {
 // A file of another format (kOther, kUnknown) is not bad here: the fallback decoder's scan says.
 ImageScan scan_image_files(const std::string& root, const std::string& names, const std::vector<int64_t>& offsets,
                            int threads);
+
+// The header of the encoded image at [offset, offset + size) of `f`, read as the scan reads a file's (its
+// first 4 KiB, more when the header is longer): "" and *header, or why it cannot be used. Never throws.
+std::string scan_region(const RecordSource& f, int64_t offset, int64_t size, std::vector<uint8_t>& buf,
+                        ImageHeader* header);
+
+// body(k, buffer) for every k in [0, n), on `threads` threads (the calling one included), `block` indices
+// at a time; each thread has its own buffer. body must not throw.
+void for_each_index(int64_t n, int threads, int64_t block, const std::function<void(int64_t, std::vector<uint8_t>&)>& body);
 
 // The sizes and modification times (ns) of those files, as a later scan checks which changed (-1, -1
 // where a file cannot be stat'ed).

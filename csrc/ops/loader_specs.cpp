@@ -16,6 +16,7 @@
 #include "core/image_column.h"
 #include "core/image_scan.h"
 #include "core/jpeg_decode.h"
+#include "core/tar_index.h"
 #include "ops/augment_specs.h"
 #include "ops/bindings.h"
 #include "ops/pillow_decoder.h"
@@ -310,6 +311,28 @@ void bind_loader_specs(py::module& m) {
             return s;
           },
           py::arg("root"), py::arg("names"), py::arg("name_offsets"), py::arg("heights"), py::arg("widths"))
+      .def_static(
+          "members",
+          [](std::vector<std::string> shards, const py::array_t<int32_t, py::array::c_style | py::array::forcecast>& shard_of,
+             const py::array_t<int64_t, py::array::c_style | py::array::forcecast>& offsets,
+             const py::array_t<int64_t, py::array::c_style | py::array::forcecast>& sizes, py::bytes keys,
+             const py::array_t<int64_t, py::array::c_style | py::array::forcecast>& key_offsets,
+             const py::array_t<int32_t, py::array::c_style | py::array::forcecast>& heights,
+             const py::array_t<int32_t, py::array::c_style | py::array::forcecast>& widths) {
+            auto s = std::make_shared<ImageSource>();
+            s->shards = std::move(shards);
+            s->shard_of = to_vector(shard_of, "shard_of");
+            s->member_offsets = to_vector(offsets, "offsets");
+            s->member_sizes = to_vector(sizes, "sizes");
+            s->names = keys;
+            s->name_offsets = to_vector(key_offsets, "key_offsets");
+            s->heights = to_vector(heights, "heights");
+            s->widths = to_vector(widths, "widths");
+            s->check();
+            return s;
+          },
+          py::arg("shards"), py::arg("shard_of"), py::arg("offsets"), py::arg("sizes"), py::arg("keys"),
+          py::arg("key_offsets"), py::arg("heights"), py::arg("widths"))
       .def_property_readonly("num_records", &ImageSource::num_records)
       .def("describe", &ImageSource::describe, py::arg("index"));
 
@@ -369,6 +392,46 @@ void bind_loader_specs(py::module& m) {
       },
       py::arg("root"), py::arg("names"), py::arg("offsets"), py::arg("threads"),
       "Headers of files root/names[i]: heights, widths, formats, bytes, mtimes per file; bad records and why.");
+  m.def(
+      "index_webdataset",
+      [](const std::vector<std::string>& shards, const std::vector<std::string>& image_extensions,
+         const std::string& label_extension, int threads) {
+        WebDatasetIndex x;
+        {
+          py::gil_scoped_release nogil;
+          x = index_webdataset(shards, image_extensions, label_extension, threads);
+        }
+        py::dict d;
+        d["shard_of"] = as_array(x.shard_of);
+        d["offsets"] = as_array(x.offsets);
+        d["sizes"] = as_array(x.sizes);
+        d["labels"] = as_array(x.labels);
+        d["keys"] = py::bytes(x.keys);
+        d["key_offsets"] = as_array(x.key_offsets);
+        d["heights"] = as_array(x.heights);
+        d["widths"] = as_array(x.widths);
+        d["formats"] = as_array(x.formats);
+        d["bad"] = as_array(x.bad);
+        d["reasons"] = x.reasons;
+        d["without_image"] = as_array(x.without_image);
+        return d;
+      },
+      py::arg("shards"), py::arg("image_extensions"), py::arg("label_extension"), py::arg("threads"),
+      "WebDataset shards' samples (core/tar_index.h): per sample its shard, image member offset and size, label, "
+      "key, image header size and format; bad samples and why; per shard the samples without an image.");
+  m.def(
+      "read_tar_members",
+      [](const std::string& path) {
+        std::vector<TarMember> members;
+        {
+          py::gil_scoped_release nogil;
+          members = read_tar_members(*open_record_source(path, IoMode::kPread));
+        }
+        py::list out;
+        for (const TarMember& m : members) out.append(py::make_tuple(py::bytes(m.name), m.offset, m.size));
+        return out;
+      },
+      py::arg("path"), "The regular files of a tar archive: (name as bytes, data offset, size), in archive order.");
   m.def(
       "stat_image_files",
       [](const std::string& root, py::bytes names, const py::array_t<int64_t, py::array::c_style | py::array::forcecast>& offsets,

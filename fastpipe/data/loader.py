@@ -159,8 +159,8 @@ class Loader:
         if torchvision_compat.is_torchvision_folder(dataset):
             dataset = torchvision_compat.convert_dataset(dataset)  # the same folder, its transform fused
         if not isinstance(dataset, ColumnSource):
-            raise TypeError(f"fastpipe.Loader reads NpyDataset, TokenDataset, ImageFolder and ImageDataset (and "
-                            f"torchvision's ImageFolder), got {type(dataset).__name__}: convert a map-style dataset "
+            raise TypeError(f"fastpipe.Loader reads NpyDataset, TokenDataset, ImageFolder, ImageDataset and "
+                            f"WebDataset (and torchvision's ImageFolder), got {type(dataset).__name__}: convert a map-style dataset "
                             f"once with `ds = fastpipe.write_npy(dataset, out_dir)` (tensors) or "
                             f"`fastpipe.write_images(dataset, out_dir)` (encoded images or paths, and labels) and pass that")
         _dataloader_args.refuse(worker_init_fn=worker_init_fn, batch_sampler=batch_sampler,

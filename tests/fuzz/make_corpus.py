@@ -1,6 +1,7 @@
 """Writes the fuzzers' seed corpus (tests/fuzz/corpus/): valid and defective .npy files for
 npy_header_fuzz, token-file inputs (control bytes + file) for token_file_fuzz, and JPEG, PNG and WebP
-inputs (control bytes + file, written with Pillow and tests/data/image_files.py) for image_fuzz.
+inputs (control bytes + file, written with Pillow and tests/data/image_files.py) for image_fuzz, and
+WebDataset shards (tar archives) for tar_fuzz.
 
 The files are committed, so run.sh needs neither numpy nor Pillow; rerun this after changing it
 (python3 tests/fuzz/make_corpus.py). Reproducers of fixed bugs are added by hand (named fixed-*) and
@@ -10,6 +11,7 @@ are left alone here.
 import io
 import os
 import struct
+import tarfile
 
 import numpy as np
 
@@ -17,6 +19,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 NPY = os.path.join(HERE, "corpus", "npy")
 TOKENS = os.path.join(HERE, "corpus", "tokens")
 IMAGE = os.path.join(HERE, "corpus", "image")
+TAR = os.path.join(HERE, "corpus", "tar")
 
 # token_file_fuzz's control bytes: flags, dtype index / token_bytes, block_size (see its header).
 NPY_FILE, PREAD, DIRECT, SPEC, SIGNED = 1, 2, 4, 8, 16
@@ -175,8 +178,55 @@ def image_corpus():
     return files
 
 
+def tar_bytes(members, format=tarfile.USTAR_FORMAT):
+    """A tar archive of members [(name, data or None for a directory)] in `format`."""
+    out = io.BytesIO()
+    with tarfile.open(fileobj=out, mode="w", format=format) as tar:
+        for name, data in members:
+            info = tarfile.TarInfo(name)
+            if data is None:
+                info.type = tarfile.DIRTYPE
+                tar.addfile(info)
+            else:
+                info.size = len(data)
+                tar.addfile(info, io.BytesIO(data))
+    return out.getvalue()
+
+
+def tar_corpus():
+    """WebDataset shards (tar_fuzz.cpp): the three tar formats, long names, directories, metadata members,
+    and the defects construction must refuse."""
+    from PIL import Image
+
+    rng = np.random.default_rng(11)
+    out = io.BytesIO()
+    Image.fromarray(rng.integers(0, 256, (9, 7, 3), dtype=np.uint8)).save(out, format="JPEG", quality=80)
+    jpg = out.getvalue()
+    good = [("a/s0.jpg", jpg), ("a/s0.cls", b"3"), ("a/s1.JPG", jpg), ("a/s1.cls", b" 12\n"), ("a/s1.json", b"{}")]
+    long_name = "d" * 120 + "/sample.with.dots.jpg"
+    files = {
+        "ustar.tar": tar_bytes(good),
+        "gnu_long_names.tar": tar_bytes([("dir", None), (long_name, jpg), (long_name[:-3] + "cls", b"1")],
+                                        tarfile.GNU_FORMAT),
+        "pax.tar": tar_bytes([("__meta__", b"x"), ("p/" + "q" * 150 + ".png", jpg), ("p/" + "q" * 150 + ".cls", b"0")],
+                             tarfile.PAX_FORMAT),
+        "no_image.tar": tar_bytes([("x.txt", b"hi"), ("x.cls", b"1"), ("y.jpg", jpg), ("y.cls", b"2")]),
+        "duplicate_suffix.tar": tar_bytes([("k.jpg", jpg), ("k.jpg", jpg), ("k.cls", b"1")]),
+        "missing_label.tar": tar_bytes([("k.jpg", jpg)]),
+        "bad_label.tar": tar_bytes([("k.jpg", jpg), ("k.cls", b"-1")]),
+        "bad_image.tar": tar_bytes([("k.jpg", jpg[: len(jpg) // 2]), ("k.cls", b"1")]),
+    }
+    base = files["ustar.tar"]
+    files["truncated_data.tar"] = base[:700]
+    files["truncated_header.tar"] = base[:1200]
+    files["bad_checksum.tar"] = base[:148] + b"0000000\0" + base[156:]
+    files["huge_size.tar"] = base[:124] + b"\x80" + b"\x7f" * 11 + base[136:]
+    return files
+
+
 def main():
-    for directory, files in ((NPY, npy_corpus()), (TOKENS, tokens_corpus()), (IMAGE, image_corpus())):
+    for directory, files in ((NPY, npy_corpus()), (TOKENS, tokens_corpus()), (IMAGE, image_corpus()),
+                             (TAR, tar_corpus())):
         os.makedirs(directory, exist_ok=True)
         for name, data in files.items():
             with open(os.path.join(directory, name), "wb") as f:

@@ -1,26 +1,28 @@
 #!/usr/bin/env bash
-# Bounded coverage-guided fuzzing of the .npy header parser, the token-file opener and the path of one
+# Bounded coverage-guided fuzzing of the .npy header parser, the token-file opener, the WebDataset shard
+# indexer (tar headers, samples, labels, image headers) and the path of one
 # JPEG, PNG or WebP (header, geometry, region decode with libjpeg, libspng or libwebp, resample, augmentations) (`make fuzz`):
 # libFuzzer with AddressSanitizer and UndefinedBehaviorSanitizer, over a copy of tests/fuzz/corpus.
 # Every input must end in a clean error; a crash, sanitizer report, leak, broken invariant or an input
 # running past -timeout fails the run, with the reproducer's path and head.
 #
 # Needs clang with libFuzzer: installs Debian's clang-14 and libclang-rt-14-dev (the libFuzzer and
-# sanitizer runtimes) when missing (root or sudo). FUZZ_SECONDS: seconds per harness (default 25);
+# sanitizer runtimes) when missing (root or sudo). FUZZ_SECONDS: seconds per harness (default 20);
 # FUZZ_CXX: the compiler (default clang++-14, else clang++).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 
-SECONDS_EACH=${FUZZ_SECONDS:-25}
-HARNESSES=(npy_header_fuzz token_file_fuzz image_fuzz)
+SECONDS_EACH=${FUZZ_SECONDS:-20}
+HARNESSES=(npy_header_fuzz token_file_fuzz image_fuzz tar_fuzz)
 # The engine sources each harness links (npy.cpp reads through File, which file.cpp's fault hooks need).
 # gather.cpp opens image columns too, so the token-file opener links the image path, and it opens every
 # column through record_source.cpp.
 IMAGE_PATH="image_format jpeg_header jpeg_decode png_decode webp_decode resample resample_fixed augment"
 declare -A SOURCES=([npy_header_fuzz]="npy file fault"
                     [token_file_fuzz]="npy file record_source fault gather image_column $IMAGE_PATH"
-                    [image_fuzz]="$IMAGE_PATH image_scan file fault")
-declare -A CORPUS=([npy_header_fuzz]=npy [token_file_fuzz]=tokens [image_fuzz]=image)
+                    [image_fuzz]="$IMAGE_PATH image_scan file fault"
+                    [tar_fuzz]="tar_index $IMAGE_PATH image_scan file record_source fault")
+declare -A CORPUS=([npy_header_fuzz]=npy [token_file_fuzz]=tokens [image_fuzz]=image [tar_fuzz]=tar)
 # Token files may be .npy files too.
 declare -A DICT=([npy_header_fuzz]=tests/fuzz/npy.dict [token_file_fuzz]=tests/fuzz/npy.dict)
 FLAGS=(-std=c++17 -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined -g -O1 -I csrc -I tests/fuzz
@@ -68,13 +70,16 @@ fi
 export ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1
 unset LD_PRELOAD
 
-# Each translation unit once (the harnesses and the union of their SOURCES), $(nproc) at a time.
+# Each translation unit once (the harnesses and the union of their SOURCES), $(nproc) at a time, through
+# ccache where it is installed: tests/fuzz/test_fuzz_corpus.py compiles the same units with the same
+# command lines (relative paths, from the checkout), so CI compiles them once.
+CCACHE=$(command -v ccache || true)
 # shellcheck disable=SC2068  # SOURCES' values are lists of words
 mapfile -t units < <(printf '%s\n' canary_fuzz "${HARNESSES[@]}" ${SOURCES[@]} | awk '!seen[$0]++')
 for u in "${units[@]}"; do
   src=csrc/core/$u.cpp
   [[ -f $src ]] || src=tests/fuzz/$u.cpp
-  "$CXX" "${FLAGS[@]}" -c "$src" -o "$WORK/obj/$u.o" &
+  $CCACHE "$CXX" "${FLAGS[@]}" -c "$src" -o "$WORK/obj/$u.o" &
   while (($(jobs -rp | wc -l) >= $(nproc))); do wait -n || true; done
 done
 wait

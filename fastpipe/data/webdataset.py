@@ -1,0 +1,179 @@
+"""WebDataset shards: tar archives of samples, each sample the members that share a key
+(``n01440764_10026.jpg`` and ``n01440764_10026.cls``), read by the same C++ image path as ImageFolder.
+"""
+
+import os
+import re
+import shutil
+import tempfile
+import warnings
+import weakref
+
+import numpy as np
+
+from fastpipe import _checks as checks
+from fastpipe._ext import _C
+from fastpipe.data import image_index
+from fastpipe.data.images import DEFAULT_MAX_RECORD_BYTES, _Images
+
+_NUMBERS = re.compile(r"(-?\d+)\.\.(-?\d+)(?:\.\.(-?\d+))?")
+_LETTERS = re.compile(r"([a-zA-Z])\.\.([a-zA-Z])(?:\.\.(-?\d+))?")
+_REMOTE = re.compile(r"^[a-zA-Z][a-zA-Z0-9+.-]*://")
+
+
+def expand_urls(urls):
+    """The shard list ``urls`` names: a string with brace ranges and alternatives, expanded as webdataset's
+    (braceexpand's) ``train-{000000..000127}.tar``, ``{train,extra}-{0..3}.tar``, ``{0..9..3}``, ``{a..c}``
+    (zero-padded when a bound is), or a list of such strings."""
+    if isinstance(urls, (str, os.PathLike)):
+        urls = [os.fspath(urls)]
+    elif not isinstance(urls, (list, tuple)) or not urls:
+        raise TypeError(f"urls must be a path or URL (with brace ranges) or a non-empty list of them, got "
+                        f"{type(urls).__name__}")
+    out = []
+    for u in urls:
+        if not isinstance(u, (str, os.PathLike)):
+            raise TypeError(f"urls must hold paths or URLs, got {type(u).__name__}")
+        out += _expand(os.fspath(u), os.fspath(u))
+    return out
+
+
+def _expand(text, whole):
+    start = text.find("{")
+    if start < 0:
+        if "}" in text:
+            raise ValueError(f"urls: unbalanced brace in '{whole}'")
+        return [text]
+    depth, cuts = 0, []  # the group's end, and its top-level commas
+    for end in range(start, len(text)):
+        depth += {"{": 1, "}": -1}.get(text[end], 0)
+        if depth == 1 and text[end] == ",":
+            cuts.append(end)
+        if depth == 0:
+            break
+    else:
+        raise ValueError(f"urls: unbalanced brace in '{whole}'")
+    body, head, tail = text[start + 1:end], text[:start], text[end + 1:]
+    if cuts:
+        bounds = [start] + cuts + [end]
+        items = [text[a + 1:b] for a, b in zip(bounds, bounds[1:])]
+    else:
+        items = _range(body, whole)
+    return [x for item in items for x in _expand(head + item + tail, whole)]
+
+
+def _range(body, whole):
+    m = _NUMBERS.fullmatch(body) or _LETTERS.fullmatch(body)
+    if m is None:
+        raise ValueError(f"urls: '{{{body}}}' in '{whole}' is neither a range {{a..b}} nor alternatives {{a,b}}")
+    a, b, step = m.group(1), m.group(2), abs(int(m.group(3) or 1)) or 1
+    if m.re is _LETTERS:
+        lo, hi = ord(a), ord(b)
+        return [chr(v) for v in range(lo, hi + 1, step)] if lo <= hi else [chr(v) for v in range(lo, hi - 1, -step)]
+    lo, hi = int(a), int(b)
+    padded = any(len(x.lstrip("-")) > 1 and x.lstrip("-").startswith("0") for x in (a, b))
+    width = max(len(a), len(b)) if padded else 0
+    values = range(lo, hi + 1, step) if lo <= hi else range(lo, hi - 1, -step)
+    return [str(v).zfill(width) for v in values]
+
+
+class WebDataset(_Images):
+    """Images and labels from WebDataset tar shards on local disk.
+
+    Samples are the shards' members grouped by key as the webdataset package groups them (the key runs
+    to the first dot of a member's file name; a sample is the run of consecutive members sharing it),
+    in shard order then archive order. Each sample's image is its first member with an image extension
+    (torchvision's: jpg, jpeg, png, ppm, bmp, pgm, tif, tiff, webp; the format is told by content), its
+    label the decimal integer of its ``.cls`` member (``label=`` names another extension). Everything
+    an ImageFolder has applies: the fused transforms, ``image_decode="device"``, ``on_error``,
+    samples that cannot be decoded listed in ``bad``.
+
+    Parameters
+    ----------
+    urls : path, or list of paths
+        The shards, with brace ranges: ``"/data/imagenet/train-{000000..001023}.tar"``. Remote URLs
+        (``s3://``, ``https://``) are not read yet.
+    transform : RandomResizedCrop or CenterCrop, optional
+        As ImageFolder's.
+    label : str
+        The extension of the member holding each sample's label (default ``"cls"``).
+    num_threads : int, optional
+        Threads indexing the shards at construction (one shard each at a time; default: the cores, at least 8).
+    max_record_bytes : int
+        An image member larger than this is an error naming it (64 MiB).
+
+    Notes
+    -----
+    Construction reads every shard's tar headers, its labels and its images' headers (no image data); a
+    malformed or truncated archive, a sample holding two members of one extension (webdataset refuses
+    those too) or a sample without a label is an error naming the shard. Samples without an image member
+    are skipped and counted in ``without_image`` (per shard), with a warning.
+    """
+
+    def __init__(self, urls, transform=None, *, label="cls", num_threads=None,
+                 max_record_bytes=DEFAULT_MAX_RECORD_BYTES):
+        self._init_common(transform, max_record_bytes)
+        if not isinstance(label, str) or not label or label.startswith("."):
+            raise ValueError(f"label must be a member extension such as 'cls', got {label!r}")
+        threads = max(8, os.cpu_count() or 1) if num_threads is None else checks.integer(num_threads, "num_threads",
+                                                                                         low=1)
+        shards = expand_urls(urls)
+        for s in shards:
+            if _REMOTE.match(s):
+                raise ValueError(f"WebDataset: '{s}' is a remote URL; only shards on a local filesystem are read so "
+                                 f"far (copy them to local disk)")
+        self.urls = [os.path.abspath(s) for s in shards]
+        missing = [s for s in self.urls if not os.path.isfile(s)]
+        if missing:
+            raise FileNotFoundError(f"WebDataset: {len(missing)} of {len(self.urls)} shards do not exist, e.g. "
+                                    f"'{missing[0]}'")
+        extensions = [e.lstrip(".") for e in image_index.IMG_EXTENSIONS]
+        index = _C.index_webdataset(self.urls, extensions, label.lower(), threads)
+        n = len(index["labels"])
+        if n == 0:
+            raise ValueError(f"WebDataset: the {len(self.urls)} shards hold no sample with an image member "
+                             f"(extensions {', '.join(extensions)})")
+        self.label = label
+        self._len = n
+        self._keys, self._key_offsets = index["keys"], index["key_offsets"]
+        self._shard_of = index["shard_of"]
+        self._sizes = index["sizes"]
+        self.image_sizes = np.stack([index["heights"], index["widths"]], axis=1)
+        self.image_formats = [_C.IMAGE_FORMATS[f] for f in index["formats"]]
+        labels = index["labels"]
+        self.classes = [str(c) for c in range(int(labels.max()) + 1)]
+        labels_dir = tempfile.mkdtemp(prefix="fastpipe-webdataset-")
+        weakref.finalize(self, shutil.rmtree, labels_dir, True)
+        self._labels_path = os.path.join(labels_dir, "labels.npy")
+        np.save(self._labels_path, labels)
+        self._where = self.urls[0] if len(self.urls) == 1 else os.path.commonpath(self.urls)
+        self._source = _C.ImageSource.members(self.urls, self._shard_of, index["offsets"], self._sizes, self._keys,
+                                              self._key_offsets, index["heights"], index["widths"])
+        self.without_image = dict((u, int(c)) for u, c in zip(self.urls, index["without_image"]) if c)
+        if self.without_image:
+            total = sum(self.without_image.values())
+            shard, count = next(iter(self.without_image.items()))
+            warnings.warn(f"WebDataset: {total} samples hold no image member and are skipped (e.g. {count} in "
+                          f"'{shard}'); see .without_image", stacklevel=2)
+        self.bad = [(i, self.key(i), why) for i, why in zip(index["bad"], index["reasons"])]
+        if self.bad:
+            i, key, why = self.bad[0]
+            warnings.warn(f"WebDataset: {len(self.bad)} of {n} images cannot be decoded (e.g. sample '{key}' of "
+                          f"'{self.urls[self._shard_of[i]]}': {why}); see .bad. The Loader raises on them "
+                          f"(on_error='raise') or replaces them with other samples (on_error='replace').",
+                          stacklevel=2)
+
+    def key(self, i):
+        """Sample ``i``'s key (webdataset's ``__key__``)."""
+        i = self._index(i)
+        return os.fsdecode(self._keys[self._key_offsets[i]:self._key_offsets[i + 1]])
+
+    def _bad_reason(self, i):
+        return dict((j, why) for j, _, why in self.bad).get(i, "its header could not be read")
+
+    def _mean_bytes(self):
+        return float(self._sizes.mean())
+
+    def __repr__(self):
+        return (f"WebDataset({len(self.urls)} shards under '{self._where}': {self._len} images, "
+                f"{len(self.classes)} classes, transform={self.transform!r})")
