@@ -18,6 +18,23 @@ enum class ErrorKind {
   kState,    // API misuse (closed loader, wrong process) -> RuntimeError
 };
 
+// Up to `max` bytes of data taken from a file, quotable in a message: printable ASCII as it is, every
+// other byte as \xNN (messages become Python str, which must be valid UTF-8).
+inline std::string quoted_bytes(const std::string& data, size_t max) {
+  std::string out;
+  for (size_t i = 0; i < data.size() && i < max; ++i) {
+    const unsigned char c = static_cast<unsigned char>(data[i]);
+    if (c >= 0x20 && c < 0x7f) {
+      out += static_cast<char>(c);
+    } else {
+      char hex[5];
+      std::snprintf(hex, sizeof hex, "\\x%02x", c);
+      out += hex;
+    }
+  }
+  return out;
+}
+
 class Error : public std::runtime_error {
  public:
   Error(ErrorKind kind, const std::string& msg, int err = 0)

@@ -66,8 +66,9 @@ std::string ImageSource::path_of(int64_t i) const {
 
 std::string ImageSource::describe(int64_t i) const {
   if (members())
-    return "sample '" + names.substr(static_cast<size_t>(name_offsets[i]),
-                                     static_cast<size_t>(name_offsets[i + 1] - name_offsets[i])) +
+    return "sample '" + quoted_bytes(names.substr(static_cast<size_t>(name_offsets[i]),
+                                                  static_cast<size_t>(name_offsets[i + 1] - name_offsets[i])),
+                                     200) +
            "' of '" + path_of(i) + "' (record " + std::to_string(i) + ": " + std::to_string(member_sizes[i]) +
            " bytes at offset " + std::to_string(member_offsets[i]) + ")";
   if (!packed()) return "'" + path_of(i) + "'";

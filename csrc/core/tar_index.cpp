@@ -7,6 +7,7 @@
 
 #include "core/error.h"
 #include "core/image_scan.h"
+#include "core/json_field.h"
 
 namespace fastpipe {
 namespace {
@@ -14,7 +15,7 @@ namespace {
 constexpr int64_t kBlock = 512;
 // A pax record or GNU long name longer than this is malformed (names are at most a few KiB).
 constexpr int64_t kMaxMetaBytes = 1 << 20;
-// A label member is a short decimal number.
+// A label member is a short decimal number (or, with a label field, a JSON document of at most kMaxMetaBytes).
 constexpr int64_t kMaxLabelBytes = 64;
 
 int64_t padded(int64_t size) { return (size + kBlock - 1) / kBlock * kBlock; }
@@ -96,7 +97,7 @@ void parse_pax(const RecordSource& f, int64_t at, const std::string& data, std::
       bool ok = !value.empty() && value.size() <= 18;
       for (char c : value) ok = ok && c >= '0' && c <= '9';
       if (ok) v = std::stoll(value);
-      if (!ok) malformed(f, at, "has a pax size that is not a number: '" + value.substr(0, 32) + "'");
+      if (!ok) malformed(f, at, "has a pax size that is not a number: '" + quoted_bytes(value, 32) + "'");
       *size = v;
     }
     pos += static_cast<size_t>(len);
@@ -148,7 +149,7 @@ std::vector<TarMember> read_tar_members(const RecordSource& f) {
           const std::string prefix = field(reinterpret_cast<char*>(h) + 345, 155);
           if (!prefix.empty()) name = prefix + "/" + name;
         }
-        if (size > end - data) malformed(f, at, "('" + name.substr(0, 200) + "', " + std::to_string(size) +
+        if (size > end - data) malformed(f, at, "('" + quoted_bytes(name, 200) + "', " + std::to_string(size) +
                                                     " bytes) is cut short: the file ends " + std::to_string(end - data) +
                                                     " bytes into its data");
         members.push_back({std::move(name), data, size});
@@ -198,28 +199,36 @@ struct ShardSamples {
   int64_t without_image = 0;
 };
 
-int64_t parse_label(const RecordSource& f, const TarMember& m) {
-  const std::string where = "'" + f.path() + "' member '" + m.name + "'";
-  FP_CHECK_VALUE(m.size <= kMaxLabelBytes, where + " is " + std::to_string(m.size) + " bytes: not a label (a decimal integer)");
-  char text[kMaxLabelBytes];
-  if (f.read_at_most(text, m.size, m.offset) != m.size)
+int64_t parse_label(const RecordSource& f, const TarMember& m, const std::string& field) {
+  const std::string where = "'" + f.path() + "' member '" + quoted_bytes(m.name, 200) + "'";
+  const int64_t limit = field.empty() ? kMaxLabelBytes : kMaxMetaBytes;
+  FP_CHECK_VALUE(m.size <= limit, where + " is " + std::to_string(m.size) + " bytes: " +
+                                      (field.empty() ? "not a label (a decimal integer)" : "more than 1 MiB of JSON"));
+  std::string text(static_cast<size_t>(m.size), '\0');
+  if (f.read_at_most(text.data(), m.size, m.offset) != m.size)
     throw Error(ErrorKind::kIO, where + ": the file shrank while it was read");
-  int64_t b = 0, e = m.size;
+  if (!field.empty()) {
+    int64_t v = 0;
+    const std::string why = json_integer_field(text.data(), text.size(), field, &v);
+    FP_CHECK_VALUE(why.empty(), where + " " + why);
+    return v;
+  }
+  size_t b = 0, e = text.size();
   while (b < e && std::strchr(" \t\r\n", text[b]) && text[b]) ++b;
   while (e > b && std::strchr(" \t\r\n", text[e - 1]) && text[e - 1]) --e;
   int64_t v = 0;
   bool ok = b < e && e - b <= 18;
-  for (int64_t i = b; ok && i < e; ++i) {
+  for (size_t i = b; ok && i < e; ++i) {
     ok = text[i] >= '0' && text[i] <= '9';
     v = v * 10 + (text[i] - '0');
   }
-  FP_CHECK_VALUE(ok, where + " holds '" + std::string(text, static_cast<size_t>(std::min<int64_t>(m.size, 32))) +
-                         "': a label must be a non-negative decimal integer");
+  FP_CHECK_VALUE(ok, where + " holds '" + quoted_bytes(text, 32) + "': a label must be a non-negative decimal integer");
   return v;
 }
 
 ShardSamples group_samples(const RecordSource& f, const std::vector<TarMember>& members,
-                           const std::vector<std::string>& image_extensions, const std::string& label_extension) {
+                           const std::vector<std::string>& image_extensions, const std::string& label_extension,
+                           const std::string& label_field) {
   ShardSamples s;
   std::string key, ext, current;
   std::vector<std::string> seen;  // the current sample's extensions
@@ -231,11 +240,11 @@ ShardSamples group_samples(const RecordSource& f, const std::vector<TarMember>& 
       ++s.without_image;
       return;
     }
-    FP_CHECK_VALUE(label, "'" + f.path() + "': sample '" + current + "' has no '." + label_extension +
+    FP_CHECK_VALUE(label, "'" + f.path() + "': sample '" + quoted_bytes(current, 200) + "' has no '." + label_extension +
                               "' member (its label)");
     s.offsets.push_back(image->offset);
     s.sizes.push_back(image->size);
-    s.labels.push_back(parse_label(f, *label));
+    s.labels.push_back(parse_label(f, *label, label_field));
     s.keys.push_back(current);
   };
   for (const TarMember& m : members) {
@@ -251,7 +260,7 @@ ShardSamples group_samples(const RecordSource& f, const std::vector<TarMember>& 
       open = true;
     }
     FP_CHECK_VALUE(std::find(seen.begin(), seen.end(), ext) == seen.end(),
-                   "'" + f.path() + "': sample '" + current + "' holds two '." + ext +
+                   "'" + f.path() + "': sample '" + quoted_bytes(current, 200) + "' holds two '." + quoted_bytes(ext, 64) +
                        "' members (webdataset refuses such a shard too)");
     seen.push_back(ext);
     const size_t dot = ext.rfind('.');
@@ -267,7 +276,7 @@ ShardSamples group_samples(const RecordSource& f, const std::vector<TarMember>& 
 }  // namespace
 
 WebDatasetIndex index_webdataset(const std::vector<std::string>& shards, const std::vector<std::string>& image_extensions,
-                                 const std::string& label_extension, int threads) {
+                                 const std::string& label_extension, const std::string& label_field, int threads) {
   const int64_t n_shards = static_cast<int64_t>(shards.size());
   std::vector<ShardSamples> per(static_cast<size_t>(n_shards));
   std::exception_ptr failure;
@@ -276,7 +285,7 @@ WebDatasetIndex index_webdataset(const std::vector<std::string>& shards, const s
     try {
       auto f = open_record_source(shards[k], IoMode::kPread);
       ShardSamples& s = per[k];
-      s = group_samples(*f, read_tar_members(*f), image_extensions, label_extension);
+      s = group_samples(*f, read_tar_members(*f), image_extensions, label_extension, label_field);
       const size_t n = s.offsets.size();
       s.heights.assign(n, 0);
       s.widths.assign(n, 0);

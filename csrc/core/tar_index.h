@@ -31,7 +31,8 @@ bool split_webdataset_name(const std::string& name, std::string* key, std::strin
 
 // The samples of shards[k] for every k, in shard order then archive order. A sample's image is its
 // first member whose last extension component is one of image_extensions (e.g. "jpg"; the format is
-// then told by content); its label is the decimal integer its `label_extension` member holds.
+// then told by content); its label is the decimal integer its `label_extension` member holds, or with a
+// `label_field`, that top-level field of the JSON object the member holds (core/json_field.h).
 struct WebDatasetIndex {
   std::vector<int32_t> shard_of;
   std::vector<int64_t> offsets, sizes;   // the image member's data
@@ -47,8 +48,8 @@ struct WebDatasetIndex {
 
 // Indexes the shards with `threads` threads. Error(kValue) naming the shard for a malformed archive, a
 // sample holding two members of one extension (as webdataset refuses), or a missing or non-integer
-// label; Error(kIO) for a shard that cannot be read.
+// label (or malformed JSON); Error(kIO) for a shard that cannot be read.
 WebDatasetIndex index_webdataset(const std::vector<std::string>& shards, const std::vector<std::string>& image_extensions,
-                                 const std::string& label_extension, int threads);
+                                 const std::string& label_extension, const std::string& label_field, int threads);
 
 }  // namespace fastpipe

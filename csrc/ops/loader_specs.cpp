@@ -395,11 +395,11 @@ void bind_loader_specs(py::module& m) {
   m.def(
       "index_webdataset",
       [](const std::vector<std::string>& shards, const std::vector<std::string>& image_extensions,
-         const std::string& label_extension, int threads) {
+         const std::string& label_extension, const std::string& label_field, int threads) {
         WebDatasetIndex x;
         {
           py::gil_scoped_release nogil;
-          x = index_webdataset(shards, image_extensions, label_extension, threads);
+          x = index_webdataset(shards, image_extensions, label_extension, label_field, threads);
         }
         py::dict d;
         d["shard_of"] = as_array(x.shard_of);
@@ -416,7 +416,8 @@ void bind_loader_specs(py::module& m) {
         d["without_image"] = as_array(x.without_image);
         return d;
       },
-      py::arg("shards"), py::arg("image_extensions"), py::arg("label_extension"), py::arg("threads"),
+      py::arg("shards"), py::arg("image_extensions"), py::arg("label_extension"), py::arg("label_field"),
+      py::arg("threads"),
       "WebDataset shards' samples (core/tar_index.h): per sample its shard, image member offset and size, label, "
       "key, image header size and format; bad samples and why; per shard the samples without an image.");
   m.def(

@@ -1,6 +1,6 @@
 // Python bindings used by the tests only: the CPU simulation of a device (core/sim_device.h), the
-// fault injection in the file layer (core/fault.h) and the device decode's colour model
-// (kernels/jpeg_color.h) against libjpeg.
+// fault injection in the file layer (core/fault.h), the device decode's colour model
+// (kernels/jpeg_color.h) against libjpeg, and the JSON label field's parser (core/json_field.h).
 #include <ATen/core/Tensor.h>
 #include <pybind11/numpy.h>
 #include <torch/csrc/utils/pybind.h>
@@ -14,6 +14,7 @@
 #include "core/fault.h"
 #include "core/jpeg_decode.h"
 #include "core/jpeg_header.h"
+#include "core/json_field.h"
 #include "core/png_decode.h"
 #include "core/sim_device.h"
 #include "ops/bindings.h"
@@ -102,6 +103,16 @@ void bind_loader_test_hooks(py::module& m) {
           py::arg("stream"), "Ends the stream's capture: why it was invalidated, '' when it is valid.");
 
   // Test hooks (core/fault.h): faults in the file layer's reads, for tests/data/test_loader_faults.py.
+  m.def(
+      "_json_integer_field",
+      [](py::bytes data, const std::string& field) {
+        const std::string d = data;
+        int64_t value = 0;
+        const std::string why = json_integer_field(d.data(), d.size(), field, &value);
+        if (!why.empty()) throw py::value_error(why);
+        return value;
+      },
+      py::arg("data"), py::arg("field"), "core/json_field.h's json_integer_field, for the tests (ValueError: why not).");
   m.def(
       "_fault_arm",
       [](const std::string& kind, const std::string& path, int64_t every, int64_t after, int64_t limit,

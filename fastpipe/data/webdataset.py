@@ -84,7 +84,8 @@ class WebDataset(_Images):
     to the first dot of a member's file name; a sample is the run of consecutive members sharing it),
     in shard order then archive order. Each sample's image is its first member with an image extension
     (torchvision's: jpg, jpeg, png, ppm, bmp, pgm, tif, tiff, webp; the format is told by content), its
-    label the decimal integer of its ``.cls`` member (``label=`` names another extension). Everything
+    label the decimal integer of its ``.cls`` member (``label=`` names another extension, ``label_field=`` a
+    field of a JSON member). Everything
     an ImageFolder has applies: the fused transforms, ``image_decode="device"``, ``on_error``,
     samples that cannot be decoded listed in ``bad``.
 
@@ -96,7 +97,11 @@ class WebDataset(_Images):
     transform : RandomResizedCrop or CenterCrop, optional
         As ImageFolder's.
     label : str
-        The extension of the member holding each sample's label (default ``"cls"``).
+        The extension of the member holding each sample's label (default ``"cls"``: a decimal integer).
+    label_field : str, optional
+        The label is this top-level field of the JSON object the ``label`` member holds:
+        ``WebDataset(urls, label="json", label_field="class_id")`` (parsed as ``json.loads`` parses it; the
+        field must hold a non-negative integer).
     num_threads : int, optional
         Threads indexing the shards at construction (one shard each at a time; default: the cores, at least 8).
     max_record_bytes : int
@@ -110,11 +115,13 @@ class WebDataset(_Images):
     are skipped and counted in ``without_image`` (per shard), with a warning.
     """
 
-    def __init__(self, urls, transform=None, *, label="cls", num_threads=None,
+    def __init__(self, urls, transform=None, *, label="cls", label_field=None, num_threads=None,
                  max_record_bytes=DEFAULT_MAX_RECORD_BYTES):
         self._init_common(transform, max_record_bytes)
         if not isinstance(label, str) or not label or label.startswith("."):
             raise ValueError(f"label must be a member extension such as 'cls', got {label!r}")
+        if label_field is not None and (not isinstance(label_field, str) or not label_field):
+            raise ValueError(f"label_field must be the name of a JSON field, got {label_field!r}")
         threads = max(8, os.cpu_count() or 1) if num_threads is None else checks.integer(num_threads, "num_threads",
                                                                                          low=1)
         shards = expand_urls(urls)
@@ -128,12 +135,12 @@ class WebDataset(_Images):
             raise FileNotFoundError(f"WebDataset: {len(missing)} of {len(self.urls)} shards do not exist, e.g. "
                                     f"'{missing[0]}'")
         extensions = [e.lstrip(".") for e in image_index.IMG_EXTENSIONS]
-        index = _C.index_webdataset(self.urls, extensions, label.lower(), threads)
+        index = _C.index_webdataset(self.urls, extensions, label.lower(), label_field or "", threads)
         n = len(index["labels"])
         if n == 0:
             raise ValueError(f"WebDataset: the {len(self.urls)} shards hold no sample with an image member "
                              f"(extensions {', '.join(extensions)})")
-        self.label = label
+        self.label, self.label_field = label, label_field
         self._len = n
         self._keys, self._key_offsets = index["keys"], index["key_offsets"]
         self._shard_of = index["shard_of"]

@@ -7,6 +7,7 @@ elsewhere): the same images, labels and crops must come out of both, byte for by
 """
 
 import io
+import json
 import os
 import re
 import tarfile
@@ -234,3 +235,70 @@ def test_urls_expand_as_webdatasets():
     for bad, match in (("a-{1..2.tar", "unbalanced"), ("a-1}.tar", "unbalanced"), ("a-{x}.tar", "neither a range")):
         with pytest.raises(ValueError, match=match):
             expand_urls(bad)
+
+
+def random_json(rng, depth=0):
+    """A random JSON value: nesting, escapes, non-ASCII text, numbers of every form."""
+    kind = int(rng.integers(0, 7 if depth < 4 else 4))
+    if kind == 0:
+        return int(rng.integers(-10**12, 10**12))
+    if kind == 1:
+        return float(rng.normal() * 10.0 ** int(rng.integers(-5, 6)))
+    if kind == 2:
+        return "".join(rng.choice(list('ab"\\/\b\f\n\r\té€😀\x01 ')) for _ in range(int(rng.integers(0, 8))))
+    if kind == 3:
+        return [None, True, False][int(rng.integers(0, 3))]
+    if kind == 4:
+        return [random_json(rng, depth + 1) for _ in range(int(rng.integers(0, 4)))]
+    return {random_key(rng): random_json(rng, depth + 1) for _ in range(int(rng.integers(0, 4)))}
+
+
+def random_key(rng):
+    return rng.choice(["label", "lab\u00e9l", "x", "label2", "😀", 'l"a', "cls"])
+
+
+def test_json_fields_are_json_loads(rng):
+    """The parser against Python's json on random documents: the same value, or an error where json.loads
+    has no non-negative int there."""
+    for _ in range(600):
+        doc = {random_key(rng): random_json(rng) for _ in range(int(rng.integers(0, 5)))}
+        if rng.random() < 0.5:
+            doc[random_key(rng)] = int(rng.integers(0, 2**62))
+        text = json.dumps(doc, ensure_ascii=bool(rng.integers(0, 2)), indent=[None, 1][int(rng.integers(0, 2))])
+        pairs = json.loads(text, object_pairs_hook=list)  # duplicate keys: the last one counts, as json.loads
+        for field in ("label", "lab\u00e9l", "😀", 'l"a'):
+            value = dict(pairs).get(field, "missing")
+            ok = type(value) is int and value >= 0
+            if ok:
+                assert _C._json_integer_field(text.encode(), field) == value, (text, field)
+            else:
+                with pytest.raises(ValueError, match="has no field" if value == "missing" else "a label must be"):
+                    _C._json_integer_field(text.encode(), field)
+    for bad in (b'{"label": 1', b'{"label": 01}', b'{"label": 1} x', b'{"a": "\x01", "label": 1}',
+                b'{"label": 1,}', b'{"a": tru, "label": 1}', b'{"a": "\\q", "label": 1}', b"{'label': 1}"):
+        with pytest.raises(json.JSONDecodeError):
+            json.loads(bad)
+        with pytest.raises(ValueError):
+            _C._json_integer_field(bad, "label")
+    assert _C._json_integer_field(b'{"label": "x", "label": 5}', "label") == json.loads('{"label": "x", "label": 5}')["label"]
+    with pytest.raises(ValueError, match="a label must be"):  # the last duplicate counts, as in json.loads
+        _C._json_integer_field(b'{"label": 5, "label": "x"}', "label")
+    with pytest.raises(ValueError, match="is not a JSON object"):
+        _C._json_integer_field(b'[{"label": 1}]', "label")
+    assert _C._json_integer_field(b'\xef\xbb\xbf{"a": NaN, "b": -Infinity, "label": 7}', "label") == 7
+    with pytest.raises(ValueError, match="out of range"):
+        _C._json_integer_field(b'{"label": 9223372036854775808}', "label")
+
+
+def test_labels_from_a_json_field(tmp_path, rng):
+    good = jpeg_bytes(picture(rng, 20, 30))
+    members = []
+    for k in range(5):
+        members += [(f"s{k}.jpg", good), (f"s{k}.json", json.dumps({"meta": {"label": -1}, "class_id": k * 3}).encode())]
+    ds = fastpipe.WebDataset(write_shard(tmp_path / "s.tar", members), label="json", label_field="class_id")
+    assert ds.targets == [0, 3, 6, 9, 12]
+    bad = write_shard(tmp_path / "b.tar", [("k.jpg", good), ("k.json", b'{"class_id": "3"}')])
+    with pytest.raises(ValueError, match=r"member 'k\.json' has field 'class_id' = \"3\": a label must be a non-negative"):
+        fastpipe.WebDataset(bad, label="json", label_field="class_id")
+    with pytest.raises(ValueError, match="label_field must be"):
+        fastpipe.WebDataset(bad, label="json", label_field="")

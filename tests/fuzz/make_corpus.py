@@ -216,6 +216,9 @@ def tar_corpus():
         "bad_label.tar": tar_bytes([("k.jpg", jpg), ("k.cls", b"-1")]),
         "bad_image.tar": tar_bytes([("k.jpg", jpg[: len(jpg) // 2]), ("k.cls", b"1")]),
     }
+    files["json_labels.tar"] = tar_bytes([("a.jpg", jpg), ("a.json", b'{"x": [1, {"y": "\\u00e9\\ud83d\\ude00"}], "label": 4}'),
+                                          ("b.jpg", jpg), ("b.json", b'\xef\xbb\xbf {"label": 1, "label": 2, "z": -1.5e3}'),
+                                          ("c.jpg", jpg), ("c.json", b'{"label": 3.0, "n": NaN}')])
     base = files["ustar.tar"]
     files["truncated_data.tar"] = base[:700]
     files["truncated_header.tar"] = base[:1200]

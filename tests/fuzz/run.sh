@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Bounded coverage-guided fuzzing of the .npy header parser, the token-file opener, the WebDataset shard
-# indexer (tar headers, samples, labels, image headers) and the path of one
+# indexer (tar headers, samples, labels, JSON label fields, image headers) and the path of one
 # JPEG, PNG or WebP (header, geometry, region decode with libjpeg, libspng or libwebp, resample, augmentations) (`make fuzz`):
 # libFuzzer with AddressSanitizer and UndefinedBehaviorSanitizer, over a copy of tests/fuzz/corpus.
 # Every input must end in a clean error; a crash, sanitizer report, leak, broken invariant or an input
@@ -21,7 +21,7 @@ IMAGE_PATH="image_format jpeg_header jpeg_decode png_decode webp_decode resample
 declare -A SOURCES=([npy_header_fuzz]="npy file fault"
                     [token_file_fuzz]="npy file record_source fault gather image_column $IMAGE_PATH"
                     [image_fuzz]="$IMAGE_PATH image_scan file fault"
-                    [tar_fuzz]="tar_index $IMAGE_PATH image_scan file record_source fault")
+                    [tar_fuzz]="tar_index json_field $IMAGE_PATH image_scan file record_source fault")
 declare -A CORPUS=([npy_header_fuzz]=npy [token_file_fuzz]=tokens [image_fuzz]=image [tar_fuzz]=tar)
 # Token files may be .npy files too.
 declare -A DICT=([npy_header_fuzz]=tests/fuzz/npy.dict [token_file_fuzz]=tests/fuzz/npy.dict)

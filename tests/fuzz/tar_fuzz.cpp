@@ -1,6 +1,6 @@
 // libFuzzer harness of indexing a WebDataset shard (csrc/core/tar_index.cpp), as fastpipe.WebDataset
 // does at construction: the tar headers (ustar, GNU long names, pax records, base-256 sizes), the grouping
-// of members into samples, the label members and the image headers. Input: the shard. A clean end is an
+// of members into samples, the label members (decimal, or a JSON object's field) and the image headers. Input: the shard. A clean end is an
 // index or an Error; a sanitizer report or a broken invariant (__builtin_trap) is a finding.
 // Invariants: every member and every sample's image lies inside the file, members are in file order
 // without overlap, and the index's per-sample arrays agree in length.
@@ -30,17 +30,20 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     }
   } catch (const Error&) {
   }
-  try {
-    const WebDatasetIndex x = index_webdataset({path}, {"jpg", "png", "webp"}, "cls", 1);
-    const size_t count = x.offsets.size();
-    CHECK(x.sizes.size() == count && x.labels.size() == count && x.shard_of.size() == count &&
-          x.heights.size() == count && x.key_offsets.size() == count + 1 && x.without_image.size() == 1);
-    for (size_t i = 0; i < count; ++i) {
-      CHECK(x.offsets[i] >= 0 && x.sizes[i] >= 0 && x.offsets[i] + x.sizes[i] <= n && x.labels[i] >= 0);
-      CHECK(x.key_offsets[i + 1] > x.key_offsets[i]);
+  // Labels from .cls members, and from the "label" field of .json members (core/json_field.cpp).
+  for (const char* ext : {"cls", "json"}) {
+    try {
+      const WebDatasetIndex x = index_webdataset({path}, {"jpg", "png", "webp"}, ext, ext[0] == 'j' ? "label" : "", 1);
+      const size_t count = x.offsets.size();
+      CHECK(x.sizes.size() == count && x.labels.size() == count && x.shard_of.size() == count &&
+            x.heights.size() == count && x.key_offsets.size() == count + 1 && x.without_image.size() == 1);
+      for (size_t i = 0; i < count; ++i) {
+        CHECK(x.offsets[i] >= 0 && x.sizes[i] >= 0 && x.offsets[i] + x.sizes[i] <= n && x.labels[i] >= 0);
+        CHECK(x.key_offsets[i + 1] > x.key_offsets[i]);
+      }
+      CHECK(x.key_offsets.back() == static_cast<int64_t>(x.keys.size()));
+    } catch (const Error&) {
     }
-    CHECK(x.key_offsets.back() == static_cast<int64_t>(x.keys.size()));
-  } catch (const Error&) {
   }
   return 0;
 }
