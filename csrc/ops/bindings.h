@@ -7,5 +7,6 @@
 namespace fastpipe {
 void bind_loader(pybind11::module& m);
 void bind_loader_specs(pybind11::module& m);
+void bind_image_scans(pybind11::module& m);
 void bind_loader_test_hooks(pybind11::module& m);
 }  // namespace fastpipe

@@ -92,6 +92,7 @@ PYBIND11_MODULE(_C, m) {
            py::arg("residual") = py::none());
   fastpipe::bind_loader(m);
   fastpipe::bind_loader_specs(m);
+  fastpipe::bind_image_scans(m);
   fastpipe::bind_loader_test_hooks(m);
   fastpipe::conv::set_warning_sink(python_warning);
 }

@@ -6,7 +6,6 @@ written as files in the same order, for the batches (its path is tested against 
 elsewhere): the same images, labels and crops must come out of both, byte for byte.
 """
 
-import io
 import json
 import os
 import re
@@ -23,6 +22,7 @@ from fastpipe.transforms import CenterCrop, RandomResizedCrop
 
 from image_files import pillow_bytes
 from jpegs import jpeg_bytes, picture
+from tar_files import tar_bytes
 
 wds = pytest.importorskip("webdataset", reason="the reference grouping is the webdataset package's (requirements/common.txt)")
 braceexpand = pytest.importorskip("braceexpand")
@@ -31,23 +31,9 @@ pytestmark = pytest.mark.timeout(180, method="thread")
 FORMATS = {"ustar": tarfile.USTAR_FORMAT, "gnu": tarfile.GNU_FORMAT, "pax": tarfile.PAX_FORMAT}
 
 
-def tar_bytes(members, fmt="ustar"):
-    out = io.BytesIO()
-    with tarfile.open(fileobj=out, mode="w", format=FORMATS[fmt]) as tar:
-        for name, data in members:
-            info = tarfile.TarInfo(name)
-            if data is None:
-                info.type = tarfile.DIRTYPE
-                tar.addfile(info)
-            else:
-                info.size = len(data)
-                tar.addfile(info, io.BytesIO(data))
-    return out.getvalue()
-
-
 def write_shard(path, members, fmt="ustar"):
     with open(path, "wb") as f:
-        f.write(tar_bytes(members, fmt))
+        f.write(tar_bytes(members, FORMATS[fmt]))
     return str(path)
 
 

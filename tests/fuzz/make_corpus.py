@@ -178,25 +178,15 @@ def image_corpus():
     return files
 
 
-def tar_bytes(members, format=tarfile.USTAR_FORMAT):
-    """A tar archive of members [(name, data or None for a directory)] in `format`."""
-    out = io.BytesIO()
-    with tarfile.open(fileobj=out, mode="w", format=format) as tar:
-        for name, data in members:
-            info = tarfile.TarInfo(name)
-            if data is None:
-                info.type = tarfile.DIRTYPE
-                tar.addfile(info)
-            else:
-                info.size = len(data)
-                tar.addfile(info, io.BytesIO(data))
-    return out.getvalue()
-
-
 def tar_corpus():
     """WebDataset shards (tar_fuzz.cpp): the three tar formats, long names, directories, metadata members,
     and the defects construction must refuse."""
+    import sys
+
     from PIL import Image
+
+    sys.path.insert(0, os.path.join(os.path.dirname(HERE), "data"))
+    from tar_files import tar_bytes
 
     rng = np.random.default_rng(11)
     out = io.BytesIO()
