@@ -15,25 +15,28 @@ PYTEST_ARGS ?=
 # decoder is OFF and why (PNG and WebP then go through Pillow). Then, best effort: libjpeg-turbo-progs (its
 # cjpeg writes the tests' 4:4:0 and 4:1:1 JPEGs, which Pillow cannot; without it those tests skip) and
 # ccache (torch's extension build uses it when installed, as tests/fuzz does: the CPU-only build, a rebuild
-# against another torch and `make fuzz` reuse every object whose preprocessed source did not change).
+# against another torch and `make fuzz` reuse every object whose preprocessed source did not change) and
+# nginx (the remote-shard tests start their own on 127.0.0.1; Debian's package starts no server here).
+# libcurl's headers: shards from s3:// and http(s):// URLs.
 system-deps:
-	@pkg-config --exists libjpeg spng libwebp 2>/dev/null || { \
+	@pkg-config --exists libjpeg spng libwebp libcurl 2>/dev/null || { \
 	  if command -v apt-get >/dev/null; then \
-	    echo "installing libjpeg62-turbo-dev, libspng-dev, libwebp-dev and pkg-config (image decoding) ..."; \
+	    echo "installing libjpeg62-turbo-dev, libspng-dev, libwebp-dev (image decoding), libcurl4-openssl-dev (remote shards) and pkg-config ..."; \
 	    SUDO=$$([ "$$(id -u)" = 0 ] || echo sudo); \
 	    { $$SUDO apt-get update -qq && $$SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq \
-	        --no-install-recommends libjpeg62-turbo-dev libspng-dev libwebp-dev pkg-config; } >/tmp/fastpipe-apt.log 2>&1 || \
+	        --no-install-recommends libjpeg62-turbo-dev libspng-dev libwebp-dev libcurl4-openssl-dev pkg-config; } >/tmp/fastpipe-apt.log 2>&1 || \
 	      { cat /tmp/fastpipe-apt.log >&2; exit 1; }; \
 	  else \
 	    echo "warning: image decoders' headers not found and no apt-get: the build says which are OFF" >&2; \
 	  fi; }
 	@MISSING=""; command -v cjpeg >/dev/null || MISSING="$$MISSING libjpeg-turbo-progs"; \
 	command -v ccache >/dev/null || MISSING="$$MISSING ccache"; \
+	command -v nginx >/dev/null || [ -x /usr/sbin/nginx ] || MISSING="$$MISSING nginx"; \
 	[ -z "$$MISSING" ] || { \
 	  SUDO=$$([ "$$(id -u)" = 0 ] || echo sudo); \
 	  { command -v apt-get >/dev/null && $$SUDO apt-get update -qq && $$SUDO env DEBIAN_FRONTEND=noninteractive \
 	      apt-get install -y -qq --no-install-recommends $$MISSING; } >/tmp/fastpipe-apt-progs.log 2>&1 || \
-	    echo "warning: $$MISSING could not be installed (without cjpeg the 4:4:0 and 4:1:1 JPEG tests skip; without ccache every build compiles everything)" >&2; }
+	    echo "warning: $$MISSING could not be installed (without cjpeg the 4:4:0 and 4:1:1 JPEG tests skip; without ccache every build compiles everything; without nginx the HTTP shard tests skip)" >&2; }
 
 setup: system-deps
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)

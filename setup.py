@@ -14,6 +14,8 @@ Environment knobs (each decision is printed):
                            and library are found (pkg-config libjpeg, else a test compile).
   FASTPIPE_PNG, FASTPIPE_WEBP  the same for PNG (libspng) and WebP (libwebp) in the reader threads; without
                            them those formats are decoded by Pillow.
+  FASTPIPE_CURL=auto|0|1   the same for libcurl: shards read from s3:// and http(s):// URLs; without it those
+                           URLs are refused, saying how to build it in.
   DEBUG=1                  -O0 -g (and -lineinfo for CUDA).
   FASTPIPE_LINEINFO=1      an optimised build with line tables (-g, and -lineinfo for CUDA): native stacks
                            and sanitizer reports name files and lines (the GPU check builds so).
@@ -73,19 +75,23 @@ def find_cuda_home():
     return None, "no nvcc on PATH and no toolkit under /usr/local/cuda*"
 
 
-# The image decoders the reader threads use: (format, knob, pkg-config package, test program, libraries
-# when pkg-config has no entry, Debian package); the knob FASTPIPE_X defines FASTPIPE_WITH_X. Without
-# libspng or libwebp, PNG or WebP is decoded by Pillow.
-IMAGE_LIBRARIES = [
-    ("JPEG", "FASTPIPE_JPEG", "libjpeg",
+# The C libraries built in when found: (what, knob, pkg-config package, test program, libraries when
+# pkg-config has no entry, Debian package, what happens without it); the knob FASTPIPE_X defines
+# FASTPIPE_WITH_X. The image decoders run in the reader threads; libcurl fetches remote shards.
+OPTIONAL_LIBRARIES = [
+    ("JPEG decoding", "FASTPIPE_JPEG", "libjpeg",
      "#include <stdio.h>\n#include <jpeglib.h>\nint main(void) { struct jpeg_decompress_struct c; "
-     "jpeg_crop_scanline(&c, 0, 0); return 0; }\n", ["-ljpeg"], "libjpeg62-turbo-dev (or libjpeg-turbo8-dev)"),
-    ("PNG", "FASTPIPE_PNG", "spng",
+     "jpeg_crop_scanline(&c, 0, 0); return 0; }\n", ["-ljpeg"], "libjpeg62-turbo-dev (or libjpeg-turbo8-dev)",
+     ""),
+    ("PNG decoding", "FASTPIPE_PNG", "spng",
      "#include <spng.h>\nint main(void) { spng_ctx* c = spng_ctx_new(0); spng_ctx_free(c); return 0; }\n",
-     ["-lspng"], "libspng-dev"),
-    ("WebP", "FASTPIPE_WEBP", "libwebp",
+     ["-lspng"], "libspng-dev", "; Pillow decodes them instead"),
+    ("WebP decoding", "FASTPIPE_WEBP", "libwebp",
      "#include <webp/decode.h>\nint main(void) { return WebPGetDecoderVersion() > 0 ? 0 : 1; }\n", ["-lwebp"],
-     "libwebp-dev"),
+     "libwebp-dev", "; Pillow decodes them instead"),
+    ("remote shards (s3://, http(s)://)", "FASTPIPE_CURL", "libcurl",
+     "#include <curl/curl.h>\nint main(void) { CURLM* m = curl_multi_init(); curl_multi_cleanup(m); return 0; }\n",
+     ["-lcurl"], "libcurl4-openssl-dev", "; those URLs are refused"),
 ]
 
 
@@ -144,18 +150,17 @@ if WITH_CUDA:
     os.environ["TORCH_CUDA_ARCH_LIST"] = ARCHS
     say(f"CUDA archs: {ARCHS}")
 
-image_flags = []  # (define, compile flags, link flags) of each decoder built in
-for name, knob, package, program, default_libs, debian in IMAGE_LIBRARIES:
+library_flags = []  # (define, compile flags, link flags) of each library built in
+for name, knob, package, program, default_libs, debian, without in OPTIONAL_LIBRARIES:
     mode = os.environ.get(knob, "auto").strip().lower()
     if mode not in ("auto", "0", "1"):
         sys.exit(f"{knob} must be auto, 0 or 1, got {mode!r}")
     cflags, libs, lib_why = find_library(package, program, default_libs, debian) if mode != "0" else (None, None, f"{knob}=0")
     if mode == "1" and cflags is None:
-        sys.exit(f"{knob}=1 but {name} decoding cannot be built: {lib_why}")
-    fallback = "" if name == "JPEG" else "; Pillow decodes them instead"
-    say(f"{name} decoding: {'ON' if cflags is not None else 'OFF'} - {lib_why}{'' if cflags is not None else fallback}")
+        sys.exit(f"{knob}=1 but {name} cannot be built: {lib_why}")
+    say(f"{name}: {'ON' if cflags is not None else 'OFF'} - {lib_why}{'' if cflags is not None else without}")
     if cflags is not None:
-        image_flags.append((knob.replace("FASTPIPE_", "FASTPIPE_WITH_"), cflags, libs))
+        library_flags.append((knob.replace("FASTPIPE_", "FASTPIPE_WITH_"), cflags, libs))
 
 DEBUG = os.environ.get("DEBUG", "0") == "1"
 LINEINFO = os.environ.get("FASTPIPE_LINEINFO", "0") == "1" and not DEBUG
@@ -201,7 +206,7 @@ if torch.backends.openmp.is_available():
     # extension then needs libgomp.so.1, which resolves to the copy torch already loaded: one team.
     cxx_flags.append("-fopenmp")
     link_flags.append("-fopenmp")
-for define, cflags, libs in image_flags:
+for define, cflags, libs in library_flags:
     defines.append((define, "1"))
     cxx_flags += cflags
     link_flags += libs

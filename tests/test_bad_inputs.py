@@ -246,7 +246,7 @@ CASES = [
     ("webdataset-missing", lambda e: fastpipe.WebDataset(str(e.dir / "s-{0..1}.tar")), FileNotFoundError,
      "2 of 2 shards do not exist"),
     ("webdataset-not-tar", lambda e: fastpipe.WebDataset(str(e.dir / "jpegs" / "c" / "0.jpg")), ValueError, "is not a valid tar archive"),
-    ("webdataset-remote", lambda e: fastpipe.WebDataset("https://host/s.tar"), ValueError, "is a remote URL"),
+    ("webdataset-remote", lambda e: fastpipe.WebDataset("gs://bucket/s.tar"), ValueError, "only s3://, http:// and https:// URLs"),
     ("webdataset-brace", lambda e: fastpipe.WebDataset(str(e.dir / "s-{0..1.tar")), ValueError, "unbalanced brace"),
     ("webdataset-label-empty", lambda e: fastpipe.WebDataset(str(e.dir), label=""), ValueError, "label must be"),
     ("webdataset-threads", lambda e: fastpipe.WebDataset(str(e.dir), num_threads=0), ValueError,

@@ -17,6 +17,7 @@
 #include "core/pinned_arena.h"
 #include "core/sim_device.h"
 #include "ops/bindings.h"
+#include "ops/interruptible.h"
 #include "ops/reader_config.h"
 #include "ops/traced_device.h"
 #ifdef FASTPIPE_WITH_CUDA
@@ -187,31 +188,6 @@ class PyReader {
 
   BatchReader& reader() const { return pipeline_ ? pipeline_->reader() : *reader_; }
 
- private:
-  // Runs fn without the GIL, polling for Python signals (KeyboardInterrupt) while it waits.
-  template <typename Fn>
-  auto interruptible(Fn fn) {
-    bool interrupted = false;
-    decltype(fn(std::function<void()>())) result;
-    {
-      py::gil_scoped_release nogil;
-      try {
-        result = fn([&] {
-          py::gil_scoped_acquire gil;
-          if (PyErr_CheckSignals() != 0) {
-            interrupted = true;
-            throw std::runtime_error("interrupted");
-          }
-        });
-      } catch (const std::runtime_error&) {
-        if (!interrupted) throw;
-      }
-    }
-    if (interrupted) throw py::error_already_set();  // the KeyboardInterrupt set by PyErr_CheckSignals
-    return result;
-  }
-
- public:
   void start(py::array_t<int64_t, py::array::c_style | py::array::forcecast> indices, bool drop_last,
              uint64_t epoch, double timeout) {
     std::vector<int64_t> idx(indices.data(), indices.data() + indices.size());

@@ -13,12 +13,11 @@ import numpy as np
 
 from fastpipe import _checks as checks
 from fastpipe._ext import _C
-from fastpipe.data import image_index
+from fastpipe.data import image_index, remote
 from fastpipe.data.images import DEFAULT_MAX_RECORD_BYTES, _Images
 
 _NUMBERS = re.compile(r"(-?\d+)\.\.(-?\d+)(?:\.\.(-?\d+))?")
 _LETTERS = re.compile(r"([a-zA-Z])\.\.([a-zA-Z])(?:\.\.(-?\d+))?")
-_REMOTE = re.compile(r"^[a-zA-Z][a-zA-Z0-9+.-]*://")
 
 
 def expand_urls(urls):
@@ -78,7 +77,7 @@ def _range(body, whole):
 
 
 class WebDataset(_Images):
-    """Images and labels from WebDataset tar shards on local disk.
+    """Images and labels from WebDataset tar shards: on local disk, in S3 or on an HTTP(S) server.
 
     Samples are the shards' members grouped by key as the webdataset package groups them (the key runs
     to the first dot of a member's file name; a sample is the run of consecutive members sharing it),
@@ -91,9 +90,11 @@ class WebDataset(_Images):
 
     Parameters
     ----------
-    urls : path, or list of paths
-        The shards, with brace ranges: ``"/data/imagenet/train-{000000..001023}.tar"``. Remote URLs
-        (``s3://``, ``https://``) are not read yet.
+    urls : path or URL, or list of them
+        The shards, with brace ranges: ``"/data/imagenet/train-{000000..001023}.tar"``,
+        ``"s3://bucket/imagenet/train-{000000..001023}.tar"``, ``"https://host/train-{0..9}.tar"``. Remote
+        shards are fetched into ``cache_dir`` at construction (those already there in the same version,
+        by ETag and size, are not fetched again) and read from there.
     transform : RandomResizedCrop or CenterCrop, optional
         As ImageFolder's.
     label : str
@@ -106,9 +107,36 @@ class WebDataset(_Images):
         Threads indexing the shards at construction (one shard each at a time; default: the cores, at least 8).
     max_record_bytes : int
         An image member larger than this is an error naming it (64 MiB).
+    storage_options : dict, optional
+        For remote URLs, fsspec's (s3fs's) names: ``endpoint_url``, ``region``, ``anon`` (unsigned
+        requests), ``key``/``secret``/``token``, ``profile``, ``addressing_style`` (``"auto"``: virtual-hosted
+        on AWS's endpoints, path style on others; ``"path"``, ``"virtual"``), ``client_kwargs``
+        (``region_name``, ``endpoint_url``); and the transport's ``max_in_flight`` (requests at once, 16),
+        ``part_size`` (one ranged GET, 8 MiB), ``max_attempts`` (8), ``retry_backoff`` (the first retry's
+        delay in seconds, doubled each time, with jitter: 0.2), ``connect_timeout`` (10 s), ``stall_timeout``
+        (a transfer receiving nothing this long is retried: 30 s). S3 credentials are looked up as botocore
+        does: these options, then AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY/AWS_SESSION_TOKEN, then the profile
+        (AWS_PROFILE, else ``default``) in ~/.aws/credentials and ~/.aws/config (AWS_SHARED_CREDENTIALS_FILE,
+        AWS_CONFIG_FILE); the endpoint from AWS_ENDPOINT_URL_S3, AWS_ENDPOINT_URL or the profile's
+        ``endpoint_url``; the region from AWS_REGION, AWS_DEFAULT_REGION or the profile. Instance metadata,
+        SSO and web identity are not read.
+    cache_dir : path, optional
+        Where remote shards are kept (default ``$FASTPIPE_CACHE_DIR``, else ``~/.cache/fastpipe/shards``).
+        Processes sharing it (the ranks of a node) fetch each shard once.
+    cache_limit : int or str, optional
+        The most bytes the cache may hold (``"200GB"``): other datasets' shards are evicted, least recently
+        used first, to make room; a dataset larger than the limit is an error (staging through a smaller
+        cache is not built yet). Default: no limit but the disk's free space.
 
     Notes
     -----
+    Remote shards: each is fetched with ranged GETs in flight together (connections reused, no GIL),
+    each request retried with exponential backoff and jitter on 5xx, 429, timeouts, stalls and resets and
+    resumed at the byte it stopped at; 403, 404 and missing credentials are errors at construction naming
+    the URL. A shard is written under a temporary name and renamed when complete; a shard that changes on
+    the server while it is fetched is an error (If-Match), and a later version is a new cache file, never
+    mixed with the old bytes. ``fetch_stats`` holds the construction's counters.
+
     Construction reads every shard's tar headers, its labels and its images' headers (no image data); a
     malformed or truncated archive, a sample holding two members of one extension (webdataset refuses
     those too) or a sample without a label is an error naming the shard. Samples without an image member
@@ -116,7 +144,7 @@ class WebDataset(_Images):
     """
 
     def __init__(self, urls, transform=None, *, label="cls", label_field=None, num_threads=None,
-                 max_record_bytes=DEFAULT_MAX_RECORD_BYTES):
+                 max_record_bytes=DEFAULT_MAX_RECORD_BYTES, storage_options=None, cache_dir=None, cache_limit=None):
         self._init_common(transform, max_record_bytes)
         if not isinstance(label, str) or not label or label.startswith("."):
             raise ValueError(f"label must be a member extension such as 'cls', got {label!r}")
@@ -125,17 +153,32 @@ class WebDataset(_Images):
         threads = max(8, os.cpu_count() or 1) if num_threads is None else checks.integer(num_threads, "num_threads",
                                                                                          low=1)
         shards = expand_urls(urls)
-        for s in shards:
-            if _REMOTE.match(s):
-                raise ValueError(f"WebDataset: '{s}' is a remote URL; only shards on a local filesystem are read so "
-                                 f"far (copy them to local disk)")
-        self.urls = [os.path.abspath(s) for s in shards]
-        missing = [s for s in self.urls if not os.path.isfile(s)]
-        if missing:
-            raise FileNotFoundError(f"WebDataset: {len(missing)} of {len(self.urls)} shards do not exist, e.g. "
-                                    f"'{missing[0]}'")
+        remote_shards = [remote.is_remote(u) for u in shards]
+        self.fetch_stats = None
+        if any(remote_shards):
+            if not all(remote_shards):
+                raise ValueError("urls: remote URLs and local paths cannot be mixed in one WebDataset")
+            self.urls = shards
+            self._paths, self.fetch_stats = remote.stage(shards, storage_options, cache_dir, cache_limit)
+        else:
+            if storage_options is not None or cache_dir is not None or cache_limit is not None:
+                raise ValueError("storage_options, cache_dir and cache_limit apply to remote URLs (s3://, "
+                                 "http(s)://); these shards are local paths")
+            self.urls = self._paths = [os.path.abspath(s) for s in shards]
+            missing = [s for s in self.urls if not os.path.isfile(s)]
+            if missing:
+                raise FileNotFoundError(f"WebDataset: {len(missing)} of {len(self.urls)} shards do not exist, "
+                                        f"e.g. '{missing[0]}'")
         extensions = [e.lstrip(".") for e in image_index.IMG_EXTENSIONS]
-        index = _C.index_webdataset(self.urls, extensions, label.lower(), label_field or "", threads)
+        try:
+            index = _C.index_webdataset(self._paths, extensions, label.lower(), label_field or "", threads)
+        except (ValueError, OSError) as e:
+            if self._paths is self.urls:
+                raise
+            message = str(e)  # name the URL, not its cache file
+            for path, url in zip(self._paths, self.urls):
+                message = message.replace(f"'{path}'", f"'{url}' (cached as '{path}')")
+            raise type(e)(message) from None
         n = len(index["labels"])
         if n == 0:
             raise ValueError(f"WebDataset: the {len(self.urls)} shards hold no sample with an image member "
@@ -153,8 +196,8 @@ class WebDataset(_Images):
         weakref.finalize(self, shutil.rmtree, labels_dir, True)
         self._labels_path = os.path.join(labels_dir, "labels.npy")
         np.save(self._labels_path, labels)
-        self._where = self.urls[0] if len(self.urls) == 1 else os.path.commonpath(self.urls)
-        self._source = _C.ImageSource.members(self.urls, self._shard_of, index["offsets"], self._sizes, self._keys,
+        self._where = self.urls[0] if len(self.urls) == 1 else os.path.commonprefix(self.urls).rpartition("/")[0]
+        self._source = _C.ImageSource.members(self._paths, self._shard_of, index["offsets"], self._sizes, self._keys,
                                               self._key_offsets, index["heights"], index["widths"])
         self.without_image = dict((u, int(c)) for u, c in zip(self.urls, index["without_image"]) if c)
         if self.without_image:

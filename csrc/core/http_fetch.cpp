@@ -1,0 +1,430 @@
+#include "core/http_fetch.h"
+
+#include "core/error.h"
+
+#ifdef FASTPIPE_WITH_CURL
+
+#include <curl/curl.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cctype>
+#include <cerrno>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <deque>
+#include <mutex>
+#include <random>
+#include <unordered_map>
+#include <utility>
+
+namespace fastpipe {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+// One request: a HEAD, or a GET of [begin, end) of an object of which `got` bytes have arrived.
+struct Request {
+  size_t object = 0;
+  bool head = false;
+  int64_t begin = 0, end = 0, got = 0;
+  int attempts = 0;
+  Clock::time_point not_before{};
+  // This attempt's response.
+  long status = 0;
+  int64_t body_at = -1;  // the object offset of the response body's first byte (Content-Range), once known
+  int64_t body_seen = 0;
+  bool have_all = false;  // stopped on purpose after the last byte wanted (a server that ignored Range)
+  int write_errno = 0;
+  std::string etag, content_range, error_body;
+  int64_t content_length = -1;
+  bool accept_ranges = false;
+  char curl_error[CURL_ERROR_SIZE] = {0};
+  curl_slist* headers = nullptr;
+};
+
+std::string lower(std::string s) {
+  for (char& c : s) c = char(std::tolower(static_cast<unsigned char>(c)));
+  return s;
+}
+
+bool retryable_status(long s) { return s == 408 || s == 429 || s == 500 || s == 502 || s == 503 || s == 504; }
+
+bool retryable_curl(CURLcode c) {
+  switch (c) {
+    case CURLE_COULDNT_RESOLVE_HOST:
+    case CURLE_COULDNT_CONNECT:
+    case CURLE_OPERATION_TIMEDOUT:
+    case CURLE_RECV_ERROR:
+    case CURLE_SEND_ERROR:
+    case CURLE_PARTIAL_FILE:
+    case CURLE_GOT_NOTHING:
+    case CURLE_HTTP2:
+    case CURLE_HTTP2_STREAM:
+    case CURLE_SSL_CONNECT_ERROR:
+      return true;
+    default:
+      return false;
+  }
+}
+
+// What a failed status means to a user.
+std::string status_reason(long s) {
+  switch (s) {
+    case 301:
+    case 307:
+      return "redirected (an S3 bucket in another region than the request's: set storage_options "
+             "region or endpoint_url)";
+    case 400:
+      return "bad request";
+    case 401:
+    case 403:
+      return "access denied (check the credentials, or storage_options anon=True for a public object)";
+    case 404:
+      return "not found";
+    case 412:
+      return "changed on the server while it was being fetched (its ETag no longer matches)";
+    case 416:
+      return "the server refused the byte range (the object is shorter than its HEAD said)";
+    default:
+      return retryable_status(s) ? "the server kept failing" : "unexpected status";
+  }
+}
+
+}  // namespace
+
+struct HttpTransfers::Engine {
+  RemoteAuth auth;
+  TransferOptions options;
+  TransferStats stats;
+  CURLM* multi = nullptr;
+  std::vector<CURL*> idle;  // easy handles kept for reuse (their connections stay in the multi's cache)
+  std::mt19937 rng{std::random_device{}()};
+
+  // The current run's objects and files.
+  const std::vector<RemoteObject>* objects = nullptr;
+  const std::vector<ObjectInfo>* infos = nullptr;
+  const std::vector<int>* fds = nullptr;
+
+  ~Engine() {
+    for (CURL* e : idle) curl_easy_cleanup(e);
+    if (multi) curl_multi_cleanup(multi);
+  }
+
+  static size_t on_header(char* data, size_t size, size_t n, void* p) {
+    auto* r = static_cast<Request*>(p);
+    const std::string line(data, size * n);
+    if (line.rfind("HTTP/", 0) == 0) {  // a new response (after a 100 Continue or a redirect): start over
+      r->etag.clear(), r->content_range.clear(), r->content_length = -1, r->accept_ranges = false;
+      return size * n;
+    }
+    const size_t colon = line.find(':');
+    if (colon == std::string::npos) return size * n;
+    const std::string key = lower(line.substr(0, colon));
+    std::string value = line.substr(colon + 1);
+    value.erase(0, value.find_first_not_of(" \t"));
+    value.erase(value.find_last_not_of(" \t\r\n") + 1);
+    if (key == "etag") r->etag = value;
+    if (key == "content-range") r->content_range = value;
+    if (key == "content-length") r->content_length = std::strtoll(value.c_str(), nullptr, 10);
+    if (key == "accept-ranges") r->accept_ranges = lower(value) == "bytes";
+    return size * n;
+  }
+
+  struct WriteTarget {
+    Engine* engine;
+    Request* request;
+    CURL* easy;
+  };
+
+  static size_t on_body(char* data, size_t size, size_t n, void* p) {
+    auto* t = static_cast<WriteTarget*>(p);
+    Request& r = *t->request;
+    const size_t len = size * n;
+    if (r.status == 0) curl_easy_getinfo(t->easy, CURLINFO_RESPONSE_CODE, &r.status);
+    if (r.status != 200 && r.status != 206) {  // keep the start of an error body (S3's XML) for the message
+      r.error_body.append(data, std::min(len, size_t(512) - std::min(size_t(512), r.error_body.size())));
+      return len;
+    }
+    if (r.body_at < 0) {
+      r.body_at = 0;  // 200: the whole object
+      long long a = 0;
+      if (r.status == 206 && std::sscanf(r.content_range.c_str(), "bytes %lld-", &a) == 1) r.body_at = a;
+    }
+    // Write what continues [begin + got, end) contiguously; skip what comes before it (a server that
+    // ignored Range); stop once past the end.
+    const int64_t from = r.body_at + r.body_seen, to = from + int64_t(len);
+    r.body_seen += int64_t(len);
+    const int64_t want = r.begin + r.got;
+    if (to > want && from <= want) {
+      const int64_t skip = want - from;
+      const int64_t take = std::min<int64_t>(to, r.end) - want;
+      const char* src = data + skip;
+      for (int64_t done = 0; done < take;) {
+        const ssize_t w = ::pwrite((*t->engine->fds)[r.object], src + done, size_t(take - done), want + done);
+        if (w < 0) {
+          if (errno == EINTR) continue;
+          r.write_errno = errno;
+          return 0;
+        }
+        done += w;
+      }
+      r.got += take;
+      t->engine->stats.bytes += take;
+    }
+    if (r.begin + r.got >= r.end) {
+      r.have_all = true;
+      return to > r.end ? 0 : len;  // 0 ends a body that runs past the range
+    }
+    return len;
+  }
+
+  CURL* prepare(Request& r, WriteTarget& target) {
+    CURL* e = idle.empty() ? curl_easy_init() : idle.back();
+    if (!idle.empty()) idle.pop_back();
+    if (!e) throw Error(ErrorKind::kIO, "libcurl could not create a transfer (out of memory?)");
+    curl_easy_reset(e);
+    const RemoteObject& o = (*objects)[r.object];
+    r.status = 0, r.body_at = -1, r.body_seen = 0, r.have_all = false, r.write_errno = 0;
+    r.etag.clear(), r.content_range.clear(), r.error_body.clear(), r.content_length = -1, r.curl_error[0] = 0;
+    std::vector<HttpHeader> headers = {{"host", o.host}};
+    if (!r.head) {
+      headers.push_back({"range", "bytes=" + std::to_string(r.begin + r.got) + "-" + std::to_string(r.end - 1)});
+      const std::string& etag = (*infos)[r.object].etag;
+      if (!etag.empty()) headers.push_back({"if-match", etag});
+    }
+    if (auth.sign) {
+      const auto added = sigv4_sign(r.head ? "HEAD" : "GET", o.path, headers, auth.region, auth.credentials,
+                                    amz_date_now());
+      headers.insert(headers.end(), added.begin(), added.end());
+    }
+    if (r.headers) curl_slist_free_all(r.headers);
+    r.headers = nullptr;
+    for (const auto& h : headers) r.headers = curl_slist_append(r.headers, (h.name + ": " + h.value).c_str());
+    r.headers = curl_slist_append(r.headers, "Expect:");
+    curl_easy_setopt(e, CURLOPT_URL, o.url.c_str());
+    curl_easy_setopt(e, CURLOPT_HTTPHEADER, r.headers);
+    curl_easy_setopt(e, CURLOPT_NOSIGNAL, 1L);
+    curl_easy_setopt(e, CURLOPT_ERRORBUFFER, r.curl_error);
+    curl_easy_setopt(e, CURLOPT_CONNECTTIMEOUT_MS, long(options.connect_timeout_s * 1000));
+    curl_easy_setopt(e, CURLOPT_LOW_SPEED_LIMIT, 1L);
+    curl_easy_setopt(e, CURLOPT_LOW_SPEED_TIME, std::max(1L, long(std::ceil(options.stall_timeout_s))));
+    curl_easy_setopt(e, CURLOPT_HEADERFUNCTION, &Engine::on_header);
+    curl_easy_setopt(e, CURLOPT_HEADERDATA, &r);
+    curl_easy_setopt(e, CURLOPT_PRIVATE, &r);
+    curl_easy_setopt(e, CURLOPT_USERAGENT, "fastpipe");
+    if (r.head) {
+      curl_easy_setopt(e, CURLOPT_NOBODY, 1L);
+    } else {
+      target = WriteTarget{this, &r, e};
+      curl_easy_setopt(e, CURLOPT_WRITEFUNCTION, &Engine::on_body);
+      curl_easy_setopt(e, CURLOPT_WRITEDATA, &target);
+    }
+    return e;
+  }
+
+  double backoff(int attempts) {
+    const double base = std::min(options.backoff_max_s, options.backoff_s * std::ldexp(1.0, attempts - 1));
+    return base * std::uniform_real_distribution<double>(0.5, 1.0)(rng);
+  }
+
+  [[noreturn]] void fail(const Request& r, const std::string& why) {
+    std::string msg = "'" + (*objects)[r.object].name + "': " + why;
+    if (!r.error_body.empty()) msg += " (the server said: " + quoted_bytes(r.error_body, 300) + ")";
+    throw Error(ErrorKind::kIO, msg);
+  }
+
+  // How the attempt ended: true when the request is done; false to retry it; throws when it cannot be.
+  bool finished(Request& r, CURLcode code, const std::vector<std::string>* files) {
+    if (r.write_errno != 0) {
+      const std::string& file = (*files)[r.object];
+      fail(r, "writing its cache file '" + file + "': " + std::strerror(r.write_errno) +
+                  (r.write_errno == ENOSPC ? " (the cache's disk is full: free space, or set cache_dir elsewhere)" : ""));
+    }
+    const std::string& etag = (*infos).empty() ? std::string() : (*infos)[r.object].etag;
+    const bool ok_status = r.head ? r.status == 200 : (r.status == 200 || r.status == 206);
+    if (code == CURLE_OK || (code == CURLE_WRITE_ERROR && r.have_all)) {
+      if (!ok_status) {
+        if (retryable_status(r.status)) return false;
+        fail(r, "HTTP " + std::to_string(r.status) + ", " + status_reason(r.status));
+      }
+      if (!r.head && !etag.empty() && !r.etag.empty() && r.etag != etag)
+        fail(r, "changed on the server while it was being fetched (ETag " + r.etag + ", was " + etag + ")");
+      if (!r.head && r.status == 206) {
+        const size_t slash = r.content_range.rfind('/');
+        const int64_t total = slash == std::string::npos ? -1 : std::strtoll(r.content_range.c_str() + slash + 1, nullptr, 10);
+        if (total >= 0 && total != (*infos)[r.object].size)
+          fail(r, "changed on the server while it was being fetched (now " + std::to_string(total) +
+                      " bytes, was " + std::to_string((*infos)[r.object].size) + ")");
+      }
+      return r.head || r.begin + r.got >= r.end;  // a body cut short without an error: resume it
+    }
+    if (retryable_curl(code)) return false;
+    fail(r, std::string("request failed: ") + (r.curl_error[0] ? r.curl_error : curl_easy_strerror(code)));
+  }
+
+  void run(std::deque<Request>& requests, const std::vector<std::string>* files, FunctionRef<void(size_t)> done,
+           FunctionRef<void()> check) {
+    const auto start = Clock::now();
+    std::vector<int64_t> missing(objects->size(), 0);
+    for (const Request& r : requests) missing[r.object] += r.head ? 1 : r.end - r.begin;
+    std::deque<Request*> pending;
+    for (Request& r : requests) pending.push_back(&r);
+    std::unordered_map<CURL*, std::unique_ptr<WriteTarget>> active;
+    auto release = [&](CURL* e) {
+      curl_multi_remove_handle(multi, e);
+      active.erase(e);
+      idle.push_back(e);
+    };
+    try {
+      while (!pending.empty() || !active.empty()) {
+        const auto now = Clock::now();
+        for (size_t i = 0; i < pending.size() && int(active.size()) < options.max_in_flight;) {
+          Request* r = pending[i];
+          if (r->not_before > now) {
+            ++i;
+            continue;
+          }
+          pending.erase(pending.begin() + i);
+          auto target = std::make_unique<WriteTarget>();
+          CURL* e = prepare(*r, *target);
+          active.emplace(e, std::move(target));
+          ++r->attempts;
+          ++stats.requests;
+          if (curl_multi_add_handle(multi, e) != CURLM_OK) throw Error(ErrorKind::kIO, "libcurl refused a transfer");
+        }
+        int running = 0;
+        curl_multi_perform(multi, &running);
+        int left = 0;
+        while (CURLMsg* m = curl_multi_info_read(multi, &left)) {
+          if (m->msg != CURLMSG_DONE) continue;
+          CURL* e = m->easy_handle;
+          Request* r = nullptr;
+          curl_easy_getinfo(e, CURLINFO_PRIVATE, reinterpret_cast<char**>(&r));
+          curl_easy_getinfo(e, CURLINFO_RESPONSE_CODE, &r->status);
+          const CURLcode code = m->data.result;
+          const int64_t before = r->got;
+          const bool ok = finished(*r, code, files);
+          release(e);
+          if (ok) {
+            missing[r->object] -= r->head ? 1 : r->end - r->begin;
+            if (missing[r->object] == 0) done(r->object);
+            continue;
+          }
+          // A resumed request that made progress starts its count over: a long object on a flaky link
+          // is not failed by resets spread over many parts.
+          if (r->got > before) r->attempts = 1;
+          if (r->attempts >= options.max_attempts) {
+            fail(*r, r->status >= 400 ? "HTTP " + std::to_string(r->status) + ", " + status_reason(r->status) +
+                                            " (" + std::to_string(r->attempts) + " attempts)"
+                                      : std::string("request failed ") + std::to_string(r->attempts) + " times, last: " +
+                                            (r->curl_error[0] ? r->curl_error : curl_easy_strerror(code)));
+          }
+          ++stats.retries;
+          r->not_before = Clock::now() + std::chrono::duration_cast<Clock::duration>(
+                                              std::chrono::duration<double>(backoff(r->attempts)));
+          pending.push_back(r);
+        }
+        if (!pending.empty() || !active.empty()) {
+          curl_multi_poll(multi, nullptr, 0, active.empty() ? 20 : 100, nullptr);
+          check();
+        }
+      }
+    } catch (...) {
+      for (auto& [e, target] : active) {
+        curl_multi_remove_handle(multi, e);
+        idle.push_back(e);
+      }
+      for (Request& r : requests) curl_slist_free_all(std::exchange(r.headers, nullptr));
+      stats.seconds += std::chrono::duration<double>(Clock::now() - start).count();
+      throw;
+    }
+    for (Request& r : requests) curl_slist_free_all(std::exchange(r.headers, nullptr));
+    stats.seconds += std::chrono::duration<double>(Clock::now() - start).count();
+  }
+};
+
+bool http_available() { return true; }
+
+HttpTransfers::HttpTransfers(RemoteAuth auth, TransferOptions options) : engine_(std::make_unique<Engine>()) {
+  static std::once_flag once;
+  std::call_once(once, [] { curl_global_init(CURL_GLOBAL_DEFAULT); });
+  engine_->auth = std::move(auth);
+  engine_->options = options;
+  engine_->multi = curl_multi_init();
+  if (!engine_->multi) throw Error(ErrorKind::kIO, "libcurl could not start (curl_multi_init failed)");
+  curl_multi_setopt(engine_->multi, CURLMOPT_MAX_HOST_CONNECTIONS, long(options.max_in_flight));
+}
+
+HttpTransfers::~HttpTransfers() = default;
+
+std::vector<ObjectInfo> HttpTransfers::head(const std::vector<RemoteObject>& objects, FunctionRef<void()> check) {
+  std::vector<ObjectInfo> infos(objects.size());
+  std::deque<Request> requests(objects.size());
+  for (size_t k = 0; k < objects.size(); ++k) requests[k].object = k, requests[k].head = true;
+  const std::vector<ObjectInfo> none;
+  engine_->objects = &objects, engine_->infos = &none, engine_->fds = nullptr;
+  engine_->run(
+      requests, nullptr,
+      [&](size_t k) {
+        const Request& r = requests[k];
+        if (r.content_length < 0) engine_->fail(r, "the server's answer to HEAD gives no size (Content-Length)");
+        infos[k] = ObjectInfo{r.content_length, r.etag, r.accept_ranges};
+      },
+      check);
+  return infos;
+}
+
+void HttpTransfers::get(const std::vector<RemoteObject>& objects, const std::vector<ObjectInfo>& infos,
+                        const std::vector<int>& fds, const std::vector<std::string>& files,
+                        FunctionRef<void(size_t)> done, FunctionRef<void()> check) {
+  std::deque<Request> requests;
+  std::vector<bool> empty(objects.size(), false);
+  for (size_t k = 0; k < objects.size(); ++k) {
+    const int64_t size = infos[k].size, part = infos[k].ranges ? engine_->options.part_bytes : size;
+    if (size == 0) empty[k] = true;
+    for (int64_t at = 0; at < size; at += std::max<int64_t>(part, 1)) {
+      Request r;
+      r.object = k, r.begin = at, r.end = std::min(size, at + std::max<int64_t>(part, 1));
+      requests.push_back(std::move(r));
+    }
+  }
+  for (size_t k = 0; k < objects.size(); ++k)
+    if (empty[k]) done(k);
+  engine_->objects = &objects, engine_->infos = &infos, engine_->fds = &fds;
+  engine_->run(requests, &files, done, check);
+}
+
+TransferStats HttpTransfers::stats() const { return engine_->stats; }
+
+}  // namespace fastpipe
+
+#else  // no libcurl
+
+namespace fastpipe {
+
+namespace {
+[[noreturn]] void unavailable() {
+  throw Error(ErrorKind::kValue,
+              "this fastpipe was built without libcurl, so it cannot read s3:// or http(s):// URLs: install its "
+              "headers (Debian/Ubuntu: apt-get install libcurl4-openssl-dev; `make setup` does it) and reinstall "
+              "fastpipe");
+}
+}  // namespace
+
+struct HttpTransfers::Engine {};
+bool http_available() { return false; }
+HttpTransfers::HttpTransfers(RemoteAuth, TransferOptions) { unavailable(); }
+HttpTransfers::~HttpTransfers() = default;
+std::vector<ObjectInfo> HttpTransfers::head(const std::vector<RemoteObject>&, FunctionRef<void()>) { unavailable(); }
+void HttpTransfers::get(const std::vector<RemoteObject>&, const std::vector<ObjectInfo>&, const std::vector<int>&,
+                        const std::vector<std::string>&, FunctionRef<void(size_t)>, FunctionRef<void()>) {
+  unavailable();
+}
+TransferStats HttpTransfers::stats() const { return {}; }
+
+}  // namespace fastpipe
+
+#endif

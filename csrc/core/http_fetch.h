@@ -1,0 +1,80 @@
+// Remote objects over HTTP(S), S3 included: HEADs and ranged GETs through libcurl's multi interface,
+// many requests in flight from the calling thread (connections reused), each retried with backoff and
+// jitter on 5xx, 429, timeouts, stalls and resets and resumed at the byte it stopped at. Built when
+// libcurl's headers are found (FASTPIPE_WITH_CURL, see setup.py); otherwise every call throws, saying how
+// to build it in.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "core/function_ref.h"
+#include "core/sigv4.h"
+
+namespace fastpipe {
+
+bool http_available();
+
+struct RemoteObject {
+  std::string name;  // what messages call it: the user's URL (s3://bucket/key, https://...)
+  std::string url;   // the request URL (path encoded)
+  std::string host;  // the Host header as sent: host[:port]
+  std::string path;  // the encoded request path (what SigV4 signs)
+};
+
+struct RemoteAuth {
+  bool sign = false;  // SigV4 (S3); false: anonymous
+  std::string region;
+  AwsCredentials credentials;
+};
+
+struct TransferOptions {
+  int max_in_flight = 16;            // requests at once, over all objects
+  int64_t part_bytes = 8 << 20;      // one ranged GET
+  int max_attempts = 8;              // per request, the first included
+  double backoff_s = 0.2;            // first retry's delay; doubles, capped, times a jitter in [0.5, 1)
+  double backoff_max_s = 8.0;
+  double connect_timeout_s = 10.0;
+  double stall_timeout_s = 30.0;     // a transfer that receives nothing this long is retried
+};
+
+struct TransferStats {
+  int64_t bytes = 0;     // body bytes received and written
+  int64_t requests = 0;  // requests sent (retries included)
+  int64_t retries = 0;
+  double seconds = 0;    // wall time spent in head() and get()
+};
+
+struct ObjectInfo {
+  int64_t size = -1;
+  std::string etag;     // as the server quotes it, "" when it sends none
+  bool ranges = false;  // Accept-Ranges: bytes
+};
+
+class HttpTransfers {
+ public:
+  HttpTransfers(RemoteAuth auth, TransferOptions options);
+  ~HttpTransfers();
+  HttpTransfers(const HttpTransfers&) = delete;
+  HttpTransfers& operator=(const HttpTransfers&) = delete;
+
+  // `check` runs every ~100 ms while waiting (it may throw: an interrupt).
+  std::vector<ObjectInfo> head(const std::vector<RemoteObject>& objects, FunctionRef<void()> check);
+
+  // Writes each object's bytes [0, size) into fds[k] at their offsets (ranged parts of part_bytes when the
+  // server takes ranges, each sent with If-Match: an object changed on the server is an error, never
+  // mixed with its old bytes); done(k) runs as object k completes. Errors name the object and the cause.
+  void get(const std::vector<RemoteObject>& objects, const std::vector<ObjectInfo>& infos,
+           const std::vector<int>& fds, const std::vector<std::string>& files, FunctionRef<void(size_t)> done,
+           FunctionRef<void()> check);
+
+  TransferStats stats() const;
+
+ private:
+  struct Engine;
+  std::unique_ptr<Engine> engine_;
+};
+
+}  // namespace fastpipe

@@ -1,0 +1,293 @@
+"""Shards read from S3 and HTTP (fastpipe/data/remote.py, csrc/core/http_fetch.cpp, shard_cache.cpp)
+against servers these tests start on 127.0.0.1: moto's S3 server (which checks every signature), nginx,
+and a scripted server injecting faults. The reference is the same shards read from local disk, and the
+objects' own bytes."""
+
+import _thread
+import json
+import os
+import subprocess
+import sys
+import threading
+import time
+
+import numpy as np
+import pytest
+
+import fastpipe
+from fastpipe._ext import _C
+from fastpipe.data import remote
+from fastpipe.transforms import RandomResizedCrop
+
+from jpegs import jpeg_bytes, picture
+from servers import FaultyServer, MotoS3, Nginx
+from tar_files import tar_bytes
+
+pytestmark = [pytest.mark.timeout(180, method="thread"),
+              pytest.mark.skipif(not _C.HTTP_AVAILABLE, reason="built without libcurl (`make setup` installs it)")]
+FAST = dict(retry_backoff=0.01, part_size=64 << 10)  # many parts per shard; retries without long waits
+
+
+@pytest.fixture(scope="module")
+def s3():
+    server = MotoS3()
+    yield server
+    server.close()
+
+
+@pytest.fixture
+def faulty():
+    server = FaultyServer()
+    yield server
+    server.close()
+
+
+def make_shards(rng, count, samples):
+    """`count` tar shards of `samples` JPEG samples each (random sizes, labels; a member of noise makes
+    each shard several ranged GETs): [(name, bytes)]."""
+    out, n = [], 0
+    for k in range(count):
+        members = []
+        for _ in range(samples):
+            h, w = (int(v) for v in rng.integers(20, 70, 2))
+            members += [(f"s{n:05d}.jpg", jpeg_bytes(picture(rng, h, w))), (f"s{n:05d}.cls", str(int(rng.integers(0, 7))).encode()),
+                        (f"s{n:05d}.pad", rng.bytes(int(rng.integers(10_000, 40_000))))]
+            n += 1
+        out.append((f"train-{k:03d}.tar", tar_bytes(members)))
+    return out
+
+
+def batches(ds, **kw):
+    ld = fastpipe.Loader(ds, batch_size=4, transforms={0: RandomResizedCrop(24, dct_scaling=False)}, timeout=60, **kw)
+    return [(x.numpy().copy(), y.numpy().copy()) for x, y in ld]
+
+
+def same_dataset(a, b):
+    assert len(a) == len(b) and [a.key(i) for i in range(len(a))] == [b.key(i) for i in range(len(b))]
+    assert a.targets == b.targets
+    for kw in (dict(shuffle=True, seed=9), dict(shuffle=False)):
+        for (x, y), (rx, ry) in zip(batches(a, **kw), batches(b, **kw), strict=True):
+            np.testing.assert_array_equal(y, ry)
+            np.testing.assert_array_equal(x, rx)
+
+
+def test_s3_http_and_local_shards_give_the_same_batches(s3, tmp_path, rng):
+    shards = make_shards(rng, 3, 5)
+    served = tmp_path / "served"
+    served.mkdir()
+    for name, data in shards:
+        (served / name).write_bytes(data)
+        s3.put("data", f"sets/one/{name}", data)
+    local = fastpipe.WebDataset(str(served / "train-{000..002}.tar"))
+    from_s3 = fastpipe.WebDataset("s3://data/sets/one/train-{000..002}.tar", storage_options=s3.options(**FAST),
+                                  cache_dir=tmp_path / "cache-s3")
+    nginx = Nginx(served, tmp_path / "nginx")
+    try:
+        from_http = fastpipe.WebDataset(nginx.url + "/train-{000..002}.tar", storage_options=FAST,
+                                        cache_dir=tmp_path / "cache-http")
+    finally:
+        nginx.close()
+    total = sum(len(d) for _, d in shards)
+    for ds in (from_s3, from_http):
+        assert ds.fetch_stats["shards_fetched"] == 3 and ds.fetch_stats["bytes_fetched"] == total
+        assert ds.fetch_stats["requests"] > 3 + 3  # HEADs, then more than one ranged GET a shard
+        same_dataset(ds, local)
+    assert from_s3.urls[0] == "s3://data/sets/one/train-000.tar"
+    assert "3 shards under 's3://data/sets/one'" in repr(from_s3)
+    # A second construction finds them all in the cache, in the same version: nothing is fetched.
+    again = fastpipe.WebDataset("s3://data/sets/one/train-{000..002}.tar", storage_options=s3.options(),
+                                cache_dir=tmp_path / "cache-s3")
+    assert again.fetch_stats["cache_hits"] == 3 and again.fetch_stats["bytes_fetched"] == 0
+    same_dataset(again, local)
+
+
+def test_an_object_replaced_on_the_server_is_a_new_cache_file(s3, tmp_path, rng):
+    (name, first), = make_shards(rng, 1, 3)
+    (_, second), = make_shards(rng, 1, 4)
+    url = s3.put("data", f"replaced/{name}", first)
+    opts = dict(storage_options=s3.options(), cache_dir=tmp_path / "cache")
+    assert len(fastpipe.WebDataset(url, **opts)) == 3
+    s3.put("data", f"replaced/{name}", second)
+    ds = fastpipe.WebDataset(url, **opts)
+    assert len(ds) == 4 and ds.fetch_stats["shards_fetched"] == 1
+    assert sorted(p.read_bytes() for p in (tmp_path / "cache").iterdir() if not p.name.startswith(".")) == \
+        sorted([first, second])
+
+
+def test_credentials_are_found_as_botocore_finds_them(s3, tmp_path, rng, monkeypatch):
+    (name, data), = make_shards(rng, 1, 2)
+    url = s3.put("data", f"chain/{name}", data)
+    for k in list(os.environ):
+        if k.startswith("AWS_"):
+            monkeypatch.delenv(k)
+    monkeypatch.setenv("HOME", str(tmp_path))  # no ~/.aws of this machine's
+
+    def staged(options=None):
+        return remote.stage([url], options, tmp_path / f"cache-{time.monotonic_ns()}")[1]["shards_fetched"]
+
+    with pytest.raises(ValueError, match="no AWS credentials for s3:// URLs"):
+        staged({"endpoint_url": s3.endpoint})
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", s3.key)
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", s3.secret)
+    monkeypatch.setenv("AWS_ENDPOINT_URL", s3.endpoint)
+    assert staged() == 1
+    # Options before the environment: a wrong secret there is used, and refused by the server.
+    with pytest.raises(OSError, match=rf"'{url}': HTTP 403, access denied"):
+        staged({"key": s3.key, "secret": "wrong"})
+    with pytest.raises(OSError, match=rf"'{url}': HTTP 403"):
+        staged({"anon": True})
+    # A profile in the shared files, its endpoint and region in the config file.
+    for k in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_ENDPOINT_URL"):
+        monkeypatch.delenv(k)
+    (tmp_path / "creds").write_text(f"[team]\naws_access_key_id = {s3.key}\naws_secret_access_key = {s3.secret}\n")
+    (tmp_path / "config").write_text(f"[profile team]\nregion = eu-west-3\nendpoint_url = {s3.endpoint}\n")
+    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "creds"))
+    monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "config"))
+    monkeypatch.setenv("AWS_PROFILE", "team")
+    assert remote.S3Settings({}).region == "eu-west-3"
+    assert staged() == 1
+    monkeypatch.setenv("AWS_PROFILE", "nobody")
+    with pytest.raises(ValueError, match="the AWS profile 'nobody' is in neither"):
+        staged()
+    assert staged({"profile": "team"}) == 1
+
+
+def test_errors_name_the_url(s3, faulty, tmp_path, rng):
+    opts = dict(storage_options=s3.options(), cache_dir=tmp_path / "cache")
+    with pytest.raises(OSError, match=r"'s3://data/nothing-here.tar': HTTP 404, not found"):
+        fastpipe.WebDataset("s3://data/nothing-here.tar", **opts)
+    broken = s3.put("data", "broken.tar", b"x" * 1024)
+    with pytest.raises(ValueError, match=r"'s3://data/broken.tar' \(cached as '.*broken.tar'\) is not a valid tar archive"):
+        fastpipe.WebDataset(broken, **opts)
+    with pytest.raises(ValueError, match="cannot be mixed"):
+        fastpipe.WebDataset([broken, faulty.url + "/x.tar"], **opts)
+    with pytest.raises(ValueError, match="remote URLs and local paths cannot be mixed"):
+        fastpipe.WebDataset([broken, str(tmp_path / "x.tar")], **opts)
+    with pytest.raises(ValueError, match="only s3://, http:// and https://"):
+        fastpipe.WebDataset("gs://bucket/x.tar")
+    with pytest.raises(TypeError, match="storage_options: unknown setting 'endpoint'"):
+        fastpipe.WebDataset(broken, storage_options={"endpoint": "x"})
+    with pytest.raises(ValueError, match="apply to remote URLs"):
+        fastpipe.WebDataset(str(tmp_path / "x.tar"), cache_dir=tmp_path)
+    with pytest.raises(ValueError, match="cache_limit must be bytes"):
+        fastpipe.WebDataset(broken, cache_limit="lots", **opts)
+    with pytest.raises(ValueError, match="part_size must be at least 64 KiB"):
+        fastpipe.WebDataset(broken, storage_options=s3.options(part_size=100))
+    url = faulty.put("/always-503.tar", rng.bytes(1000), faults=["503"] * 3)
+    with pytest.raises(OSError, match=rf"'{url}': HTTP 503, the server kept failing \(3 attempts\)"):
+        remote.stage([url], dict(max_attempts=3, retry_backoff=0.01), tmp_path / "c503")
+    assert len(faulty.gets("/always-503.tar")) == 3
+    assert not [p for p in (tmp_path / "c503").iterdir() if ".part-" in p.name]  # nothing left half-written
+
+
+@pytest.mark.parametrize("fault", ["503", "truncate", "reset", "ignore_range", "stall"])
+def test_faults_are_retried_and_resumed_with_the_same_bytes(faulty, tmp_path, rng, fault):
+    data = rng.bytes(int(rng.integers(300_000, 400_000)))
+    faults = ["ok", fault, fault, "ok"]  # the second and third GETs fail
+    url = faulty.put("/shard.tar", data, faults=faults)
+    path, stats = remote.stage([url], dict(FAST, max_in_flight=1, stall_timeout=1), tmp_path / "cache")
+    assert open(path[0], "rb").read() == data
+    # Two failed GETs, retried (a reset of a reused connection curl retries itself, once); a server that
+    # ignores Range fails nothing: the part's bytes are taken from the whole body.
+    failed = 0 if fault == "ignore_range" else 2
+    assert stats["retries"] == failed or (fault == "reset" and stats["retries"] == 1)
+    assert stats["bytes_fetched"] >= len(data)
+    ranges = faulty.gets("/shard.tar")
+    assert len(ranges) == -(-len(data) // (64 << 10)) + failed
+    if fault == "truncate":  # each retry asks for the rest of its part only: it starts inside the part
+        part = 64 << 10
+        resumed = [tuple(int(v) for v in r.split("=")[1].split("-")) for r in ranges]
+        resumed = [(a, b) for a, b in resumed if a % part]
+        assert len(resumed) == 2
+        assert all(b == min((a // part + 1) * part, len(data)) - 1 for a, b in resumed)
+
+
+def test_an_object_changed_while_it_is_fetched_is_never_mixed(faulty, tmp_path, rng):
+    data, changed = rng.bytes(200_000), rng.bytes(200_000)
+    url = faulty.put("/moving.tar", data, faults=["ok", "replace:" + changed.hex()])
+    with pytest.raises(OSError, match=rf"'{url}': HTTP 412, changed on the server while it was being fetched"):
+        remote.stage([url], dict(FAST, max_in_flight=1), tmp_path / "cache")
+    assert os.listdir(tmp_path / "cache") == [] or all(n.endswith(".lock") for n in os.listdir(tmp_path / "cache"))
+    path, _ = remote.stage([url], FAST, tmp_path / "cache")  # its new version, whole
+    assert open(path[0], "rb").read() == changed
+
+
+def test_the_cache_limit_evicts_the_least_recently_staged(faulty, tmp_path, rng):
+    blobs = {f"/{k}.tar": rng.bytes(100_000) for k in range(4)}
+    urls = [faulty.put(p, d) for p, d in blobs.items()]
+    cache = tmp_path / "cache"
+    remote.stage(urls[:2], FAST, cache, cache_limit=250_000)
+    remote.stage(urls[:1], FAST, cache, cache_limit=250_000)  # 0 is now the most recently staged
+    _, stats = remote.stage(urls[2:3], FAST, cache, cache_limit=250_000)
+    assert stats["evicted_bytes"] == 100_000
+    kept = sorted(p.read_bytes() for p in cache.iterdir() if not p.name.startswith("."))
+    assert kept == sorted([blobs["/0.tar"], blobs["/2.tar"]])
+    with pytest.raises(ValueError, match=r"cache_limit is 150000 bytes .* but the 2 shards hold 200000 bytes"):
+        remote.stage(urls[2:], FAST, cache, cache_limit="150kB")
+
+
+def poll(condition, what):
+    deadline = time.monotonic() + 120
+    while not condition():
+        assert time.monotonic() < deadline, what
+        time.sleep(0.02)  # polls state another process changes: bounded by the deadline
+
+
+def test_processes_sharing_a_cache_fetch_each_shard_once(faulty, tmp_path, rng):
+    blobs = {f"/{k}.tar": rng.bytes(150_000) for k in range(3)}
+    urls = [faulty.put(p, d, faults=["stall"]) for p, d in blobs.items()]  # each shard's first GET stalls
+    cache = tmp_path / "cache"
+    script = ("import sys, json; from fastpipe.data import remote; "
+              "print(json.dumps(remote.stage(sys.argv[2:], dict(retry_backoff=1.0), sys.argv[1])[1]))")
+
+    def start():
+        return subprocess.Popen([sys.executable, "-c", script, str(cache)] + urls, stdout=subprocess.PIPE, text=True)
+
+    def requests(method):
+        return sum(m == method for m, _, _ in list(faulty.log))
+
+    first = start()
+    poll(lambda: requests("GET") == 3, "the first process's GETs")  # it holds the three shards' locks
+    second = start()
+    poll(lambda: requests("HEAD") == 6, "the second process's HEADs")  # its lock attempts follow at once
+    faulty.release.set()  # the stalled GETs end cut short; their retries wait 0.5-1 s (retry_backoff)
+    a, b = (json.loads(p.communicate(timeout=120)[0]) for p in (first, second))
+    assert first.returncode == 0 and second.returncode == 0
+    assert (a["shards_fetched"], b["shards_fetched"], b["shards_waited"], b["cache_hits"]) == (3, 0, 3, 3)
+    for path, data in blobs.items():
+        assert len(faulty.gets(path)) == 2  # the stalled GET and its retry: one process fetched it
+    staged, _ = remote.stage(urls, FAST, cache)
+    assert [open(p, "rb").read() for p in staged] == list(blobs.values())
+
+
+def test_a_killed_download_leaves_nothing_that_is_read(faulty, tmp_path, rng):
+    data = rng.bytes(300_000)
+    url = faulty.put("/killed.tar", data, faults=["ok", "stall"])
+    cache = tmp_path / "cache"
+    script = "import sys; from fastpipe.data import remote; remote.stage([sys.argv[2]], dict(part_size=65536, max_in_flight=1), sys.argv[1])"
+    proc = subprocess.Popen([sys.executable, "-c", script, str(cache), url])
+    poll(lambda: len(faulty.gets("/killed.tar")) == 2, "the stalled GET")
+    proc.kill()
+    proc.wait()
+    faulty.release.set()
+    leftovers = [n for n in os.listdir(cache) if ".part-" in n]
+    assert leftovers  # killed mid-download: its temporary file is there, under a name never read
+    path, stats = remote.stage([url], FAST, cache)
+    assert open(path[0], "rb").read() == data and stats["shards_fetched"] == 1
+    assert not [n for n in os.listdir(cache) if ".part-" in n]
+
+
+def test_ctrl_c_ends_a_stalled_fetch(faulty, tmp_path, rng):
+    url = faulty.put("/stuck.tar", rng.bytes(100_000), faults=["stall"] * 5)
+    sent = []
+
+    def interrupt_when_stalled():
+        poll(lambda: faulty.gets("/stuck.tar"), "the stalled GET")
+        sent.append(time.monotonic())
+        _thread.interrupt_main()
+
+    threading.Thread(target=interrupt_when_stalled, daemon=True).start()
+    with pytest.raises(KeyboardInterrupt):
+        remote.stage([url], dict(stall_timeout=60), tmp_path / "cache")  # a stall that would last 5 minutes
+    assert time.monotonic() - sent[0] < 2  # polled every 100 ms
+    assert not [n for n in os.listdir(tmp_path / "cache") if ".part-" in n]
