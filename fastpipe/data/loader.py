@@ -16,10 +16,11 @@ from fastpipe.data.passes import EpochIterator, OwnOrder, epoch_of
 
 IO_MODES = _C.ReaderConfig.choices["io"]
 _STATE_FORMAT = "fastpipe.Loader/1"
-# State keys that must match for a saved position to mean the same batches.
+# State keys that must match for a saved position to mean the same samples.
 # Not the rank: every rank is at the same batch, so one rank's state resumes them all (Lightning
-# checkpoints rank 0's and hands it to every rank).
-_STATE_IDENTITY = ("num_samples", "batch_size", "shuffle", "seed", "drop_last", "world_size", "shard_remainder")
+# checkpoints rank 0's and hands it to every rank). Not the world size: another one resumes the rest of
+# the epoch split over its ranks (load_state_dict).
+_STATE_IDENTITY = ("num_samples", "batch_size", "shuffle", "seed", "drop_last", "shard_remainder")
 
 
 def _close_reader(reader):
@@ -198,7 +199,7 @@ class Loader:
         self.shard_remainder = shard_remainder
         self.timeout = timeout
         self.epoch = 0
-        self._resume = None  # (epoch, batches to skip) from load_state_dict
+        self._resume = None  # (epoch, batches to skip, offset) from load_state_dict
         self._active = None  # the iterator of the current pass
         if transforms and not isinstance(transforms, dict):
             raise TypeError("transforms must be a dict {field: transform} (field: a dict dataset's name, or a "
@@ -245,14 +246,23 @@ class Loader:
         n = self._num_samples()
         return n // self.batch_size if self.drop_last else -(-n // self.batch_size)
 
-    def _indices(self, epoch):
+    def _pass_batches(self, offset, world_size=None):
+        """Batches per rank of a pass that starts `offset` samples into its epoch's order (an epoch resumed
+        with another world size; 0: a whole epoch)."""
+        if offset == 0 and world_size in (None, self.world_size):
+            return len(self)
+        n = shard_size(len(self.dataset) - offset, world_size=world_size or self.world_size,
+                       remainder=self.shard_remainder)
+        return n // self.batch_size if self.drop_last else -(-n // self.batch_size)
+
+    def _indices(self, epoch, offset=0):
         if self._sampler is not None:
             idx = np.fromiter(iter(self._sampler), dtype=np.int64)
             if len(idx) and (idx.min() < 0 or idx.max() >= len(self.dataset)):
                 raise ValueError(f"sampler yielded index {idx.min() if idx.min() < 0 else idx.max()}, out of range "
                                  f"for a dataset of {len(self.dataset)} records")
             return idx
-        order = epoch_order(len(self.dataset), shuffle=self.shuffle, seed=self.seed, epoch=epoch)
+        order = epoch_order(len(self.dataset), shuffle=self.shuffle, seed=self.seed, epoch=epoch)[offset:]
         return shard(order, rank=self.rank, world_size=self.world_size, remainder=self.shard_remainder)
 
     @property
@@ -314,14 +324,14 @@ class Loader:
                 self._resume = None
             self.epoch = seen
         epoch = self.epoch
-        skip = 0
+        skip = offset = 0
         if self._resume is not None and self._resume[0] == epoch:
-            skip = self._resume[1]
-        indices = self._indices(epoch)
+            skip, offset = self._resume[1], self._resume[2]
+        indices = self._indices(epoch, offset)
         it._resumed, self._resume = self._resume, None
         self.epoch = epoch + 1
         self._reader.start(indices[skip * self.batch_size:], self.drop_last, epoch % (1 << 64), self._timeout)
-        it.epoch, it.position, it._start_position, it._stale = epoch, skip, skip, False
+        it.epoch, it.position, it._start_position, it._stale, it.offset = epoch, skip, skip, False, offset
 
     def _reclaim(self):
         """Takes the live pass back while it has yielded no batch, as if it had not started: True then.
@@ -346,17 +356,17 @@ class Loader:
         ``iter()``. After an epoch's last batch it is the next epoch's first batch.
         """
         if self._resume is not None:
-            epoch, batch = self._resume
+            epoch, batch, offset = self._resume
         elif self._active is not None and not self._active._done and not self._active._stale:
-            epoch, batch = self._active.epoch, self._active.position
+            epoch, batch, offset = self._active.epoch, self._active.position, self._active.offset
         else:
-            epoch, batch = self.epoch, 0
-        if batch >= len(self):  # after the last batch, the next batch is the next epoch's first
-            epoch, batch = epoch + 1, 0
+            epoch, batch, offset = self.epoch, 0, 0
+        if batch >= self._pass_batches(offset):  # after the last batch, the next batch is the next epoch's first
+            epoch, batch, offset = epoch + 1, 0, 0
         return {
-            "format": _STATE_FORMAT, "epoch": epoch, "batch": batch, "num_samples": len(self.dataset),
-            "batch_size": self.batch_size, "shuffle": self.shuffle, "seed": self.seed,
-            "drop_last": self.drop_last, "rank": self.rank, "world_size": self.world_size,
+            "format": _STATE_FORMAT, "epoch": epoch, "batch": batch, "offset": offset,
+            "num_samples": len(self.dataset), "batch_size": self.batch_size, "shuffle": self.shuffle,
+            "seed": self.seed, "drop_last": self.drop_last, "rank": self.rank, "world_size": self.world_size,
             "shard_remainder": self.shard_remainder,
         }
 
@@ -364,7 +374,13 @@ class Loader:
         """Resumes from :meth:`state_dict`: the next iteration yields exactly the remaining batches.
 
         A state saved by another rank of the same ``world_size`` resumes this one too (every rank is at
-        the same batch: Lightning checkpoints rank 0's state and hands it to every rank)."""
+        the same batch: Lightning checkpoints rank 0's state and hands it to every rank). A state saved with
+        another ``world_size`` (torchrun restarting on fewer or more nodes) resumes the rest of that epoch
+        split over this world's ranks: the samples of the epoch's order that the saved ranks had not read,
+        each once (with ``shard_remainder="pad"`` a few twice, so that every rank reads as many), none of
+        those they had read; later epochs are whole. The state's ``offset`` counts the epoch's samples read
+        before its pass began. With a ``sampler`` the world size must match (the sampler decides the
+        order)."""
         if not isinstance(state, dict):
             raise TypeError(f"state must be a dict from Loader.state_dict(), got {type(state).__name__}")
         if state.get("format") != _STATE_FORMAT:
@@ -376,11 +392,24 @@ class Loader:
                                  f"{key}={mine[key]!r}; resuming would yield different batches")
         epoch = checks.integer(state.get("epoch"), "state['epoch']", low=0)
         batch = checks.integer(state.get("batch"), "state['batch']", low=0)
-        if batch > len(self):
-            raise ValueError(f"state_dict batch {batch} is out of range for {len(self)} batches per epoch")
+        offset = checks.integer(state.get("offset", 0), "state['offset']", low=0, high=len(self.dataset),
+                                why=" (the dataset's size)")
+        world = checks.integer(state.get("world_size"), "state['world_size']", low=1)
+        if world != self.world_size and self._sampler is not None:
+            raise ValueError(f"state_dict was saved with world_size={world} but this loader has "
+                             f"world_size={self.world_size}, and its sampler decides the order: resume with the "
+                             f"saved world size")
+        batches = self._pass_batches(offset, world)
+        if batch > batches:
+            raise ValueError(f"state_dict batch {batch} is out of range for {batches} batches per epoch")
+        if world != self.world_size:  # the rest of the epoch's order, split over this world's ranks
+            if batch == batches:
+                epoch, batch, offset = epoch + 1, 0, 0
+            else:
+                batch, offset = 0, offset + world * batch * self.batch_size
         fresh = self._reclaim()
         self.epoch = epoch
-        self._resume = (epoch, batch)
+        self._resume = (epoch, batch, offset)
         if not fresh:
             self._supersede("load_state_dict()")
 
@@ -426,7 +455,7 @@ class Loader:
     def close(self):
         """Stops the reader threads and closes the files. Batches already returned stay valid."""
         if self._active is not None and not self._active._done and not self._active._stale:
-            self._resume = (self._active.epoch, self._active.position)  # state_dict() still reports it
+            self._resume = (self._active.epoch, self._active.position, self._active.offset)  # state_dict() reports it
         # The live iterator refers to the loader: holding it would leave the pair (and the arena) to the
         # garbage collector instead of freeing them when the loader is dropped.
         self._active = None

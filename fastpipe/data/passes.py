@@ -46,8 +46,8 @@ class EpochIterator:
     """One pass over the loader; a new iter(), set_epoch() or load_state_dict() supersedes it once it has
     yielded a batch (before that, it starts again from the new position: Loader._reclaim)."""
 
-    __slots__ = ("_loader", "_reader", "_pack", "epoch", "position", "_start_position", "_done", "_superseded_by",
-                 "_stale", "_resumed")
+    __slots__ = ("_loader", "_reader", "_pack", "epoch", "position", "offset", "_start_position", "_done",
+                 "_superseded_by", "_stale", "_resumed")
 
     def __init__(self, loader):
         self._loader = loader
@@ -55,6 +55,7 @@ class EpochIterator:
         self._pack = _collate.packer(loader.dataset, loader.collate_fn)
         self.epoch = None
         self.position = self._start_position = 0
+        self.offset = 0  # samples of the epoch's order read before this pass (a resume with another world size)
         self._done = False
         self._superseded_by = None
         self._stale = False  # reclaimed by the Loader: starts again at the first next()
@@ -83,5 +84,6 @@ class EpochIterator:
 
     def __len__(self):
         if self._stale:
-            return len(self._loader) - self._loader.state_dict()["batch"]
-        return len(self._loader) - self.position
+            state = self._loader.state_dict()
+            return self._loader._pass_batches(state["offset"]) - state["batch"]
+        return self._loader._pass_batches(self.offset) - self.position

@@ -196,11 +196,10 @@ def test_resume_token_dataset(tmp_path, rng, fp):
         {"batch_size": 16},
         {"seed": 32},
         {"shuffle": False},
-        {"world_size": 2, "rank": 0},
         {"drop_last": True},
         {"dataset": "shorter"},
     ],
-    ids=["batch_size", "seed", "shuffle", "world_size", "drop_last", "dataset-length"],
+    ids=["batch_size", "seed", "shuffle", "drop_last", "dataset-length"],
 )
 def test_incompatible_state_is_rejected(fp, setup, dataset_factory, change):
     ds, _ = setup
@@ -220,8 +219,7 @@ def test_incompatible_state_is_rejected(fp, setup, dataset_factory, change):
     print(ei.value)
     key = next(iter(change))
     if key != "dataset":
-        words = {"batch_size": "batch", "seed": "seed", "shuffle": "shuffle", "world_size": "world",
-                 "drop_last": "drop"}
+        words = {"batch_size": "batch", "seed": "seed", "shuffle": "shuffle", "drop_last": "drop"}
         assert words[key] in str(ei.value).lower(), f"message does not name {key}: {ei.value}"
 
 
@@ -441,11 +439,11 @@ def test_one_ranks_state_resumes_every_rank(fp, setup):
         (lambda sd: {**sd, "epoch": "3"}, TypeError, r"state\['epoch'\] must be an int, got str '3'"),
         (lambda sd: {k: v for k, v in sd.items() if k != "epoch"}, TypeError,
          r"state\['epoch'\] must be an int, got NoneType"),
-        (lambda sd: {**sd, "rank": 1, "world_size": 2}, ValueError, "saved with world_size=2"),
+        (lambda sd: {**sd, "offset": N + 1}, ValueError, rf"state\['offset'\] must be at most {N} \(the dataset's size\)"),
         (lambda sd: {**sd, "shard_remainder": "drop"}, ValueError, "saved with shard_remainder='drop'"),
     ],
     ids=["type", "no-format", "old-format", "batch-past-end", "negative-batch", "float-batch", "bool-batch",
-         "str-epoch", "no-epoch", "world_size", "shard_remainder"],
+         "str-epoch", "no-epoch", "offset", "shard_remainder"],
 )
 def test_malformed_or_foreign_state_is_rejected_and_changes_nothing(fp, setup, bad, error, message):
     ds, _ = setup
