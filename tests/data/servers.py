@@ -1,123 +1,29 @@
-"""Servers the remote-shard tests start on 127.0.0.1 and stop themselves: moto's S3 API server (a
-subprocess, with IAM authentication on, so that it checks every request's SigV4 signature), nginx serving
-a folder (ranges, ETags), and a scripted HTTP server that injects faults request by request."""
+"""Servers the remote-shard tests start on 127.0.0.1 and stop themselves: moto's S3 server and nginx
+(fastpipe/bench/servers.py, which the benchmark uses too; skipped where not installed), and a scripted
+HTTP server that injects faults request by request."""
 
 import hashlib
 import http.server
-import json
-import os
-import shutil
-import signal
 import socket
-import subprocess
-import sys
 import threading
-import time
 
 import pytest
 
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+from fastpipe.bench import servers
 
 
-def wait_for_port(port, proc, what, timeout=60):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"{what} exited with status {proc.returncode} before listening")
-        try:
-            socket.create_connection(("127.0.0.1", port), 0.2).close()
-            return
-        except OSError:
-            time.sleep(0.05)  # a bounded wait for another process to bind, not a synchronisation of ours
-    raise RuntimeError(f"{what} did not listen on 127.0.0.1:{port} within {timeout} s")
+def moto_s3():
+    try:
+        return servers.MotoS3()
+    except servers.ServerUnavailable as e:
+        pytest.skip(str(e))
 
 
-def stop(proc):
-    if proc.poll() is None:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-
-
-class MotoS3:
-    """moto's server with authentication on: one IAM user allowed s3:*, whose keys sign the requests."""
-
-    def __init__(self):
-        boto3 = pytest.importorskip("boto3", reason="moto[server] (requirements/common.txt) brings boto3")
-        pytest.importorskip("moto.server", reason="moto[server] is in requirements/common.txt")
-        self.port = free_port()
-        # The first three requests (the user, its policy, its key) are let through; every later one must be
-        # signed by a known key.
-        env = dict(os.environ, INITIAL_NO_AUTH_ACTION_COUNT="3", AWS_ACCESS_KEY_ID="bootstrap",
-                   AWS_SECRET_ACCESS_KEY="bootstrap")
-        self.proc = subprocess.Popen([sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(self.port)],
-                                     env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        try:
-            wait_for_port(self.port, self.proc, "moto's S3 server")
-            self.endpoint = f"http://127.0.0.1:{self.port}"
-            iam = boto3.client("iam", endpoint_url=self.endpoint, region_name="us-east-1",
-                               aws_access_key_id="bootstrap", aws_secret_access_key="bootstrap")
-            iam.create_user(UserName="reader")
-            iam.put_user_policy(UserName="reader", PolicyName="s3", PolicyDocument=json.dumps(
-                {"Version": "2012-10-17", "Statement": [{"Effect": "Allow", "Action": "s3:*", "Resource": "*"}]}))
-            key = iam.create_access_key(UserName="reader")["AccessKey"]
-            self.key, self.secret = key["AccessKeyId"], key["SecretAccessKey"]
-            self.client = boto3.client("s3", endpoint_url=self.endpoint, region_name="us-east-1",
-                                       aws_access_key_id=self.key, aws_secret_access_key=self.secret)
-        except BaseException:
-            stop(self.proc)
-            raise
-
-    def options(self, **more):
-        return dict(endpoint_url=self.endpoint, key=self.key, secret=self.secret, **more)
-
-    def put(self, bucket, key, data):
-        try:
-            self.client.create_bucket(Bucket=bucket)
-        except self.client.exceptions.BucketAlreadyOwnedByYou:
-            pass
-        self.client.put_object(Bucket=bucket, Key=key, Body=data)
-        return f"s3://{bucket}/{key}"
-
-    def close(self):
-        stop(self.proc)
-
-
-class Nginx:
-    """nginx serving `root` on 127.0.0.1 (ranges and ETags as for any static file)."""
-
-    def __init__(self, root, workdir):
-        binary = shutil.which("nginx") or ("/usr/sbin/nginx" if os.path.exists("/usr/sbin/nginx") else None)
-        if binary is None:
-            pytest.skip("nginx is not installed (`make system-deps` installs it)")
-        self.port = free_port()
-        os.makedirs(workdir, exist_ok=True)
-        conf = os.path.join(workdir, "nginx.conf")
-        temps = " ".join(f"{k}_temp_path {os.path.join(workdir, k)};" for k in
-                         ("client_body", "proxy", "fastcgi", "uwsgi", "scgi"))
-        with open(conf, "w") as f:
-            f.write(f"daemon off; master_process off; worker_processes 1; pid {workdir}/nginx.pid;\n"
-                    f"error_log {workdir}/error.log;\nevents {{ worker_connections 256; }}\n"
-                    f"http {{ access_log off; {temps}\n"
-                    f"  server {{ listen 127.0.0.1:{self.port}; root {root}; }} }}\n")
-        self.proc = subprocess.Popen([binary, "-p", workdir, "-c", conf, "-e", os.path.join(workdir, "error.log")],
-                                     stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-        try:
-            wait_for_port(self.port, self.proc, "nginx")
-        except BaseException:
-            stop(self.proc)
-            raise
-        self.url = f"http://127.0.0.1:{self.port}"
-
-    def close(self):
-        stop(self.proc)
+def nginx(root, workdir):
+    try:
+        return servers.Nginx(root, workdir)
+    except servers.ServerUnavailable as e:
+        pytest.skip(str(e))
 
 
 class FaultyServer:

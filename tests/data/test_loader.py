@@ -12,6 +12,7 @@ import pytest
 import torch
 
 import fastpipe
+from fastpipe.data import _dataloader_args
 
 pytestmark = [pytest.mark.timeout(60), pytest.mark.torch_build]
 
@@ -269,13 +270,18 @@ def test_context_manager(dataset_factory, fp):
         iter(ld).__next__()
 
 
-def test_pin_memory_is_accepted(dataset_factory, fp):
+def test_pin_memory_is_accepted(dataset_factory, fp, monkeypatch):
     ds, arrays, _ = dataset_factory(40, {"x": ("float32", (4,))})
     if fastpipe.build_info()["cuda_available"]:
         ld = fp.loader(ds, 8, pin_memory=True)
     else:
-        with pytest.warns(UserWarning):  # nothing to pin for: say so
+        # Nothing to pin for: said once per process (the flag reset: another test may have been first).
+        monkeypatch.setattr(_dataloader_args, "_warned_unpinned", False)
+        with pytest.warns(UserWarning, match="batches are not pinned"):
             ld = fp.loader(ds, 8, pin_memory=True)
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            fp.loader(ds, 8, pin_memory=True).close()
     assert fp.verify(fp.epoch(ld), arrays).tolist() == list(range(40))
 
 

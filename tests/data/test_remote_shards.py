@@ -20,7 +20,7 @@ from fastpipe.data import remote
 from fastpipe.transforms import RandomResizedCrop
 
 from jpegs import jpeg_bytes, picture
-from servers import FaultyServer, MotoS3, Nginx
+from servers import FaultyServer, moto_s3, nginx
 from tar_files import tar_bytes
 
 pytestmark = [pytest.mark.timeout(180, method="thread"),
@@ -30,7 +30,7 @@ FAST = dict(retry_backoff=0.01, part_size=64 << 10)  # many parts per shard; ret
 
 @pytest.fixture(scope="module")
 def s3():
-    server = MotoS3()
+    server = moto_s3()
     yield server
     server.close()
 
@@ -81,12 +81,9 @@ def test_s3_http_and_local_shards_give_the_same_batches(s3, tmp_path, rng):
     local = fastpipe.WebDataset(str(served / "train-{000..002}.tar"))
     from_s3 = fastpipe.WebDataset("s3://data/sets/one/train-{000..002}.tar", storage_options=s3.options(**FAST),
                                   cache_dir=tmp_path / "cache-s3")
-    nginx = Nginx(served, tmp_path / "nginx")
-    try:
-        from_http = fastpipe.WebDataset(nginx.url + "/train-{000..002}.tar", storage_options=FAST,
+    with nginx(served, tmp_path / "nginx") as server:
+        from_http = fastpipe.WebDataset(server.url + "/train-{000..002}.tar", storage_options=FAST,
                                         cache_dir=tmp_path / "cache-http")
-    finally:
-        nginx.close()
     total = sum(len(d) for _, d in shards)
     for ds in (from_s3, from_http):
         assert ds.fetch_stats["shards_fetched"] == 3 and ds.fetch_stats["bytes_fetched"] == total

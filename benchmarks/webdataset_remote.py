@@ -1,0 +1,165 @@
+"""fastpipe.WebDataset on shards in S3 and on an HTTP server, against the same shards on local disk and the
+webdataset package streaming them, at equal cores.
+
+Servers on 127.0.0.1, started here (fastpipe.bench.servers): nginx serving the shards' folder, and moto's
+S3 server (signatures checked) holding them; each directly (0 ms) and through a proxy that adds a round
+trip time to every exchange (--rtt-ms, default 20). The corpus is the images suite's ImageNet-like JPEGs
+written as shards by benchmarks/webdataset_local.py. Every row reads one epoch of RandomResizedCrop(S) +
+flip + normalise batches (float32 NCHW, int64 labels) with k threads or workers:
+
+- fastpipe cold: an empty cache_dir, then WebDataset(urls) (staging every shard) and the epoch; the time
+  counts both, and the time to the first batch is from the construction's start
+- fastpipe warm: the same with the cache filled (a HEAD a shard, nothing fetched), then the epoch
+- fastpipe local: WebDataset(the local shards) constructed, then the epoch
+- webdataset + WebLoader: its README's recipe over the http URLs (curl per shard, as webdataset opens
+  them), one warm-up epoch first; over S3 it is reported as not run, with the reason
+
+Rounds alternate the rows; the table gives medians (images/s over the timed span, time to first batch,
+bytes fetched over the shards' bytes) and each row's median ratio to fastpipe cold in the same round.
+"""
+
+import argparse
+import os
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+
+import torch
+
+import fastpipe
+from fastpipe.bench import common, servers
+from fastpipe.bench.image_corpus import corpus_paths, ensure_corpus
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from webdataset_local import MEAN, STD, webdataset_row, write_shards  # noqa: E402
+
+
+def epoch(loader, start):
+    """Images and seconds of one epoch, and the first batch's time after `start`."""
+    n, first = 0, None
+    for x, y in loader:
+        if first is None:
+            first = time.perf_counter() - start
+        assert x.dtype == torch.float32 and x.shape[1] == 3 and y.dtype == torch.int64
+        n += len(y)
+    loader.close()
+    return n, time.perf_counter() - start, first
+
+
+def fastpipe_pass(urls, args, cache=None, options=None):
+    tf = fastpipe.transforms.RandomResizedCrop(args.size, mean=MEAN, std=STD)
+    start = time.perf_counter()
+    remote = dict(storage_options=options, cache_dir=cache) if cache else {}
+    ds = fastpipe.WebDataset(urls, **remote)
+    ld = fastpipe.Loader(ds, batch_size=args.batch_size, shuffle=True, drop_last=True, num_threads=args.threads,
+                         transforms={0: tf})
+    n, seconds, first = epoch(ld, start)
+    fetched = ds.fetch_stats["bytes_fetched"] if ds.fetch_stats else 0
+    return n / seconds, first, fetched
+
+
+def webdataset_pass(urls, args):
+    make = next(iter(webdataset_row(urls, args.size, args.batch_size, args.threads).values()))
+    loader = make()
+    for _ in loader:  # warm-up epoch: workers started
+        pass
+    n, start, first = 0, time.perf_counter(), None
+    for x, y in loader:
+        if first is None:
+            first = time.perf_counter() - start
+        n += len(y)
+    return n / (time.perf_counter() - start), first, None
+
+
+def measure(args, out, proxies, stores, names, shards, total, work, rates, firsts, fetched, skipped):
+    rows = {}
+    for (store, rtt), proxy in proxies.items():
+        port = proxy.port if proxy else stores[store][0]
+        base = f"http://127.0.0.1:{port}"
+        label = f"{store} {rtt:g} ms"
+        if store == "http":
+            urls, options = [f"{base}/{n}" for n in names], {}
+            rows[f"{label}: webdataset + WebLoader"] = lambda u=list(urls): webdataset_pass(u, args)
+        else:
+            urls, options = [f"s3://bench/shards/{n}" for n in names], stores["s3"][1].options(endpoint_url=base)
+            skipped[f"{label}: webdataset + WebLoader"] = (
+                "not run: webdataset has no S3 client (it pipes `aws s3 cp`, not installed, or curl over presigned "
+                "URLs, which moto's server answers with HTTP 500 when it checks signatures)")
+        cache = os.path.join(work, f"cache-{store}-{rtt:g}")
+        rows[f"{label}: fastpipe cold"] = (lambda u=urls, o=options, d=cache: (
+            shutil.rmtree(d, ignore_errors=True), fastpipe_pass(u, args, d, o))[1])
+        rows[f"{label}: fastpipe warm"] = lambda u=urls, o=options, d=cache: fastpipe_pass(u, args, d, o)
+    rows["local: fastpipe"] = lambda: fastpipe_pass(shards, args)
+    for key in rows:
+        rates[key], firsts[key], fetched[key] = [], [], []
+    for r in range(args.rounds):
+        for key, run in rows.items():
+            rate, first, got = run()
+            rates[key].append(rate)
+            firsts[key].append(first)
+            fetched[key].append(got)
+            out.log(f"round {r + 1}/{args.rounds} {key}: {rate:.0f} images/s, first batch {first:.2f} s"
+                    + (f", fetched {got / total:.3f}x the shards" if got is not None else ""))
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--images", type=int, default=2000)
+    p.add_argument("--per-shard", type=int, default=250)
+    p.add_argument("--size", type=int, default=224)
+    p.add_argument("--batch-size", type=int, default=64)
+    p.add_argument("--threads", type=int, default=len(os.sched_getaffinity(0)))
+    p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--rtt-ms", type=float, default=20.0)
+    p.add_argument("--data-dir", default="benchmarks/data")
+    p.add_argument("--out", default=None, help="the results JSON (default: benchmarks/results/webdataset_remote_<host>_<date>.json)")
+    args = p.parse_args(argv)
+    out = common.Report("webdataset_remote", "benchmarks/results", json_path=args.out, options=vars(args))
+    c = corpus_paths(args.data_dir, args.images, 0, 14.0)
+    ensure_corpus(c, args.images, 0, 14.0, args.threads, out)
+    folder = os.path.join(os.path.dirname(c.tree), f"shards_{args.per_shard}")
+    shards = write_shards(c.tree, folder, args.per_shard)
+    names = [os.path.basename(s) for s in shards]
+    total = sum(os.path.getsize(s) for s in shards)
+    work = tempfile.mkdtemp(prefix="fastpipe-remote-bench-")
+    rates, firsts, fetched, skipped = {}, {}, {}, {}
+    try:
+        with servers.Nginx(folder, os.path.join(work, "nginx")) as nginx, servers.MotoS3() as s3:
+            for name, path in zip(names, shards):
+                with open(path, "rb") as f:
+                    s3.put("bench", f"shards/{name}", f.read())
+            stores = {"http": (nginx.port, None), "s3": (s3.port, s3)}
+            proxies = {}
+            try:
+                for store, (port, _) in stores.items():
+                    proxies[(store, 0.0)] = None
+                    proxies[(store, args.rtt_ms)] = servers.DelayProxy(port, args.rtt_ms)
+                measure(args, out, proxies, stores, names, shards, total, work, rates, firsts, fetched, skipped)
+            finally:
+                for proxy in proxies.values():
+                    if proxy:
+                        proxy.close()
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    table = []
+    for key, v in rates.items():
+        cold = rates[key.split(":")[0] + ": fastpipe cold"] if ":" in key and not key.startswith("local") else None
+        ratio = f"{statistics.median(a / b for a, b in zip(v, cold)):.2f}x" if cold else ""
+        got = [g for g in fetched[key] if g is not None]
+        table.append([key, f"{statistics.median(v):.0f}", ratio, f"{statistics.median(firsts[key]):.2f}",
+                      f"{statistics.median(got) / total:.3f}" if got else "-"])
+    table += [[key, "not run", "", "", ""] for key in skipped]
+    out.table(["row", "images/s (median)", "x fastpipe cold (same round)", "first batch s", "fetched / shards"],
+              table, title=f"{args.images} JPEGs in {len(shards)} shards ({total / 2**20:.0f} MiB), {args.size}x{args.size}, "
+                           f"batch {args.batch_size}, k={args.threads}, {args.rounds} rounds, servers on 127.0.0.1")
+    for key, why in skipped.items():
+        out.log(f"{key}: {why}")
+    out.save({"rates": rates, "first_batch": firsts, "fetched": fetched, "not_run": skipped, "shard_bytes": total,
+              "torch": torch.__version__})
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

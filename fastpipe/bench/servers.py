@@ -1,0 +1,198 @@
+"""Servers on 127.0.0.1 for the remote-shard tests and benchmark, started and stopped by their user: moto's
+S3 API server (a subprocess, with IAM authentication on, so that it checks every request's SigV4
+signature), nginx serving a folder (ranges, ETags), and a TCP proxy that delays each direction (a round
+trip time where the kernel has no netem).
+
+``python fastpipe/bench/servers.py proxy LISTEN_PORT TARGET_PORT DELAY_MS`` runs the proxy in its own
+process (what DelayProxy starts)."""
+
+import asyncio
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+
+class ServerUnavailable(RuntimeError):
+    """A server's program or package is not installed (the tests skip, the benchmark says so)."""
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_for_port(port, proc, what, timeout=60):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"{what} exited with status {proc.returncode} before listening")
+        try:
+            socket.create_connection(("127.0.0.1", port), 0.2).close()
+            return
+        except OSError:
+            time.sleep(0.05)  # another process binding its port: polled, bounded by the deadline
+    raise RuntimeError(f"{what} did not listen on 127.0.0.1:{port} within {timeout} s")
+
+
+def stop(proc):
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+class _Process:
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def close(self):
+        stop(self.proc)
+
+
+class MotoS3(_Process):
+    """moto's server with authentication on: one IAM user allowed s3:*, whose keys sign the requests."""
+
+    def __init__(self):
+        try:
+            import boto3
+            import moto.server  # noqa: F401
+        except ImportError as e:
+            raise ServerUnavailable(f"moto[server] is not installed (requirements/common.txt): {e}") from None
+        self.port = free_port()
+        # The first three requests (the user, its policy, its key) are let through; every later one must be
+        # signed by a known key.
+        env = dict(os.environ, INITIAL_NO_AUTH_ACTION_COUNT="3", AWS_ACCESS_KEY_ID="bootstrap",
+                   AWS_SECRET_ACCESS_KEY="bootstrap")
+        self.proc = subprocess.Popen([sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(self.port)],
+                                     env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        try:
+            wait_for_port(self.port, self.proc, "moto's S3 server")
+            self.endpoint = f"http://127.0.0.1:{self.port}"
+            iam = boto3.client("iam", endpoint_url=self.endpoint, region_name="us-east-1",
+                               aws_access_key_id="bootstrap", aws_secret_access_key="bootstrap")
+            iam.create_user(UserName="reader")
+            iam.put_user_policy(UserName="reader", PolicyName="s3", PolicyDocument=json.dumps(
+                {"Version": "2012-10-17", "Statement": [{"Effect": "Allow", "Action": "s3:*", "Resource": "*"}]}))
+            key = iam.create_access_key(UserName="reader")["AccessKey"]
+            self.key, self.secret = key["AccessKeyId"], key["SecretAccessKey"]
+            self.client = boto3.client("s3", endpoint_url=self.endpoint, region_name="us-east-1",
+                                       aws_access_key_id=self.key, aws_secret_access_key=self.secret)
+        except BaseException:
+            stop(self.proc)
+            raise
+
+    def options(self, **more):
+        return {"endpoint_url": self.endpoint, "key": self.key, "secret": self.secret, **more}
+
+    def put(self, bucket, key, data):
+        try:
+            self.client.create_bucket(Bucket=bucket)
+        except self.client.exceptions.BucketAlreadyOwnedByYou:
+            pass
+        self.client.put_object(Bucket=bucket, Key=key, Body=data)
+        return f"s3://{bucket}/{key}"
+
+
+class Nginx(_Process):
+    """nginx serving `root` on 127.0.0.1 (ranges and ETags as for any static file)."""
+
+    def __init__(self, root, workdir):
+        binary = shutil.which("nginx") or ("/usr/sbin/nginx" if os.path.exists("/usr/sbin/nginx") else None)
+        if binary is None:
+            raise ServerUnavailable("nginx is not installed (`make system-deps` installs it)")
+        self.port = free_port()
+        os.makedirs(workdir, exist_ok=True)
+        conf = os.path.join(workdir, "nginx.conf")
+        temps = " ".join(f"{k}_temp_path {os.path.join(workdir, k)};" for k in
+                         ("client_body", "proxy", "fastcgi", "uwsgi", "scgi"))
+        with open(conf, "w") as f:
+            f.write(f"daemon off; master_process off; worker_processes 1; pid {workdir}/nginx.pid;\n"
+                    f"error_log {workdir}/error.log;\nevents {{ worker_connections 256; }}\n"
+                    f"http {{ access_log off; sendfile on; {temps}\n"
+                    f"  server {{ listen 127.0.0.1:{self.port}; root {os.path.abspath(root)}; }} }}\n")
+        self.proc = subprocess.Popen([binary, "-p", workdir, "-c", conf, "-e", os.path.join(workdir, "error.log")],
+                                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        try:
+            wait_for_port(self.port, self.proc, "nginx")
+        except BaseException:
+            stop(self.proc)
+            raise
+        self.url = f"http://127.0.0.1:{self.port}"
+
+
+class DelayProxy(_Process):
+    """127.0.0.1:port forwarding to 127.0.0.1:target, each direction's bytes delayed by delay_ms / 2 (a
+    round trip of delay_ms more), in its own process."""
+
+    def __init__(self, target, delay_ms):
+        self.port = free_port()
+        # This file run as a script: the proxy's process imports neither fastpipe nor torch.
+        self.proc = subprocess.Popen([sys.executable, os.path.abspath(__file__), "proxy", str(self.port), str(target),
+                                      str(delay_ms)], stdout=subprocess.DEVNULL)
+        wait_for_port(self.port, self.proc, "the delaying proxy")
+
+
+async def _pump(reader, writer, delay):
+    """Forwards reader to writer, each chunk delay seconds after it arrived (in order)."""
+    queue = asyncio.Queue()
+
+    async def send():
+        loop = asyncio.get_running_loop()
+        while True:
+            due, chunk = await queue.get()
+            wait = due - loop.time()
+            if wait > 0:
+                await asyncio.sleep(wait)  # the delay the proxy exists to add
+            if not chunk:
+                writer.close()
+                return
+            writer.write(chunk)
+            await writer.drain()
+
+    sender = asyncio.ensure_future(send())
+    loop = asyncio.get_running_loop()
+    try:
+        while True:
+            chunk = await reader.read(1 << 16)
+            queue.put_nowait((loop.time() + delay, chunk))
+            if not chunk:
+                break
+        await sender
+    except (ConnectionError, asyncio.CancelledError):
+        sender.cancel()
+        writer.close()
+
+
+async def _proxy(port, target, delay_ms):
+    half = delay_ms / 2000.0
+
+    async def connection(client_reader, client_writer):
+        try:
+            server_reader, server_writer = await asyncio.open_connection("127.0.0.1", target)
+        except OSError:
+            client_writer.close()
+            return
+        await asyncio.gather(_pump(client_reader, server_writer, half), _pump(server_reader, client_writer, half),
+                             return_exceptions=True)
+
+    server = await asyncio.start_server(connection, "127.0.0.1", port)
+    async with server:
+        await server.serve_forever()
+
+
+if __name__ == "__main__":
+    if len(sys.argv) != 5 or sys.argv[1] != "proxy":
+        sys.exit(__doc__)
+    asyncio.run(_proxy(int(sys.argv[2]), int(sys.argv[3]), float(sys.argv[4])))
