@@ -23,6 +23,11 @@ _STATE_FORMAT = "fastpipe.Loader/1"
 _STATE_IDENTITY = ("num_samples", "batch_size", "shuffle", "seed", "drop_last", "shard_remainder")
 
 
+# Loader.stats() keys of a remote dataset's staging counters (WebDataset.fetch_stats).
+_FETCH_STATS = {"bytes_fetched": "bytes_fetched", "fetch_requests": "requests", "fetch_retries": "retries",
+                "cache_hits": "cache_hits", "network_seconds": "network_seconds"}
+
+
 def _close_reader(reader):
     reader.close()
 
@@ -445,11 +450,17 @@ class Loader:
             decoded by libjpeg in the loader's device thread instead; a file libjpeg refuses too fails
             its batch), and jpeg_decoder (nvJPEG's backend and the layout it writes, decided once for
             both decode lanes: planar YCbCr, or interleaved RGB and why).
+            Remote shards (staged into the cache when the dataset was made; 0 for local data):
+            bytes_fetched, fetch_requests, fetch_retries, cache_hits (shards found in the cache) and
+            network_seconds (the dataset's construction spent transferring).
         """
         s = self._reader.stats()
         wall = s["wall_seconds"]
         s["read_gbps"] = s["bytes_read"] / wall / 1e9 if wall > 0 else 0.0
         s["wait_fraction"] = s["wait_seconds"] / wall if wall > 0 else 0.0
+        fetched = getattr(self.dataset, "fetch_stats", None) or {}
+        for key, name in _FETCH_STATS.items():
+            s[key] = fetched.get(name, 0)
         return s
 
     def close(self):

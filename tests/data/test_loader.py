@@ -247,6 +247,8 @@ def test_stats(dataset_factory, fp):
     assert 0.0 <= st["wait_fraction"] <= 1.0
     assert st["wait_seconds"] >= 0 and st["wall_seconds"] > 0 and st["read_gbps"] >= 0
     assert st["slots_leased"] == 0
+    assert [st[k] for k in ("bytes_fetched", "fetch_requests", "fetch_retries", "cache_hits", "network_seconds")] \
+        == [0] * 5  # local data: nothing fetched
 
 
 def test_tensors_are_views_of_a_fixed_arena(dataset_factory, fp):

@@ -87,6 +87,10 @@ def test_s3_http_and_local_shards_give_the_same_batches(s3, tmp_path, rng):
     total = sum(len(d) for _, d in shards)
     for ds in (from_s3, from_http):
         assert ds.fetch_stats["shards_fetched"] == 3 and ds.fetch_stats["bytes_fetched"] == total
+        ld = fastpipe.Loader(ds, batch_size=4, transforms={0: RandomResizedCrop(24)})
+        s = ld.stats()
+        assert (s["bytes_fetched"], s["fetch_requests"], s["cache_hits"]) == (total, ds.fetch_stats["requests"], 0)
+        ld.close()
         assert ds.fetch_stats["requests"] > 3 + 3  # HEADs, then more than one ranged GET a shard
         same_dataset(ds, local)
     assert from_s3.urls[0] == "s3://data/sets/one/train-000.tar"
