@@ -6,6 +6,8 @@ objects' own bytes."""
 import _thread
 import json
 import os
+import re
+import shutil
 import subprocess
 import sys
 import threading
@@ -292,3 +294,25 @@ def test_ctrl_c_ends_a_stalled_fetch(faulty, tmp_path, rng):
         remote.stage([url], dict(stall_timeout=60), tmp_path / "cache")  # a stall that would last 5 minutes
     assert time.monotonic() - sent[0] < 2  # polled every 100 ms
     assert not [n for n in os.listdir(tmp_path / "cache") if ".part-" in n]
+
+
+def test_a_full_cache_disk_is_a_clear_error(faulty, tmp_path, rng):
+    """The cache on a 320 KiB tmpfs (mounted in a private mount namespace, where the machine allows it):
+    a shard that fits is fetched, the next one that does not is refused before any transfer, naming the
+    cache and the bytes."""
+    if not shutil.which("unshare") or subprocess.run(["unshare", "-m", "true"], capture_output=True).returncode:
+        pytest.skip("no private mount namespace here (unshare -m needs root)")
+    urls = [faulty.put(f"/{k}.tar", rng.bytes(200_000)) for k in range(2)]
+    cache = tmp_path / "small"
+    cache.mkdir()
+    script = ("import sys; from fastpipe.data import remote\n"
+              "remote.stage([sys.argv[2]], {}, sys.argv[1])\n"
+              "try:\n    remote.stage([sys.argv[3]], {}, sys.argv[1])\n"
+              "except OSError as e:\n    print('refused:', e)\n")
+    proc = subprocess.run(["unshare", "-m", "sh", "-c", f'mount -t tmpfs -o size=320k tmpfs "$0" && exec "$@"',
+                           str(cache), sys.executable, "-c", script, str(cache), *urls],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert re.search(rf"refused: \[Errno 28\] cache_dir '{re.escape(str(cache))}' has \d+ bytes .* free but the shards to "
+                     rf"fetch need 200000 bytes", proc.stdout), proc.stdout
+    assert len(faulty.gets("/0.tar")) >= 1 and faulty.gets("/1.tar") == []
