@@ -4,6 +4,7 @@ message names the argument and says what it must be."""
 import math
 import numbers
 import os
+import re
 
 import numpy as np
 
@@ -56,3 +57,17 @@ def path(value, name):
     if not isinstance(value, (str, os.PathLike)):
         raise TypeError(f"{name} must be a path (str or os.PathLike), got {type(value).__name__}")
     return os.fspath(value)
+
+
+_UNITS = {"": 1, "b": 1, "k": 1000, "kb": 1000, "m": 1000**2, "mb": 1000**2, "g": 1000**3, "gb": 1000**3,
+          "t": 1000**4, "tb": 1000**4, "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}
+
+
+def byte_size(value, name):
+    """An int of bytes, or a string such as ``"50GB"``, ``"512 MiB"``."""
+    if isinstance(value, str):
+        m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([a-zA-Z]*)\s*", value)
+        if m is None or m.group(2).lower() not in _UNITS:
+            raise ValueError(f"{name} must be bytes as an int or a string such as '50GB' or '512MiB', got {value!r}")
+        return int(float(m.group(1)) * _UNITS[m.group(2).lower()])
+    return integer(value, name, low=0)

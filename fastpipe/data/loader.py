@@ -11,7 +11,7 @@ from fastpipe import _checks as checks
 from fastpipe._ext import _C, build_info
 from fastpipe.data import _collate, _dataloader_args, _device, torchvision_compat
 from fastpipe.data._source import ColumnSource
-from fastpipe.data.order import REMAINDER_POLICIES, distributed_defaults, epoch_order, shard, shard_size
+from fastpipe.data.order import REMAINDER_POLICIES, block_order, distributed_defaults, epoch_order, shard, shard_size
 from fastpipe.data.passes import EpochIterator, OwnOrder, epoch_of
 
 IO_MODES = _C.ReaderConfig.choices["io"]
@@ -20,7 +20,7 @@ _STATE_FORMAT = "fastpipe.Loader/1"
 # Not the rank: every rank is at the same batch, so one rank's state resumes them all (Lightning
 # checkpoints rank 0's and hands it to every rank). Not the world size: another one resumes the rest of
 # the epoch split over its ranks (load_state_dict).
-_STATE_IDENTITY = ("num_samples", "batch_size", "shuffle", "seed", "drop_last", "shard_remainder")
+_STATE_IDENTITY = ("num_samples", "batch_size", "shuffle", "shuffle_window", "seed", "drop_last", "shard_remainder")
 
 
 # Loader.stats() keys of a remote dataset's staging counters (WebDataset.fetch_stats).
@@ -49,8 +49,16 @@ class Loader:
         Normalize; a step without a fused equivalent is an error naming it).
     batch_size : int
         Records per batch (>= 1). The last batch may be smaller unless ``drop_last``.
-    shuffle : bool
-        Shuffle each epoch; the order is a pure function of ``(seed, epoch)``.
+    shuffle : bool or "blocks"
+        Shuffle each epoch; the order is a pure function of ``(seed, epoch)``. ``"blocks"`` (a WebDataset):
+        the shards in an order shuffled each epoch, read ``shuffle_window`` bytes of shards at a time, each
+        window's samples shuffled among themselves (what data larger than memory or a cache needs: a
+        reader touches one window's shards at once; every rank its exact share, resume and elastic resume
+        as for a full shuffle). Its quality is the window's: shards written class by class give each
+        batch the classes of one window's shards.
+    shuffle_window : int or str
+        ``shuffle="blocks"``: the bytes of shards a window holds (``"1GiB"``, the default; at least one
+        shard): the number of shards a window takes is this over the shards' mean size.
     seed : int
         Seed of the shuffle. The same seed gives the same batches whatever ``num_threads``.
     drop_last : bool
@@ -156,7 +164,7 @@ class Loader:
     that says so (copy batches you keep with ``.clone()``).
     """
 
-    def __init__(self, dataset, batch_size=1, shuffle=False, *, seed=0, drop_last=False, device="cpu",
+    def __init__(self, dataset, batch_size=1, shuffle=False, *, seed=0, shuffle_window="1GiB", drop_last=False, device="cpu",
                  num_threads=None, prefetch=None, rank=None, world_size=None, shard_remainder="pad", io="auto",
                  timeout=120.0, sampler=None, generator=None, num_workers=0, pin_memory=False,
                  prefetch_factor=None, persistent_workers=False, collate_fn=None, worker_init_fn=None,
@@ -176,7 +184,17 @@ class Loader:
         self.device, reader_device = _device.resolve(device)
         checks.choice(image_decode, "image_decode", ("auto", "host", "device"))
         checks.choice(shard_remainder, "shard_remainder", REMAINDER_POLICIES)
-        shuffle = False if shuffle is None else checks.flag(shuffle, "shuffle")  # DataLoader's default is None
+        # DataLoader's default is None
+        shuffle = False if shuffle is None else shuffle if shuffle == "blocks" else checks.flag(shuffle, "shuffle")
+        self._blocks = None  # shuffle="blocks": (the samples where blocks start, blocks a window)
+        if shuffle == "blocks":
+            starts = getattr(dataset, "_shard_starts", None)
+            if starts is None:
+                raise ValueError(f"shuffle='blocks' shuffles the shards of a sharded dataset (WebDataset); "
+                                 f"{type(dataset).__name__} has none: use shuffle=True")
+            starts, shard_bytes = starts()
+            window = checks.byte_size(shuffle_window, "shuffle_window")
+            self._blocks = (starts, max(1, int(window // max(1.0, shard_bytes))))
         drop_last = checks.flag(drop_last, "drop_last")
         if sampler is not None:
             if shuffle:
@@ -267,7 +285,11 @@ class Loader:
                 raise ValueError(f"sampler yielded index {idx.min() if idx.min() < 0 else idx.max()}, out of range "
                                  f"for a dataset of {len(self.dataset)} records")
             return idx
-        order = epoch_order(len(self.dataset), shuffle=self.shuffle, seed=self.seed, epoch=epoch)[offset:]
+        if self._blocks is not None:
+            order = block_order(self._blocks[0], len(self.dataset), seed=self.seed, epoch=epoch, window=self._blocks[1])
+        else:
+            order = epoch_order(len(self.dataset), shuffle=self.shuffle, seed=self.seed, epoch=epoch)
+        order = order[offset:]
         return shard(order, rank=self.rank, world_size=self.world_size, remainder=self.shard_remainder)
 
     @property
@@ -371,6 +393,7 @@ class Loader:
         return {
             "format": _STATE_FORMAT, "epoch": epoch, "batch": batch, "offset": offset,
             "num_samples": len(self.dataset), "batch_size": self.batch_size, "shuffle": self.shuffle,
+            "shuffle_window": self._blocks[1] if self._blocks is not None else None,
             "seed": self.seed, "drop_last": self.drop_last, "rank": self.rank, "world_size": self.world_size,
             "shard_remainder": self.shard_remainder,
         }

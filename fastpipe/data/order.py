@@ -15,6 +15,22 @@ def epoch_order(num_samples, *, shuffle, seed, epoch):
     return np.random.default_rng([seed, epoch]).permutation(num_samples).astype(np.int64, copy=False)
 
 
+def block_order(block_starts, num_samples, *, seed, epoch, window):
+    """The global order of one epoch under a block shuffle: the blocks (contiguous runs of samples, a
+    WebDataset's shards) in an order permuted by (seed, epoch), taken `window` blocks at a time, and each
+    window's samples permuted among themselves. A pure function of (seed, epoch), like epoch_order: a
+    reader only ever needs the blocks of one window (two, across a window's end) at once."""
+    starts = np.asarray(block_starts, dtype=np.int64)
+    ends = np.append(starts[1:], num_samples)
+    rng = np.random.default_rng([seed, epoch, 1])  # not epoch_order's stream
+    blocks = rng.permutation(len(starts))
+    out = []
+    for w in range(0, len(blocks), window):
+        samples = np.concatenate([np.arange(starts[b], ends[b], dtype=np.int64) for b in blocks[w:w + window]])
+        out.append(samples[rng.permutation(len(samples))])
+    return np.concatenate(out)
+
+
 def shard(order, *, rank, world_size, remainder):
     """The part of `order` that `rank` reads.
 

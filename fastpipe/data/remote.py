@@ -16,8 +16,6 @@ from fastpipe._ext import _C
 
 REMOTE = re.compile(r"^(s3|https?)://", re.IGNORECASE)
 _SCHEME = re.compile(r"^[a-zA-Z][a-zA-Z0-9+.-]*://")
-_UNITS = {"": 1, "b": 1, "k": 1000, "kb": 1000, "m": 1000**2, "mb": 1000**2, "g": 1000**3, "gb": 1000**3,
-          "t": 1000**4, "tb": 1000**4, "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}
 
 # storage_options: fsspec's (s3fs's) names, and the transport's settings with their defaults.
 _TRANSPORT = {"max_in_flight": 16, "part_size": 8 << 20, "max_attempts": 8, "retry_backoff": 0.2,
@@ -36,16 +34,6 @@ def default_cache_dir():
     if os.environ.get("FASTPIPE_CACHE_DIR"):
         return os.environ["FASTPIPE_CACHE_DIR"]
     return os.path.join(os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "fastpipe", "shards")
-
-
-def parse_bytes(value, name):
-    """An int of bytes, or a string such as ``"50GB"``, ``"512 MiB"``."""
-    if isinstance(value, str):
-        m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([a-zA-Z]*)\s*", value)
-        if m is None or m.group(2).lower() not in _UNITS:
-            raise ValueError(f"{name} must be bytes as an int or a string such as '50GB' or '512MiB', got {value!r}")
-        return int(float(m.group(1)) * _UNITS[m.group(2).lower()])
-    return checks.integer(value, name, low=0)
 
 
 class _Profile:
@@ -164,7 +152,7 @@ def stage(urls, storage_options=None, cache_dir=None, cache_limit=None):
         if k in options:
             transport[k] = options[k]
     in_flight = checks.integer(transport["max_in_flight"], "storage_options max_in_flight", low=1, high=1024)
-    part = parse_bytes(transport["part_size"], "storage_options part_size")
+    part = checks.byte_size(transport["part_size"], "storage_options part_size")
     if part < 64 << 10:
         raise ValueError(f"storage_options part_size must be at least 64 KiB, got {part}")
     attempts = checks.integer(transport["max_attempts"], "storage_options max_attempts", low=1)
@@ -172,7 +160,7 @@ def stage(urls, storage_options=None, cache_dir=None, cache_limit=None):
     connect = checks.real(transport["connect_timeout"], "storage_options connect_timeout", positive=True)
     stall = checks.real(transport["stall_timeout"], "storage_options stall_timeout", positive=True)
     cache_dir = os.path.abspath(os.path.expanduser(os.fspath(cache_dir))) if cache_dir is not None else default_cache_dir()
-    limit = -1 if cache_limit is None else parse_bytes(cache_limit, "cache_limit")
+    limit = -1 if cache_limit is None else checks.byte_size(cache_limit, "cache_limit")
     s3 = [u.lower().startswith("s3://") for u in urls]
     if any(s3) and not all(s3):
         raise ValueError("urls: s3:// and http(s):// URLs cannot be mixed in one dataset (their requests are "

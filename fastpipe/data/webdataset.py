@@ -187,6 +187,7 @@ class WebDataset(_Images):
         self._len = n
         self._keys, self._key_offsets = index["keys"], index["key_offsets"]
         self._shard_of = index["shard_of"]
+        self._shard_sizes = [os.path.getsize(p) for p in self._paths]
         self._sizes = index["sizes"]
         self.image_sizes = np.stack([index["heights"], index["widths"]], axis=1)
         self.image_formats = [_C.IMAGE_FORMATS[f] for f in index["formats"]]
@@ -220,6 +221,11 @@ class WebDataset(_Images):
 
     def _bad_reason(self, i):
         return dict((j, why) for j, _, why in self.bad).get(i, "its header could not be read")
+
+    def _shard_starts(self):
+        """(the first sample of each shard that holds one, the shards' mean bytes): shuffle='blocks'."""
+        starts = np.flatnonzero(np.diff(self._shard_of, prepend=-1)).astype(np.int64)
+        return starts, float(np.mean(self._shard_sizes))
 
     def _mean_bytes(self):
         return float(self._sizes.mean())

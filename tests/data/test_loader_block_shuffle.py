@@ -1,0 +1,118 @@
+"""shuffle="blocks" on a WebDataset: the shards permuted each epoch, a window of them at a time, each
+window's samples permuted. Checked against the definition's properties on the keys that come out (which
+shard each sample is in, written in the keys), and against a full shuffle's class mix."""
+
+import json
+import os
+
+import numpy as np
+import pytest
+
+import fastpipe
+from fastpipe.data.order import block_order, epoch_order, shard
+from fastpipe.transforms import CenterCrop
+
+from jpegs import jpeg_bytes, picture
+from tar_files import tar_bytes
+
+pytestmark = pytest.mark.timeout(120)
+TRANSFORM = {0: CenterCrop(8, resize=8)}
+
+
+@pytest.fixture(scope="module")
+def shards(tmp_path_factory):
+    """14 shards of 5 to 12 samples, each shard one class (written class by class: the worst case); keys
+    name the shard."""
+    rng = np.random.default_rng(7)
+    root = tmp_path_factory.mktemp("shards")
+    image = jpeg_bytes(picture(rng, 9, 9))
+    sizes = rng.integers(5, 13, 14)
+    paths = []
+    for k, n in enumerate(sizes):
+        members = []
+        for j in range(n):
+            members += [(f"s{k:02d}_{j:02d}.jpg", image), (f"s{k:02d}_{j:02d}.cls", str(k // 2).encode())]
+        path = root / f"shard-{k:02d}.tar"
+        path.write_bytes(tar_bytes(members))
+        paths.append(str(path))
+    return paths
+
+
+def test_the_order_is_the_definitions(rng):
+    counts = rng.integers(1, 30, int(rng.integers(5, 40)))
+    starts = np.concatenate([[0], np.cumsum(counts)[:-1]])
+    n = int(counts.sum())
+    shard_of = np.repeat(np.arange(len(counts)), counts)
+    for window in (1, 3, len(counts), len(counts) + 5):
+        order = block_order(starts, n, seed=4, epoch=2, window=window)
+        assert sorted(order.tolist()) == list(range(n))  # every sample once
+        seen = []  # each window: the samples of exactly `window` shards (fewer in the last), nothing else
+        at = 0
+        while at < n:
+            blocks = set()
+            while at < n and (len(blocks) < window or shard_of[order[at]] in blocks):
+                blocks.add(shard_of[order[at]])
+                at += 1
+            assert not blocks & set(seen), "a shard came back in a later window"
+            seen += list(blocks)
+        assert sorted(seen) == list(range(len(counts)))  # so each window held `window` shards whole
+        np.testing.assert_array_equal(order, block_order(starts, n, seed=4, epoch=2, window=window))
+        assert not np.array_equal(order, block_order(starts, n, seed=4, epoch=3, window=window)) or n < 3
+
+
+def test_batches_come_in_the_block_order_and_resume(shards):
+    ds = fastpipe.WebDataset(shards)
+    window = 3
+    shard_bytes = np.mean([os.path.getsize(p) for p in shards])
+    kw = dict(batch_size=4, shuffle="blocks", shuffle_window=int(window * shard_bytes) + 1, seed=11,
+              transforms=TRANSFORM)
+    ld = fastpipe.Loader(ds, **kw)
+    starts, _ = ds._shard_starts()
+    for epoch in range(2):
+        want = block_order(starts, len(ds), seed=11, epoch=epoch, window=window)
+        got = [ds.targets[i] for i in want]
+        labels = np.concatenate([y.numpy().copy() for _, y in ld])
+        np.testing.assert_array_equal(labels, got)
+    assert ld.state_dict()["shuffle"] == "blocks" and ld.state_dict()["shuffle_window"] == window
+    # Resume mid-epoch, with the same world and with another: the rest of the block order.
+    order = block_order(starts, len(ds), seed=11, epoch=0, window=window)
+    a = fastpipe.Loader(ds, **kw, rank=0, world_size=2)
+    it = iter(a)
+    [next(it) for _ in range(3)]
+    state = json.loads(json.dumps(a.state_dict()))
+    rest = []
+    for r in range(3):
+        b = fastpipe.Loader(ds, **kw, rank=r, world_size=3)
+        b.load_state_dict(state)
+        rest.append(np.concatenate([y.numpy().copy() for _, y in b]))
+    expected = [np.array(ds.targets)[shard(order[2 * 3 * 4:], rank=r, world_size=3, remainder="pad")] for r in range(3)]
+    for got, want in zip(rest, expected):
+        np.testing.assert_array_equal(got, want)
+    with pytest.raises(ValueError, match="shuffle_window"):
+        fastpipe.Loader(ds, **{**kw, "shuffle_window": int(5 * shard_bytes)}).load_state_dict(state)
+
+
+def test_a_window_of_every_shard_mixes_classes_as_a_full_shuffle(shards):
+    """Class-by-class shards: batches of a window over every shard hold as many classes as a full
+    shuffle's; a window of one shard, one class a batch (what the window buys)."""
+    ds = fastpipe.WebDataset(shards)
+
+    def distinct(**kw):
+        ld = fastpipe.Loader(ds, batch_size=8, drop_last=True, seed=3, transforms=TRANSFORM, **kw)
+        return np.mean([len(set(y.tolist())) for e in range(4) for _, y in (ld.set_epoch(e) or ld)])
+
+    full, everything, one = distinct(shuffle=True), distinct(shuffle="blocks", shuffle_window="1TB"), \
+        distinct(shuffle="blocks", shuffle_window=1)
+    print(f"distinct classes a batch: full {full:.2f}, window of all shards {everything:.2f}, of one {one:.2f}")
+    assert everything >= 0.9 * full and one < 0.6 * full
+
+
+def test_blocks_need_shards(dataset_factory, shards):
+    ds, _, _ = dataset_factory(10, {"x": ("uint8", (3,))})
+    with pytest.raises(ValueError, match="shuffle='blocks' shuffles the shards of a sharded dataset"):
+        fastpipe.Loader(ds, 2, shuffle="blocks")
+    with pytest.raises(TypeError, match="shuffle must be True or False"):
+        fastpipe.Loader(ds, 2, shuffle="block")
+    with pytest.raises(ValueError, match="shuffle_window must be bytes"):
+        fastpipe.Loader(fastpipe.WebDataset(shards), 2, shuffle="blocks", shuffle_window="big", transforms=TRANSFORM)
+    assert epoch_order(5, shuffle=False, seed=0, epoch=0).tolist() == [0, 1, 2, 3, 4]
