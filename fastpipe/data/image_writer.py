@@ -11,10 +11,8 @@ import torch
 
 from fastpipe import _checks as checks
 from fastpipe._ext import _C
-from fastpipe.data.images import _PACKED_FORMAT, ImageDataset, ImageFolder
+from fastpipe.data.images import _PACKED_FILES as _FILES, _PACKED_FORMAT, ImageDataset, ImageFolder
 from fastpipe.data.writer import _fsync, _Progress
-
-_FILES = ("images.bin", "offsets.npy", "heights.npy", "widths.npy", "labels.npy")
 
 
 def _records(source):

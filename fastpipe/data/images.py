@@ -20,11 +20,13 @@ import torch
 
 from fastpipe import _checks as checks
 from fastpipe._ext import _C
-from fastpipe.data import _pillow, image_index
+from fastpipe.data import _pillow, image_index, remote
 from fastpipe.data._source import ColumnSource
 
 DEFAULT_MAX_RECORD_BYTES = 64 << 20
 _PACKED_FORMAT = "fastpipe.ImageDataset/1"
+# What write_images writes besides meta.json (which it writes last).
+_PACKED_FILES = ("images.bin", "offsets.npy", "heights.npy", "widths.npy", "labels.npy")
 
 
 def _transforms_module():
@@ -269,16 +271,28 @@ class ImageDataset(_Images):
 
     Parameters
     ----------
-    path : path
-        The folder write_images wrote.
+    path : path or URL
+        The folder write_images wrote, on local disk or uploaded as it is (``s3://bucket/imagenet-train``).
     transform : RandomResizedCrop or CenterCrop, optional
         As ImageFolder's.
     max_record_bytes : int
         As ImageFolder's.
+    storage_options, cache_dir, cache_limit : optional
+        A folder at an ``s3://`` or ``http(s)://`` URL: fetched into the local cache first, as
+        :class:`WebDataset`'s shards are (the same settings; ``fetch_stats`` holds the counters).
     """
 
-    def __init__(self, path, transform=None, *, max_record_bytes=DEFAULT_MAX_RECORD_BYTES):
-        self.path = os.path.abspath(checks.path(path, "path"))
+    def __init__(self, path, transform=None, *, max_record_bytes=DEFAULT_MAX_RECORD_BYTES, storage_options=None,
+                 cache_dir=None, cache_limit=None):
+        path = checks.path(path, "path")
+        self.fetch_stats = None
+        if remote.is_remote(path):
+            self.url = path
+            path, self.fetch_stats = remote.local_folder(path, _PACKED_FILES + ("meta.json",), storage_options, cache_dir, cache_limit)
+        elif storage_options is not None or cache_dir is not None or cache_limit is not None:
+            raise ValueError("ImageDataset: storage_options, cache_dir and cache_limit apply to remote URLs "
+                             "(s3://, http(s)://); this is a local path")
+        self.path = os.path.abspath(path)
         self._init_common(transform, max_record_bytes)
         meta_path = os.path.join(self.path, "meta.json")
         try:
@@ -309,5 +323,5 @@ class ImageDataset(_Images):
         return float(self._offsets[-1] - self._offsets[0]) / max(1, self._len)
 
     def __repr__(self):
-        return (f"ImageDataset('{self.path}': {self._len} images, {len(self.classes)} classes, "
+        return (f"ImageDataset('{getattr(self, 'url', self.path)}': {self._len} images, {len(self.classes)} classes, "
                 f"transform={self.transform!r})")

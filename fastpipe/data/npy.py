@@ -7,6 +7,7 @@ import torch
 
 from fastpipe import _checks as checks
 from fastpipe._ext import _C
+from fastpipe.data import remote
 from fastpipe.data._source import ColumnSource
 
 
@@ -18,7 +19,10 @@ class NpyDataset(ColumnSource):
     columns : path, list of paths, or dict of name -> path
         Each file holds an array whose first dimension indexes records; all files must have the same
         first dimension. The structure given is the structure of every batch: one tensor, a tuple of
-        tensors, or a dict of tensors, each of shape ``[B, *record_shape]`` in the file's dtype.
+        tensors, or a dict of tensors, each of shape ``[B, *record_shape]`` in the file's dtype. URLs
+        (``s3://``, ``http(s)://``) are fetched into the local cache first.
+    storage_options, cache_dir, cache_limit : optional
+        For URLs: as :class:`WebDataset`'s (``fetch_stats`` holds the counters).
 
     Notes
     -----
@@ -28,7 +32,7 @@ class NpyDataset(ColumnSource):
     batches in C++ without touching Python per record.
     """
 
-    def __init__(self, columns):
+    def __init__(self, columns, *, storage_options=None, cache_dir=None, cache_limit=None):
         if isinstance(columns, dict):
             self._structure = "dict"
             self._names = list(columns)
@@ -43,7 +47,7 @@ class NpyDataset(ColumnSource):
             paths = [checks.path(columns, "columns")]
         if not paths:
             raise ValueError("NpyDataset needs at least one column, got an empty collection")
-        self.paths = [os.path.abspath(p) for p in paths]
+        self.paths, self.fetch_stats = remote.local_paths(paths, storage_options, cache_dir, cache_limit, "NpyDataset")
         self._headers = [_C.read_npy_header(p) for p in self.paths]
         n0 = self._headers[0]["shape"][0]
         for p, h in zip(self.paths[1:], self._headers[1:]):

@@ -7,8 +7,11 @@ web-identity providers).
 """
 
 import configparser
+import hashlib
 import os
 import re
+import shutil
+import tempfile
 import urllib.parse
 
 from fastpipe import _checks as checks
@@ -175,3 +178,38 @@ def stage(urls, storage_options=None, cache_dir=None, cache_limit=None):
     del got["sizes"], got["etags"]
     got["cache_dir"] = cache_dir
     return paths, got
+
+
+def local_paths(paths, storage_options, cache_dir, cache_limit, what):
+    """`paths` as local files: remote URLs staged into the cache (all of them remote, or none), local paths
+    made absolute. Returns (paths, the staging's counters or None)."""
+    remote = [is_remote(p) for p in paths]
+    if not any(remote):
+        if storage_options is not None or cache_dir is not None or cache_limit is not None:
+            raise ValueError(f"{what}: storage_options, cache_dir and cache_limit apply to remote URLs (s3://, "
+                             f"http(s)://); these are local paths")
+        return [os.path.abspath(p) for p in paths], None
+    if not all(remote):
+        raise ValueError(f"{what}: remote URLs and local paths cannot be mixed in one dataset")
+    return stage(paths, storage_options, cache_dir, cache_limit)
+
+
+def local_folder(url, names, storage_options, cache_dir, cache_limit):
+    """The files `names` of the folder at `url` staged, and a local folder holding them under those names
+    (relative links into the cache, made under a temporary name and renamed: a folder per version of the
+    files). Returns (folder, counters)."""
+    paths, stats = stage([url.rstrip("/") + "/" + n for n in names], storage_options, cache_dir, cache_limit)
+    cached = os.path.dirname(paths[0])
+    versions = "\n".join([url] + [os.path.basename(p) for p in paths])
+    folders = os.path.join(cached, "folders")
+    folder = os.path.join(folders, hashlib.sha256(versions.encode()).hexdigest()[:16])
+    if not os.path.isdir(folder):
+        os.makedirs(folders, exist_ok=True)
+        temp = tempfile.mkdtemp(dir=folders, prefix=".")
+        for name, path in zip(names, paths):
+            os.symlink(os.path.relpath(path, folder), os.path.join(temp, name))
+        try:
+            os.rename(temp, folder)
+        except OSError:  # another process made it first
+            shutil.rmtree(temp, ignore_errors=True)
+    return folder, stats

@@ -7,6 +7,7 @@ import torch
 
 from fastpipe import _checks as checks
 from fastpipe._ext import _C
+from fastpipe.data import remote
 from fastpipe.data._source import ColumnSource
 
 _TOKEN_DTYPES = {"uint8": (1, False), "uint16": (2, False), "int16": (2, True), "int32": (4, True),
@@ -18,9 +19,11 @@ class TokenDataset(ColumnSource):
 
     Parameters
     ----------
-    path : path
+    path : path or URL
         A raw token file (``.bin``, as nanoGPT/llm.c-style preprocessing writes it: tokens back to back,
-        no header) or a 1-D ``.npy`` file.
+        no header) or a 1-D ``.npy`` file; at an ``s3://`` or ``http(s)://`` URL, fetched into the local
+        cache first (``storage_options``, ``cache_dir``, ``cache_limit`` as :class:`WebDataset`'s;
+        ``fetch_stats`` holds the counters).
     block_size : int
         Tokens per sample; each sample reads ``block_size + 1`` tokens.
     dtype : str
@@ -37,8 +40,9 @@ class TokenDataset(ColumnSource):
 
     _unit = "windows"
 
-    def __init__(self, path, block_size, dtype="uint16"):
-        self.path = os.path.abspath(checks.path(path, "path"))
+    def __init__(self, path, block_size, dtype="uint16", *, storage_options=None, cache_dir=None, cache_limit=None):
+        (self.path,), self.fetch_stats = remote.local_paths([checks.path(path, "path")], storage_options, cache_dir,
+                                                            cache_limit, "TokenDataset")
         self.block_size = checks.integer(block_size, "block_size", low=1)
         if self.path.endswith(".npy"):
             h = _C.read_npy_header(self.path)

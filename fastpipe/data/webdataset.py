@@ -153,22 +153,12 @@ class WebDataset(_Images):
         threads = max(8, os.cpu_count() or 1) if num_threads is None else checks.integer(num_threads, "num_threads",
                                                                                          low=1)
         shards = expand_urls(urls)
-        remote_shards = [remote.is_remote(u) for u in shards]
-        self.fetch_stats = None
-        if any(remote_shards):
-            if not all(remote_shards):
-                raise ValueError("urls: remote URLs and local paths cannot be mixed in one WebDataset")
-            self.urls = shards
-            self._paths, self.fetch_stats = remote.stage(shards, storage_options, cache_dir, cache_limit)
-        else:
-            if storage_options is not None or cache_dir is not None or cache_limit is not None:
-                raise ValueError("storage_options, cache_dir and cache_limit apply to remote URLs (s3://, "
-                                 "http(s)://); these shards are local paths")
-            self.urls = self._paths = [os.path.abspath(s) for s in shards]
-            missing = [s for s in self.urls if not os.path.isfile(s)]
-            if missing:
-                raise FileNotFoundError(f"WebDataset: {len(missing)} of {len(self.urls)} shards do not exist, "
-                                        f"e.g. '{missing[0]}'")
+        self._paths, self.fetch_stats = remote.local_paths(shards, storage_options, cache_dir, cache_limit, "WebDataset")
+        self.urls = shards if self.fetch_stats else self._paths
+        missing = [s for s in self._paths if not os.path.isfile(s)]
+        if missing:
+            raise FileNotFoundError(f"WebDataset: {len(missing)} of {len(self.urls)} shards do not exist, e.g. "
+                                    f"'{missing[0]}'")
         extensions = [e.lstrip(".") for e in image_index.IMG_EXTENSIONS]
         try:
             index = _C.index_webdataset(self._paths, extensions, label.lower(), label_field or "", threads)

@@ -316,3 +316,52 @@ def test_a_full_cache_disk_is_a_clear_error(faulty, tmp_path, rng):
     assert re.search(rf"refused: \[Errno 28\] cache_dir '{re.escape(str(cache))}' has \d+ bytes .* free but the shards to "
                      rf"fetch need 200000 bytes", proc.stdout), proc.stdout
     assert len(faulty.gets("/0.tar")) >= 1 and faulty.gets("/1.tar") == []
+
+
+def test_packed_formats_from_s3_and_http(s3, tmp_path, rng):
+    """write_images' folder, .npy columns and a token file, uploaded as they are: the same batches as the
+    local copies."""
+    items = [(jpeg_bytes(picture(rng, int(rng.integers(20, 60)), int(rng.integers(20, 60)))), int(rng.integers(0, 4)))
+             for _ in range(23)]
+    packed = fastpipe.write_images(items, str(tmp_path / "packed"), progress=False)
+    x = rng.integers(0, 256, (37, 5, 3), dtype=np.uint8)
+    y = rng.standard_normal(37).astype(np.float32)
+    np.save(tmp_path / "x.npy", x)
+    np.save(tmp_path / "y.npy", y)
+    rng.integers(0, 50_000, 4099, dtype=np.uint16).tofile(tmp_path / "tokens.bin")
+    for name in os.listdir(tmp_path / "packed"):
+        s3.put("data", f"packed/{name}", (tmp_path / "packed" / name).read_bytes())
+    for name in ("x.npy", "y.npy", "tokens.bin"):
+        s3.put("data", f"cols/{name}", (tmp_path / name).read_bytes())
+    opts = dict(storage_options=s3.options(), cache_dir=tmp_path / "cache")
+    images = fastpipe.ImageDataset("s3://data/packed", **opts)
+    assert images.fetch_stats["shards_fetched"] == 6 and "s3://data/packed" in repr(images)
+    assert images.classes == packed.classes and len(images) == len(packed)
+    for (a, la), (b, lb) in zip(batches(images, shuffle=True, seed=2), batches(packed, shuffle=True, seed=2), strict=True):
+        np.testing.assert_array_equal(a, b)
+        np.testing.assert_array_equal(la, lb)
+    again = fastpipe.ImageDataset("s3://data/packed", **opts)
+    assert again.path == images.path and again.fetch_stats["cache_hits"] == 6
+
+    def all_batches(ds):
+        ld = fastpipe.Loader(ds, batch_size=8, shuffle=True, seed=4)
+        return [{k: v.numpy().copy() for k, v in b.items()} if isinstance(b, dict) else b.numpy().copy() for b in ld]
+
+    columns = fastpipe.NpyDataset({"x": "s3://data/cols/x.npy", "y": "s3://data/cols/y.npy"}, **opts)
+    local = fastpipe.NpyDataset({"x": str(tmp_path / "x.npy"), "y": str(tmp_path / "y.npy")})
+    for a, b in zip(all_batches(columns), all_batches(local), strict=True):
+        np.testing.assert_array_equal(a["x"], b["x"])
+        np.testing.assert_array_equal(a["y"], b["y"])
+    with nginx(tmp_path, tmp_path / "nginx") as server:
+        tokens = fastpipe.TokenDataset(server.url + "/tokens.bin", 64, storage_options={}, cache_dir=tmp_path / "c2")
+    ld_a, ld_b = (fastpipe.Loader(d, batch_size=8, shuffle=True, seed=1) for d in
+                  (tokens, fastpipe.TokenDataset(str(tmp_path / "tokens.bin"), 64)))
+    for a, b in zip(ld_a, ld_b, strict=True):
+        for u, v in zip(a, b, strict=True):
+            np.testing.assert_array_equal(u.numpy(), v.numpy())
+    with pytest.raises(ValueError, match="NpyDataset: remote URLs and local paths cannot be mixed"):
+        fastpipe.NpyDataset(["s3://data/cols/x.npy", str(tmp_path / "y.npy")], **opts)
+    with pytest.raises(ValueError, match="ImageDataset: storage_options, cache_dir and cache_limit apply"):
+        fastpipe.ImageDataset(str(tmp_path / "packed"), cache_dir=tmp_path)
+    with pytest.raises(OSError, match=r"'s3://data/nothing/[a-z]+\.[a-z]+': HTTP 404, not found"):
+        fastpipe.ImageDataset("s3://data/nothing", **opts)
