@@ -196,13 +196,17 @@ def _load(index_dir, root):
 
 
 def _save(index, index_dir):
-    """Writes the index to ``index_dir``, all or nothing: a folder renamed into place (OSError when the
-    cache cannot be written)."""
+    save_folder(index_dir, lambda folder: _write(index, folder))
+
+
+def save_folder(index_dir, write):
+    """Makes ``index_dir`` with ``write(folder)``, all or nothing: a folder written under a temporary name and
+    renamed into place (OSError when the cache cannot be written)."""
     parent = os.path.dirname(index_dir)
     os.makedirs(parent, exist_ok=True)
     tmp = tempfile.mkdtemp(prefix=os.path.basename(index_dir) + ".partial-", dir=parent)
     try:
-        _write(index, tmp)
+        write(tmp)
         if os.path.isdir(index_dir):
             shutil.rmtree(index_dir, ignore_errors=True)
         os.rename(tmp, index_dir)

@@ -2,6 +2,8 @@
 (``n01440764_10026.jpg`` and ``n01440764_10026.cls``), read by the same C++ image path as ImageFolder.
 """
 
+import hashlib
+import json
 import os
 import re
 import shutil
@@ -76,6 +78,49 @@ def _range(body, whole):
     return [str(v).zfill(width) for v in values]
 
 
+_INDEX_FORMAT = "fastpipe.WebDataset/1"
+_INDEX_ARRAYS = ("shard_of", "offsets", "sizes", "labels", "key_offsets", "heights", "widths", "formats", "bad",
+                 "without_image")
+
+
+def _indexed(paths, extensions, label, label_field, threads, index_cache):
+    """_C.index_webdataset's index of the shards, from the index cache when it holds one of these very
+    shards (each one's path, size and modification time) with these settings; else indexed and kept."""
+    if index_cache == "off":
+        return _C.index_webdataset(paths, extensions, label, label_field, threads)
+    stats = [os.stat(p) for p in paths]
+    key = json.dumps([_INDEX_FORMAT, [[p, s.st_size, s.st_mtime_ns] for p, s in zip(paths, stats)], extensions,
+                      label, label_field])
+    root = os.fspath(index_cache) if index_cache is not None else os.path.join(
+        os.path.dirname(image_index.default_cache()), "webdatasets")
+    folder = os.path.join(root, hashlib.sha256(key.encode()).hexdigest()[:20])
+    try:
+        with open(os.path.join(folder, "index.json")) as f:
+            meta = json.load(f)
+        if meta["key"] == key:
+            arrays = np.load(os.path.join(folder, "index.npz"))
+            index = {k: arrays[k] for k in _INDEX_ARRAYS}
+            index["keys"] = arrays["keys"].tobytes()
+            index["reasons"] = meta["reasons"]
+            return index
+    except (OSError, ValueError, KeyError):
+        pass
+    index = _C.index_webdataset(paths, extensions, label, label_field, threads)
+
+    def write(tmp):
+        np.savez(os.path.join(tmp, "index.npz"), keys=np.frombuffer(index["keys"], dtype=np.uint8),
+                 **{k: index[k] for k in _INDEX_ARRAYS})
+        with open(os.path.join(tmp, "index.json"), "w") as f:  # last: its presence marks a whole index
+            json.dump({"key": key, "reasons": index["reasons"]}, f)
+
+    try:
+        image_index.save_folder(folder, write)
+    except OSError as e:
+        warnings.warn(f"WebDataset: cannot keep its index under '{root}' ({e}); the shards' headers will be read "
+                      f"again next time (set index_cache=)", stacklevel=3)
+    return index
+
+
 class WebDataset(_Images):
     """Images and labels from WebDataset tar shards: on local disk, in S3 or on an HTTP(S) server.
 
@@ -123,6 +168,10 @@ class WebDataset(_Images):
     cache_dir : path, optional
         Where remote shards are kept (default ``$FASTPIPE_CACHE_DIR``, else ``~/.cache/fastpipe/shards``).
         Processes sharing it (the ranks of a node) fetch each shard once.
+    index_cache : path or "off", optional
+        Where the shards' index is kept (default: next to ImageFolder's, ``~/.cache/fastpipe/webdatasets``),
+        so that a new WebDataset over the same shards (path, size and modification time each; a remote
+        shard's cache file names its version) reads no tar header again.
     cache_limit : int or str, optional
         The most bytes the cache may hold (``"200GB"``): other datasets' shards are evicted, least recently
         used first, to make room; a dataset larger than the limit is an error (staging through a smaller
@@ -137,14 +186,16 @@ class WebDataset(_Images):
     the server while it is fetched is an error (If-Match), and a later version is a new cache file, never
     mixed with the old bytes. ``fetch_stats`` holds the construction's counters.
 
-    Construction reads every shard's tar headers, its labels and its images' headers (no image data); a
+    Construction reads every shard's tar headers, its labels and its images' headers (no image data; once:
+    the index is kept, see ``index_cache``); a
     malformed or truncated archive, a sample holding two members of one extension (webdataset refuses
     those too) or a sample without a label is an error naming the shard. Samples without an image member
     are skipped and counted in ``without_image`` (per shard), with a warning.
     """
 
     def __init__(self, urls, transform=None, *, label="cls", label_field=None, num_threads=None,
-                 max_record_bytes=DEFAULT_MAX_RECORD_BYTES, storage_options=None, cache_dir=None, cache_limit=None):
+                 max_record_bytes=DEFAULT_MAX_RECORD_BYTES, storage_options=None, cache_dir=None, cache_limit=None,
+                 index_cache=None):
         self._init_common(transform, max_record_bytes)
         if not isinstance(label, str) or not label or label.startswith("."):
             raise ValueError(f"label must be a member extension such as 'cls', got {label!r}")
@@ -161,7 +212,7 @@ class WebDataset(_Images):
                                     f"'{missing[0]}'")
         extensions = [e.lstrip(".") for e in image_index.IMG_EXTENSIONS]
         try:
-            index = _C.index_webdataset(self._paths, extensions, label.lower(), label_field or "", threads)
+            index = _indexed(self._paths, extensions, label.lower(), label_field or "", threads, index_cache)
         except (ValueError, OSError) as e:
             if self._paths is self.urls:
                 raise

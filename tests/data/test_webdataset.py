@@ -286,3 +286,29 @@ def test_labels_from_a_json_field(tmp_path, rng):
         fastpipe.WebDataset(bad, label="json", label_field="class_id")
     with pytest.raises(ValueError, match="label_field must be"):
         fastpipe.WebDataset(bad, label="json", label_field="")
+
+
+def test_the_index_is_kept_and_reread_only_when_a_shard_changes(shards, tmp_path, monkeypatch):
+    from fastpipe.data import webdataset
+
+    calls = []
+    real = _C.index_webdataset
+    monkeypatch.setattr(webdataset._C, "index_webdataset", lambda *a: calls.append(a) or real(*a))
+    cache = tmp_path / "index"
+
+    def made():
+        with pytest.warns(UserWarning, match="hold no image member"):
+            return fastpipe.WebDataset(shards, index_cache=cache)
+
+    first, second = made(), made()
+    assert len(calls) == 1, "the second construction read the shards again"
+    assert [first.key(i) for i in range(len(first))] == [second.key(i) for i in range(len(second))]
+    assert first.targets == second.targets and first.without_image == second.without_image
+    np.testing.assert_array_equal(first.image_sizes, second.image_sizes)
+    assert first.image_formats == second.image_formats
+    os.utime(shards[1], ns=(os.stat(shards[1]).st_atime_ns, os.stat(shards[1]).st_mtime_ns + 10**9))
+    made()
+    assert len(calls) == 2, "a shard whose modification time changed must be read again"
+    with pytest.warns(UserWarning, match="hold no image member"):
+        fastpipe.WebDataset(shards, index_cache="off")
+    assert len(calls) == 3 and len(os.listdir(cache)) == 2
