@@ -13,6 +13,7 @@ import ast
 import gc
 import os
 import re
+import signal
 import struct
 import subprocess
 import sys
@@ -151,6 +152,15 @@ def _no_tf32_in_gpu_tests(request):
         yield
     finally:
         torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = saved
+
+
+@pytest.fixture
+def ctrl_c():
+    """Python's own Ctrl-C handler, which a run started as a background job (SIGINT ignored, as CI may
+    start it) does not install: interrupt_main() does nothing without it."""
+    old = signal.signal(signal.SIGINT, signal.default_int_handler)
+    yield
+    signal.signal(signal.SIGINT, old)
 
 
 @pytest.fixture

@@ -5,7 +5,6 @@ end on its own and holds what it touches, so that it ends safely once the call r
 
 import _thread
 import os
-import signal
 import sys
 import threading
 import time
@@ -44,15 +43,6 @@ def main_thread_in(function):
             return True
         frame = frame.f_back
     return False
-
-
-@pytest.fixture
-def ctrl_c():
-    """Python's own Ctrl-C handler, which a run started as a background job (SIGINT ignored, as CI may
-    start it) does not install: interrupt_main() does nothing without it."""
-    old = signal.signal(signal.SIGINT, signal.default_int_handler)
-    yield
-    signal.signal(signal.SIGINT, old)
 
 
 @pytest.fixture

@@ -280,7 +280,7 @@ def test_a_killed_download_leaves_nothing_that_is_read(faulty, tmp_path, rng):
     assert not [n for n in os.listdir(cache) if ".part-" in n]
 
 
-def test_ctrl_c_ends_a_stalled_fetch(faulty, tmp_path, rng):
+def test_ctrl_c_ends_a_stalled_fetch(faulty, tmp_path, rng, ctrl_c):
     url = faulty.put("/stuck.tar", rng.bytes(100_000), faults=["stall"] * 5)
     sent = []
 
