@@ -158,6 +158,10 @@ def train(args, paths, device, loader_device, sync, which):
                                  transforms={"image": t}, timeout=120)
 
         def prep(b):
+            if args.smoke:
+                # The model runs on the CPU here, outside the simulated streams: wait for the batch's copies
+                # as a GPU kernel queued on the consumer stream would (else it reads a slot being filled).
+                sync()
             return b["image"].permute(0, 3, 1, 2), b["label"]  # NCHW shape, channels_last memory: no copy
     else:
         loader = torch.utils.data.DataLoader(ImageFolderLike(*paths), batch_size=args.batch, shuffle=True,

@@ -37,6 +37,7 @@ struct Request {
   int64_t body_at = -1;  // the object offset of the response body's first byte (Content-Range), once known
   int64_t body_seen = 0;
   bool have_all = false;  // stopped on purpose after the last byte wanted (a server that ignored Range)
+  bool bad_range = false;  // a 206 without a Content-Range
   int write_errno = 0;
   std::string etag, content_range, error_body;
   int64_t content_length = -1;
@@ -151,7 +152,13 @@ struct HttpTransfers::Engine {
     if (r.body_at < 0) {
       r.body_at = 0;  // 200: the whole object
       long long a = 0;
-      if (r.status == 206 && std::sscanf(r.content_range.c_str(), "bytes %lld-", &a) == 1) r.body_at = a;
+      if (r.status == 206) {
+        if (std::sscanf(r.content_range.c_str(), "bytes %lld-", &a) != 1) {
+          r.bad_range = true;  // where these bytes belong is unknown: none is written
+          return 0;
+        }
+        r.body_at = a;
+      }
     }
     // Write what continues [begin + got, end) contiguously; skip what comes before it (a server that
     // ignored Range); stop once past the end.
@@ -187,7 +194,7 @@ struct HttpTransfers::Engine {
     if (!e) throw Error(ErrorKind::kIO, "libcurl could not create a transfer (out of memory?)");
     curl_easy_reset(e);
     const RemoteObject& o = (*objects)[r.object];
-    r.status = 0, r.body_at = -1, r.body_seen = 0, r.have_all = false, r.write_errno = 0;
+    r.status = 0, r.body_at = -1, r.body_seen = 0, r.have_all = false, r.bad_range = false, r.write_errno = 0;
     r.etag.clear(), r.content_range.clear(), r.error_body.clear(), r.content_length = -1, r.curl_error[0] = 0;
     std::vector<HttpHeader> headers = {{"host", o.host}};
     if (!r.head) {
@@ -243,6 +250,7 @@ struct HttpTransfers::Engine {
       fail(r, "writing its cache file '" + file + "': " + std::strerror(r.write_errno) +
                   (r.write_errno == ENOSPC ? " (the cache's disk is full: free space, or set cache_dir elsewhere)" : ""));
     }
+    if (r.bad_range) fail(r, "the server answered a range request with 206 but no Content-Range");
     const std::string& etag = (*infos).empty() ? std::string() : (*infos)[r.object].etag;
     const bool ok_status = r.head ? r.status == 200 : (r.status == 200 || r.status == 206);
     if (code == CURLE_OK || (code == CURLE_WRITE_ERROR && r.have_all)) {
@@ -317,10 +325,14 @@ struct HttpTransfers::Engine {
           // is not failed by resets spread over many parts.
           if (r->got > before) r->attempts = 1;
           if (r->attempts >= options.max_attempts) {
-            fail(*r, r->status >= 400 ? "HTTP " + std::to_string(r->status) + ", " + status_reason(r->status) +
-                                            " (" + std::to_string(r->attempts) + " attempts)"
-                                      : std::string("request failed ") + std::to_string(r->attempts) + " times, last: " +
-                                            (r->curl_error[0] ? r->curl_error : curl_easy_strerror(code)));
+            std::string why;
+            if (r->status >= 400)
+              why = "HTTP " + std::to_string(r->status) + ", " + status_reason(r->status);
+            else if (code == CURLE_OK)
+              why = "its answers kept ending before the end of the bytes asked for";
+            else
+              why = std::string("request failed, last: ") + (r->curl_error[0] ? r->curl_error : curl_easy_strerror(code));
+            fail(*r, why + " (" + std::to_string(r->attempts) + " attempts)");
           }
           ++stats.retries;
           r->not_before = Clock::now() + std::chrono::duration_cast<Clock::duration>(

@@ -30,7 +30,8 @@ class FaultyServer:
     """HTTP/1.1 with ranges, ETags and If-Match over in-memory objects, and a script of faults: each GET
     takes the next fault of its path's list ("503", "truncate" (half the body, then the connection
     closes), "reset" (closed before any answer), "stall" (the headers, then silence until released),
-    "ignore_range" (200 and the whole object), "replace:<hex>" (the object changes before the answer),
+    "ignore_range" (200 and the whole object), "no_content_range" (206 without saying which bytes),
+    "replace:<hex>" (the object changes before the answer),
     or "ok"). Every request is logged: (method, path, Range header)."""
 
     def __init__(self):
@@ -101,7 +102,7 @@ class FaultyServer:
                 if rng and fault != "ignore_range":
                     a, b = rng.split("=", 1)[1].split("-")
                     start, end, status = int(a), min(int(b) + 1, len(data)), 206
-                    extra = [("Content-Range", f"bytes {start}-{end - 1}/{len(data)}")]
+                    extra = [] if fault == "no_content_range" else [("Content-Range", f"bytes {start}-{end - 1}/{len(data)}")]
                 self._headers(status, end - start, etag, extra)
                 body = data[start:end]
                 if fault == "truncate":

@@ -180,6 +180,9 @@ def test_errors_name_the_url(s3, faulty, tmp_path, rng):
     with pytest.raises(OSError, match=rf"'{url}': HTTP 503, the server kept failing \(3 attempts\)"):
         remote.stage([url], dict(max_attempts=3, retry_backoff=0.01), tmp_path / "c503")
     assert len(faulty.gets("/always-503.tar")) == 3
+    url = faulty.put("/unsaid.tar", rng.bytes(1000), faults=["no_content_range"])
+    with pytest.raises(OSError, match=rf"'{url}': the server answered a range request with 206 but no Content-Range"):
+        remote.stage([url], {}, tmp_path / "c206")
     assert not [p for p in (tmp_path / "c503").iterdir() if ".part-" in p.name]  # nothing left half-written
 
 
