@@ -94,8 +94,8 @@ def one_pass(make):
     return n / seconds, n
 
 
-def main(argv=None):
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def add_corpus_arguments(p, name):
+    """The corpus, shard and loader options this benchmark and webdataset_remote.py share."""
     p.add_argument("--images", type=int, default=2000)
     p.add_argument("--per-shard", type=int, default=250)
     p.add_argument("--size", type=int, default=224)
@@ -103,12 +103,22 @@ def main(argv=None):
     p.add_argument("--threads", type=int, default=len(os.sched_getaffinity(0)))
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--data-dir", default="benchmarks/data")
-    p.add_argument("--out", default=None, help="the results JSON (default: benchmarks/results/webdataset_local_<host>_<date>.json)")
-    args = p.parse_args(argv)
-    out = common.Report("webdataset_local", "benchmarks/results", json_path=args.out, options=vars(args))
+    p.add_argument("--out", default=None, help=f"the results JSON (default: benchmarks/results/{name}_<host>_<date>.json)")
+
+
+def corpus_shards(args, out):
+    """The images suite's corpus (made when missing) and its shards: (corpus paths, shard paths)."""
     c = corpus_paths(args.data_dir, args.images, 0, 14.0)
     ensure_corpus(c, args.images, 0, 14.0, args.threads, out)
-    shards = write_shards(c.tree, os.path.join(os.path.dirname(c.tree), f"shards_{args.per_shard}"), args.per_shard)
+    return c, write_shards(c.tree, os.path.join(os.path.dirname(c.tree), f"shards_{args.per_shard}"), args.per_shard)
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    add_corpus_arguments(p, "webdataset_local")
+    args = p.parse_args(argv)
+    out = common.Report("webdataset_local", "benchmarks/results", json_path=args.out, options=vars(args))
+    c, shards = corpus_shards(args, out)
     rows = {**fastpipe_rows(shards, c.tree, args.size, args.batch_size, args.threads),
             **webdataset_row(shards, args.size, args.batch_size, args.threads)}
     rates = {k: [] for k in rows}

@@ -30,10 +30,9 @@ import torch
 
 import fastpipe
 from fastpipe.bench import common, servers
-from fastpipe.bench.image_corpus import corpus_paths, ensure_corpus
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from webdataset_local import MEAN, STD, webdataset_row, write_shards  # noqa: E402
+from webdataset_local import MEAN, STD, add_corpus_arguments, corpus_shards, webdataset_row  # noqa: E402
 
 
 def epoch(loader, start):
@@ -106,21 +105,12 @@ def measure(args, out, proxies, stores, names, shards, total, work, rates, first
 
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--images", type=int, default=2000)
-    p.add_argument("--per-shard", type=int, default=250)
-    p.add_argument("--size", type=int, default=224)
-    p.add_argument("--batch-size", type=int, default=64)
-    p.add_argument("--threads", type=int, default=len(os.sched_getaffinity(0)))
-    p.add_argument("--rounds", type=int, default=3)
+    add_corpus_arguments(p, "webdataset_remote")
     p.add_argument("--rtt-ms", type=float, default=20.0)
-    p.add_argument("--data-dir", default="benchmarks/data")
-    p.add_argument("--out", default=None, help="the results JSON (default: benchmarks/results/webdataset_remote_<host>_<date>.json)")
     args = p.parse_args(argv)
     out = common.Report("webdataset_remote", "benchmarks/results", json_path=args.out, options=vars(args))
-    c = corpus_paths(args.data_dir, args.images, 0, 14.0)
-    ensure_corpus(c, args.images, 0, 14.0, args.threads, out)
-    folder = os.path.join(os.path.dirname(c.tree), f"shards_{args.per_shard}")
-    shards = write_shards(c.tree, folder, args.per_shard)
+    _, shards = corpus_shards(args, out)
+    folder = os.path.dirname(shards[0])
     names = [os.path.basename(s) for s in shards]
     total = sum(os.path.getsize(s) for s in shards)
     work = tempfile.mkdtemp(prefix="fastpipe-remote-bench-")
