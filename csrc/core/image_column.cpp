@@ -24,7 +24,7 @@ int64_t read_encoded(const ImageColumnSpec& spec, const RecordSource* packed, in
     size = src.offsets[i + 1] - offset;
   } else if (src.members()) {
     try {
-      own = open_record_source(src.path_of(i), IoMode::kPread);
+      own = src.stream ? src.stream->open(src.shard_of[i]) : open_record_source(src.path_of(i), IoMode::kPread);
     } catch (const Error& e) {
       throw Error(e.kind(), "image " + src.describe(i) + ": " + e.what(), e.error_number());
     }
@@ -97,6 +97,7 @@ void ImageSource::check() const {
   for (int64_t i = 0; i < n; ++i)
     FP_CHECK_VALUE(name_offsets[i + 1] > name_offsets[i], what + ": record " + std::to_string(i) + " has an empty name");
   if (!members()) return;
+  FP_CHECK_VALUE(!stream || stream->infos().size() == shards.size(), what + ": the stream holds another number of shards");
   FP_CHECK_VALUE(static_cast<int64_t>(shard_of.size()) == n && static_cast<int64_t>(member_offsets.size()) == n &&
                      static_cast<int64_t>(member_sizes.size()) == n,
                  what + ": shard_of, offsets and sizes must hold one entry per record");

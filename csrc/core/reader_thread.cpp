@@ -5,6 +5,7 @@
 #include "core/gather_policy.h"
 #include "core/reader_placement.h"
 #include "core/reader_state.h"
+#include "core/shard_stream.h"
 #include "core/trace.h"
 
 namespace fastpipe {
@@ -128,6 +129,11 @@ void reader_loop(std::shared_ptr<ReaderState> sp, int thread_index) {
   CoreAvoider placement;
   ThreadBuffers tb = thread_buffers(st.columns, st.chunk_records);
   if (st.warm_page_cache) warm_files(st, thread_index);
+  auto stopped = [&] {
+    std::lock_guard<std::mutex> lk(st.mu);
+    return st.stop;
+  };
+  const StreamWaitCancel cancel(stopped);  // a closed loader ends a wait for a remote shard
 
   std::unique_lock<std::mutex> lk(st.mu);
   for (;;) {

@@ -13,7 +13,6 @@
 #include <chrono>
 #include <thread>
 #include <unordered_set>
-#include <utility>
 
 #include "core/error.h"
 #include "core/sha256.h"
@@ -32,42 +31,22 @@ bool is_cache_file(const std::string& f) {
   return true;
 }
 
-class Fd {
- public:
-  Fd() = default;
-  explicit Fd(int fd) : fd_(fd) {}
-  Fd(Fd&& o) noexcept : fd_(std::exchange(o.fd_, -1)) {}
-  Fd& operator=(Fd&& o) noexcept {
-    reset();
-    fd_ = std::exchange(o.fd_, -1);
-    return *this;
-  }
-  ~Fd() { reset(); }
-  int get() const { return fd_; }
-  void reset() {
-    if (fd_ >= 0) ::close(fd_);
-    fd_ = -1;
-  }
-
- private:
-  int fd_ = -1;
-};
-
-// The lock file of a cache file, taken without waiting: an invalid Fd when another process holds it.
-Fd try_lock(const std::string& dir, const std::string& file) {
+Fd open_lock_file(const std::string& dir, const std::string& file) {
   const std::string path = dir + "/." + file + ".lock";
   Fd fd(::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644));
   FP_SYSCALL(fd.get(), "cache_dir: creating the lock file '" + path + "'");
-  while (::flock(fd.get(), LOCK_EX | LOCK_NB) != 0) {
-    if (errno == EWOULDBLOCK) return Fd();
-    if (errno != EINTR) throw_syscall("cache_dir: locking '" + path + "'", errno, __FILE__, __LINE__);
-  }
   return fd;
 }
 
-bool complete(const std::string& path, int64_t size) {
-  struct stat st;
-  return ::stat(path.c_str(), &st) == 0 && S_ISREG(st.st_mode) && st.st_size == size;
+// The lock file of a cache file, taken exclusively without waiting: an invalid Fd when another process
+// holds it (fetching, evicting or reading the file).
+Fd try_lock(const std::string& dir, const std::string& file) {
+  Fd fd = open_lock_file(dir, file);
+  while (::flock(fd.get(), LOCK_EX | LOCK_NB) != 0) {
+    if (errno == EWOULDBLOCK) return Fd();
+    if (errno != EINTR) throw_syscall("cache_dir: locking '" + dir + "/." + file + ".lock'", errno, __FILE__, __LINE__);
+  }
+  return fd;
 }
 
 // Removes the temporary files a killed download of `file` left (the caller holds its lock).
@@ -80,44 +59,37 @@ void remove_partial(const std::string& dir, const std::string& file) {
   ::closedir(d);
 }
 
-std::string bytes_text(int64_t n) {
-  char buf[64];
-  std::snprintf(buf, sizeof buf, "%lld bytes (%.1f MiB)", static_cast<long long>(n), double(n) / (1 << 20));
-  return buf;
-}
-
 // Evicts the cache's other files, least recently staged first, until `needed` more bytes fit in `limit`.
 int64_t make_room(const std::string& dir, const std::unordered_set<std::string>& ours, int64_t needed,
                   int64_t limit) {
-  struct Entry {
-    std::string file;
-    int64_t size;
-    int64_t mtime;
-  };
-  std::vector<Entry> others;
+  std::vector<CacheFile> others;
   int64_t used = 0;
-  DIR* d = ::opendir(dir.c_str());
-  if (!d) throw_syscall("cache_dir: listing '" + dir + "'", errno, __FILE__, __LINE__);
-  while (dirent* e = ::readdir(d)) {
-    const std::string f = e->d_name;
-    struct stat st;
-    if (!is_cache_file(f) || ours.count(f) || ::stat((dir + "/" + f).c_str(), &st) != 0) continue;
-    others.push_back({f, int64_t(st.st_size), int64_t(st.st_mtim.tv_sec) * 1000000000 + st.st_mtim.tv_nsec});
-    used += st.st_size;
+  for (CacheFile& f : list_cache(dir)) {
+    if (ours.count(f.file)) continue;
+    used += f.size;
+    others.push_back(std::move(f));
   }
-  ::closedir(d);
-  std::sort(others.begin(), others.end(), [](const Entry& a, const Entry& b) { return a.mtime < b.mtime; });
+  std::sort(others.begin(), others.end(), [](const CacheFile& a, const CacheFile& b) { return a.mtime < b.mtime; });
   int64_t evicted = 0;
-  for (const Entry& e : others) {
+  for (const CacheFile& f : others) {
     if (used + needed <= limit) break;
-    Fd lock = try_lock(dir, e.file);
-    if (lock.get() < 0) continue;  // being downloaded by another process
-    if (::unlink((dir + "/" + e.file).c_str()) == 0) used -= e.size, evicted += e.size;
+    if (evict_cache_file(dir, f.file)) used -= f.size, evicted += f.size;
   }
   return evicted;
 }
 
 }  // namespace
+
+void Fd::reset() {
+  if (fd_ >= 0) ::close(fd_);
+  fd_ = -1;
+}
+
+std::string bytes_text(int64_t n) {
+  char buf[64];
+  std::snprintf(buf, sizeof buf, "%lld bytes (%.1f MiB)", static_cast<long long>(n), double(n) / (1 << 20));
+  return buf;
+}
 
 std::string cache_file_name(const std::string& name, const ObjectInfo& info) {
   std::string base = name.substr(name.find_last_of('/') + 1);
@@ -128,55 +100,71 @@ std::string cache_file_name(const std::string& name, const ObjectInfo& info) {
          to_hex(sha256(info.etag + "\n" + std::to_string(info.size))).substr(0, kVersionChars) + "-" + base;
 }
 
-StagedShards stage_shards(const std::vector<RemoteObject>& objects, HttpTransfers& http, const std::string& dir,
-                          int64_t limit, FunctionRef<void()> check) {
+bool cache_file_complete(const std::string& path, int64_t size) {
+  struct stat st;
+  return ::stat(path.c_str(), &st) == 0 && S_ISREG(st.st_mode) && st.st_size == size;
+}
+
+void make_cache_dir(const std::string& dir) {
   if (::mkdir(dir.c_str(), 0755) != 0 && errno != EEXIST)
     throw_syscall("cache_dir: creating '" + dir + "'", errno, __FILE__, __LINE__);
-  StagedShards out;
-  out.infos = http.head(objects, check);
-  std::unordered_set<std::string> ours;
-  std::vector<std::string> files(objects.size());
-  int64_t total = 0, missing_bytes = 0;
-  std::vector<size_t> todo;
-  for (size_t k = 0; k < objects.size(); ++k) {
-    files[k] = cache_file_name(objects[k].name, out.infos[k]);
-    out.paths.push_back(dir + "/" + files[k]);
-    if (!ours.insert(files[k]).second) continue;  // the same object twice
-    total += out.infos[k].size;
-    if (complete(out.paths[k], out.infos[k].size)) {
-      ++out.hits;
-      ::utimensat(AT_FDCWD, out.paths[k].c_str(), nullptr, 0);  // recently staged: evicted last
-    } else {
-      todo.push_back(k);
-      missing_bytes += out.infos[k].size;
-    }
+}
+
+std::vector<CacheFile> list_cache(const std::string& dir) {
+  std::vector<CacheFile> out;
+  DIR* d = ::opendir(dir.c_str());
+  if (!d) throw_syscall("cache_dir: listing '" + dir + "'", errno, __FILE__, __LINE__);
+  while (dirent* e = ::readdir(d)) {
+    const std::string f = e->d_name;
+    struct stat st;
+    if (!is_cache_file(f) || ::stat((dir + "/" + f).c_str(), &st) != 0) continue;
+    out.push_back({f, int64_t(st.st_size), int64_t(st.st_mtim.tv_sec) * 1000000000 + st.st_mtim.tv_nsec});
   }
-  if (limit >= 0 && total > limit)
-    throw Error(ErrorKind::kValue, "cache_limit is " + bytes_text(limit) + " but the " +
-                                       std::to_string(ours.size()) + " shards hold " + bytes_text(total) +
-                                       ": staging shards through a cache smaller than the dataset is not "
-                                       "supported yet (raise cache_limit, or use a cache_dir with room)");
-  if (limit >= 0 && !todo.empty()) out.evicted_bytes = make_room(dir, ours, total, limit);
-  struct statvfs fs;
-  if (!todo.empty() && ::statvfs(dir.c_str(), &fs) == 0 && int64_t(fs.f_bavail) * int64_t(fs.f_frsize) < missing_bytes)
-    throw Error(ErrorKind::kIO, "cache_dir '" + dir + "' has " + bytes_text(int64_t(fs.f_bavail) * int64_t(fs.f_frsize)) +
-                                    " free but the shards to fetch need " + bytes_text(missing_bytes) +
-                                    " (free space there, or set cache_dir elsewhere)", ENOSPC);
+  ::closedir(d);
+  return out;
+}
+
+bool evict_cache_file(const std::string& dir, const std::string& file) {
+  Fd lock = try_lock(dir, file);
+  return lock.get() >= 0 && ::unlink((dir + "/" + file).c_str()) == 0;
+}
+
+Fd lock_shared(const std::string& dir, const std::string& file) {
+  Fd fd = open_lock_file(dir, file);
+  while (::flock(fd.get(), LOCK_SH) != 0)
+    if (errno != EINTR) throw_syscall("cache_dir: locking '" + dir + "/." + file + ".lock'", errno, __FILE__, __LINE__);
+  return fd;
+}
+
+void fetch_into_cache(const std::vector<RemoteObject>& objects, const std::vector<ObjectInfo>& infos,
+                      const std::vector<std::string>& files, HttpTransfers& http, const std::string& dir,
+                      StagedShards& out, FunctionRef<void()> check) {
   const std::string pid = std::to_string(::getpid());
+  std::vector<size_t> todo;
+  for (size_t k = 0; k < objects.size(); ++k) todo.push_back(k);
   std::vector<bool> waited(objects.size(), false);
   while (!todo.empty()) {
     std::vector<size_t> mine, waiting;
     std::vector<Fd> locks, fds;
     std::vector<std::string> temps;
+    auto remove_temps = [&] {
+      for (const auto& t : temps)
+        if (!t.empty()) ::unlink(t.c_str());
+    };
     for (size_t k : todo) {
+      const std::string path = dir + "/" + files[k];
+      if (cache_file_complete(path, infos[k].size)) {
+        ++out.hits;
+        continue;
+      }
       Fd lock = try_lock(dir, files[k]);
-      if (lock.get() < 0) {
+      if (lock.get() < 0) {  // another process is fetching it (or evicting, or reading what it left)
         waiting.push_back(k);
         out.waited += waited[k] ? 0 : 1;
         waited[k] = true;
         continue;
       }
-      if (complete(out.paths[k], out.infos[k].size)) {  // another process finished it
+      if (cache_file_complete(path, infos[k].size)) {  // another process finished it
         ++out.hits;
         continue;
       }
@@ -185,12 +173,12 @@ StagedShards stage_shards(const std::vector<RemoteObject>& objects, HttpTransfer
       Fd fd(::open(temp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644));
       FP_SYSCALL(fd.get(), "cache_dir: creating '" + temp + "'");
       temps.push_back(temp);  // before anything can throw: removed on failure
-      if (out.infos[k].size > 0) {
-        const int err = ::posix_fallocate(fd.get(), 0, out.infos[k].size);
+      if (infos[k].size > 0) {
+        const int err = ::posix_fallocate(fd.get(), 0, infos[k].size);
         if (err == ENOSPC) {
-          for (const auto& t : temps) ::unlink(t.c_str());
+          remove_temps();
           throw Error(ErrorKind::kIO, "cache_dir '" + dir + "': no room for '" + objects[k].name + "' (" +
-                                          bytes_text(out.infos[k].size) + "): the disk is full", ENOSPC);
+                                          bytes_text(infos[k].size) + "): the disk is full", ENOSPC);
         }
       }
       mine.push_back(k);
@@ -199,20 +187,19 @@ StagedShards stage_shards(const std::vector<RemoteObject>& objects, HttpTransfer
     }
     if (!mine.empty()) {
       std::vector<RemoteObject> objs;
-      std::vector<ObjectInfo> infos;
+      std::vector<ObjectInfo> inf;
       std::vector<int> raw;
-      std::vector<std::string> names;
       for (size_t j = 0; j < mine.size(); ++j) {
         objs.push_back(objects[mine[j]]);
-        infos.push_back(out.infos[mine[j]]);
+        inf.push_back(infos[mine[j]]);
         raw.push_back(fds[j].get());
-        names.push_back(temps[j]);
       }
       try {
-        http.get(objs, infos, raw, names,
+        http.get(objs, inf, raw, temps,
                  [&](size_t j) {
                    fds[j].reset();
-                   if (::rename(temps[j].c_str(), out.paths[mine[j]].c_str()) != 0)
+                   const std::string path = dir + "/" + files[mine[j]];
+                   if (::rename(temps[j].c_str(), path.c_str()) != 0)
                      throw_syscall("cache_dir: renaming '" + temps[j] + "'", errno, __FILE__, __LINE__);
                    temps[j].clear();
                    locks[j].reset();
@@ -220,8 +207,7 @@ StagedShards stage_shards(const std::vector<RemoteObject>& objects, HttpTransfer
                  },
                  check);
       } catch (...) {
-        for (const auto& t : temps)
-          if (!t.empty()) ::unlink(t.c_str());
+        remove_temps();
         throw;
       }
     }
@@ -231,6 +217,46 @@ StagedShards stage_shards(const std::vector<RemoteObject>& objects, HttpTransfer
       check();
     }
   }
+}
+
+StagedShards stage_shards(const std::vector<RemoteObject>& objects, HttpTransfers& http, const std::string& dir,
+                          int64_t limit, FunctionRef<void()> check) {
+  make_cache_dir(dir);
+  StagedShards out;
+  out.infos = http.head(objects, check);
+  std::unordered_set<std::string> ours;
+  std::vector<std::string> files(objects.size());
+  int64_t total = 0, missing_bytes = 0;
+  std::vector<RemoteObject> todo;
+  std::vector<ObjectInfo> todo_infos;
+  std::vector<std::string> todo_files;
+  for (size_t k = 0; k < objects.size(); ++k) {
+    files[k] = cache_file_name(objects[k].name, out.infos[k]);
+    out.paths.push_back(dir + "/" + files[k]);
+    if (!ours.insert(files[k]).second) continue;  // the same object twice
+    total += out.infos[k].size;
+    if (cache_file_complete(out.paths[k], out.infos[k].size)) {
+      ++out.hits;
+      ::utimensat(AT_FDCWD, out.paths[k].c_str(), nullptr, 0);  // recently staged: evicted last
+    } else {
+      todo.push_back(objects[k]);
+      todo_infos.push_back(out.infos[k]);
+      todo_files.push_back(files[k]);
+      missing_bytes += out.infos[k].size;
+    }
+  }
+  if (limit >= 0 && total > limit)
+    throw Error(ErrorKind::kValue, "cache_limit is " + bytes_text(limit) + " but the " +
+                                       std::to_string(ours.size()) + " files hold " + bytes_text(total) +
+                                       ": a packed dataset is staged whole (raise cache_limit, or use a "
+                                       "cache_dir with room; WebDataset shards stream through a smaller cache)");
+  if (limit >= 0 && !todo.empty()) out.evicted_bytes = make_room(dir, ours, total, limit);
+  struct statvfs fs;
+  if (!todo.empty() && ::statvfs(dir.c_str(), &fs) == 0 && int64_t(fs.f_bavail) * int64_t(fs.f_frsize) < missing_bytes)
+    throw Error(ErrorKind::kIO, "cache_dir '" + dir + "' has " + bytes_text(int64_t(fs.f_bavail) * int64_t(fs.f_frsize)) +
+                                    " free but the shards to fetch need " + bytes_text(missing_bytes) +
+                                    " (free space there, or set cache_dir elsewhere)", ENOSPC);
+  fetch_into_cache(todo, todo_infos, todo_files, http, dir, out, check);
   return out;
 }
 

@@ -307,9 +307,11 @@ void bind_loader_specs(py::module& m) {
              const py::array_t<int64_t, py::array::c_style | py::array::forcecast>& sizes, py::bytes keys,
              const py::array_t<int64_t, py::array::c_style | py::array::forcecast>& key_offsets,
              const py::array_t<int32_t, py::array::c_style | py::array::forcecast>& heights,
-             const py::array_t<int32_t, py::array::c_style | py::array::forcecast>& widths) {
+             const py::array_t<int32_t, py::array::c_style | py::array::forcecast>& widths,
+             std::shared_ptr<ShardStream> stream) {
             auto s = std::make_shared<ImageSource>();
             s->shards = std::move(shards);
+            s->stream = std::move(stream);
             s->shard_of = to_vector(shard_of, "shard_of");
             s->member_offsets = to_vector(offsets, "offsets");
             s->member_sizes = to_vector(sizes, "sizes");
@@ -321,7 +323,7 @@ void bind_loader_specs(py::module& m) {
             return s;
           },
           py::arg("shards"), py::arg("shard_of"), py::arg("offsets"), py::arg("sizes"), py::arg("keys"),
-          py::arg("key_offsets"), py::arg("heights"), py::arg("widths"))
+          py::arg("key_offsets"), py::arg("heights"), py::arg("widths"), py::arg("stream") = py::none())
       .def_property_readonly("num_records", &ImageSource::num_records)
       .def("describe", &ImageSource::describe, py::arg("index"));
 

@@ -1,5 +1,6 @@
 // Python bindings of the remote shards: staging objects from S3 or HTTP(S) into the local cache
-// (core/shard_cache.h over core/http_fetch.h), without the GIL and interruptible; and the signing
+// (core/shard_cache.h over core/http_fetch.h) and streaming shards through it (core/shard_stream.h),
+// without the GIL and interruptible; and the signing
 // primitives, exposed for the tests that compare them with hashlib and botocore.
 #include <pybind11/stl.h>
 
@@ -10,6 +11,7 @@
 #include "core/http_fetch.h"
 #include "core/sha256.h"
 #include "core/shard_cache.h"
+#include "core/shard_stream.h"
 #include "core/sigv4.h"
 #include "ops/bindings.h"
 #include "ops/interruptible.h"
@@ -18,51 +20,111 @@ namespace py = pybind11;
 
 namespace fastpipe {
 
+namespace {
+
+using ObjectTuple = std::tuple<std::string, std::string, std::string, std::string>;
+using AuthTuple = std::tuple<bool, std::string, std::string, std::string, std::string>;
+
+std::vector<RemoteObject> objects_of(const std::vector<ObjectTuple>& objects) {
+  std::vector<RemoteObject> out;
+  for (const auto& [name, url, host, path] : objects) out.push_back({name, url, host, path});
+  return out;
+}
+
+// (sign, region, access key, secret key, session token)
+RemoteAuth auth_of(const AuthTuple& a) {
+  return RemoteAuth{std::get<0>(a), std::get<1>(a), {std::get<2>(a), std::get<3>(a), std::get<4>(a)}};
+}
+
+// remote.py's transport settings, checked there.
+TransferOptions options_of(const py::dict& t) {
+  TransferOptions o;
+  o.max_in_flight = t["max_in_flight"].cast<int>();
+  o.part_bytes = t["part_size"].cast<int64_t>();
+  o.max_attempts = t["max_attempts"].cast<int>();
+  o.backoff_s = t["retry_backoff"].cast<double>();
+  o.backoff_max_s = std::max(o.backoff_s, o.backoff_max_s);
+  o.connect_timeout_s = t["connect_timeout"].cast<double>();
+  o.stall_timeout_s = t["stall_timeout"].cast<double>();
+  return o;
+}
+
+py::dict transfer_dict(const StagedShards& counts, const TransferStats& t) {
+  py::dict d;
+  d["cache_hits"] = counts.hits;
+  d["shards_fetched"] = counts.fetched;
+  d["shards_waited"] = counts.waited;
+  d["bytes_fetched"] = t.bytes;
+  d["requests"] = t.requests;
+  d["retries"] = t.retries;
+  d["network_seconds"] = t.seconds;
+  return d;
+}
+
+}  // namespace
+
 void bind_remote(py::module& m) {
   m.attr("HTTP_AVAILABLE") = http_available();
   m.def(
       "stage_shards",
-      [](const std::vector<std::tuple<std::string, std::string, std::string, std::string>>& objects,
-         const std::string& cache_dir, int64_t cache_limit, bool sign, const std::string& region,
-         const std::string& access_key, const std::string& secret_key, const std::string& session_token,
-         int max_in_flight, int64_t part_bytes, int max_attempts, double backoff_s, double connect_timeout_s,
-         double stall_timeout_s) {
-        std::vector<RemoteObject> objs;
-        for (const auto& [name, url, host, path] : objects) objs.push_back({name, url, host, path});
-        TransferOptions options;
-        options.max_in_flight = max_in_flight;
-        options.part_bytes = part_bytes;
-        options.max_attempts = max_attempts;
-        options.backoff_s = backoff_s;
-        options.backoff_max_s = std::max(backoff_s, options.backoff_max_s);
-        options.connect_timeout_s = connect_timeout_s;
-        options.stall_timeout_s = stall_timeout_s;
-        HttpTransfers http(RemoteAuth{sign, region, {access_key, secret_key, session_token}}, options);
+      [](const std::vector<ObjectTuple>& objects, const std::string& cache_dir, int64_t cache_limit,
+         const AuthTuple& auth, const py::dict& transport) {
+        const std::vector<RemoteObject> objs = objects_of(objects);
+        HttpTransfers http(auth_of(auth), options_of(transport));
         const StagedShards staged = interruptible([&](const std::function<void()>& poll) {
           return stage_shards(objs, http, cache_dir, cache_limit, poll);
         });
-        const TransferStats t = http.stats();
-        py::dict d;
+        py::dict d = transfer_dict(staged, http.stats());
         d["paths"] = staged.paths;
-        std::vector<int64_t> sizes;
-        std::vector<std::string> etags;
-        for (const auto& i : staged.infos) sizes.push_back(i.size), etags.push_back(i.etag);
-        d["sizes"] = sizes;
-        d["etags"] = etags;
-        d["cache_hits"] = staged.hits;
-        d["shards_fetched"] = staged.fetched;
-        d["shards_waited"] = staged.waited;
         d["evicted_bytes"] = staged.evicted_bytes;
-        d["bytes_fetched"] = t.bytes;
-        d["requests"] = t.requests;
-        d["retries"] = t.retries;
-        d["network_seconds"] = t.seconds;
         return d;
       },
-      py::arg("objects"), py::arg("cache_dir"), py::arg("cache_limit"), py::arg("sign"), py::arg("region"),
-      py::arg("access_key"), py::arg("secret_key"), py::arg("session_token"), py::arg("max_in_flight"),
-      py::arg("part_bytes"), py::arg("max_attempts"), py::arg("backoff_s"), py::arg("connect_timeout_s"),
-      py::arg("stall_timeout_s"));
+      py::arg("objects"), py::arg("cache_dir"), py::arg("cache_limit"), py::arg("auth"), py::arg("transport"));
+
+  py::class_<ShardStream, std::shared_ptr<ShardStream>>(
+      m, "ShardStream", "Remote shards streaming through a bounded cache (core/shard_stream.h).")
+      .def(py::init([](const std::vector<ObjectTuple>& objects, const std::string& cache_dir, int64_t cache_limit,
+                       const AuthTuple& auth, const py::dict& transport) {
+             const std::vector<RemoteObject> objs = objects_of(objects);
+             const RemoteAuth a = auth_of(auth);
+             const TransferOptions o = options_of(transport);
+             return interruptible([&](const std::function<void()>& poll) {
+               return std::make_shared<ShardStream>(objs, a, o, cache_dir, cache_limit, poll);
+             });
+           }),
+           py::arg("objects"), py::arg("cache_dir"), py::arg("cache_limit"), py::arg("auth"), py::arg("transport"))
+      .def_property_readonly("paths", &ShardStream::paths)
+      .def_property_readonly("sizes",
+                             [](const ShardStream& s) {
+                               std::vector<int64_t> out;
+                               for (const auto& i : s.infos()) out.push_back(i.size);
+                               return out;
+                             })
+      .def_property_readonly("etags",
+                             [](const ShardStream& s) {
+                               std::vector<std::string> out;
+                               for (const auto& i : s.infos()) out.push_back(i.etag);
+                               return out;
+                             })
+      .def_property_readonly("limit", &ShardStream::limit)
+      .def("plan", &ShardStream::plan, py::arg("order"), py::arg("reads"), py::call_guard<py::gil_scoped_release>())
+      .def(
+          "pin",
+          [](ShardStream& s, const std::vector<int32_t>& ks) {
+            interruptible([&](const std::function<void()>& poll) {
+              s.pin(ks, poll);
+              return 0;
+            });
+          },
+          py::arg("shards"))
+      .def("unpin", &ShardStream::unpin, py::arg("shards"), py::call_guard<py::gil_scoped_release>())
+      .def("stats", [](const ShardStream& s) {
+        const StreamStats st = s.stats();
+        py::dict d = transfer_dict(st.counts, st.transfer);
+        d["shards_evicted"] = st.evicted;
+        d["blocked_seconds"] = st.blocked_seconds;
+        return d;
+      });
   m.def("_sha256", [](py::bytes data) { return to_hex(sha256(data)); });
   m.def("_hmac_sha256", [](py::bytes key, py::bytes msg) { return to_hex(hmac_sha256(key, msg)); });
   m.def(

@@ -23,9 +23,10 @@ _STATE_FORMAT = "fastpipe.Loader/1"
 _STATE_IDENTITY = ("num_samples", "batch_size", "shuffle", "shuffle_window", "seed", "drop_last", "shard_remainder")
 
 
-# Loader.stats() keys of a remote dataset's staging counters (WebDataset.fetch_stats).
+# Loader.stats() keys of a remote dataset's transfer counters (its fetch_stats).
 _FETCH_STATS = {"bytes_fetched": "bytes_fetched", "fetch_requests": "requests", "fetch_retries": "retries",
-                "cache_hits": "cache_hits", "network_seconds": "network_seconds"}
+                "cache_hits": "cache_hits", "network_seconds": "network_seconds",
+                "network_wait_seconds": "blocked_seconds", "shards_evicted": "shards_evicted"}
 
 
 def _close_reader(reader):
@@ -195,6 +196,8 @@ class Loader:
             starts, shard_bytes = starts()
             window = checks.byte_size(shuffle_window, "shuffle_window")
             self._blocks = (starts, max(1, int(window // max(1.0, shard_bytes))))
+        if hasattr(dataset, "_check_order"):
+            dataset._check_order(shuffle, shuffle_window)
         drop_last = checks.flag(drop_last, "drop_last")
         if sampler is not None:
             if shuffle:
@@ -354,10 +357,12 @@ class Loader:
         skip = offset = 0
         if self._resume is not None and self._resume[0] == epoch:
             skip, offset = self._resume[1], self._resume[2]
-        indices = self._indices(epoch, offset)
+        indices = self._indices(epoch, offset)[skip * self.batch_size:]
         it._resumed, self._resume = self._resume, None
         self.epoch = epoch + 1
-        self._reader.start(indices[skip * self.batch_size:], self.drop_last, epoch % (1 << 64), self._timeout)
+        if hasattr(self.dataset, "_plan"):  # remote shards: fetched ahead in this pass's order
+            self.dataset._plan(indices)
+        self._reader.start(indices, self.drop_last, epoch % (1 << 64), self._timeout)
         it.epoch, it.position, it._start_position, it._stale, it.offset = epoch, skip, skip, False, offset
 
     def _reclaim(self):
@@ -473,9 +478,11 @@ class Loader:
             decoded by libjpeg in the loader's device thread instead; a file libjpeg refuses too fails
             its batch), and jpeg_decoder (nvJPEG's backend and the layout it writes, decided once for
             both decode lanes: planar YCbCr, or interleaved RGB and why).
-            Remote shards (staged into the cache when the dataset was made; 0 for local data):
-            bytes_fetched, fetch_requests, fetch_retries, cache_hits (shards found in the cache) and
-            network_seconds (the dataset's construction spent transferring).
+            Remote data (0 for local data), since the dataset was made (its construction included):
+            bytes_fetched, fetch_requests, fetch_retries, cache_hits (shards found in the cache),
+            network_seconds (spent transferring), and for streamed WebDataset shards
+            network_wait_seconds (reader threads waiting for a shard to arrive, summed over them) and
+            shards_evicted (to keep the cache under its limit).
         """
         s = self._reader.stats()
         wall = s["wall_seconds"]

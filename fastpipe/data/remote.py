@@ -1,4 +1,4 @@
-"""Shards at s3:// and http(s):// URLs, staged into a local cache before they are read.
+"""Shards at s3:// and http(s):// URLs, staged into a local cache, or streamed through it, and read there.
 
 The transfers run in C++ without the GIL (csrc/core/http_fetch.cpp: libcurl, ranged GETs in flight
 together, retries with backoff, SigV4 for S3); this module turns URLs and ``storage_options`` into the
@@ -136,9 +136,8 @@ def _http_request(url):
     return url, url, _host(parts), parts.path
 
 
-def stage(urls, storage_options=None, cache_dir=None, cache_limit=None):
-    """Fetches the objects at ``urls`` (s3:// or http(s)://) into ``cache_dir`` unless they are there
-    already, in the same version (ETag and size); returns their local paths and the transfer's counters."""
+def _requests(urls, storage_options, cache_dir, cache_limit):
+    """The checked arguments of a transfer: (objects, cache_dir, limit, auth, transport)."""
     options = dict(storage_options or {})
     unknown = sorted(set(options) - _OPTIONS)
     if unknown:
@@ -150,18 +149,16 @@ def stage(urls, storage_options=None, cache_dir=None, cache_limit=None):
         raise RuntimeError(f"'{urls[0]}': this fastpipe was built without libcurl, so it cannot read s3:// or "
                            f"http(s):// URLs: install its headers (Debian/Ubuntu: apt-get install "
                            f"libcurl4-openssl-dev; `make setup` does it) and reinstall fastpipe")
-    transport = dict(_TRANSPORT)
-    for k in _TRANSPORT:
-        if k in options:
-            transport[k] = options[k]
-    in_flight = checks.integer(transport["max_in_flight"], "storage_options max_in_flight", low=1, high=1024)
-    part = checks.byte_size(transport["part_size"], "storage_options part_size")
-    if part < 64 << 10:
-        raise ValueError(f"storage_options part_size must be at least 64 KiB, got {part}")
-    attempts = checks.integer(transport["max_attempts"], "storage_options max_attempts", low=1)
-    backoff = checks.real(transport["retry_backoff"], "storage_options retry_backoff", low=0.0)
-    connect = checks.real(transport["connect_timeout"], "storage_options connect_timeout", positive=True)
-    stall = checks.real(transport["stall_timeout"], "storage_options stall_timeout", positive=True)
+    transport = {k: options.get(k, v) for k, v in _TRANSPORT.items()}
+    transport["max_in_flight"] = checks.integer(transport["max_in_flight"], "storage_options max_in_flight", low=1,
+                                                high=1024)
+    transport["part_size"] = checks.byte_size(transport["part_size"], "storage_options part_size")
+    if transport["part_size"] < 64 << 10:
+        raise ValueError(f"storage_options part_size must be at least 64 KiB, got {transport['part_size']}")
+    transport["max_attempts"] = checks.integer(transport["max_attempts"], "storage_options max_attempts", low=1)
+    transport["retry_backoff"] = checks.real(transport["retry_backoff"], "storage_options retry_backoff", low=0.0)
+    for k in ("connect_timeout", "stall_timeout"):
+        transport[k] = checks.real(transport[k], f"storage_options {k}", positive=True)
     cache_dir = os.path.abspath(os.path.expanduser(os.fspath(cache_dir))) if cache_dir is not None else default_cache_dir()
     limit = -1 if cache_limit is None else checks.byte_size(cache_limit, "cache_limit")
     s3 = [u.lower().startswith("s3://") for u in urls]
@@ -171,13 +168,25 @@ def stage(urls, storage_options=None, cache_dir=None, cache_limit=None):
     settings = S3Settings(options) if s3[0] else None
     objects = [settings.request(u) if settings else _http_request(u) for u in urls]
     sign = settings is not None and not settings.anon
-    access, secret, token = settings.credentials if sign else ("", "", "")
-    got = _C.stage_shards(objects, cache_dir, limit, sign, settings.region if settings else "", access, secret, token,
-                          in_flight, part, attempts, backoff, connect, stall)
+    auth = (sign, settings.region if settings else "") + (settings.credentials if sign else ("", "", ""))
+    return objects, cache_dir, limit, auth, transport
+
+
+def stage(urls, storage_options=None, cache_dir=None, cache_limit=None):
+    """Fetches the objects at ``urls`` (s3:// or http(s)://) into ``cache_dir`` unless they are there
+    already, in the same version (ETag and size); returns their local paths and the transfer's counters."""
+    objects, cache_dir, limit, auth, transport = _requests(urls, storage_options, cache_dir, cache_limit)
+    got = _C.stage_shards(objects, cache_dir, limit, auth, transport)
     paths = got.pop("paths")
-    del got["sizes"], got["etags"]
     got["cache_dir"] = cache_dir
     return paths, got
+
+
+def stream(urls, storage_options=None, cache_dir=None, cache_limit=None):
+    """(a ``_C.ShardStream`` of the objects at ``urls``, the cache directory): HEADs now; each shard fetched
+    into the cache when a pass's plan or a reader asks for it, the cache kept under ``cache_limit``."""
+    objects, cache_dir, limit, auth, transport = _requests(urls, storage_options, cache_dir, cache_limit)
+    return _C.ShardStream(objects, cache_dir, limit, auth, transport), cache_dir
 
 
 def local_paths(paths, storage_options, cache_dir, cache_limit, what):

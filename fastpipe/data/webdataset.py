@@ -2,8 +2,6 @@
 (``n01440764_10026.jpg`` and ``n01440764_10026.cls``), read by the same C++ image path as ImageFolder.
 """
 
-import hashlib
-import json
 import os
 import re
 import shutil
@@ -15,7 +13,7 @@ import numpy as np
 
 from fastpipe import _checks as checks
 from fastpipe._ext import _C
-from fastpipe.data import image_index, remote
+from fastpipe.data import image_index, remote, webdataset_index
 from fastpipe.data.images import DEFAULT_MAX_RECORD_BYTES, _Images
 
 _NUMBERS = re.compile(r"(-?\d+)\.\.(-?\d+)(?:\.\.(-?\d+))?")
@@ -78,49 +76,6 @@ def _range(body, whole):
     return [str(v).zfill(width) for v in values]
 
 
-_INDEX_FORMAT = "fastpipe.WebDataset/1"
-_INDEX_ARRAYS = ("shard_of", "offsets", "sizes", "labels", "key_offsets", "heights", "widths", "formats", "bad",
-                 "without_image")
-
-
-def _indexed(paths, extensions, label, label_field, threads, index_cache):
-    """_C.index_webdataset's index of the shards, from the index cache when it holds one of these very
-    shards (each one's path, size and modification time) with these settings; else indexed and kept."""
-    if index_cache == "off":
-        return _C.index_webdataset(paths, extensions, label, label_field, threads)
-    stats = [os.stat(p) for p in paths]
-    key = json.dumps([_INDEX_FORMAT, [[p, s.st_size, s.st_mtime_ns] for p, s in zip(paths, stats)], extensions,
-                      label, label_field])
-    root = os.fspath(index_cache) if index_cache is not None else os.path.join(
-        os.path.dirname(image_index.default_cache()), "webdatasets")
-    folder = os.path.join(root, hashlib.sha256(key.encode()).hexdigest()[:20])
-    try:
-        with open(os.path.join(folder, "index.json")) as f:
-            meta = json.load(f)
-        if meta["key"] == key:
-            arrays = np.load(os.path.join(folder, "index.npz"))
-            index = {k: arrays[k] for k in _INDEX_ARRAYS}
-            index["keys"] = arrays["keys"].tobytes()
-            index["reasons"] = meta["reasons"]
-            return index
-    except (OSError, ValueError, KeyError):
-        pass
-    index = _C.index_webdataset(paths, extensions, label, label_field, threads)
-
-    def write(tmp):
-        np.savez(os.path.join(tmp, "index.npz"), keys=np.frombuffer(index["keys"], dtype=np.uint8),
-                 **{k: index[k] for k in _INDEX_ARRAYS})
-        with open(os.path.join(tmp, "index.json"), "w") as f:  # last: its presence marks a whole index
-            json.dump({"key": key, "reasons": index["reasons"]}, f)
-
-    try:
-        image_index.save_folder(folder, write)
-    except OSError as e:
-        warnings.warn(f"WebDataset: cannot keep its index under '{root}' ({e}); the shards' headers will be read "
-                      f"again next time (set index_cache=)", stacklevel=3)
-    return index
-
-
 class WebDataset(_Images):
     """Images and labels from WebDataset tar shards: on local disk, in S3 or on an HTTP(S) server.
 
@@ -138,8 +93,8 @@ class WebDataset(_Images):
     urls : path or URL, or list of them
         The shards, with brace ranges: ``"/data/imagenet/train-{000000..001023}.tar"``,
         ``"s3://bucket/imagenet/train-{000000..001023}.tar"``, ``"https://host/train-{0..9}.tar"``. Remote
-        shards are fetched into ``cache_dir`` at construction (those already there in the same version,
-        by ETag and size, are not fetched again) and read from there.
+        shards are fetched into ``cache_dir`` while the Loader reads (those already there in the same
+        version, by ETag and size, are not fetched again) and read from there.
     transform : RandomResizedCrop or CenterCrop, optional
         As ImageFolder's.
     label : str
@@ -170,12 +125,17 @@ class WebDataset(_Images):
         Processes sharing it (the ranks of a node) fetch each shard once.
     index_cache : path or "off", optional
         Where the shards' index is kept (default: next to ImageFolder's, ``~/.cache/fastpipe/webdatasets``),
-        so that a new WebDataset over the same shards (path, size and modification time each; a remote
-        shard's cache file names its version) reads no tar header again.
+        so that a new WebDataset over the same shards (a local one's path, size and modification time; a
+        remote one's URL, ETag and size) reads no tar header again: a remote dataset then starts reading
+        as soon as its first shard has arrived, with no shard fetched at construction.
     cache_limit : int or str, optional
-        The most bytes the cache may hold (``"200GB"``): other datasets' shards are evicted, least recently
-        used first, to make room; a dataset larger than the limit is an error (staging through a smaller
-        cache is not built yet). Default: no limit but the disk's free space.
+        The most bytes the cache may hold (``"200GB"``), at least the largest shard. Shards stream through
+        it: fetched ahead in the order each pass reads them, as far as the limit allows; other datasets'
+        files evicted first (least recently staged first), then this dataset's shards the pass reads no
+        more, then those it reads latest. A dataset larger than the limit needs ``shuffle="blocks"`` (or
+        no shuffle) with a ``shuffle_window`` that fits in it with a shard to spare, and is fetched again
+        each epoch; one that fits is fetched once and read from the cache from then on. Default: no limit
+        but the disk's free space.
 
     Notes
     -----
@@ -184,10 +144,12 @@ class WebDataset(_Images):
     resumed at the byte it stopped at; 403, 404 and missing credentials are errors at construction naming
     the URL. A shard is written under a temporary name and renamed when complete; a shard that changes on
     the server while it is fetched is an error (If-Match), and a later version is a new cache file, never
-    mixed with the old bytes. ``fetch_stats`` holds the construction's counters.
+    mixed with the old bytes. A shard that cannot be fetched while the Loader reads is an error of the
+    batches holding its samples, naming the URL (``on_error="replace"`` replaces them). ``fetch_stats``
+    holds the counters so far.
 
     Construction reads every shard's tar headers, its labels and its images' headers (no image data; once:
-    the index is kept, see ``index_cache``); a
+    the index is kept, see ``index_cache``; remote shards are fetched for it a ``cache_limit`` at a time); a
     malformed or truncated archive, a sample holding two members of one extension (webdataset refuses
     those too) or a sample without a label is an error naming the shard. Samples without an image member
     are skipped and counted in ``without_image`` (per shard), with a warning.
@@ -204,15 +166,23 @@ class WebDataset(_Images):
         threads = max(8, os.cpu_count() or 1) if num_threads is None else checks.integer(num_threads, "num_threads",
                                                                                          low=1)
         shards = expand_urls(urls)
-        self._paths, self.fetch_stats = remote.local_paths(shards, storage_options, cache_dir, cache_limit, "WebDataset")
-        self.urls = shards if self.fetch_stats else self._paths
-        missing = [s for s in self._paths if not os.path.isfile(s)]
-        if missing:
-            raise FileNotFoundError(f"WebDataset: {len(missing)} of {len(self.urls)} shards do not exist, e.g. "
-                                    f"'{missing[0]}'")
+        self._stream = None
+        if any(remote.is_remote(s) for s in shards):
+            if not all(remote.is_remote(s) for s in shards):
+                raise ValueError("WebDataset: remote URLs and local paths cannot be mixed in one dataset")
+            self._stream, self.cache_dir = remote.stream(shards, storage_options, cache_dir, cache_limit)
+            self._paths, self.urls = self._stream.paths, shards
+        else:
+            remote.local_paths(shards, storage_options, cache_dir, cache_limit, "WebDataset")  # refuses the options
+            self._paths = self.urls = [os.path.abspath(s) for s in shards]
+            missing = [s for s in self._paths if not os.path.isfile(s)]
+            if missing:
+                raise FileNotFoundError(f"WebDataset: {len(missing)} of {len(self.urls)} shards do not exist, e.g. "
+                                        f"'{missing[0]}'")
         extensions = [e.lstrip(".") for e in image_index.IMG_EXTENSIONS]
         try:
-            index = _indexed(self._paths, extensions, label.lower(), label_field or "", threads, index_cache)
+            index = webdataset_index.indexed(self._paths, extensions, label.lower(), label_field or "", threads,
+                                             index_cache, self._stream, self.urls)
         except (ValueError, OSError) as e:
             if self._paths is self.urls:
                 raise
@@ -228,7 +198,7 @@ class WebDataset(_Images):
         self._len = n
         self._keys, self._key_offsets = index["keys"], index["key_offsets"]
         self._shard_of = index["shard_of"]
-        self._shard_sizes = [os.path.getsize(p) for p in self._paths]
+        self._shard_sizes = self._stream.sizes if self._stream else [os.path.getsize(p) for p in self._paths]
         self._sizes = index["sizes"]
         self.image_sizes = np.stack([index["heights"], index["widths"]], axis=1)
         self.image_formats = [_C.IMAGE_FORMATS[f] for f in index["formats"]]
@@ -239,8 +209,9 @@ class WebDataset(_Images):
         self._labels_path = os.path.join(labels_dir, "labels.npy")
         np.save(self._labels_path, labels)
         self._where = self.urls[0] if len(self.urls) == 1 else os.path.commonprefix(self.urls).rpartition("/")[0]
-        self._source = _C.ImageSource.members(self._paths, self._shard_of, index["offsets"], self._sizes, self._keys,
-                                              self._key_offsets, index["heights"], index["widths"])
+        # A remote shard's messages name its URL; the stream opens its cache file.
+        self._source = _C.ImageSource.members(self.urls, self._shard_of, index["offsets"], self._sizes, self._keys,
+                                              self._key_offsets, index["heights"], index["widths"], self._stream)
         self.without_image = dict((u, int(c)) for u, c in zip(self.urls, index["without_image"]) if c)
         if self.without_image:
             total = sum(self.without_image.values())
@@ -254,6 +225,40 @@ class WebDataset(_Images):
                           f"'{self.urls[self._shard_of[i]]}': {why}); see .bad. The Loader raises on them "
                           f"(on_error='raise') or replaces them with other samples (on_error='replace').",
                           stacklevel=2)
+
+    @property
+    def fetch_stats(self):
+        """Remote shards: the transfer's counters so far (cache_hits, shards_fetched, shards_waited,
+        shards_evicted, bytes_fetched, requests, retries, network_seconds, blocked_seconds); None for local
+        shards."""
+        return self._stream.stats() if self._stream is not None else None
+
+    def _plan(self, indices):
+        """A pass reads ``indices``: the stream fetches their shards ahead in that order."""
+        if self._stream is None:
+            return
+        shards = self._shard_of[indices]
+        found, first = np.unique(shards, return_index=True)
+        reads = np.bincount(shards, minlength=len(self.urls))
+        self._stream.plan(found[np.argsort(first)].astype(np.int32), reads.astype(np.int64))
+
+    def _check_order(self, shuffle, shuffle_window):
+        """A Loader's order must fit the cache: a shard per sample (shuffle=True) or a window of shards
+        larger than cache_limit would fetch every shard many times over."""
+        limit = self._stream.limit if self._stream is not None else -1
+        if limit < 0 or sum(self._shard_sizes) <= limit:
+            return
+        if shuffle is True:
+            raise ValueError(f"WebDataset: its shards hold {sum(self._shard_sizes)} bytes, more than cache_limit="
+                             f"{limit}, and shuffle=True draws each sample from any shard: nearly every sample "
+                             f"would fetch a shard. Use shuffle='blocks' (shards in a new order each epoch, "
+                             f"samples mixed within a shuffle_window of them), or raise cache_limit")
+        if shuffle == "blocks":
+            window = checks.byte_size(shuffle_window, "shuffle_window")
+            if window + max(self._shard_sizes) > limit:
+                raise ValueError(f"shuffle_window={shuffle_window!r} ({window} bytes) and a shard do not fit in "
+                                 f"cache_limit={limit} bytes: the window's shards are read together, so they "
+                                 f"must be in the cache together (lower shuffle_window or raise cache_limit)")
 
     def key(self, i):
         """Sample ``i``'s key (webdataset's ``__key__``)."""

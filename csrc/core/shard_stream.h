@@ -1,0 +1,106 @@
+// Remote shards read while they stream through a bounded local cache (a WebDataset larger than its
+// cache_limit, or one whose reading should start before the last shard arrives). A fetch thread brings
+// shards into the cache (core/shard_cache.h: temporary name, rename, locks shared with other processes)
+// in the order the coming pass reads them, as far ahead as the limit allows, and evicts what that pass
+// needs latest or no more (Belady's choice: the pass's order is known). Reader threads open a shard
+// through open(): at once when it is in the cache, else when it arrives; while a reader has it open it
+// holds the shard's shared lock, so that no process evicts it (and only then: a pass that stops midway
+// keeps nothing from other processes).
+#pragma once
+
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "core/function_ref.h"
+#include "core/http_fetch.h"
+#include "core/record_source.h"
+#include "core/shard_cache.h"
+
+namespace fastpipe {
+
+struct StreamStats {
+  StagedShards counts;          // hits, fetched, waited (paths and infos left empty)
+  int64_t evicted = 0;          // shards of this stream evicted to make room
+  double blocked_seconds = 0;   // reader threads' time waiting for a shard, summed over them
+  TransferStats transfer;
+};
+
+// A reader thread's stop flag for the waits in ShardStream::open(): set by the thread's owner, it ends a
+// wait with an Error (a Loader closed while a shard is on its way).
+class StreamWaitCancel {
+ public:
+  explicit StreamWaitCancel(FunctionRef<bool()> stopped);
+  ~StreamWaitCancel();
+  StreamWaitCancel(const StreamWaitCancel&) = delete;
+  StreamWaitCancel& operator=(const StreamWaitCancel&) = delete;
+
+ private:
+  const FunctionRef<bool()>* previous_;
+  FunctionRef<bool()> stopped_;
+};
+
+class ShardStream {
+ public:
+  // HEADs every object (check: as HttpTransfers::head's). limit < 0: no limit but the disk's free space.
+  // Error(kValue) when a shard alone is larger than the limit.
+  ShardStream(std::vector<RemoteObject> objects, RemoteAuth auth, TransferOptions options, std::string dir,
+              int64_t limit, FunctionRef<void()> check);
+  ~ShardStream();
+  ShardStream(const ShardStream&) = delete;
+  ShardStream& operator=(const ShardStream&) = delete;
+
+  const std::vector<ObjectInfo>& infos() const { return infos_; }
+  std::vector<std::string> paths() const;  // each shard's cache file (present or not)
+  int64_t limit() const { return limit_; }
+
+  // The coming pass reads shards in `order` (each once: the order of their first records) and reads[k]
+  // records of shard k (order and reads index the objects). Replaces the previous plan.
+  void plan(const std::vector<int32_t>& order, const std::vector<int64_t>& reads);
+
+  // Brings shards `ks` into the cache and keeps them there until unpin(ks) (the index reads them by path).
+  void pin(const std::vector<int32_t>& ks, FunctionRef<void()> check);
+  void unpin(const std::vector<int32_t>& ks);
+
+  // Shard k, readable while the returned source lives: at once when it is in the cache, else once it has
+  // arrived. A shard that could not be fetched is an Error naming its URL, every time it is opened.
+  std::unique_ptr<RecordSource> open(int32_t k);
+
+  StreamStats stats() const;
+
+ private:
+  struct Shard;
+  class Pinned;
+  void run();
+  std::vector<int32_t> choose_batch(std::unique_lock<std::mutex>& lk);
+  bool make_room_for(int32_t k, int64_t size, std::vector<CacheFile>& files, int64_t& used);
+  bool open_from_disk(int32_t k);
+  void demand(int32_t k);
+  void release(int32_t k);
+
+  std::vector<RemoteObject> objects_;
+  std::vector<ObjectInfo> infos_;
+  std::vector<std::string> files_;
+  const std::string dir_;
+  const int64_t limit_;
+  HttpTransfers http_;
+  const int64_t batch_bytes_;  // a fetch batch: about enough bytes for every request in flight
+
+  mutable std::mutex mu_;
+  std::condition_variable fetch_cv_;  // the fetch thread: demand, a plan, a shard unpinned, stop
+  std::condition_variable ready_cv_;  // readers: a shard arrived or failed
+  std::vector<Shard> shards_;
+  std::deque<int32_t> demanded_;      // shards readers wait for, first asked first
+  std::vector<int32_t> plan_;
+  int64_t clock_ = 0;
+  bool stop_ = false;
+  StreamStats stats_;
+  std::thread thread_;
+};
+
+}  // namespace fastpipe

@@ -1,0 +1,160 @@
+"""WebDataset shards streaming through a cache smaller than the dataset (csrc/core/shard_stream.cpp):
+the batches are those of the same shards on local disk, the cache never holds more than its limit, each
+epoch fetches each shard about once, reading starts before the last shard arrives, and failures and
+closes end waits with errors naming the URL. Served by the scripted HTTP server of tests/data/servers.py
+on 127.0.0.1."""
+
+import os
+import time
+
+import numpy as np
+import pytest
+
+import fastpipe
+from fastpipe._ext import _C
+from fastpipe.transforms import RandomResizedCrop
+
+from jpegs import jpeg_bytes, picture
+from servers import FaultyServer
+from tar_files import tar_bytes
+
+pytestmark = [pytest.mark.timeout(180, method="thread"),
+              pytest.mark.skipif(not _C.HTTP_AVAILABLE, reason="built without libcurl (`make setup` installs it)")]
+FAST = dict(retry_backoff=0.01, part_size=64 << 10)
+
+
+@pytest.fixture
+def faulty():
+    server = FaultyServer()
+    yield server
+    server.close()
+
+
+def shards(rng, count):
+    """`count` tar shards of 3-6 JPEG samples each, with labels and a member of noise: [(name, bytes)]."""
+    out, n = [], 0
+    for k in range(count):
+        members = []
+        for _ in range(int(rng.integers(3, 7))):
+            h, w = (int(v) for v in rng.integers(20, 60, 2))
+            members += [(f"s{n:05d}.jpg", jpeg_bytes(picture(rng, h, w))),
+                        (f"s{n:05d}.cls", str(int(rng.integers(0, 5))).encode()),
+                        (f"s{n:05d}.pad", rng.bytes(int(rng.integers(30_000, 50_000))))]
+            n += 1
+        out.append((f"part-{k:02d}.tar", tar_bytes(members)))
+    return out
+
+
+def served(faulty, tmp_path, data):
+    """The shards on the server and on local disk: (URLs, local paths)."""
+    local = tmp_path / "local"
+    local.mkdir(exist_ok=True)
+    for name, blob in data:
+        (local / name).write_bytes(blob)
+        faulty.put("/" + name, blob)
+    return [faulty.url + "/" + n for n, _ in data], [str(local / n) for n, _ in data]
+
+
+def cached_bytes(cache):
+    """What the cache's data files hold (lock and temporary files are hidden: a leading dot)."""
+    total = 0
+    for e in os.scandir(cache):
+        if not e.name.startswith("."):
+            try:
+                total += e.stat().st_size
+            except FileNotFoundError:  # evicted while listed
+                pass
+    return total
+
+
+def loader(ds, **kw):
+    kw = dict(dict(timeout=60, num_threads=2), **kw)
+    return fastpipe.Loader(ds, batch_size=3, transforms={0: RandomResizedCrop(20, dct_scaling=False)}, **kw)
+
+
+def test_a_dataset_larger_than_its_cache_streams_the_batches_local_shards_give(faulty, tmp_path, rng):
+    data = shards(rng, 12)
+    urls, paths = served(faulty, tmp_path, data)
+    total, largest = sum(len(b) for _, b in data), max(len(b) for _, b in data)
+    limit = 2 * largest
+    assert limit < 0.6 * total
+    cache = tmp_path / "cache"
+    opts = dict(storage_options=FAST, cache_dir=cache, cache_limit=limit, index_cache=tmp_path / "index")
+    ds = fastpipe.WebDataset(urls, **opts)  # indexed a cache-full at a time
+    assert cached_bytes(cache) <= limit
+    assert ds.fetch_stats["bytes_fetched"] == total
+    local = fastpipe.WebDataset(paths, index_cache="off")
+    assert [ds.key(i) for i in range(len(ds))] == [local.key(i) for i in range(len(local))]
+    assert ds.targets == local.targets
+    window = dict(shuffle="blocks", shuffle_window=largest // 2, seed=int(rng.integers(1 << 30)))
+    ours, theirs = loader(ds, **window), loader(local, **window)
+    for epoch in range(2):
+        before = ds.fetch_stats["bytes_fetched"]
+        for (x, y), (rx, ry) in zip(ours, theirs, strict=True):
+            np.testing.assert_array_equal(y.numpy(), ry.numpy())
+            np.testing.assert_array_equal(x.numpy(), rx.numpy())
+            assert cached_bytes(cache) <= limit
+        fetched = ds.fetch_stats["bytes_fetched"] - before
+        # Each shard about once an epoch (those the cache still held from before, not at all), and
+        # the ones read earliest no more once the cache is full: more than the limit was evicted.
+        assert total - limit <= fetched <= total, (epoch, fetched, total)
+    assert ours.stats()["shards_evicted"] > 0
+    ours.close()
+
+    # Indexed already: a new dataset (in a new cache) fetches nothing until read, and its first batch
+    # comes before the last shard (the cache holds a sixth of them).
+    again = fastpipe.WebDataset(urls, **dict(opts, cache_dir=tmp_path / "new"))
+    assert again.fetch_stats["bytes_fetched"] == 0 and again.fetch_stats["requests"] == len(urls)  # HEADs
+    it = iter(loader(again, **window))
+    first = next(it)
+    assert 0 < again.fetch_stats["bytes_fetched"] <= limit
+    np.testing.assert_array_equal(first[1].numpy(), next(iter(loader(local, **window)))[1].numpy())
+
+
+def test_orders_that_would_refetch_every_shard_are_refused(faulty, tmp_path, rng):
+    data = shards(rng, 6)
+    urls, _ = served(faulty, tmp_path, data)
+    largest = max(len(b) for _, b in data)
+    ds = fastpipe.WebDataset(urls, storage_options=FAST, cache_dir=tmp_path / "cache", cache_limit=2 * largest,
+                             index_cache="off")
+    with pytest.raises(ValueError, match=r"more than cache_limit=.*shuffle=True draws each sample from any shard"):
+        loader(ds, shuffle=True)
+    with pytest.raises(ValueError, match=r"shuffle_window='1MB' \(1000000 bytes\) and a shard do not fit"):
+        loader(ds, shuffle="blocks", shuffle_window="1MB")
+    assert len([b for b in loader(ds, shuffle=False)]) == -(-len(ds) // 3)
+    with pytest.raises(ValueError, match=r"cache_limit is 1000 bytes .* but the shard '.*part-00.tar' alone is"):
+        fastpipe.WebDataset(urls, storage_options=FAST, cache_dir=tmp_path / "cache", cache_limit=1000)
+
+
+def test_a_shard_gone_from_the_server_fails_its_batches_naming_its_url(faulty, tmp_path, rng):
+    data = shards(rng, 4)
+    urls, _ = served(faulty, tmp_path, data)
+    ds = fastpipe.WebDataset(urls, storage_options=dict(FAST, max_attempts=2), cache_dir=tmp_path / "cache",
+                             cache_limit=2 * max(len(b) for _, b in data), index_cache="off")
+    with faulty.lock:
+        del faulty.objects["/part-03.tar"]
+    for d in os.scandir(tmp_path / "cache"):
+        if d.name.endswith("part-03.tar"):
+            os.unlink(d.path)  # still cached from the index: the server's answer counts
+    with pytest.raises(Exception, match=r"part-03\.tar.*404|404.*part-03\.tar") as err:
+        for _ in loader(ds, shuffle=False):
+            pass
+    assert faulty.url + "/part-03.tar" in str(err.value)
+
+
+def test_closing_a_loader_ends_its_readers_wait_for_a_stalled_shard(faulty, tmp_path, rng):
+    data = shards(rng, 3)
+    urls, _ = served(faulty, tmp_path, data)
+    index = tmp_path / "index"
+    fastpipe.WebDataset(urls, storage_options=FAST, cache_dir=tmp_path / "warm", index_cache=index)
+    for name, blob in data:
+        faulty.put("/" + name, blob, faults=["stall"])  # the next GET of each stalls for a minute
+    ds = fastpipe.WebDataset(urls, storage_options=dict(FAST, stall_timeout=120), cache_dir=tmp_path / "cold",
+                             index_cache=index)
+    ld = loader(ds, shuffle=False, timeout=0.5)
+    with pytest.raises(TimeoutError):
+        next(iter(ld))
+    start = time.monotonic()
+    ld.close()
+    del ld, ds  # the stream's fetch thread stops too
+    assert time.monotonic() - start < 10  # polled every 100 ms, not the stall's minute
