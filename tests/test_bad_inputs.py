@@ -393,7 +393,7 @@ def test_zero_size_batch_and_noncontiguous_residual_match_eager():
 
 
 THREAD_START_FAILS = r"""
-import os, resource, sys
+import os, resource, sys, time
 import numpy as np
 import fastpipe
 
@@ -409,6 +409,10 @@ try:
 except OSError as e:
     print("error:", e)
 resource.setrlimit(resource.RLIMIT_AS, (resource.RLIM_INFINITY, resource.RLIM_INFINITY))
+# A joined thread leaves /proc/self/task a moment after pthread_join returns: poll, bounded (a leak stays).
+deadline = time.monotonic() + 20
+while len(os.listdir("/proc/self/task")) != threads and time.monotonic() < deadline:
+    time.sleep(0.01)
 print("threads left:", len(os.listdir("/proc/self/task")) - threads)
 with fastpipe.Loader(ds, 4, num_threads=4) as ld:
     print("records after:", sum(len(b) for b in ld))

@@ -22,7 +22,7 @@ def exact_of(x, batches):
 
 # argv: data directory, case, "live" or "idle" (an iterator in progress, or none)
 SCRIPT = _EXACT + r"""
-import os, signal, sys, threading
+import os, signal, sys, threading, time
 import numpy as np
 import torch
 import fastpipe
@@ -36,6 +36,14 @@ np.save(os.path.join(directory, "x.npy"), x)
 
 def threads():
     return len(os.listdir("/proc/self/task"))
+
+def threads_settled(base):
+    # A joined thread leaves /proc/self/task a moment after pthread_join returns (the kernel wakes the
+    # joiner before it removes the task): under load the count can lag. A leak stays past the deadline.
+    deadline = time.monotonic() + 20
+    while threads() != base and time.monotonic() < deadline:
+        time.sleep(0.01)
+    return threads()
 
 def fds():
     return len(os.listdir("/proc/self/fd"))
@@ -58,7 +66,7 @@ def ends():
     assert exact(list(ld)), "the epoch after it is not exact"
     ld.close()
     del it
-    print("counts", threads() - base[0], fds() - base[1], flush=True)
+    print("counts", threads_settled(base[0]) - base[0], fds() - base[1], flush=True)
 
 if case == "normal":
     if live:
