@@ -5,17 +5,23 @@ Servers on 127.0.0.1, started here (fastpipe.bench.servers): nginx serving the s
 S3 server (signatures checked) holding them; each directly (0 ms) and through a proxy that adds a round
 trip time to every exchange (--rtt-ms, default 20). The corpus is the images suite's ImageNet-like JPEGs
 written as shards by benchmarks/webdataset_local.py. Every row reads one epoch of RandomResizedCrop(S) +
-flip + normalise batches (float32 NCHW, int64 labels) with k threads or workers:
+flip + normalise batches (float32 NCHW, int64 labels) with k threads or workers; fastpipe's rows in a
+block shuffle (shuffle="blocks", --window), what data in a store calls for:
 
-- fastpipe cold: an empty cache_dir, then WebDataset(urls) (staging every shard) and the epoch; the time
-  counts both, and the time to the first batch is from the construction's start
-- fastpipe warm: the same with the cache filled (a HEAD a shard, nothing fetched), then the epoch
+- fastpipe first time: an empty cache_dir and an empty index cache, then WebDataset(urls) (fetching every
+  shard for the index) and the epoch; the time counts both, the first batch's from the construction's start
+- fastpipe cold: an empty cache_dir, the index kept: WebDataset(urls) (HEADs only) and the epoch, whose
+  shards stream in while it is read
+- fastpipe warm: the same with the cache filled (nothing fetched)
+- fastpipe stream: cache_limit half the shards' bytes, the index kept: every epoch streams them all
 - fastpipe local: WebDataset(the local shards) constructed, then the epoch
 - webdataset + WebLoader: its README's recipe over the http URLs (curl per shard, as webdataset opens
   them), one warm-up epoch first; over S3 it is reported as not run, with the reason
 
-Rounds alternate the rows; the table gives medians (images/s over the timed span, time to first batch,
-bytes fetched over the shards' bytes) and each row's median ratio to fastpipe cold in the same round.
+Rounds alternate the rows; the table gives medians (images/s over the timed span, time to the first
+batch, bytes fetched over the shards' bytes, the CPU seconds the servers and the delay proxy spent during the
+row: taken from the 2 cores the loaders share with them) and each row's median ratio to fastpipe local
+and to fastpipe warm of the same store in the same round.
 """
 
 import argparse
@@ -47,16 +53,21 @@ def epoch(loader, start):
     return n, time.perf_counter() - start, first
 
 
-def fastpipe_pass(urls, args, cache=None, options=None):
+def fastpipe_pass(urls, args, cache=None, options=None, index=None, limit=None):
     tf = fastpipe.transforms.RandomResizedCrop(args.size, mean=MEAN, std=STD)
     start = time.perf_counter()
-    remote = dict(storage_options=options, cache_dir=cache) if cache else {}
-    ds = fastpipe.WebDataset(urls, **remote)
-    ld = fastpipe.Loader(ds, batch_size=args.batch_size, shuffle=True, drop_last=True, num_threads=args.threads,
-                         transforms={0: tf})
+    remote = dict(storage_options=options, cache_dir=cache, cache_limit=limit) if cache else {}
+    ds = fastpipe.WebDataset(urls, index_cache=index, **remote)
+    ld = fastpipe.Loader(ds, batch_size=args.batch_size, shuffle="blocks", shuffle_window=args.window,
+                         drop_last=True, num_threads=args.threads, transforms={0: tf})
     n, seconds, first = epoch(ld, start)
     fetched = ds.fetch_stats["bytes_fetched"] if ds.fetch_stats else 0
     return n / seconds, first, fetched
+
+
+def emptied(*folders):
+    for f in folders:
+        shutil.rmtree(f, ignore_errors=True)
 
 
 def webdataset_pass(urls, args):
@@ -72,12 +83,13 @@ def webdataset_pass(urls, args):
     return n / (time.perf_counter() - start), first, None
 
 
-def measure(args, out, proxies, stores, names, shards, total, work, rates, firsts, fetched, skipped):
-    rows = {}
+def measure(args, out, proxies, stores, names, shards, total, work, rates, firsts, fetched, skipped, server_cpu):
+    rows, servers_of = {}, {}
     for (store, rtt), proxy in proxies.items():
         port = proxy.port if proxy else stores[store][0]
         base = f"http://127.0.0.1:{port}"
         label = f"{store} {rtt:g} ms"
+        running = [stores[store][2]] + ([proxy] if proxy else [])
         if store == "http":
             urls, options = [f"{base}/{n}" for n in names], {}
             rows[f"{label}: webdataset + WebLoader"] = lambda u=list(urls): webdataset_pass(u, args)
@@ -86,27 +98,36 @@ def measure(args, out, proxies, stores, names, shards, total, work, rates, first
             skipped[f"{label}: webdataset + WebLoader"] = (
                 "not run: webdataset has no S3 client (it pipes `aws s3 cp`, not installed, or curl over presigned "
                 "URLs, which moto's server answers with HTTP 500 when it checks signatures)")
-        cache = os.path.join(work, f"cache-{store}-{rtt:g}")
-        rows[f"{label}: fastpipe cold"] = (lambda u=urls, o=options, d=cache: (
-            shutil.rmtree(d, ignore_errors=True), fastpipe_pass(u, args, d, o))[1])
-        rows[f"{label}: fastpipe warm"] = lambda u=urls, o=options, d=cache: fastpipe_pass(u, args, d, o)
-    rows["local: fastpipe"] = lambda: fastpipe_pass(shards, args)
+        cache, index = os.path.join(work, f"cache-{store}-{rtt:g}"), os.path.join(work, f"index-{store}-{rtt:g}")
+        rows[f"{label}: fastpipe first time"] = lambda u=urls, o=options, d=cache, i=index: (
+            emptied(d, i), fastpipe_pass(u, args, d, o, i))[1]
+        rows[f"{label}: fastpipe cold"] = lambda u=urls, o=options, d=cache, i=index: (
+            emptied(d), fastpipe_pass(u, args, d, o, i))[1]
+        rows[f"{label}: fastpipe warm"] = lambda u=urls, o=options, d=cache, i=index: fastpipe_pass(u, args, d, o, i)
+        rows[f"{label}: fastpipe stream (cache_limit shards/2)"] = lambda u=urls, o=options, d=cache, i=index: (
+            emptied(d), fastpipe_pass(u, args, d, o, i, limit=total // 2))[1]
+        servers_of.update((key, running) for key in rows if key.startswith(label + ":"))
+    rows["local: fastpipe"] = lambda: fastpipe_pass(shards, args, index=os.path.join(work, "index-local"))
     for key in rows:
-        rates[key], firsts[key], fetched[key] = [], [], []
+        rates[key], firsts[key], fetched[key], server_cpu[key] = [], [], [], []
     for r in range(args.rounds):
         for key, run in rows.items():
+            cpu = sum(p.cpu_seconds() for p in servers_of.get(key, []))
             rate, first, got = run()
+            server_cpu[key].append(sum(p.cpu_seconds() for p in servers_of.get(key, [])) - cpu)
             rates[key].append(rate)
             firsts[key].append(first)
             fetched[key].append(got)
             out.log(f"round {r + 1}/{args.rounds} {key}: {rate:.0f} images/s, first batch {first:.2f} s"
-                    + (f", fetched {got / total:.3f}x the shards" if got is not None else ""))
+                    + (f", fetched {got / total:.3f}x the shards" if got is not None else "")
+                    + f", servers' CPU {server_cpu[key][-1]:.1f} s")
 
 
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     add_corpus_arguments(p, "webdataset_remote")
     p.add_argument("--rtt-ms", type=float, default=20.0)
+    p.add_argument("--window", default="96MiB", help="fastpipe's shuffle_window (a few shards)")
     args = p.parse_args(argv)
     out = common.Report("webdataset_remote", "benchmarks/results", json_path=args.out, options=vars(args))
     _, shards = corpus_shards(args, out)
@@ -114,19 +135,20 @@ def main(argv=None):
     names = [os.path.basename(s) for s in shards]
     total = sum(os.path.getsize(s) for s in shards)
     work = tempfile.mkdtemp(prefix="fastpipe-remote-bench-")
-    rates, firsts, fetched, skipped = {}, {}, {}, {}
+    rates, firsts, fetched, skipped, server_cpu = {}, {}, {}, {}, {}
     try:
         with servers.Nginx(folder, os.path.join(work, "nginx")) as nginx, servers.MotoS3() as s3:
             for name, path in zip(names, shards):
                 with open(path, "rb") as f:
                     s3.put("bench", f"shards/{name}", f.read())
-            stores = {"http": (nginx.port, None), "s3": (s3.port, s3)}
+            stores = {"http": (nginx.port, None, nginx), "s3": (s3.port, s3, s3)}
             proxies = {}
             try:
-                for store, (port, _) in stores.items():
+                for store, (port, _, _) in stores.items():
                     proxies[(store, 0.0)] = None
                     proxies[(store, args.rtt_ms)] = servers.DelayProxy(port, args.rtt_ms)
-                measure(args, out, proxies, stores, names, shards, total, work, rates, firsts, fetched, skipped)
+                measure(args, out, proxies, stores, names, shards, total, work, rates, firsts, fetched, skipped,
+                        server_cpu)
             finally:
                 for proxy in proxies.values():
                     if proxy:
@@ -135,18 +157,23 @@ def main(argv=None):
         shutil.rmtree(work, ignore_errors=True)
     table = []
     for key, v in rates.items():
-        cold = rates[key.split(":")[0] + ": fastpipe cold"] if ":" in key and not key.startswith("local") else None
-        ratio = f"{statistics.median(a / b for a, b in zip(v, cold)):.2f}x" if cold else ""
+        warm = rates.get(key.split(":")[0] + ": fastpipe warm")
+        vs_warm = f"{statistics.median(a / b for a, b in zip(v, warm)):.2f}x" if warm else ""
+        vs_local = f"{statistics.median(a / b for a, b in zip(v, rates['local: fastpipe'])):.2f}x"
         got = [g for g in fetched[key] if g is not None]
-        table.append([key, f"{statistics.median(v):.0f}", ratio, f"{statistics.median(firsts[key]):.2f}",
-                      f"{statistics.median(got) / total:.3f}" if got else "-"])
-    table += [[key, "not run", "", "", ""] for key in skipped]
-    out.table(["row", "images/s (median)", "x fastpipe cold (same round)", "first batch s", "fetched / shards"],
+        table.append([key, f"{statistics.median(v):.0f}", vs_local, vs_warm, f"{statistics.median(firsts[key]):.2f}",
+                      f"{statistics.median(got) / total:.3f}" if got else "-",
+                      "-" if key.startswith("local") else f"{statistics.median(server_cpu[key]):.1f}"])
+    table += [[key, "not run", "", "", "", "", ""] for key in skipped]
+    out.table(["row", "images/s (median)", "x fastpipe local", "x fastpipe warm", "first batch s", "fetched / shards",
+               "servers' CPU s"],
               table, title=f"{args.images} JPEGs in {len(shards)} shards ({total / 2**20:.0f} MiB), {args.size}x{args.size}, "
-                           f"batch {args.batch_size}, k={args.threads}, {args.rounds} rounds, servers on 127.0.0.1")
+                           f"batch {args.batch_size}, k={args.threads}, shuffle_window {args.window}, {args.rounds} rounds, "
+                           f"servers on 127.0.0.1; ratios: medians of same-round ratios")
     for key, why in skipped.items():
         out.log(f"{key}: {why}")
-    out.save({"rates": rates, "first_batch": firsts, "fetched": fetched, "not_run": skipped, "shard_bytes": total,
+    out.save({"rates": rates, "first_batch": firsts, "fetched": fetched, "server_cpu_seconds": server_cpu,
+              "not_run": skipped, "shard_bytes": total,
               "torch": torch.__version__})
     return 0
 

@@ -14,6 +14,7 @@ namespace {
 using Clock = std::chrono::steady_clock;
 constexpr auto kPoll = std::chrono::milliseconds(100);
 constexpr int64_t kNotPlanned = std::numeric_limits<int64_t>::max();
+constexpr auto kStuck = std::chrono::seconds(1);  // no shard opened this long: readers wait on each other
 
 thread_local const FunctionRef<bool()>* t_cancel = nullptr;
 
@@ -83,6 +84,7 @@ ShardStream::ShardStream(std::vector<RemoteObject> objects, RemoteAuth auth, Tra
   for (size_t k = 0; k < shards_.size(); ++k)
     shards_[k].present = cache_file_complete(dir_ + "/" + files_[k], infos_[k].size);
   stats_.transfer = http_.stats();
+  last_open_ = Clock::now();
   thread_ = std::thread([this] { run(); });
 }
 
@@ -111,6 +113,7 @@ void ShardStream::plan(const std::vector<int32_t>& order, const std::vector<int6
     shards_[k].seen = false;
   }
   plan_.clear();
+  last_open_ = Clock::now();  // a new pass: its readers have not started
   for (int32_t k : order) {
     FP_CHECK_VALUE(k >= 0 && size_t(k) < shards_.size(), "a stream's plan names shard " + std::to_string(k) +
                                                              " of " + std::to_string(shards_.size()));
@@ -175,6 +178,7 @@ std::unique_ptr<RecordSource> ShardStream::open(int32_t k) {
   ++s.pins;
   if (s.reads_left > 0) --s.reads_left;
   s.last_use = ++clock_;
+  last_open_ = Clock::now();
   return std::make_unique<Pinned>(this, k, s.source);
 }
 
@@ -224,13 +228,15 @@ StreamStats ShardStream::stats() const {
 
 // Evicts (others' files first, least recently staged first; then this stream's shards that the plan reads
 // no more, least recently used first; then those it reads after k, latest first; and for a shard a reader
-// waits for, when nothing else is left, any not being read, latest first: a window larger than the cache
-// refetches, but never stops) until k's `size` fits.
+// waits for while no reader has opened anything for a while, any not being read, latest first: a window
+// larger than the cache, or reads the plan did not foresee, refetch but never stop) until k's `size` fits.
+// Readers crossing from one window to the next wait for the new window's shards rather than evict the
+// old window's last ones, which would be fetched again.
 bool ShardStream::make_room_for(int32_t k, int64_t size, std::vector<CacheFile>& files, int64_t& used) {
   std::unordered_map<std::string, int32_t> ours;
   for (size_t j = 0; j < files_.size(); ++j) ours.emplace(files_[j], int32_t(j));
   const int64_t rank = shards_[k].rank;
-  const bool waited_for = shards_[k].demanded;
+  const bool stuck = shards_[k].demanded && Clock::now() - last_open_ > kStuck;
   while (used + size > limit_) {
     size_t best = files.size();
     int tier_best = 4;
@@ -246,7 +252,7 @@ bool ShardStream::make_room_for(int32_t k, int64_t size, std::vector<CacheFile>&
         if (it->second == k || s.pins > 0 || s.demanded) continue;
         if (s.reads_left == 0) tier = 1, key = s.last_use;
         else if (s.rank > rank) tier = 2, key = -s.rank;
-        else if (waited_for) tier = 3, key = -s.rank;
+        else if (stuck) tier = 3, key = -s.rank;
         else continue;
       }
       if (tier < tier_best || (tier == tier_best && key < key_best)) best = f, tier_best = tier, key_best = key;

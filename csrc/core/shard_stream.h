@@ -8,6 +8,7 @@
 // keeps nothing from other processes).
 #pragma once
 
+#include <chrono>
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
@@ -98,6 +99,7 @@ class ShardStream {
   std::deque<int32_t> demanded_;      // shards readers wait for, first asked first
   std::vector<int32_t> plan_;
   int64_t clock_ = 0;
+  std::chrono::steady_clock::time_point last_open_;  // a reader's latest open()
   bool stop_ = false;
   StreamStats stats_;
   std::thread thread_;

@@ -60,6 +60,22 @@ class _Process:
     def close(self):
         stop(self.proc)
 
+    def cpu_seconds(self):
+        """CPU time of the server's process and its children (nginx's workers) so far: what it takes from
+        the cores a benchmark shares with it."""
+        ticks, todo = 0, [self.proc.pid]
+        while todo:
+            pid = todo.pop()
+            try:
+                with open(f"/proc/{pid}/stat") as f:
+                    fields = f.read().rsplit(")", 1)[1].split()
+                ticks += int(fields[11]) + int(fields[12])  # utime, stime
+                with open(f"/proc/{pid}/task/{pid}/children") as f:
+                    todo += [int(c) for c in f.read().split()]
+            except (OSError, ValueError):
+                pass  # exited meanwhile
+        return ticks / os.sysconf("SC_CLK_TCK")
+
 
 class MotoS3(_Process):
     """moto's server with authentication on: one IAM user allowed s3:*, whose keys sign the requests."""
