@@ -16,6 +16,11 @@ _GPU_METRICS = (
     ("temp", lambda nv, h: nv.nvmlDeviceGetTemperature(h, nv.NVML_TEMPERATURE_GPU)),
     ("sm_clock", lambda nv, h: nv.nvmlDeviceGetClockInfo(h, nv.NVML_CLOCK_SM)),
 )
+# Loader.stats() counters a sample reads from the watched loaders, counted from when watching began:
+# (stats key, sample key); the network ones only while a watched loader reads remote data.
+_LOADER_COUNTERS = (("wait_seconds", "data_wait_seconds"), ("network_wait_seconds", "network_wait_seconds"),
+                    ("bytes_fetched", "bytes_fetched"))
+_NETWORK = {"network_wait_seconds", "bytes_fetched"}
 _JOIN_TIMEOUT = 5.0  # seconds stop() waits for a sample in progress (an NVML call) before giving up on it
 _GIB = 1 << 30
 
@@ -47,7 +52,8 @@ class Monitor:
 
     Every ``interval`` seconds a sample records, for the process: CPU utilisation (100% per busy core)
     and resident memory; for the watched loaders: the share of the time the training loop waited for
-    data; for the GPU, through NVML (``pip install nvidia-ml-py``, optional): utilisation, memory used,
+    data and, for remote data (a WebDataset of URLs), the network: the fetch rate and the time reader
+    threads waited for a shard to arrive (a stall shows as a rise in it, then in data wait); for the GPU, through NVML (``pip install nvidia-ml-py``, optional): utilisation, memory used,
     power, temperature and SM clock. What cannot be measured (no NVML, no GPU, a reading the device
     refuses, an error in the sampler) is skipped and listed in ``summary()["skipped"]``; the training
     loop never sees a sampler error.
@@ -77,7 +83,8 @@ class Monitor:
         self._lock = threading.RLock()
         self._samples = []
         self._skipped = []
-        self._loaders = []  # [loader, its wait_seconds when watching began]
+        self._loaders = []  # [loader, its counters (_LOADER_COUNTERS) when watching began]
+        self._remote = False  # a watched loader reads remote data
         self._watched = False
         self._steps = 0
         self._t0 = self._cpu0 = None
@@ -98,10 +105,15 @@ class Monitor:
         if self._state == "stopped":
             raise RuntimeError("this Monitor has stopped: watch loaders before or while it runs")
         with self._lock:
-            base = loader.stats()["wait_seconds"] if self._state == "running" else None
-            self._loaders.append([loader, base])
+            self._loaders.append([loader, self._counters(loader) if self._state == "running" else None])
             self._watched = True
+            self._remote |= getattr(getattr(loader, "dataset", None), "fetch_stats", None) is not None
         return loader
+
+    @staticmethod
+    def _counters(loader):
+        stats = loader.stats()
+        return {key: stats.get(key, 0) for key, _ in _LOADER_COUNTERS}
 
     def step(self, n=1):
         """Counts ``n`` training steps (reported as steps and steps per second)."""
@@ -113,7 +125,7 @@ class Monitor:
             raise RuntimeError("this Monitor has already run: a Monitor records one run, create a new one")
         with self._lock:
             for entry in self._loaders:
-                entry[1] = entry[0].stats()["wait_seconds"]
+                entry[1] = self._counters(entry[0])
         self._open_gpu()
         self._state = "running"
         # process_time: user + system time of every thread (the loader's readers too), to the nanosecond
@@ -218,8 +230,10 @@ class Monitor:
 
         A sample is a dict: ``t`` (seconds since start), ``time`` (Unix time), ``cpu_seconds``
         (process CPU time since start), ``cpu_pct`` (since the previous sample), ``rss`` (bytes),
-        ``steps``; with watched loaders ``data_wait_seconds`` (since start) and ``data_wait_pct``; with
-        NVML ``gpu_busy_pct``, ``gpu_mem`` (bytes), ``power`` (W), ``temp`` (C), ``sm_clock`` (MHz).
+        ``steps``; with watched loaders ``data_wait_seconds`` (since start) and ``data_wait_pct``, and
+        when one reads remote data ``network_wait_seconds`` (reader threads waiting for shards, summed
+        over them, since start), ``network_wait_pct`` (100 per reader thread waiting throughout),
+        ``bytes_fetched`` (since start) and ``fetch_mbps`` (MB/s since the previous sample); with NVML ``gpu_busy_pct``, ``gpu_mem`` (bytes), ``power`` (W), ``temp`` (C), ``sm_clock`` (MHz).
         """
         if self._state != "running":
             raise RuntimeError("the Monitor is not running")
@@ -235,20 +249,29 @@ class Monitor:
             s.update(t=time.monotonic() - self._t0, time=time.time(), cpu_seconds=time.process_time() - self._cpu0,
                      cpu_pct=None, rss=rss, steps=self._steps)
             if self._watched:
+                keys = [k for k in _LOADER_COUNTERS if self._remote or k[1] not in _NETWORK]
                 try:
-                    s["data_wait_seconds"] = sum(ld.stats()["wait_seconds"] - base for ld, base in self._loaders)
+                    now = [(self._counters(ld), base) for ld, base in self._loaders]
+                    for key, name in keys:
+                        s[name] = sum(c[key] - base[key] for c, base in now)
                 except Exception as e:  # the other readings stand
-                    s["data_wait_seconds"] = None
+                    for _, name in keys:
+                        s[name] = None
                     self._skip(f"no data wait: {type(e).__name__}: {e}")
                 s["data_wait_pct"] = None
+                if self._remote:
+                    s["network_wait_pct"] = s["fetch_mbps"] = None
             if self._samples:
                 prev = self._samples[-1]
                 dt = s["t"] - prev["t"]
                 if dt > 0:
                     s["cpu_pct"] = 100.0 * (s["cpu_seconds"] - prev["cpu_seconds"]) / dt
-                    waited, before = s.get("data_wait_seconds"), prev.get("data_wait_seconds", 0.0)
-                    if waited is not None and before is not None:
-                        s["data_wait_pct"] = 100.0 * (waited - before) / dt
+                    for name, rate, scale in (("data_wait_seconds", "data_wait_pct", 100.0),
+                                              ("network_wait_seconds", "network_wait_pct", 100.0),
+                                              ("bytes_fetched", "fetch_mbps", 1e-6)):
+                        now, before = s.get(name), prev.get(name, 0.0)
+                        if rate in s and now is not None and before is not None:
+                            s[rate] = scale * (now - before) / dt
             self._samples.append(s)
             return dict(s)
 
@@ -265,7 +288,9 @@ class Monitor:
 
         gpu_busy_pct, gpu_mem_max (bytes), power_mean (W), temp_max (C), sm_clock_mean (MHz): None
         without NVML; cpu_pct (process CPU time / wall time, 100 per core); rss_max (bytes);
-        data_wait_pct (loader wait / wall time, None without watched loaders); steps, steps_per_s;
+        data_wait_pct (loader wait / wall time, None without watched loaders); network_wait_pct and
+        fetch_mbps (remote data: reader threads' wait for shards / wall time, bytes fetched / wall time;
+        None otherwise); steps, steps_per_s;
         duration (s); skipped (reasons, as strings). While running, it covers the samples so far.
         """
         samples = self.samples
@@ -289,6 +314,9 @@ class Monitor:
             "cpu_pct": rate(last["cpu_seconds"]),
             "rss_max": _max(col("rss")),
             "data_wait_pct": rate(last.get("data_wait_seconds")),
+            "network_wait_pct": rate(last.get("network_wait_seconds")),
+            "fetch_mbps": last["bytes_fetched"] / 1e6 / duration if last.get("bytes_fetched") is not None
+            and duration > 0 else None,
             "steps": last["steps"],
             "steps_per_s": last["steps"] / duration if duration > 0 else None,
             "duration": duration,
@@ -303,6 +331,7 @@ class Monitor:
         formats = (("gpu_busy_pct", "GPU busy {:.0f}%".format), ("gpu_mem_max", lambda v: f"GPU mem {_fmt_bytes(v)}"),
                    ("power_mean", "{:.0f} W".format), ("temp_max", "{:.0f} C".format),
                    ("sm_clock_mean", "SM {:.0f} MHz".format), ("data_wait_pct", "data wait {:.1f}%".format),
+                   ("network_wait_pct", "network wait {:.1f}%".format), ("fetch_mbps", "fetch {:.0f} MB/s".format),
                    ("cpu_pct", "CPU {:.0f}%".format), ("rss_max", lambda v: f"RSS {_fmt_bytes(v)}"))
         parts = [fmt(s[key]) for key, fmt in formats if s[key] is not None]
         steps = f"{s['steps']} steps ({s['steps_per_s']:.1f}/s) in " if s["steps"] and s["steps_per_s"] else ""
@@ -338,7 +367,8 @@ class Monitor:
         t = [s["t"] for s in samples]
         panels = [  # (y label, [(sample key, legend, scale)])
             ("%", [("gpu_busy_pct", "GPU busy", 1), ("cpu_pct", "CPU (100 per core)", 1),
-                   ("data_wait_pct", "data wait", 1)]),
+                   ("data_wait_pct", "data wait", 1), ("network_wait_pct", "readers' network wait", 1)]),
+            ("MB/s", [("fetch_mbps", "fetched", 1)]),
             ("GiB", [("rss", "RSS", 1 / _GIB), ("gpu_mem", "GPU memory", 1 / _GIB)]),
             ("W", [("power", "GPU power", 1)]),
             ("C", [("temp", "GPU temperature", 1)]),

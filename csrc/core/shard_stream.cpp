@@ -157,9 +157,21 @@ std::unique_ptr<RecordSource> ShardStream::open(int32_t k) {
   std::unique_lock<std::mutex> lk(mu_);
   Shard& s = shards_[k];
   bool waited = false;
-  const auto t0 = Clock::now();
+  struct Waiting {  // counted in blocked_seconds while it lasts, so that a stall shows as it happens
+    ShardStream* stream;
+    bool on = false;
+    void start() {
+      if (on) return;
+      stream->count_waits(+1);
+      on = true;
+    }
+    ~Waiting() {
+      if (on) stream->count_waits(-1);
+    }
+  } waiting{this};
   while (s.failed.empty() && !open_from_disk(k)) {
     waited = true;
+    waiting.start();
     demand(k);
     ready_cv_.wait_for(lk, kPoll);
     if (stop_) throw Error(ErrorKind::kIO, "the dataset was closed while its shard '" + objects_[k].name + "' was fetched");
@@ -170,7 +182,6 @@ std::unique_ptr<RecordSource> ShardStream::open(int32_t k) {
       if (cancelled) throw Error(ErrorKind::kIO, "stopped while waiting for the shard '" + objects_[k].name + "'");
     }
   }
-  if (waited) stats_.blocked_seconds += std::chrono::duration<double>(Clock::now() - t0).count();
   if (!s.failed.empty()) throw Error(ErrorKind::kIO, s.failed);
   s.demanded = false;
   if (!s.seen && !waited) ++stats_.counts.hits;
@@ -221,9 +232,19 @@ void ShardStream::unpin(const std::vector<int32_t>& ks) {
     if (k >= 0 && size_t(k) < shards_.size()) release(k);
 }
 
+// With the lock held: `delta` more readers wait; the time waited so far is integrated first.
+void ShardStream::count_waits(int delta) {
+  const auto now = Clock::now();
+  stats_.blocked_seconds += waiting_ * std::chrono::duration<double>(now - waits_mark_).count();
+  waits_mark_ = now;
+  waiting_ += delta;
+}
+
 StreamStats ShardStream::stats() const {
   std::lock_guard<std::mutex> lk(mu_);
-  return stats_;
+  StreamStats out = stats_;
+  out.blocked_seconds += waiting_ * std::chrono::duration<double>(Clock::now() - waits_mark_).count();
+  return out;
 }
 
 // Evicts (others' files first, least recently staged first; then this stream's shards that the plan reads

@@ -28,7 +28,8 @@ namespace fastpipe {
 struct StreamStats {
   StagedShards counts;          // hits, fetched, waited (paths and infos left empty)
   int64_t evicted = 0;          // shards of this stream evicted to make room
-  double blocked_seconds = 0;   // reader threads' time waiting for a shard, summed over them
+  double blocked_seconds = 0;   // reader threads' time waiting for a shard, summed over them (waits in
+                                // progress included)
   TransferStats transfer;
 };
 
@@ -82,6 +83,7 @@ class ShardStream {
   bool make_room_for(int32_t k, int64_t size, std::vector<CacheFile>& files, int64_t& used);
   bool open_from_disk(int32_t k);
   void demand(int32_t k);
+  void count_waits(int delta);
   void release(int32_t k);
 
   std::vector<RemoteObject> objects_;
@@ -100,6 +102,8 @@ class ShardStream {
   std::vector<int32_t> plan_;
   int64_t clock_ = 0;
   std::chrono::steady_clock::time_point last_open_;  // a reader's latest open()
+  int waiting_ = 0;                                   // readers waiting for a shard now
+  std::chrono::steady_clock::time_point waits_mark_;  // since when waiting_ has held
   bool stop_ = false;
   StreamStats stats_;
   std::thread thread_;

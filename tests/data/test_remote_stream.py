@@ -5,6 +5,7 @@ closes end waits with errors naming the URL. Served by the scripted HTTP server 
 on 127.0.0.1."""
 
 import os
+import threading
 import time
 
 import numpy as np
@@ -158,3 +159,33 @@ def test_closing_a_loader_ends_its_readers_wait_for_a_stalled_shard(faulty, tmp_
     ld.close()
     del ld, ds  # the stream's fetch thread stops too
     assert time.monotonic() - start < 10  # polled every 100 ms, not the stall's minute
+
+
+def test_a_network_stall_shows_in_the_monitors_timeline(faulty, tmp_path, rng):
+    data = shards(rng, 3)
+    urls, _ = served(faulty, tmp_path, data)
+    index = tmp_path / "index"
+    fastpipe.WebDataset(urls, storage_options=FAST, cache_dir=tmp_path / "warm", index_cache=index)
+    for name, blob in data:
+        faulty.put("/" + name, blob, faults=["stall"])  # the next GET of each stalls until released
+    ds = fastpipe.WebDataset(urls, storage_options=dict(FAST, stall_timeout=120), cache_dir=tmp_path / "cold",
+                             index_cache=index)
+    ld = loader(ds, shuffle=False)
+    got = []
+    with fastpipe.Monitor(interval=0.02, loaders=[ld]) as mon:
+        reading = threading.Thread(target=lambda: got.extend(y.numpy().copy() for _, y in ld))
+        reading.start()
+        deadline = time.monotonic() + 60
+        while not any((s.get("network_wait_pct") or 0) > 50 for s in mon.samples):  # readers stalled
+            assert time.monotonic() < deadline, mon.samples[-1]
+            time.sleep(0.02)  # polls the timeline the monitor's thread writes: bounded by the deadline
+        stalled = mon.samples[-1]
+        assert stalled["bytes_fetched"] < sum(len(b) for _, b in data)
+        faulty.release.set()
+        reading.join(60)
+    assert not reading.is_alive() and sum(len(y) for y in got) == len(ds)
+    last, s = mon.samples[-1], mon.summary()
+    assert last["bytes_fetched"] == sum(len(b) for _, b in data) == ld.stats()["bytes_fetched"]
+    assert last["network_wait_seconds"] == pytest.approx(ld.stats()["network_wait_seconds"])
+    assert last["network_wait_seconds"] >= stalled["network_wait_seconds"] > 0
+    assert s["fetch_mbps"] > 0 and s["network_wait_pct"] > 0 and "network wait" in str(mon)
