@@ -53,8 +53,9 @@ class Monitor:
     Every ``interval`` seconds a sample records, for the process: CPU utilisation (100% per busy core)
     and resident memory; for the watched loaders: the share of the time the training loop waited for
     data and, for remote data (a WebDataset of URLs), the network: the fetch rate and the time reader
-    threads waited for a shard to arrive (a stall shows as a rise in it, then in data wait); for the GPU, through NVML (``pip install nvidia-ml-py``, optional): utilisation, memory used,
-    power, temperature and SM clock. What cannot be measured (no NVML, no GPU, a reading the device
+    threads waited for a shard to arrive (a stall shows as a rise in it, then in data wait); for the
+    GPU, through NVML (``pip install nvidia-ml-py``, optional): utilisation, memory used, power,
+    temperature and SM clock. What cannot be measured (no NVML, no GPU, a reading the device
     refuses, an error in the sampler) is skipped and listed in ``summary()["skipped"]``; the training
     loop never sees a sampler error.
 
@@ -233,7 +234,8 @@ class Monitor:
         ``steps``; with watched loaders ``data_wait_seconds`` (since start) and ``data_wait_pct``, and
         when one reads remote data ``network_wait_seconds`` (reader threads waiting for shards, summed
         over them, since start), ``network_wait_pct`` (100 per reader thread waiting throughout),
-        ``bytes_fetched`` (since start) and ``fetch_mbps`` (MB/s since the previous sample); with NVML ``gpu_busy_pct``, ``gpu_mem`` (bytes), ``power`` (W), ``temp`` (C), ``sm_clock`` (MHz).
+        ``bytes_fetched`` (since start) and ``fetch_mbps`` (MB/s since the previous sample); with NVML
+        ``gpu_busy_pct``, ``gpu_mem`` (bytes), ``power`` (W), ``temp`` (C), ``sm_clock`` (MHz).
         """
         if self._state != "running":
             raise RuntimeError("the Monitor is not running")

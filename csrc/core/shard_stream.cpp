@@ -174,7 +174,8 @@ std::unique_ptr<RecordSource> ShardStream::open(int32_t k) {
     waiting.start();
     demand(k);
     ready_cv_.wait_for(lk, kPoll);
-    if (stop_) throw Error(ErrorKind::kIO, "the dataset was closed while its shard '" + objects_[k].name + "' was fetched");
+    if (stop_)
+      throw Error(ErrorKind::kIO, "the dataset was closed while its shard '" + objects_[k].name + "' was fetched");
     if (t_cancel && s.failed.empty()) {
       lk.unlock();
       const bool cancelled = (*t_cancel)();
@@ -204,7 +205,8 @@ void ShardStream::release(int32_t k) {
 
 void ShardStream::pin(const std::vector<int32_t>& ks, FunctionRef<void()> check) {
   std::unique_lock<std::mutex> lk(mu_);
-  for (int32_t k : ks) FP_CHECK_VALUE(k >= 0 && size_t(k) < shards_.size(), "shard " + std::to_string(k) + " is out of range");
+  for (int32_t k : ks)
+    FP_CHECK_VALUE(k >= 0 && size_t(k) < shards_.size(), "shard " + std::to_string(k) + " is out of range");
   size_t done = 0;
   try {
     for (; done < ks.size(); ++done) {

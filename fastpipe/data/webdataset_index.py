@@ -5,6 +5,7 @@ through the bounded shard cache, a cache-full of them at a time."""
 import hashlib
 import json
 import os
+import sys
 import warnings
 
 import numpy as np
@@ -69,24 +70,45 @@ def indexed(paths, extensions, label, label_field, threads, index_cache, stream=
     return index
 
 
+_GROUP_SHARDS = 64  # shards fetched and indexed together (fewer when the cache limit says so)
+
+
+def _progress(total):
+    """A tqdm bar over the bytes to fetch, where tqdm is installed and stderr is a terminal; else None."""
+    if not sys.stderr.isatty():
+        return None
+    try:
+        from tqdm.auto import tqdm
+    except ImportError:
+        return None
+    return tqdm(total=total, unit="B", unit_scale=True, desc="WebDataset: fetching shards for the index")
+
+
 def _streamed(stream, paths, extensions, label, label_field, threads):
-    """Indexes remote shards a cache-full at a time: each group fetched and pinned, indexed, released."""
+    """Indexes remote shards a cache-full at a time (and at most _GROUP_SHARDS): each group fetched and
+    pinned, indexed, released."""
     sizes, limit = stream.sizes, stream.limit
     groups, group, held = [], [], 0
     for k, size in enumerate(sizes):
-        if group and limit >= 0 and held + size > limit:
+        if group and (len(group) == _GROUP_SHARDS or (limit >= 0 and held + size > limit)):
             groups.append(group)
             group, held = [], 0
         group.append(k)
         held += size
     groups.append(group)
-    parts = []
-    for group in groups:
-        stream.pin(group)
-        try:
-            parts.append(_C.index_webdataset([paths[k] for k in group], extensions, label, label_field, threads))
-        finally:
-            stream.unpin(group)
+    parts, bar = [], _progress(sum(sizes))
+    try:
+        for group in groups:
+            stream.pin(group)
+            try:
+                parts.append(_C.index_webdataset([paths[k] for k in group], extensions, label, label_field, threads))
+            finally:
+                stream.unpin(group)
+            if bar is not None:
+                bar.update(sum(sizes[k] for k in group))
+    finally:
+        if bar is not None:
+            bar.close()
     return _joined(parts, [g[0] for g in groups])
 
 

@@ -4,7 +4,9 @@ epoch fetches each shard about once, reading starts before the last shard arrive
 closes end waits with errors naming the URL. Served by the scripted HTTP server of tests/data/servers.py
 on 127.0.0.1."""
 
+import io
 import os
+import sys
 import threading
 import time
 
@@ -13,6 +15,7 @@ import pytest
 
 import fastpipe
 from fastpipe._ext import _C
+from fastpipe.data import webdataset_index
 from fastpipe.transforms import RandomResizedCrop
 
 from jpegs import jpeg_bytes, picture
@@ -189,3 +192,31 @@ def test_a_network_stall_shows_in_the_monitors_timeline(faulty, tmp_path, rng):
     assert last["network_wait_seconds"] == pytest.approx(ld.stats()["network_wait_seconds"])
     assert last["network_wait_seconds"] >= stalled["network_wait_seconds"] > 0
     assert s["fetch_mbps"] > 0 and s["network_wait_pct"] > 0 and "network wait" in str(mon)
+
+
+def test_the_index_of_remote_shards_is_read_in_groups_with_progress(faulty, tmp_path, rng, monkeypatch):
+    data = shards(rng, 5)
+    odd = [("a.jpg", jpeg_bytes(picture(rng, 30, 20))), ("a.cls", b"1"),
+           ("b.jpg", jpeg_bytes(picture(rng, 20, 30))[:300]), ("b.cls", b"2"), ("c.cls", b"3"),
+           ("d.jpg", jpeg_bytes(picture(rng, 25, 25))), ("d.cls", b"4")]
+    data.append(("part-05.tar", tar_bytes(odd)))  # in the last group: a truncated image, a sample without one
+    urls, paths = served(faulty, tmp_path, data)
+
+    class Terminal(io.StringIO):
+        def isatty(self):
+            return True
+
+    terminal = Terminal()
+    monkeypatch.setattr(sys, "stderr", terminal)
+    monkeypatch.setattr(webdataset_index, "_GROUP_SHARDS", 2)  # 3 groups: joined into one index
+    with pytest.warns(UserWarning):
+        local = fastpipe.WebDataset(paths, index_cache="off")
+    with pytest.warns(UserWarning):
+        ds = fastpipe.WebDataset(urls, storage_options=FAST, cache_dir=tmp_path / "cache", index_cache="off")
+    assert [ds.key(i) for i in range(len(ds))] == [local.key(i) for i in range(len(local))]
+    assert ds.targets == local.targets and ds.image_sizes.tolist() == local.image_sizes.tolist()
+    assert ds._shard_of.tolist() == local._shard_of.tolist()
+    assert [(i, k) for i, k, _ in ds.bad] == [(i, k) for i, k, _ in local.bad] and ds.bad[0][1] == "b"
+    assert list(ds.without_image.values()) == list(local.without_image.values()) == [1]
+    shown = terminal.getvalue()
+    assert "fetching shards for the index" in shown and "100%" in shown, shown[-500:]
