@@ -17,6 +17,9 @@ block shuffle (shuffle="blocks", --window), what data in a store calls for:
 - fastpipe local: WebDataset(the local shards) constructed, then the epoch
 - webdataset + WebLoader: its README's recipe over the http URLs (curl per shard, as webdataset opens
   them), one warm-up epoch first; over S3 it is reported as not run, with the reason
+- over S3, litdata, Mosaic streaming and s3torchconnector (benchmarks/remote_peers.py: each converted from
+  the same images, or the same shards): a first epoch with their cache empty and a second epoch; a peer not
+  installed (run this with an interpreter that has them) or failing is reported as not run, with why
 
 Rounds alternate the rows; the table gives medians (images/s over the timed span, time to the first
 batch, bytes fetched over the shards' bytes, the CPU seconds the servers and the delay proxy spent during the
@@ -38,6 +41,7 @@ import fastpipe
 from fastpipe.bench import common, servers
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from remote_peers import PEERS  # noqa: E402
 from webdataset_local import MEAN, STD, add_corpus_arguments, corpus_shards, webdataset_row  # noqa: E402
 
 
@@ -65,6 +69,39 @@ def fastpipe_pass(urls, args, cache=None, options=None, index=None, limit=None):
     return n / seconds, first, fetched
 
 
+def peer_rows(label, name, peer, images, labels, s3, endpoint, work, args):
+    """Rows "<peer> first epoch" (its cache emptied) and "<peer> second epoch" (the same loader again):
+    the first runs both epochs and hands the second its figures."""
+    make, cache = peer(images, labels, s3, endpoint, work, args)
+    second = {}
+
+    def first():
+        if cache:
+            emptied(cache)
+        loader = make()
+        start = time.perf_counter()
+        n, seconds, latency = epoch_of(loader, start)
+        start2 = time.perf_counter()
+        second["result"] = epoch_of(loader, start2)
+        return n / seconds, latency, None
+
+    def then():
+        n, seconds, latency = second.pop("result")
+        return n / seconds, latency, None
+
+    return {f"{label}: {name}, first epoch": first, f"{label}: {name}, second epoch": then}
+
+
+def epoch_of(loader, start):
+    n, first = 0, None
+    for x, y in loader:
+        if first is None:
+            first = time.perf_counter() - start
+        assert x.dtype == torch.float32 and x.shape[1] == 3
+        n += len(y)
+    return n, time.perf_counter() - start, first
+
+
 def emptied(*folders):
     for f in folders:
         shutil.rmtree(f, ignore_errors=True)
@@ -83,8 +120,9 @@ def webdataset_pass(urls, args):
     return n / (time.perf_counter() - start), first, None
 
 
-def measure(args, out, proxies, stores, names, shards, total, work, rates, firsts, fetched, skipped, server_cpu):
-    rows, servers_of = {}, {}
+def measure(args, out, proxies, stores, names, shards, total, work, rates, firsts, fetched, skipped, server_cpu,
+            corpus):
+    rows, servers_of, peers = {}, {}, {}  # peers: each peer row's rows (both epochs)
     for (store, rtt), proxy in proxies.items():
         port = proxy.port if proxy else stores[store][0]
         base = f"http://127.0.0.1:{port}"
@@ -95,6 +133,13 @@ def measure(args, out, proxies, stores, names, shards, total, work, rates, first
             rows[f"{label}: webdataset + WebLoader"] = lambda u=list(urls): webdataset_pass(u, args)
         else:
             urls, options = [f"s3://bench/shards/{n}" for n in names], stores["s3"][1].options(endpoint_url=base)
+            for name, peer in PEERS.items():
+                try:
+                    made = peer_rows(label, name, peer, *corpus, stores["s3"][1], base, work, args)
+                    rows.update(made)
+                    peers.update((k, list(made)) for k in made)
+                except Exception as e:  # not installed, or it cannot use this server: said, not dropped
+                    skipped[f"{label}: {name}"] = f"not run: {type(e).__name__}: {e}"
             skipped[f"{label}: webdataset + WebLoader"] = (
                 "not run: webdataset has no S3 client (it pipes `aws s3 cp`, not installed, or curl over presigned "
                 "URLs, which moto's server answers with HTTP 500 when it checks signatures)")
@@ -112,8 +157,18 @@ def measure(args, out, proxies, stores, names, shards, total, work, rates, first
         rates[key], firsts[key], fetched[key], server_cpu[key] = [], [], [], []
     for r in range(args.rounds):
         for key, run in rows.items():
+            if key in skipped:  # a peer that failed in an earlier round
+                continue
             cpu = sum(p.cpu_seconds() for p in servers_of.get(key, []))
-            rate, first, got = run()
+            try:
+                rate, first, got = run()
+            except Exception as e:
+                if key not in peers:
+                    raise
+                for k in peers[key]:  # its first and second epoch
+                    skipped[k] = f"not run: failed against this server: {type(e).__name__}: {str(e)[:300]}"
+                    rates.pop(k, None)
+                continue
             server_cpu[key].append(sum(p.cpu_seconds() for p in servers_of.get(key, [])) - cpu)
             rates[key].append(rate)
             firsts[key].append(first)
@@ -123,6 +178,17 @@ def measure(args, out, proxies, stores, names, shards, total, work, rates, first
                     + f", servers' CPU {server_cpu[key][-1]:.1f} s")
 
 
+def images_of(tree):
+    """The image folder's files and labels, as torchvision's ImageFolder lists them."""
+    classes = sorted(e.name for e in os.scandir(tree) if e.is_dir())
+    images, labels = [], []
+    for label, c in enumerate(classes):
+        for name in sorted(os.listdir(os.path.join(tree, c))):
+            images.append(os.path.join(tree, c, name))
+            labels.append(label)
+    return images, labels
+
+
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     add_corpus_arguments(p, "webdataset_remote")
@@ -130,7 +196,8 @@ def main(argv=None):
     p.add_argument("--window", default="96MiB", help="fastpipe's shuffle_window (a few shards)")
     args = p.parse_args(argv)
     out = common.Report("webdataset_remote", "benchmarks/results", json_path=args.out, options=vars(args))
-    _, shards = corpus_shards(args, out)
+    corpus_paths_, shards = corpus_shards(args, out)
+    corpus = images_of(corpus_paths_.tree)
     folder = os.path.dirname(shards[0])
     names = [os.path.basename(s) for s in shards]
     total = sum(os.path.getsize(s) for s in shards)
@@ -148,7 +215,7 @@ def main(argv=None):
                     proxies[(store, 0.0)] = None
                     proxies[(store, args.rtt_ms)] = servers.DelayProxy(port, args.rtt_ms)
                 measure(args, out, proxies, stores, names, shards, total, work, rates, firsts, fetched, skipped,
-                        server_cpu)
+                        server_cpu, corpus)
             finally:
                 for proxy in proxies.values():
                     if proxy:

@@ -97,7 +97,7 @@ void ImageSource::check() const {
   for (int64_t i = 0; i < n; ++i)
     FP_CHECK_VALUE(name_offsets[i + 1] > name_offsets[i], what + ": record " + std::to_string(i) + " has an empty name");
   if (!members()) return;
-  FP_CHECK_VALUE(!stream || stream->infos().size() == shards.size(), what + ": the stream holds another number of shards");
+  FP_CHECK_VALUE(!stream || stream->num_shards() == shards.size(), what + ": the stream holds another number of shards");
   FP_CHECK_VALUE(static_cast<int64_t>(shard_of.size()) == n && static_cast<int64_t>(member_offsets.size()) == n &&
                      static_cast<int64_t>(member_sizes.size()) == n,
                  what + ": shard_of, offsets and sizes must hold one entry per record");

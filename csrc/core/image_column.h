@@ -12,7 +12,6 @@
 
 #include "core/image_fallback.h"
 #include "core/record_source.h"
-#include "core/shard_stream.h"
 #include "core/jpeg_decode.h"
 #include "core/png_decode.h"
 #include "core/resample.h"
@@ -34,9 +33,9 @@ struct ImageSource {
   std::vector<std::string> shards;
   std::vector<int32_t> shard_of;
   std::vector<int64_t> member_offsets, member_sizes;
-  // Remote shards read through a bounded cache: shard k is opened by stream->open(k), and shards[k] is
-  // its URL (what messages name).
-  std::shared_ptr<ShardStream> stream;
+  // Shards that are not local files (remote ones streaming through a cache): shard k is opened by
+  // stream->open(k), and shards[k] is its URL (what messages name).
+  std::shared_ptr<ShardOpener> stream;
   // Stored sizes, from the headers when the dataset was scanned or packed (0 x 0: it could not read one).
   // The crop is drawn from the header read with the record: a file rewritten since keeps working.
   std::vector<int32_t> heights, widths;

@@ -5,7 +5,6 @@
 #include "core/gather_policy.h"
 #include "core/reader_placement.h"
 #include "core/reader_state.h"
-#include "core/shard_stream.h"
 #include "core/trace.h"
 
 namespace fastpipe {
@@ -133,7 +132,7 @@ void reader_loop(std::shared_ptr<ReaderState> sp, int thread_index) {
     std::lock_guard<std::mutex> lk(st.mu);
     return st.stop;
   };
-  const StreamWaitCancel cancel(stopped);  // a closed loader ends a wait for a remote shard
+  const SourceWaitCancel cancel(stopped);  // a closed loader ends a wait for a remote shard
 
   std::unique_lock<std::mutex> lk(st.mu);
   for (;;) {

@@ -8,6 +8,7 @@
 #include <memory>
 #include <string>
 
+#include "core/function_ref.h"
 #include "core/io_mode.h"
 
 namespace fastpipe {
@@ -47,5 +48,32 @@ class RecordSource {
 // Opens `path` read-only in `mode` (kMmap, kPread or kDirect; kDirect may fall back to kPread, saying
 // why). `random_access`: records are small and read in random order (no read-ahead of a mapping).
 std::unique_ptr<RecordSource> open_record_source(const std::string& path, IoMode mode, bool random_access = false);
+
+// The shards of a sharded source opened by index, when they are not plain local files (remote shards
+// streaming through a cache: core/shard_stream.h). open() may wait for the shard to arrive; a reader
+// thread ends such waits by installing a SourceWaitCancel.
+class ShardOpener {
+ public:
+  virtual ~ShardOpener() = default;
+  virtual size_t num_shards() const = 0;
+  virtual std::unique_ptr<RecordSource> open(int32_t shard) = 0;
+};
+
+// The calling thread's stop flag for waits inside a ShardOpener, while this lives: a wait that sees it
+// set ends with an Error (a Loader closed while a shard is on its way).
+class SourceWaitCancel {
+ public:
+  explicit SourceWaitCancel(FunctionRef<bool()> stopped);
+  ~SourceWaitCancel();
+  SourceWaitCancel(const SourceWaitCancel&) = delete;
+  SourceWaitCancel& operator=(const SourceWaitCancel&) = delete;
+
+ private:
+  const FunctionRef<bool()>* previous_;
+  FunctionRef<bool()> stopped_;
+};
+
+// Whether the calling thread's SourceWaitCancel, if any, says stop.
+bool source_wait_cancelled();
 
 }  // namespace fastpipe

@@ -138,7 +138,7 @@ Fd lock_shared(const std::string& dir, const std::string& file) {
 
 void fetch_into_cache(const std::vector<RemoteObject>& objects, const std::vector<ObjectInfo>& infos,
                       const std::vector<std::string>& files, HttpTransfers& http, const std::string& dir,
-                      StagedShards& out, FunctionRef<void()> check) {
+                      StagedShards& out, FunctionRef<void()> check, FunctionRef<void()> arrived) {
   const std::string pid = std::to_string(::getpid());
   std::vector<size_t> todo;
   for (size_t k = 0; k < objects.size(); ++k) todo.push_back(k);
@@ -204,6 +204,7 @@ void fetch_into_cache(const std::vector<RemoteObject>& objects, const std::vecto
                    temps[j].clear();
                    locks[j].reset();
                    ++out.fetched;
+                   arrived();
                  },
                  check);
       } catch (...) {
@@ -256,7 +257,7 @@ StagedShards stage_shards(const std::vector<RemoteObject>& objects, HttpTransfer
     throw Error(ErrorKind::kIO, "cache_dir '" + dir + "' has " + bytes_text(int64_t(fs.f_bavail) * int64_t(fs.f_frsize)) +
                                     " free but the shards to fetch need " + bytes_text(missing_bytes) +
                                     " (free space there, or set cache_dir elsewhere)", ENOSPC);
-  fetch_into_cache(todo, todo_infos, todo_files, http, dir, out, check);
+  fetch_into_cache(todo, todo_infos, todo_files, http, dir, out, check, [] {});
   return out;
 }
 

@@ -60,10 +60,11 @@ void make_cache_dir(const std::string& dir);
 
 // Fetches the objects into dir/files[k] unless they are complete there (counted in `out`), each under its
 // lock, all in flight together; waits for those another process is fetching. Returns when every one is
-// complete; a failure names the object, and leaves no file of it that is later read.
+// complete; a failure names the object, and leaves no file of it that is later read. `arrived` runs as
+// each fetched object takes its final name (readable from then on).
 void fetch_into_cache(const std::vector<RemoteObject>& objects, const std::vector<ObjectInfo>& infos,
                       const std::vector<std::string>& files, HttpTransfers& http, const std::string& dir,
-                      StagedShards& out, FunctionRef<void()> check);
+                      StagedShards& out, FunctionRef<void()> check, FunctionRef<void()> arrived);
 
 // Whether `path` is a regular file of `size` bytes (a cache file is complete once it has its final name).
 bool cache_file_complete(const std::string& path, int64_t size);

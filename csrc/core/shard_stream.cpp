@@ -14,17 +14,12 @@ namespace {
 using Clock = std::chrono::steady_clock;
 constexpr auto kPoll = std::chrono::milliseconds(100);
 constexpr int64_t kNotPlanned = std::numeric_limits<int64_t>::max();
-constexpr auto kStuck = std::chrono::seconds(1);  // no shard opened this long: readers wait on each other
-
-thread_local const FunctionRef<bool()>* t_cancel = nullptr;
+// No shard opened this long while a reader waits: the readers wait on each other (an order the plan did
+// not foresee). Not shorter: on a loaded machine one record can take a second, and evicting a shard the
+// pass still reads costs a refetch.
+constexpr auto kStuck = std::chrono::seconds(5);
 
 }  // namespace
-
-StreamWaitCancel::StreamWaitCancel(FunctionRef<bool()> stopped) : previous_(t_cancel), stopped_(stopped) {
-  t_cancel = &stopped_;
-}
-
-StreamWaitCancel::~StreamWaitCancel() { t_cancel = previous_; }
 
 struct ShardStream::Shard {
   std::shared_ptr<RecordSource> source;  // while pinned: the cache file, open
@@ -176,9 +171,9 @@ std::unique_ptr<RecordSource> ShardStream::open(int32_t k) {
     ready_cv_.wait_for(lk, kPoll);
     if (stop_)
       throw Error(ErrorKind::kIO, "the dataset was closed while its shard '" + objects_[k].name + "' was fetched");
-    if (t_cancel && s.failed.empty()) {
+    if (s.failed.empty()) {
       lk.unlock();
-      const bool cancelled = (*t_cancel)();
+      const bool cancelled = source_wait_cancelled();
       lk.lock();
       if (cancelled) throw Error(ErrorKind::kIO, "stopped while waiting for the shard '" + objects_[k].name + "'");
     }
@@ -251,7 +246,7 @@ StreamStats ShardStream::stats() const {
 
 // Evicts (others' files first, least recently staged first; then this stream's shards that the plan reads
 // no more, least recently used first; then those it reads after k, latest first; and for a shard a reader
-// waits for while no reader has opened anything for a while, any not being read, latest first: a window
+// waits for while no reader has opened anything for 5 s, any not being read, latest first: a window
 // larger than the cache, or reads the plan did not foresee, refetch but never stop) until k's `size` fits.
 // Readers crossing from one window to the next wait for the new window's shards rather than evict the
 // old window's last ones, which would be fetched again.
@@ -351,7 +346,11 @@ void ShardStream::run() {
     StagedShards counts;
     std::string failure;
     try {
-      fetch_into_cache(objs, infos, files, http_, dir_, counts, check);
+      // Readers may open a shard as soon as it has its name: the counters follow each arrival.
+      fetch_into_cache(objs, infos, files, http_, dir_, counts, check, [this] {
+        std::lock_guard<std::mutex> guard(mu_);
+        stats_.transfer = http_.stats();
+      });
     } catch (const std::exception& e) {
       failure = e.what();
     }

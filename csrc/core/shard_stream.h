@@ -33,21 +33,7 @@ struct StreamStats {
   TransferStats transfer;
 };
 
-// A reader thread's stop flag for the waits in ShardStream::open(): set by the thread's owner, it ends a
-// wait with an Error (a Loader closed while a shard is on its way).
-class StreamWaitCancel {
- public:
-  explicit StreamWaitCancel(FunctionRef<bool()> stopped);
-  ~StreamWaitCancel();
-  StreamWaitCancel(const StreamWaitCancel&) = delete;
-  StreamWaitCancel& operator=(const StreamWaitCancel&) = delete;
-
- private:
-  const FunctionRef<bool()>* previous_;
-  FunctionRef<bool()> stopped_;
-};
-
-class ShardStream {
+class ShardStream final : public ShardOpener {
  public:
   // HEADs every object (check: as HttpTransfers::head's). limit < 0: no limit but the disk's free space.
   // Error(kValue) when a shard alone is larger than the limit.
@@ -71,7 +57,8 @@ class ShardStream {
 
   // Shard k, readable while the returned source lives: at once when it is in the cache, else once it has
   // arrived. A shard that could not be fetched is an Error naming its URL, every time it is opened.
-  std::unique_ptr<RecordSource> open(int32_t k);
+  std::unique_ptr<RecordSource> open(int32_t k) override;
+  size_t num_shards() const override { return objects_.size(); }
 
   StreamStats stats() const;
 

@@ -308,7 +308,7 @@ void bind_loader_specs(py::module& m) {
              const py::array_t<int64_t, py::array::c_style | py::array::forcecast>& key_offsets,
              const py::array_t<int32_t, py::array::c_style | py::array::forcecast>& heights,
              const py::array_t<int32_t, py::array::c_style | py::array::forcecast>& widths,
-             std::shared_ptr<ShardStream> stream) {
+             std::shared_ptr<ShardOpener> stream) {
             auto s = std::make_shared<ImageSource>();
             s->shards = std::move(shards);
             s->stream = std::move(stream);

@@ -81,7 +81,9 @@ void bind_remote(py::module& m) {
       },
       py::arg("objects"), py::arg("cache_dir"), py::arg("cache_limit"), py::arg("auth"), py::arg("transport"));
 
-  py::class_<ShardStream, std::shared_ptr<ShardStream>>(
+  py::class_<ShardOpener, std::shared_ptr<ShardOpener>>(
+      m, "ShardOpener", "Shards opened by index (core/record_source.h): what ImageSource.members takes as stream.");
+  py::class_<ShardStream, ShardOpener, std::shared_ptr<ShardStream>>(
       m, "ShardStream", "Remote shards streaming through a bounded cache (core/shard_stream.h).")
       .def(py::init([](const std::vector<ObjectTuple>& objects, const std::string& cache_dir, int64_t cache_limit,
                        const AuthTuple& auth, const py::dict& transport) {
