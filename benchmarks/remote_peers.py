@@ -6,7 +6,8 @@ with PIL and torchvision's RandomResizedCrop + flip + normalise, as their docume
 Each peer is a function (images, labels, s3, endpoint, work, args) -> a loader factory; a peer whose
 package is missing or that fails against the server is reported with the reason (PEERS' callers catch).
 These packages are optional: `pip install litdata mosaicml-streaming s3torchconnector`, best in a virtual
-environment of their own (they pin numpy and cryptography versions).
+environment of their own (they pin numpy and cryptography versions), then `pip uninstall obstore` (see
+litdata()).
 """
 
 import glob
@@ -53,7 +54,16 @@ class _LitdataItem:
 
 
 def litdata(images, labels, s3, endpoint, work, args):
+    import importlib.util
+
     import litdata as ld
+
+    if importlib.util.find_spec("obstore") is not None:
+        # litdata downloads chunks through obstore when it is installed, and builds its S3 store without
+        # allow_http: reqwest then refuses every http:// endpoint (these servers', a MinIO without TLS)
+        # with BadScheme. Without obstore it takes its boto3 path, which does.
+        raise RuntimeError("litdata cannot read from http:// endpoints while obstore is installed "
+                           "(pip uninstall obstore to run it on its boto3 path)")
 
     out = os.path.join(work, "litdata")
     if not os.path.isdir(out):
@@ -67,9 +77,6 @@ def litdata(images, labels, s3, endpoint, work, args):
 
     def make():
         _credentials(s3, endpoint)
-        # Its async prefetch (obstore) refuses plain-http endpoints such as these servers'; its boto3 path
-        # takes them (over https, as on AWS, the async path would run).
-        os.environ["LITDATA_ASYNC_CHUNK_PREFETCH"] = "0"
         ds = ld.StreamingDataset("s3://bench/litdata", cache_dir=cache, shuffle=True, drop_last=True,
                                  storage_options={"endpoint_url": endpoint, "aws_access_key_id": s3.key,
                                                   "aws_secret_access_key": s3.secret},

@@ -166,7 +166,8 @@ def measure(args, out, proxies, stores, names, shards, total, work, rates, first
                 if key not in peers:
                     raise
                 for k in peers[key]:  # its first and second epoch
-                    skipped[k] = f"not run: failed against this server: {type(e).__name__}: {str(e)[:300]}"
+                    last = (str(e).strip().splitlines() or [""])[-1]  # a worker's traceback ends with the cause
+                    skipped[k] = f"not run: failed against this server: {type(e).__name__}: {last[:400]}"
                     rates.pop(k, None)
                 continue
             server_cpu[key].append(sum(p.cpu_seconds() for p in servers_of.get(key, [])) - cpu)
