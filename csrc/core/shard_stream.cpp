@@ -30,7 +30,7 @@ struct ShardStream::Shard {
   int64_t last_use = 0;
   bool present = false;                  // complete in the cache, as far as this stream knows
   bool demanded = false;                 // a reader waits for it
-  bool seen = false;                     // opened in this pass (a cache hit counts once)
+  bool seen = false;                     // opened or fetched in this pass (a cache hit counts once)
   bool solo = false;                     // fetched alone: its batch failed, so that a failure names it
   std::string failed;                    // why it could not be fetched
 };
@@ -192,7 +192,7 @@ std::unique_ptr<RecordSource> ShardStream::open(int32_t k) {
 void ShardStream::release(int32_t k) {
   std::lock_guard<std::mutex> lk(mu_);
   Shard& s = shards_[k];
-  if (--s.pins > 0) return;
+  if (s.pins == 0 || --s.pins > 0) return;
   s.source.reset();
   s.lock.reset();
   fetch_cv_.notify_one();
@@ -364,6 +364,7 @@ void ShardStream::run() {
       Shard& s = shards_[k];
       if (failure.empty()) {
         s.present = true;
+        s.seen = true;  // counted by the fetch (fetched, or found there): its first open is no cache hit
       } else if (batch.size() == 1) {
         s.failed = failure;
       } else {
