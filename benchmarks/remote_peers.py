@@ -31,7 +31,15 @@ def _transform(size):
     return lambda data: tf(Image.open(io.BytesIO(data)).convert("RGB"))
 
 
+def _cache(work, peer, endpoint):
+    """A peer's cache folder for one endpoint (its rows at another endpoint keep theirs)."""
+    return os.path.join(work, f"{peer}-cache-{endpoint.rsplit(':', 1)[-1]}")
+
+
 def _upload(s3, folder, prefix):
+    """The converted dataset into the store, unless it holds it already (a store is used at two RTTs)."""
+    if s3.keys("bench", prefix + "/"):
+        return
     for path in sorted(glob.glob(os.path.join(folder, "**", "*"), recursive=True)):
         if os.path.isfile(path):
             with open(path, "rb") as f:
@@ -71,9 +79,9 @@ def litdata(images, labels, s3, endpoint, work, args):
         ld.optimize(fn=_LitdataItem(images, labels), inputs=list(range(len(images))), output_dir=out,
                     chunk_bytes="64MB", num_workers=args.threads, verbose=False)
         multiprocessing.set_start_method(method, force=True)  # optimize() leaves "spawn" set for the process
-        _upload(s3, out, "litdata")
+    _upload(s3, out, "litdata")
     decode = _transform(args.size)
-    cache = os.path.join(work, "litdata-cache")
+    cache = _cache(work, "litdata", endpoint)
 
     def make():
         _credentials(s3, endpoint)
@@ -95,9 +103,9 @@ def mosaic(images, labels, s3, endpoint, work, args):
             for path, label in zip(images, labels):
                 with open(path, "rb") as f:
                     w.write({"image": f.read(), "label": int(label)})
-        _upload(s3, out, "mds")
+    _upload(s3, out, "mds")
     decode = _transform(args.size)
-    cache = os.path.join(work, "mds-cache")
+    cache = _cache(work, "mds", endpoint)
 
     class Decoded(streaming.StreamingDataset):
         def __getitem__(self, i):
@@ -137,11 +145,13 @@ def s3torchconnector(images, labels, s3, endpoint, work, args):
 
     decode = _transform(args.size)
 
+    urls = [f"s3://bench/{k}" for k in s3.keys("bench", "shards/")]  # listed here: not every server lists
+
     def make():
         _credentials(s3, endpoint)
-        objects = S3IterableDataset.from_prefix("s3://bench/shards/", region="us-east-1", endpoint=endpoint,
-                                                s3client_config=S3ClientConfig(force_path_style=True),
-                                                enable_sharding=True)
+        objects = S3IterableDataset.from_objects(urls, region="us-east-1", endpoint=endpoint,
+                                                 s3client_config=S3ClientConfig(force_path_style=True),
+                                                 enable_sharding=True)
         return torch.utils.data.DataLoader(_TarSamples(objects, decode), batch_size=args.batch_size,
                                            num_workers=args.threads, drop_last=True)
 

@@ -17,9 +17,15 @@ block shuffle (shuffle="blocks", --window), what data in a store calls for:
 - fastpipe local: WebDataset(the local shards) constructed, then the epoch
 - webdataset + WebLoader: its README's recipe over the http URLs (curl per shard, as webdataset opens
   them), one warm-up epoch first; over S3 it is reported as not run, with the reason
-- over S3, litdata, Mosaic streaming and s3torchconnector (benchmarks/remote_peers.py: each converted from
-  the same images, or the same shards): a first epoch with their cache empty and a second epoch; a peer not
-  installed (run this with an interpreter that has them) or failing is reported as not run, with why
+- over S3 at --rtt-ms, litdata, Mosaic streaming and s3torchconnector (benchmarks/remote_peers.py: each
+  converted from the same images, or the same shards): a first epoch with their cache empty and a second
+  epoch; a peer not installed (run this with an interpreter that has them) or failing is reported as not
+  run, with why
+
+"s3" is moto (every signature checked, at a large CPU cost on a small machine: see the servers' CPU
+column); "s3 via nginx" answers the same S3 requests from a folder without checking signatures
+(fastpipe.bench.servers.NginxS3), what a store's throughput looks like when its server is not the
+bottleneck.
 
 Rounds alternate the rows; the table gives medians (images/s over the timed span, time to the first
 batch, bytes fetched over the shards' bytes, the CPU seconds the servers and the delay proxy spent during the
@@ -132,10 +138,11 @@ def measure(args, out, proxies, stores, names, shards, total, work, rates, first
             urls, options = [f"{base}/{n}" for n in names], {}
             rows[f"{label}: webdataset + WebLoader"] = lambda u=list(urls): webdataset_pass(u, args)
         else:
-            urls, options = [f"s3://bench/shards/{n}" for n in names], stores["s3"][1].options(endpoint_url=base)
-            for name, peer in PEERS.items():
+            s3 = stores[store][1]
+            urls, options = [f"s3://bench/shards/{n}" for n in names], s3.options(endpoint_url=base)
+            for name, peer in PEERS.items() if rtt == args.rtt_ms else ():
                 try:
-                    made = peer_rows(label, name, peer, *corpus, stores["s3"][1], base, work, args)
+                    made = peer_rows(label, name, peer, *corpus, s3, base, work, args)
                     rows.update(made)
                     peers.update((k, list(made)) for k in made)
                 except Exception as e:  # not installed, or it cannot use this server: said, not dropped
@@ -143,7 +150,8 @@ def measure(args, out, proxies, stores, names, shards, total, work, rates, first
             skipped[f"{label}: webdataset + WebLoader"] = (
                 "not run: webdataset has no S3 client (it pipes `aws s3 cp`, not installed, or curl over presigned "
                 "URLs, which moto's server answers with HTTP 500 when it checks signatures)")
-        cache, index = os.path.join(work, f"cache-{store}-{rtt:g}"), os.path.join(work, f"index-{store}-{rtt:g}")
+        tag = f"{store.replace(' ', '-')}-{rtt:g}"
+        cache, index = os.path.join(work, f"cache-{tag}"), os.path.join(work, f"index-{tag}")
         rows[f"{label}: fastpipe first time"] = lambda u=urls, o=options, d=cache, i=index: (
             emptied(d, i), fastpipe_pass(u, args, d, o, i))[1]
         rows[f"{label}: fastpipe cold"] = lambda u=urls, o=options, d=cache, i=index: (
@@ -205,11 +213,15 @@ def main(argv=None):
     work = tempfile.mkdtemp(prefix="fastpipe-remote-bench-")
     rates, firsts, fetched, skipped, server_cpu = {}, {}, {}, {}, {}
     try:
-        with servers.Nginx(folder, os.path.join(work, "nginx")) as nginx, servers.MotoS3() as s3:
+        with servers.Nginx(folder, os.path.join(work, "nginx")) as nginx, servers.MotoS3() as s3, \
+                servers.NginxS3(os.path.join(work, "nginx-s3")) as nginx_s3:
             for name, path in zip(names, shards):
                 with open(path, "rb") as f:
-                    s3.put("bench", f"shards/{name}", f.read())
-            stores = {"http": (nginx.port, None, nginx), "s3": (s3.port, s3, s3)}
+                    data = f.read()
+                for store in (s3, nginx_s3):
+                    store.put("bench", f"shards/{name}", data)
+            stores = {"http": (nginx.port, None, nginx), "s3": (s3.port, s3, s3),
+                      "s3 via nginx": (nginx_s3.port, nginx_s3, nginx_s3)}
             proxies = {}
             try:
                 for store, (port, _, _) in stores.items():

@@ -120,6 +120,39 @@ class MotoS3(_Process):
         self.client.put_object(Bucket=bucket, Key=key, Body=data)
         return f"s3://{bucket}/{key}"
 
+    def keys(self, bucket, prefix):
+        pages = self.client.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix)
+        return sorted(o["Key"] for page in pages for o in page.get("Contents", []))
+
+
+class NginxS3(_Process):
+    """nginx answering S3's path-style GETs and HEADs (/bucket/key, ranges, ETags) from a folder, without
+    checking signatures: S3 clients at the cost of a static file server, where moto's server would take
+    much of a small machine's CPU. No LIST: clients are given the object keys. The same put/keys/options
+    as MotoS3."""
+
+    def __init__(self, workdir):
+        self.root = os.path.join(workdir, "buckets")
+        os.makedirs(self.root, exist_ok=True)
+        self._nginx = Nginx(self.root, os.path.join(workdir, "nginx"))
+        self.proc, self.port, self.endpoint = self._nginx.proc, self._nginx.port, self._nginx.url
+        self.key, self.secret = "any-key", "any-secret"
+
+    def options(self, **more):
+        return {"endpoint_url": self.endpoint, "key": self.key, "secret": self.secret, **more}
+
+    def put(self, bucket, key, data):
+        path = os.path.join(self.root, bucket, key)
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        with open(path, "wb") as f:
+            f.write(data)
+        return f"s3://{bucket}/{key}"
+
+    def keys(self, bucket, prefix):
+        top = os.path.join(self.root, bucket)
+        found = (os.path.relpath(os.path.join(d, f), top) for d, _, fs in os.walk(top) for f in fs)
+        return sorted(k for k in found if k.startswith(prefix))
+
 
 class Nginx(_Process):
     """nginx serving `root` on 127.0.0.1 (ranges and ETags as for any static file)."""
