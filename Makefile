@@ -8,7 +8,7 @@ REQ ?= requirements/cuda.txt
 PY := $(VENV)/bin/python
 PYTEST_ARGS ?=
 
-.PHONY: setup system-deps test bench bench-peers test-cpu fuzz rehearse-device clean
+.PHONY: setup system-deps test bench bench-peers bench-remote-peers test-cpu fuzz rehearse-device clean
 
 # The image decoders' headers (fastpipe.ImageFolder/ImageDataset): libjpeg-turbo, libspng and libwebp,
 # installed from Debian's packages as root (or with sudo) when missing; elsewhere the build says which
@@ -68,6 +68,16 @@ bench-peers: setup
 	    echo "warning: no apt-get: FFCV needs libturbojpeg's and OpenCV's headers and pkg-config files" >&2; \
 	  fi; }
 	$(PY) -m pip install -r requirements/bench-peers.txt
+
+# The remote benchmark's peers (requirements/bench-remote-peers.txt) in .venv-peers, an environment of their
+# own that sees .venv's packages (torch, fastpipe, moto): run `.venv-peers/bin/python
+# benchmarks/webdataset_remote.py`; without them it reports those peers as not run.
+bench-remote-peers: setup
+	@test -x .venv-peers/bin/python || $(PYTHON) -m venv .venv-peers
+	.venv-peers/bin/python -c "import site, sys; open(site.getsitepackages()[0] + '/zz_fastpipe_venv.pth', 'w').write('import site; site.addsitedir(%r)\\n' % sys.argv[1])" \
+	  "$$($(PY) -c 'import site; print(site.getsitepackages()[0])')"
+	.venv-peers/bin/python -m pip install -q -r requirements/bench-remote-peers.txt
+	.venv-peers/bin/python -m pip uninstall -q -y obstore
 
 # The CPU-only build (CPU torch, no CUDA). tests/cpu_torchvision.py: the index's torchvision is a CUDA wheel,
 # whose import needs two of its ops declared against a CPU torch (its transforms are what the tests use).

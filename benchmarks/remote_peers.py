@@ -5,9 +5,9 @@ with PIL and torchvision's RandomResizedCrop + flip + normalise, as their docume
 
 Each peer is a function (images, labels, s3, endpoint, work, args) -> a loader factory; a peer whose
 package is missing or that fails against the server is reported with the reason (PEERS' callers catch).
-These packages are optional: `pip install litdata mosaicml-streaming s3torchconnector`, best in a virtual
-environment of their own (they pin numpy and cryptography versions), then `pip uninstall obstore` (see
-litdata()).
+These packages are optional: `make bench-remote-peers` installs them (requirements/bench-remote-peers.txt)
+into .venv-peers, an environment of their own (they pin numpy and cryptography versions) that sees .venv's
+packages, and removes obstore (see litdata()); run the benchmark with `.venv-peers/bin/python`.
 """
 
 import glob
