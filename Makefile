@@ -71,7 +71,7 @@ bench-peers: setup
 
 # The remote benchmark's peers (requirements/bench-remote-peers.txt) in .venv-peers, an environment of their
 # own that sees .venv's packages (torch, fastpipe, moto): run `.venv-peers/bin/python
-# benchmarks/webdataset_remote.py`; without them it reports those peers as not run.
+# benchmarks/webdataset_remote.py` (the remote suite); without them it reports those peers as not run.
 bench-remote-peers: setup
 	@test -x .venv-peers/bin/python || $(PYTHON) -m venv .venv-peers
 	.venv-peers/bin/python -c "import site, sys; open(site.getsitepackages()[0] + '/zz_fastpipe_venv.pth', 'w').write('import site; site.addsitedir(%r)\\n' % sys.argv[1])" \

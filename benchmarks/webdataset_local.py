@@ -14,45 +14,16 @@ the table gives each row's median images/s and the median of its per-round ratio
 """
 
 import argparse
-import io
 import os
 import statistics
 import sys
-import tarfile
 import time
 
 import torch
 
 import fastpipe
 from fastpipe.bench import common
-from fastpipe.bench.image_corpus import corpus_paths, ensure_corpus
-
-MEAN = (0.485, 0.456, 0.406)
-STD = (0.229, 0.224, 0.225)
-
-
-def write_shards(tree, out_dir, per_shard):
-    """The tree's images as shards of per_shard samples, in a shuffled order (as shards are written); shards
-    written before are kept (each is renamed into place only when complete)."""
-    folder = fastpipe.ImageFolder(tree, cache_dir="off")
-    order = torch.randperm(len(folder), generator=torch.Generator().manual_seed(0)).tolist()
-    os.makedirs(out_dir, exist_ok=True)
-    shards = []
-    for s in range(0, len(order), per_shard):
-        path = os.path.join(out_dir, f"shard-{s // per_shard:06d}.tar")
-        if os.path.exists(path):
-            shards.append(path)
-            continue
-        with tarfile.open(path + ".partial", "w") as tar:
-            for i in order[s:s + per_shard]:
-                img, label = folder.samples[i]
-                for name, data in ((f"s{i:07d}.jpg", open(img, "rb").read()), (f"s{i:07d}.cls", str(label).encode())):
-                    info = tarfile.TarInfo(name)
-                    info.size = len(data)
-                    tar.addfile(info, io.BytesIO(data))
-        os.replace(path + ".partial", path)
-        shards.append(path)
-    return shards
+from fastpipe.bench.shards import MEAN, STD, corpus_shards, webdataset_row
 
 
 def fastpipe_rows(shards, tree, size, batch, threads):
@@ -65,18 +36,6 @@ def fastpipe_rows(shards, tree, size, batch, threads):
         "fastpipe.ImageFolder (files)": lambda: fastpipe.Loader(folder, batch_size=batch, shuffle=True, drop_last=True,
                                                                 num_threads=threads, transforms={0: tf}),
     }
-
-
-def webdataset_row(shards, size, batch, threads):
-    import webdataset as wds
-    from torchvision.transforms import v2
-
-    tf = v2.Compose([v2.RandomResizedCrop(size, antialias=True), v2.RandomHorizontalFlip(), v2.PILToTensor(),
-                     v2.ToDtype(torch.float32, scale=True), v2.Normalize(MEAN, STD)])
-    ds = (wds.WebDataset(shards, shardshuffle=len(shards), nodesplitter=wds.split_by_node, empty_check=False)
-          .shuffle(1000).decode("pil").to_tuple("jpg", "cls").map_tuple(tf, lambda c: c))
-    return {"webdataset + WebLoader": lambda: wds.WebLoader(ds.batched(batch, partial=False), batch_size=None,
-                                                            num_workers=threads)}
 
 
 def one_pass(make):
@@ -95,7 +54,7 @@ def one_pass(make):
 
 
 def add_corpus_arguments(p, name):
-    """The corpus, shard and loader options this benchmark and webdataset_remote.py share."""
+    """The corpus, shard and loader options."""
     p.add_argument("--images", type=int, default=2000)
     p.add_argument("--per-shard", type=int, default=250)
     p.add_argument("--size", type=int, default=224)
@@ -106,19 +65,12 @@ def add_corpus_arguments(p, name):
     p.add_argument("--out", default=None, help=f"the results JSON (default: benchmarks/results/{name}_<host>_<date>.json)")
 
 
-def corpus_shards(args, out):
-    """The images suite's corpus (made when missing) and its shards: (corpus paths, shard paths)."""
-    c = corpus_paths(args.data_dir, args.images, 0, 14.0)
-    ensure_corpus(c, args.images, 0, 14.0, args.threads, out)
-    return c, write_shards(c.tree, os.path.join(os.path.dirname(c.tree), f"shards_{args.per_shard}"), args.per_shard)
-
-
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     add_corpus_arguments(p, "webdataset_local")
     args = p.parse_args(argv)
     out = common.Report("webdataset_local", "benchmarks/results", json_path=args.out, options=vars(args))
-    c, shards = corpus_shards(args, out)
+    c, shards = corpus_shards(args.data_dir, args.images, args.per_shard, args.threads, out)
     rows = {**fastpipe_rows(shards, c.tree, args.size, args.batch_size, args.threads),
             **webdataset_row(shards, args.size, args.batch_size, args.threads)}
     rates = {k: [] for k in rows}

@@ -41,6 +41,7 @@ SUITES = {
     "conv": "fused convolutions against eager and torch.compile: layers, per-call overhead, whole models",
     "train": "end-to-end training steps: fastpipe against stock PyTorch and the synthetic-data limit",
     "soak": "a long run with resumes and held batches: memory, fds, threads and arena slots stay flat",
+    "remote": "WebDataset shards from S3 and HTTP servers on 127.0.0.1: cold, warm, streaming, against peers",
 }
 
 # The default run's wall-clock budget of each suite that has one, in minutes (``--budget-minutes``; none with

@@ -1,4 +1,4 @@
-"""The peers of benchmarks/webdataset_remote.py that read from S3: litdata (its own chunk format),
+"""The peers of the remote suite (fastpipe/bench/remote.py) that read from S3: litdata (its own chunk format),
 Mosaic streaming (MDS) and s3torchconnector (the same tar shards), each converted from the same images
 and read from moto's S3 server through the endpoint the row uses, with DataLoader workers (k) decoding
 with PIL and torchvision's RandomResizedCrop + flip + normalise, as their documentation shows.
@@ -19,8 +19,7 @@ import tarfile
 import torch
 from PIL import Image
 
-MEAN = (0.485, 0.456, 0.406)
-STD = (0.229, 0.224, 0.225)
+from fastpipe.bench.shards import MEAN, STD
 
 
 def _transform(size):
