@@ -217,8 +217,8 @@ def test_help_lists_the_suites(capsys):
         cli.main(["--help"], prog="fastpipe-bench")
     assert e.value.code == 0
     text = capsys.readouterr().out
-    assert "{loader,images,conv,train,soak,all}" in text
-    for name in ("loader", "images", "conv", "train", "soak", "all"):
+    assert "{loader,images,conv,train,soak,remote,all}" in text
+    for name in ("loader", "images", "conv", "train", "soak", "remote", "all"):
         assert f"\n    {name} " in text, name
 
 
