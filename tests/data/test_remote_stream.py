@@ -104,9 +104,11 @@ def test_a_dataset_larger_than_its_cache_streams_the_batches_local_shards_give(f
         # the ones read earliest no more once the cache is full: more than the limit was evicted.
         assert total - limit <= fetched <= total, (epoch, fetched, total)
     assert ours.stats()["shards_evicted"] > 0
-    # A hit is a shard a pass found in the cache without fetching it: at most those the cache held
-    # at each pass's start (the limit's worth), never the ones fetched ahead.
-    assert 0 < ds.fetch_stats["cache_hits"] <= 2 * limit // min(len(b) for _, b in data)
+    # A hit is a shard a pass found in the cache without fetching it: at most those the cache held at
+    # each pass's start (the limit's worth), never the ones fetched ahead (none, when the pass reads the
+    # shards it held last and they were evicted for earlier ones: test_remote_shards counts hits where
+    # the cache holds everything).
+    assert ds.fetch_stats["cache_hits"] <= 2 * limit // min(len(b) for _, b in data)
     ours.close()
 
     # Indexed already: a new dataset (in a new cache) fetches nothing until read, and its first batch
