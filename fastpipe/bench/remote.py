@@ -193,6 +193,7 @@ def add_arguments(p):
                    help="fastpipe's reader threads and every peer's workers (default: the cores)")
     g.add_argument("--rounds", type=int, default=3)
     g.add_argument("--rtt-ms", type=float, default=20.0, help="the delaying proxy's round trip (default: %(default)s)")
+    g.add_argument("--no-direct", action="store_true", help="only the rows through the proxy (no 0 ms rows)")
     g.add_argument("--window", default="96MiB", help="fastpipe's shuffle_window, a few shards (default: %(default)s)")
 
 
@@ -219,7 +220,8 @@ def run(args, out):
             proxies = {}
             try:
                 for store, (port, _, _) in stores.items():
-                    proxies[(store, 0.0)] = None
+                    if not args.no_direct:
+                        proxies[(store, 0.0)] = None
                     proxies[(store, args.rtt_ms)] = servers.DelayProxy(port, args.rtt_ms)
                 measure(args, out, proxies, stores, names, shards, total, work, rates, firsts, fetched, skipped,
                         server_cpu, corpus)
