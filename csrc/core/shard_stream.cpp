@@ -1,5 +1,7 @@
 #include "core/shard_stream.h"
 
+#include <unistd.h>
+
 #include <algorithm>
 #include <chrono>
 #include <limits>
@@ -65,10 +67,11 @@ class ShardStream::Pinned final : public RecordSource {
 
 ShardStream::ShardStream(std::vector<RemoteObject> objects, RemoteAuth auth, TransferOptions options,
                          std::string dir, int64_t limit, FunctionRef<void()> check)
-    : objects_(std::move(objects)), dir_(std::move(dir)), limit_(limit), http_(std::move(auth), options),
+    : objects_(std::move(objects)), dir_(std::move(dir)), limit_(limit), owner_pid_(::getpid()),
+      http_(std::make_unique<HttpTransfers>(std::move(auth), options)),
       batch_bytes_(std::max<int64_t>(1, int64_t(options.max_in_flight) * options.part_bytes)) {
   make_cache_dir(dir_);
-  infos_ = http_.head(objects_, check);
+  infos_ = http_->head(objects_, check);
   for (size_t k = 0; k < objects_.size(); ++k) {
     files_.push_back(cache_file_name(objects_[k].name, infos_[k]));
     if (limit_ >= 0 && infos_[k].size > limit_)
@@ -78,12 +81,19 @@ ShardStream::ShardStream(std::vector<RemoteObject> objects, RemoteAuth auth, Tra
   shards_.resize(objects_.size());
   for (size_t k = 0; k < shards_.size(); ++k)
     shards_[k].present = cache_file_complete(dir_ + "/" + files_[k], infos_[k].size);
-  stats_.transfer = http_.stats();
+  stats_.transfer = http_->stats();
   last_open_ = Clock::now();
   thread_ = std::thread([this] { run(); });
 }
 
 ShardStream::~ShardStream() {
+  if (::getpid() != owner_pid_) {
+    // A forked child: the fetch thread and the transfers' connections are the parent's; joining would
+    // wait forever and closing them could disturb the parent's. Abandoned on purpose.
+    new std::thread(std::move(thread_));
+    (void)http_.release();
+    return;
+  }
   {
     std::lock_guard<std::mutex> lk(mu_);
     stop_ = true;
@@ -93,6 +103,12 @@ ShardStream::~ShardStream() {
   thread_.join();
 }
 
+void ShardStream::check_process() const {
+  if (::getpid() != owner_pid_)
+    throw Error(ErrorKind::kState, "this remote WebDataset was made in another process (before a fork), whose "
+                                   "fetch thread it cannot use here: make the WebDataset in this process");
+}
+
 std::vector<std::string> ShardStream::paths() const {
   std::vector<std::string> out;
   for (const auto& f : files_) out.push_back(dir_ + "/" + f);
@@ -100,6 +116,7 @@ std::vector<std::string> ShardStream::paths() const {
 }
 
 void ShardStream::plan(const std::vector<int32_t>& order, const std::vector<int64_t>& reads) {
+  check_process();
   FP_CHECK_VALUE(reads.size() == shards_.size(), "a stream's plan needs one read count per shard");
   std::lock_guard<std::mutex> lk(mu_);
   for (size_t k = 0; k < shards_.size(); ++k) {
@@ -148,6 +165,7 @@ void ShardStream::demand(int32_t k) {
 }
 
 std::unique_ptr<RecordSource> ShardStream::open(int32_t k) {
+  check_process();
   FP_CHECK_VALUE(k >= 0 && size_t(k) < shards_.size(), "shard " + std::to_string(k) + " is out of range");
   std::unique_lock<std::mutex> lk(mu_);
   Shard& s = shards_[k];
@@ -199,6 +217,7 @@ void ShardStream::release(int32_t k) {
 }
 
 void ShardStream::pin(const std::vector<int32_t>& ks, FunctionRef<void()> check) {
+  check_process();
   std::unique_lock<std::mutex> lk(mu_);
   for (int32_t k : ks)
     FP_CHECK_VALUE(k >= 0 && size_t(k) < shards_.size(), "shard " + std::to_string(k) + " is out of range");
@@ -238,6 +257,7 @@ void ShardStream::count_waits(int delta) {
 }
 
 StreamStats ShardStream::stats() const {
+  check_process();
   std::lock_guard<std::mutex> lk(mu_);
   StreamStats out = stats_;
   out.blocked_seconds += waiting_ * std::chrono::duration<double>(Clock::now() - waits_mark_).count();
@@ -347,9 +367,9 @@ void ShardStream::run() {
     std::string failure;
     try {
       // Readers may open a shard as soon as it has its name: the counters follow each arrival.
-      fetch_into_cache(objs, infos, files, http_, dir_, counts, check, [this] {
+      fetch_into_cache(objs, infos, files, *http_, dir_, counts, check, [this] {
         std::lock_guard<std::mutex> guard(mu_);
-        stats_.transfer = http_.stats();
+        stats_.transfer = http_->stats();
       });
     } catch (const std::exception& e) {
       failure = e.what();
@@ -359,7 +379,7 @@ void ShardStream::run() {
     stats_.counts.hits += counts.hits;
     stats_.counts.fetched += counts.fetched;
     stats_.counts.waited += counts.waited;
-    stats_.transfer = http_.stats();
+    stats_.transfer = http_->stats();
     for (int32_t k : batch) {
       Shard& s = shards_[k];
       if (failure.empty()) {

@@ -71,6 +71,7 @@ class ShardStream final : public ShardOpener {
   bool open_from_disk(int32_t k);
   void demand(int32_t k);
   void count_waits(int delta);
+  void check_process() const;
   void release(int32_t k);
 
   std::vector<RemoteObject> objects_;
@@ -78,7 +79,8 @@ class ShardStream final : public ShardOpener {
   std::vector<std::string> files_;
   const std::string dir_;
   const int64_t limit_;
-  HttpTransfers http_;
+  const int owner_pid_;  // a forked child inherits no fetch thread: every call there is refused
+  std::unique_ptr<HttpTransfers> http_;
   const int64_t batch_bytes_;  // a fetch batch: about enough bytes for every request in flight
 
   mutable std::mutex mu_;

@@ -232,3 +232,37 @@ def test_the_index_of_remote_shards_is_read_in_groups_with_progress(faulty, tmp_
     assert list(ds.without_image.values()) == list(local.without_image.values()) == [1]
     shown = terminal.getvalue()
     assert "fetching shards for the index" in shown and "100%" in shown, shown[-500:]
+
+
+def test_a_forked_child_gets_a_clear_error_not_a_hang(faulty, tmp_path, rng):
+    """A remote WebDataset's fetch thread stays in the process that made it: a forked child using the
+    dataset gets a RuntimeError saying so at once (it would otherwise wait for shards forever), and the
+    parent goes on."""
+    data = shards(rng, 3)
+    urls, _ = served(faulty, tmp_path, data)
+    ds = fastpipe.WebDataset(urls, storage_options=FAST, cache_dir=tmp_path / "cache", index_cache="off")
+    ld = loader(ds, shuffle=False)
+    it = iter(ld)
+    first = next(it)  # the parent's readers and fetch thread run during the fork
+    pid = os.fork()
+    if pid == 0:  # child: never return into pytest
+        code = 1
+        try:
+            try:
+                for _ in loader(ds, shuffle=False):
+                    pass
+            except RuntimeError as e:
+                code = 3 if "made in another process (before a fork)" in str(e) else 4
+        finally:
+            os._exit(code)
+    deadline = time.monotonic() + 60
+    done, status = os.waitpid(pid, os.WNOHANG)
+    while not done:
+        if time.monotonic() > deadline:
+            os.kill(pid, 9)
+            os.waitpid(pid, 0)
+            pytest.fail("the forked child hung")
+        time.sleep(0.05)  # polls the child's exit: bounded by the deadline
+        done, status = os.waitpid(pid, os.WNOHANG)
+    assert os.waitstatus_to_exitcode(status) == 3, "the child's error did not say why (4) or it read on (1)"
+    assert len(first[1]) + sum(len(y) for _, y in it) == len(ds)
