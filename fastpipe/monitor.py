@@ -21,6 +21,9 @@ _GPU_METRICS = (
 _LOADER_COUNTERS = (("wait_seconds", "data_wait_seconds"), ("network_wait_seconds", "network_wait_seconds"),
                     ("bytes_fetched", "bytes_fetched"))
 _NETWORK = {"network_wait_seconds", "bytes_fetched"}
+# Rates between samples of those counters: (counter, rate, scale).
+_RATES = (("data_wait_seconds", "data_wait_pct", 100.0), ("network_wait_seconds", "network_wait_pct", 100.0),
+          ("bytes_fetched", "fetch_mbps", 1e-6))
 _JOIN_TIMEOUT = 5.0  # seconds stop() waits for a sample in progress (an NVML call) before giving up on it
 _GIB = 1 << 30
 
@@ -253,9 +256,9 @@ class Monitor:
             if self._watched:
                 keys = [k for k in _LOADER_COUNTERS if self._remote or k[1] not in _NETWORK]
                 try:
-                    now = [(self._counters(ld), base) for ld, base in self._loaders]
+                    counted = [(self._counters(ld), base) for ld, base in self._loaders]
                     for key, name in keys:
-                        s[name] = sum(c[key] - base[key] for c, base in now)
+                        s[name] = sum(c[key] - base[key] for c, base in counted)
                 except Exception as e:  # the other readings stand
                     for _, name in keys:
                         s[name] = None
@@ -268,12 +271,10 @@ class Monitor:
                 dt = s["t"] - prev["t"]
                 if dt > 0:
                     s["cpu_pct"] = 100.0 * (s["cpu_seconds"] - prev["cpu_seconds"]) / dt
-                    for name, rate, scale in (("data_wait_seconds", "data_wait_pct", 100.0),
-                                              ("network_wait_seconds", "network_wait_pct", 100.0),
-                                              ("bytes_fetched", "fetch_mbps", 1e-6)):
-                        now, before = s.get(name), prev.get(name, 0.0)
-                        if rate in s and now is not None and before is not None:
-                            s[rate] = scale * (now - before) / dt
+                    for name, rate, scale in _RATES:
+                        value, before = s.get(name), prev.get(name, 0.0)
+                        if rate in s and value is not None and before is not None:
+                            s[rate] = scale * (value - before) / dt
             self._samples.append(s)
             return dict(s)
 

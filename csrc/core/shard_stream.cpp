@@ -5,7 +5,6 @@
 #include <algorithm>
 #include <chrono>
 #include <limits>
-#include <unordered_map>
 #include <utility>
 
 #include "core/error.h"
@@ -74,6 +73,7 @@ ShardStream::ShardStream(std::vector<RemoteObject> objects, RemoteAuth auth, Tra
   infos_ = http_->head(objects_, check);
   for (size_t k = 0; k < objects_.size(); ++k) {
     files_.push_back(cache_file_name(objects_[k].name, infos_[k]));
+    shard_of_file_.emplace(files_.back(), int32_t(k));
     if (limit_ >= 0 && infos_[k].size > limit_)
       throw Error(ErrorKind::kValue, "cache_limit is " + bytes_text(limit_) + " but the shard '" + objects_[k].name +
                                          "' alone is " + bytes_text(infos_[k].size) + " (raise cache_limit)");
@@ -271,8 +271,7 @@ StreamStats ShardStream::stats() const {
 // Readers crossing from one window to the next wait for the new window's shards rather than evict the
 // old window's last ones, which would be fetched again.
 bool ShardStream::make_room_for(int32_t k, int64_t size, std::vector<CacheFile>& files, int64_t& used) {
-  std::unordered_map<std::string, int32_t> ours;
-  for (size_t j = 0; j < files_.size(); ++j) ours.emplace(files_[j], int32_t(j));
+  const auto& ours = shard_of_file_;
   const int64_t rank = shards_[k].rank;
   const bool stuck = shards_[k].demanded && Clock::now() - last_open_ > kStuck;
   while (used + size > limit_) {
@@ -308,7 +307,7 @@ bool ShardStream::make_room_for(int32_t k, int64_t size, std::vector<CacheFile>&
 
 // The next shards to fetch (with the lock held): those readers wait for, then the plan's, up to about a
 // batch of transfers, each with room made for it under the limit.
-std::vector<int32_t> ShardStream::choose_batch(std::unique_lock<std::mutex>&) {
+std::vector<int32_t> ShardStream::choose_batch() {
   while (!demanded_.empty() && !shards_[demanded_.front()].demanded) demanded_.pop_front();
   std::vector<int32_t> wanted;
   std::vector<bool> taken(shards_.size(), false);
@@ -349,7 +348,7 @@ void ShardStream::run() {
   };
   std::unique_lock<std::mutex> lk(mu_);
   while (!stop_) {
-    const std::vector<int32_t> batch = choose_batch(lk);
+    const std::vector<int32_t> batch = choose_batch();
     if (batch.empty()) {
       fetch_cv_.wait_for(lk, kPoll);
       continue;

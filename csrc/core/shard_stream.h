@@ -16,6 +16,7 @@
 #include <mutex>
 #include <string>
 #include <thread>
+#include <unordered_map>
 #include <vector>
 
 #include "core/function_ref.h"
@@ -66,7 +67,7 @@ class ShardStream final : public ShardOpener {
   struct Shard;
   class Pinned;
   void run();
-  std::vector<int32_t> choose_batch(std::unique_lock<std::mutex>& lk);
+  std::vector<int32_t> choose_batch();  // with mu_ held
   bool make_room_for(int32_t k, int64_t size, std::vector<CacheFile>& files, int64_t& used);
   bool open_from_disk(int32_t k);
   void demand(int32_t k);
@@ -77,6 +78,7 @@ class ShardStream final : public ShardOpener {
   std::vector<RemoteObject> objects_;
   std::vector<ObjectInfo> infos_;
   std::vector<std::string> files_;
+  std::unordered_map<std::string, int32_t> shard_of_file_;  // files_[k] -> k
   const std::string dir_;
   const int64_t limit_;
   const int owner_pid_;  // a forked child inherits no fetch thread: every call there is refused

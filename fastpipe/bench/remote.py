@@ -48,14 +48,13 @@ from fastpipe.bench.shards import MEAN, STD, corpus_shards, images_of, webdatase
 
 
 def epoch(loader, start):
-    """Images and seconds of one epoch, and the first batch's time after `start`."""
+    """One epoch of `loader`: its images, and the seconds from `start` to its end and to its first batch."""
     n, first = 0, None
     for x, y in loader:
         if first is None:
             first = time.perf_counter() - start
         assert x.dtype == torch.float32 and x.shape[1] == 3 and y.dtype == torch.int64
         n += len(y)
-    loader.close()
     return n, time.perf_counter() - start, first
 
 
@@ -67,6 +66,7 @@ def fastpipe_pass(urls, args, cache=None, options=None, index=None, limit=None):
     ld = fastpipe.Loader(ds, batch_size=args.batch_size, shuffle="blocks", shuffle_window=args.window,
                          drop_last=True, num_threads=args.threads, transforms={0: tf})
     n, seconds, first = epoch(ld, start)
+    ld.close()
     fetched = ds.fetch_stats["bytes_fetched"] if ds.fetch_stats else 0
     return n / seconds, first, fetched
 
@@ -81,10 +81,8 @@ def peer_rows(label, name, peer, images, labels, s3, endpoint, work, args):
         if cache:
             emptied(cache)
         loader = make()
-        start = time.perf_counter()
-        n, seconds, latency = epoch_of(loader, start)
-        start2 = time.perf_counter()
-        second["result"] = epoch_of(loader, start2)
+        n, seconds, latency = epoch(loader, time.perf_counter())
+        second["result"] = epoch(loader, time.perf_counter())
         return n / seconds, latency, None
 
     def then():
@@ -92,16 +90,6 @@ def peer_rows(label, name, peer, images, labels, s3, endpoint, work, args):
         return n / seconds, latency, None
 
     return {f"{label}: {name}, first epoch": first, f"{label}: {name}, second epoch": then}
-
-
-def epoch_of(loader, start):
-    n, first = 0, None
-    for x, y in loader:
-        if first is None:
-            first = time.perf_counter() - start
-        assert x.dtype == torch.float32 and x.shape[1] == 3
-        n += len(y)
-    return n, time.perf_counter() - start, first
 
 
 def emptied(*folders):
@@ -114,12 +102,8 @@ def webdataset_pass(urls, args):
     loader = make()
     for _ in loader:  # warm-up epoch: workers started
         pass
-    n, start, first = 0, time.perf_counter(), None
-    for x, y in loader:
-        if first is None:
-            first = time.perf_counter() - start
-        n += len(y)
-    return n / (time.perf_counter() - start), first, None
+    n, seconds, first = epoch(loader, time.perf_counter())
+    return n / seconds, first, None
 
 
 def measure(args, out, proxies, stores, names, shards, total, work, rates, firsts, fetched, skipped, server_cpu,

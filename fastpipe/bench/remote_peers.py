@@ -19,14 +19,11 @@ import tarfile
 import torch
 from PIL import Image
 
-from fastpipe.bench.shards import MEAN, STD
+from fastpipe.bench.shards import pil_transform
 
 
 def _transform(size):
-    from torchvision.transforms import v2
-
-    tf = v2.Compose([v2.RandomResizedCrop(size, antialias=True), v2.RandomHorizontalFlip(), v2.PILToTensor(),
-                     v2.ToDtype(torch.float32, scale=True), v2.Normalize(MEAN, STD)])
+    tf = pil_transform(size)
     return lambda data: tf(Image.open(io.BytesIO(data)).convert("RGB"))
 
 

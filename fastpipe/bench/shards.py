@@ -56,12 +56,19 @@ def images_of(tree):
     return images, labels
 
 
-def webdataset_row(shards, size, batch, threads):
-    import webdataset as wds
+def pil_transform(size):
+    """The peers' transforms of a PIL image: torchvision v2 RandomResizedCrop(size) + flip + ImageNet
+    normalisation, to float32 CHW."""
     from torchvision.transforms import v2
 
-    tf = v2.Compose([v2.RandomResizedCrop(size, antialias=True), v2.RandomHorizontalFlip(), v2.PILToTensor(),
-                     v2.ToDtype(torch.float32, scale=True), v2.Normalize(MEAN, STD)])
+    return v2.Compose([v2.RandomResizedCrop(size, antialias=True), v2.RandomHorizontalFlip(), v2.PILToTensor(),
+                       v2.ToDtype(torch.float32, scale=True), v2.Normalize(MEAN, STD)])
+
+
+def webdataset_row(shards, size, batch, threads):
+    import webdataset as wds
+
+    tf = pil_transform(size)
     ds = (wds.WebDataset(shards, shardshuffle=len(shards), nodesplitter=wds.split_by_node, empty_check=False)
           .shuffle(1000).decode("pil").to_tuple("jpg", "cls").map_tuple(tf, lambda c: c))
     return {"webdataset + WebLoader": lambda: wds.WebLoader(ds.batched(batch, partial=False), batch_size=None,

@@ -183,24 +183,32 @@ def stage(urls, storage_options=None, cache_dir=None, cache_limit=None):
 
 
 def stream(urls, storage_options=None, cache_dir=None, cache_limit=None):
-    """(a ``_C.ShardStream`` of the objects at ``urls``, the cache directory): HEADs now; each shard fetched
-    into the cache when a pass's plan or a reader asks for it, the cache kept under ``cache_limit``."""
+    """A ``_C.ShardStream`` of the objects at ``urls``: HEADs now; each shard fetched into the cache when a
+    pass's plan or a reader asks for it, the cache kept under ``cache_limit``."""
     objects, cache_dir, limit, auth, transport = _requests(urls, storage_options, cache_dir, cache_limit)
-    return _C.ShardStream(objects, cache_dir, limit, auth, transport), cache_dir
+    return _C.ShardStream(objects, cache_dir, limit, auth, transport)
 
 
-def local_paths(paths, storage_options, cache_dir, cache_limit, what):
-    """`paths` as local files: remote URLs staged into the cache (all of them remote, or none), local paths
-    made absolute. Returns (paths, the staging's counters or None)."""
+def all_remote(paths, storage_options, cache_dir, cache_limit, what):
+    """True when every path is a remote URL, False when none is (then the remote settings must be unset);
+    a mix is an error."""
     remote = [is_remote(p) for p in paths]
     if not any(remote):
         if storage_options is not None or cache_dir is not None or cache_limit is not None:
             raise ValueError(f"{what}: storage_options, cache_dir and cache_limit apply to remote URLs (s3://, "
                              f"http(s)://); these are local paths")
-        return [os.path.abspath(p) for p in paths], None
+        return False
     if not all(remote):
         raise ValueError(f"{what}: remote URLs and local paths cannot be mixed in one dataset")
-    return stage(paths, storage_options, cache_dir, cache_limit)
+    return True
+
+
+def local_paths(paths, storage_options, cache_dir, cache_limit, what):
+    """`paths` as local files: remote URLs staged into the cache (all of them remote, or none), local paths
+    made absolute. Returns (paths, the staging's counters or None)."""
+    if all_remote(paths, storage_options, cache_dir, cache_limit, what):
+        return stage(paths, storage_options, cache_dir, cache_limit)
+    return [os.path.abspath(p) for p in paths], None
 
 
 def local_folder(url, names, storage_options, cache_dir, cache_limit):

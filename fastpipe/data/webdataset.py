@@ -167,13 +167,10 @@ class WebDataset(_Images):
                                                                                          low=1)
         shards = expand_urls(urls)
         self._stream = None
-        if any(remote.is_remote(s) for s in shards):
-            if not all(remote.is_remote(s) for s in shards):
-                raise ValueError("WebDataset: remote URLs and local paths cannot be mixed in one dataset")
-            self._stream, self.cache_dir = remote.stream(shards, storage_options, cache_dir, cache_limit)
+        if remote.all_remote(shards, storage_options, cache_dir, cache_limit, "WebDataset"):
+            self._stream = remote.stream(shards, storage_options, cache_dir, cache_limit)
             self._paths, self.urls = self._stream.paths, shards
         else:
-            remote.local_paths(shards, storage_options, cache_dir, cache_limit, "WebDataset")  # refuses the options
             self._paths = self.urls = [os.path.abspath(s) for s in shards]
             missing = [s for s in self._paths if not os.path.isfile(s)]
             if missing:

@@ -12,6 +12,10 @@ import pytest
 from fastpipe.bench import servers
 
 
+# storage_options for the tests' servers: many ranged GETs a shard, retries without long waits.
+FAST = dict(retry_backoff=0.01, part_size=64 << 10)
+
+
 def moto_s3():
     try:
         return servers.MotoS3()

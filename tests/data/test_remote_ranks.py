@@ -14,7 +14,6 @@ import pytest
 from fastpipe._ext import _C
 
 from jpegs import jpeg_bytes, picture
-from servers import moto_s3
 from tar_files import tar_bytes
 
 pytestmark = [pytest.mark.timeout(300, method="thread"),
@@ -48,13 +47,6 @@ if rank == 0:
 dist.barrier()
 dist.destroy_process_group()
 """
-
-
-@pytest.fixture(scope="module")
-def s3():
-    server = moto_s3()
-    yield server
-    server.close()
 
 
 @pytest.fixture

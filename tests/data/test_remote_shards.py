@@ -22,26 +22,11 @@ from fastpipe.data import remote
 from fastpipe.transforms import RandomResizedCrop
 
 from jpegs import jpeg_bytes, picture
-from servers import FaultyServer, moto_s3, nginx
+from servers import FAST, nginx
 from tar_files import tar_bytes
 
 pytestmark = [pytest.mark.timeout(180, method="thread"),
               pytest.mark.skipif(not _C.HTTP_AVAILABLE, reason="built without libcurl (`make setup` installs it)")]
-FAST = dict(retry_backoff=0.01, part_size=64 << 10)  # many parts per shard; retries without long waits
-
-
-@pytest.fixture(scope="module")
-def s3():
-    server = moto_s3()
-    yield server
-    server.close()
-
-
-@pytest.fixture
-def faulty():
-    server = FaultyServer()
-    yield server
-    server.close()
 
 
 def make_shards(rng, count, samples):

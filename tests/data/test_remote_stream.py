@@ -20,19 +20,11 @@ from fastpipe.data.order import block_order
 from fastpipe.transforms import RandomResizedCrop
 
 from jpegs import jpeg_bytes, picture
-from servers import FaultyServer
+from servers import FAST
 from tar_files import tar_bytes
 
 pytestmark = [pytest.mark.timeout(180, method="thread"),
               pytest.mark.skipif(not _C.HTTP_AVAILABLE, reason="built without libcurl (`make setup` installs it)")]
-FAST = dict(retry_backoff=0.01, part_size=64 << 10)
-
-
-@pytest.fixture
-def faulty():
-    server = FaultyServer()
-    yield server
-    server.close()
 
 
 def shards(rng, count):
@@ -158,15 +150,22 @@ def test_a_shard_gone_from_the_server_fails_its_batches_naming_its_url(faulty, t
     assert faulty.url + "/part-03.tar" in str(err.value)
 
 
-def test_closing_a_loader_ends_its_readers_wait_for_a_stalled_shard(faulty, tmp_path, rng):
+def stalled_dataset(faulty, tmp_path, rng):
+    """(the shards, a dataset of them whose index is kept but whose cache is empty), each shard's next GET
+    stalling on the server until faulty.release (a minute at most)."""
     data = shards(rng, 3)
     urls, _ = served(faulty, tmp_path, data)
     index = tmp_path / "index"
     fastpipe.WebDataset(urls, storage_options=FAST, cache_dir=tmp_path / "warm", index_cache=index)
     for name, blob in data:
-        faulty.put("/" + name, blob, faults=["stall"])  # the next GET of each stalls for a minute
+        faulty.put("/" + name, blob, faults=["stall"])
     ds = fastpipe.WebDataset(urls, storage_options=dict(FAST, stall_timeout=120), cache_dir=tmp_path / "cold",
                              index_cache=index)
+    return data, ds
+
+
+def test_closing_a_loader_ends_its_readers_wait_for_a_stalled_shard(faulty, tmp_path, rng):
+    _, ds = stalled_dataset(faulty, tmp_path, rng)
     ld = loader(ds, shuffle=False, timeout=0.5)
     with pytest.raises(TimeoutError):
         next(iter(ld))
@@ -177,14 +176,7 @@ def test_closing_a_loader_ends_its_readers_wait_for_a_stalled_shard(faulty, tmp_
 
 
 def test_a_network_stall_shows_in_the_monitors_timeline(faulty, tmp_path, rng):
-    data = shards(rng, 3)
-    urls, _ = served(faulty, tmp_path, data)
-    index = tmp_path / "index"
-    fastpipe.WebDataset(urls, storage_options=FAST, cache_dir=tmp_path / "warm", index_cache=index)
-    for name, blob in data:
-        faulty.put("/" + name, blob, faults=["stall"])  # the next GET of each stalls until released
-    ds = fastpipe.WebDataset(urls, storage_options=dict(FAST, stall_timeout=120), cache_dir=tmp_path / "cold",
-                             index_cache=index)
+    data, ds = stalled_dataset(faulty, tmp_path, rng)
     ld = loader(ds, shuffle=False)
     got = []
     with fastpipe.Monitor(interval=0.02, loaders=[ld]) as mon:
