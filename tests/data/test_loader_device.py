@@ -27,22 +27,16 @@ def sim(request):
         s.drain()
 
 
-def host(sim, batch):
+def host(fp, sim, batch):
     """The batch as numpy copies, read once the consumer stream's work so far is done."""
     sim.synchronize(sim.consumer_stream())
-    return fp_to_np(batch)
+    return fp.to_np(batch)
 
 
-def fp_to_np(batch):
-    from conftest import to_np
-
-    return to_np(batch)
-
-
-def epoch(sim, loader):
+def epoch(fp, sim, loader):
     out = []
     for b in loader:
-        out.append(host(sim, b))
+        out.append(host(fp, sim, b))
         del b
     return out
 
@@ -53,7 +47,7 @@ def test_batches_are_byte_exact(sim, dataset_factory, fp, dtype, rec):
     ld = fp.loader(ds, 16, shuffle=True, seed=1, device="cuda", num_threads=3)
     assert ld.device == torch.device("cpu")  # the simulation's batches are CPU tensors
     for _ in range(2):
-        batches = epoch(sim, ld)
+        batches = epoch(fp, sim, ld)
         assert [len(b["idx"]) for b in batches] == [16] * 12 + [11]
         assert sorted(fp.verify(batches, arrays).tolist()) == list(range(203))
     st = ld.stats()
@@ -64,7 +58,7 @@ def test_same_batches_as_the_cpu_loader(sim, dataset_factory, fp):
     ds, arrays, _ = dataset_factory(157, {"x": ("int16", (5,))})
     for kw in (dict(shuffle=True, seed=4), dict(drop_last=True), dict(rank=1, world_size=3, shuffle=True)):
         cpu = fp.epoch(fp.loader(ds, 10, **kw))
-        dev = epoch(sim, fp.loader(ds, 10, device="cuda", **kw))
+        dev = epoch(fp, sim, fp.loader(ds, 10, device="cuda", **kw))
         assert fp.same_batches(cpu, dev), kw
 
 
@@ -73,7 +67,7 @@ def test_token_windows_are_widened_on_the_device(sim, tmp_path, rng, fp):
     tokens.tofile(tmp_path / "t.bin")
     ds = fastpipe.TokenDataset(str(tmp_path / "t.bin"), 64)
     cpu = fp.epoch(fp.loader(ds, 7, shuffle=True, seed=3))
-    dev = epoch(sim, fp.loader(ds, 7, shuffle=True, seed=3, device="cuda"))
+    dev = epoch(fp, sim, fp.loader(ds, 7, shuffle=True, seed=3, device="cuda"))
     assert fp.same_batches(cpu, dev)
     x, y = dev[0]
     assert x.dtype == np.int64 and x.shape == (7, 64) and (y[:, :-1] == x[:, 1:]).all()
@@ -87,7 +81,7 @@ def test_transforms_on_the_device_are_bit_identical_to_the_cpu(sim, tmp_path, rn
                dict(crop=(5, 5), mirror=1.0, out_dtype=torch.float16)):
         t = CropMirrorNormalize((0.4, 0.5, 0.6), (0.2, 0.25, 0.3), **kw)
         cpu = fp.epoch(fp.loader(ds, 8, shuffle=True, seed=9, transforms={0: t}))
-        dev = epoch(sim, fp.loader(ds, 8, shuffle=True, seed=9, transforms={0: t}, device="cuda"))
+        dev = epoch(fp, sim, fp.loader(ds, 8, shuffle=True, seed=9, transforms={0: t}, device="cuda"))
         assert fp.same_batches(cpu, dev), kw
 
 
@@ -184,7 +178,7 @@ def test_host_slots_are_refilled_only_after_their_copy(dataset_factory, fp):
     ds, arrays, _ = dataset_factory(300, {"x": ("uint8", (100,))})
     with _device.simulated(max_delay_us=2000, seed=3) as sim:
         ld = fp.hooks(fp.loader(ds, 10, shuffle=True, prefetch=1, num_threads=3, device="cuda"), poison=True)
-        assert sorted(fp.verify(epoch(sim, ld), arrays).tolist()) == list(range(300))
+        assert sorted(fp.verify(epoch(fp, sim, ld), arrays).tolist()) == list(range(300))
 
 
 def test_held_batches_never_change_and_overflow_when_every_slot_is_held(sim, dataset_factory, fp):
@@ -192,11 +186,11 @@ def test_held_batches_never_change_and_overflow_when_every_slot_is_held(sim, dat
     ld = fp.loader(ds, 10, shuffle=True, prefetch=1, device="cuda")
     with pytest.warns(UserWarning, match="holds every one of the 3 arena slots"):
         held = list(ld)
-    got = [host(sim, b) for b in held]
+    got = [host(fp, sim, b) for b in held]
     assert sorted(fp.verify(got, arrays).tolist()) == list(range(120))
     assert ld.stats()["overflow_batches"] >= 12 - 3 - 2  # slots, and the batches issued ahead
     fp.epoch(fp.loader(ds, 10))  # other work meanwhile
-    assert fp.same_batches(got, [host(sim, b) for b in held]), "a held batch changed"
+    assert fp.same_batches(got, [host(fp, sim, b) for b in held]), "a held batch changed"
     del held
     gc.collect()
     assert ld.stats()["device_slots_leased"] == 0
@@ -222,7 +216,7 @@ def test_overflow_batches_wait_for_the_consumer_stream(dataset_factory, fp):
         with pytest.warns(UserWarning, match="holds every one of the 3 arena slots"):
             got = race(sim, it, 3000)
         assert ld.stats()["overflow_batches"] >= len(got) - 2
-        assert fp.same_batches(ref[:3], [host(sim, b) for b in held])
+        assert fp.same_batches(ref[:3], [host(fp, sim, b) for b in held])
         assert fp.same_batches(ref[3:], got)
         del held, it, ld
         gc.collect()
@@ -358,14 +352,14 @@ def test_record_stream_on_another_devices_stream_is_refused():
 
 def test_resume_and_state_on_the_device(sim, dataset_factory, fp):
     ds, arrays, _ = dataset_factory(101, {"x": ("uint8", (9,))})
-    ref = epoch(sim, fp.loader(ds, 8, shuffle=True, seed=5, device="cuda"))
+    ref = epoch(fp, sim, fp.loader(ds, 8, shuffle=True, seed=5, device="cuda"))
     a = fp.loader(ds, 8, shuffle=True, seed=5, device="cuda")
     it = iter(a)
     for _ in range(4):
         next(it)
     b = fp.loader(ds, 8, shuffle=True, seed=5, device="cuda")
     b.load_state_dict(a.state_dict())
-    assert fp.same_batches(epoch(sim, b), ref[4:])
+    assert fp.same_batches(epoch(fp, sim, b), ref[4:])
 
 
 def test_abandoned_passes_and_close_with_work_in_flight(dataset_factory, fp):
@@ -374,13 +368,13 @@ def test_abandoned_passes_and_close_with_work_in_flight(dataset_factory, fp):
         ld = fp.loader(ds, 16, shuffle=True, device="cuda")
         for _ in range(10):  # break right away while copies are queued
             it = iter(ld)
-            first = host(sim, next(it))
+            first = host(fp, sim, next(it))
             fp.verify([first], arrays)
             del it
         keep = next(iter(ld))
         sim.sleep(sim.consumer_stream(), 20_000)
         ld.close()  # copies and the consumer's work still queued
-        assert sorted(fp.verify([host(sim, keep)], arrays).tolist()) == sorted(keep["idx"].tolist())
+        assert sorted(fp.verify([host(fp, sim, keep)], arrays).tolist()) == sorted(keep["idx"].tolist())
         del keep, ld
         gc.collect()
         sim.drain()
@@ -391,14 +385,14 @@ def test_errors_reach_the_loop_at_their_batch(sim, tmp_path, rng, fp):
     np.save(tmp_path / "x.npy", x)
     ld = fp.loader(fastpipe.NpyDataset(str(tmp_path / "x.npy")), 10, io="pread", device="cuda")
     it = iter(ld)
-    good = [host(sim, (next(it),))[0] for _ in range(2)]
+    good = [host(fp, sim, (next(it),))[0] for _ in range(2)]
     import os
 
     os.truncate(tmp_path / "x.npy", os.path.getsize(tmp_path / "x.npy") - 400 * 64)
     later = []
     with pytest.raises(OSError, match="x.npy"):
         for b in it:
-            later.append(host(sim, (b,))[0])
+            later.append(host(fp, sim, (b,))[0])
             del b
     # batches read before the cut (prefetched) or within what is left are right; the error comes first
     got = np.concatenate(good + later) if later else np.concatenate(good)
@@ -414,7 +408,7 @@ def test_the_stages_are_named_ranges_in_profiler_traces(sim, tmp_path, rng, fp):
     t = CropMirrorNormalize(0.5, 0.25)
     ld = fp.loader(ds, 4, transforms={0: t}, device="cuda")
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
-        batches = epoch(sim, ld)
+        batches = epoch(fp, sim, ld)
     names = [e.name for e in prof.events()]
     assert len(batches) == 6
     assert names.count("fastpipe::loader.next") == 7  # the last one finds the end of the pass

@@ -17,12 +17,6 @@ needs_gpu = pytest.mark.skipif(not fastpipe.build_info()["cuda_available"],
 pytestmark = [pytest.mark.gpu, needs_gpu, pytest.mark.timeout(120, method="thread")]
 
 
-def host(batch):
-    from conftest import to_np
-
-    return to_np({k: v.cpu() for k, v in batch.items()} if isinstance(batch, dict) else tuple(v.cpu() for v in batch))
-
-
 def test_batches_are_byte_exact_on_the_gpu(dataset_factory, fp):
     ds, arrays, _ = dataset_factory(1_003, {"x": ("uint8", (3, 17, 5)), "y": ("float16", (7,)), "z": ("int64", ())})
     for device in ("cuda", "cuda:0", torch.device("cuda", 0)):
@@ -30,7 +24,7 @@ def test_batches_are_byte_exact_on_the_gpu(dataset_factory, fp):
         batches = []
         for b in ld:
             assert all(v.is_cuda and v.device.index == 0 for v in b.values())
-            batches.append(host(b))
+            batches.append(fp.to_np(b))
         assert sorted(fp.verify(batches, arrays).tolist()) == list(range(1_003))
         assert fp.same_batches(batches, fp.epoch(fp.loader(ds, 32, shuffle=True, seed=1)))
 
@@ -40,7 +34,7 @@ def test_token_windows_on_the_gpu(tmp_path, rng, fp):
     tokens.tofile(tmp_path / "t.bin")
     ds = fastpipe.TokenDataset(str(tmp_path / "t.bin"), 256)
     cpu = fp.epoch(fp.loader(ds, 16, shuffle=True, seed=2))
-    gpu = [host(b) for b in fp.loader(ds, 16, shuffle=True, seed=2, device="cuda")]
+    gpu = [fp.to_np(b) for b in fp.loader(ds, 16, shuffle=True, seed=2, device="cuda")]
     assert fp.same_batches(cpu, gpu)
 
 
@@ -53,7 +47,7 @@ def test_transforms_on_the_gpu_are_bit_identical_to_the_cpu(tmp_path, rng, fp, o
     t = CropMirrorNormalize((0.485, 0.456, 0.406), (0.229, 0.224, 0.225), crop=(32, 29), random_crop=True,
                             mirror=0.5, out_dtype=out_dtype, layout=layout)
     cpu = fp.epoch(fp.loader(ds, 16, shuffle=True, seed=3, transforms={0: t}))
-    gpu = [host(b) for b in fp.loader(ds, 16, shuffle=True, seed=3, transforms={0: t}, device="cuda")]
+    gpu = [fp.to_np(b) for b in fp.loader(ds, 16, shuffle=True, seed=3, transforms={0: t}, device="cuda")]
     assert fp.same_batches(cpu, gpu)
     # and the CPU path against float64 (tests/test_transforms.py checks it in depth): one batch here
     first = next(iter(fp.loader(ds, 16, shuffle=True, seed=3, transforms={0: t}, device="cuda")))[0]
@@ -81,7 +75,7 @@ def test_release_waits_for_a_busy_stream(dataset_factory, fp):
                 seen.append({k: v.clone() for k, v in b.items()})
             del b
         torch.cuda.synchronize()
-        return [host(s) for s in seen]
+        return [fp.to_np(s) for s in seen]
 
     got = run(False)
     fp.verify(got, arrays)
@@ -96,11 +90,11 @@ def test_held_batches_never_change_and_memory_stays_flat(dataset_factory, fp):
     ld = fp.loader(ds, 25, shuffle=True, prefetch=2, device="cuda")
     with pytest.warns(UserWarning, match="holds every one of the 4 arena slots"):
         held = list(ld)
-    snap = [host(b) for b in held]
+    snap = [fp.to_np(b) for b in held]
     assert sorted(fp.verify(snap, arrays).tolist()) == list(range(500))
     for _ in range(3):
         fp.epoch(fp.loader(ds, 25, device="cuda"))
-    assert fp.same_batches(snap, [host(b) for b in held])
+    assert fp.same_batches(snap, [fp.to_np(b) for b in held])
     del held
     gc.collect()
     torch.cuda.synchronize()
@@ -203,10 +197,10 @@ def test_graphs_captured_between_batches_stay_valid(dataset_factory, fp, kind):
 def test_next_inside_a_capture_is_refused_and_loses_no_batch(dataset_factory, fp):
     ds, arrays, _ = dataset_factory(200, {"x": ("int32", (8,))})
     it = iter(fp.loader(ds, 16, device="cuda"))
-    seen = [host(next(it))]
+    seen = [fp.to_np(next(it))]
     g = torch.cuda.CUDAGraph()
     with pytest.raises(RuntimeError, match="capturing a graph: take batches from the Loader outside"):
         with torch.cuda.graph(g):
             next(it)
-    seen += [host(b) for b in it]
+    seen += [fp.to_np(b) for b in it]
     assert sorted(fp.verify(seen, arrays).tolist()) == list(range(200))
