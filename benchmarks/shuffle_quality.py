@@ -2,12 +2,12 @@
 shuffle: the distinct classes per batch, and a small CPU training run.
 
 The corpus: C classes of learnable 32x32 JPEGs (stripes whose angle and tint tell the class, under noise),
-written as WebDataset shards class by class (each shard holds one class's images, so a window of K shards
-holds at most K classes). Two measures:
+written as WebDataset shards class by class (each shard holds one class's images) and read in blocks of
+--block-size bytes (a window of K blocks holds at most K classes). Two measures:
 
-1. Classes per batch: for shuffle_window sizes of a growing fraction of the shards, the mean distinct
+1. Classes per batch: for shuffle_window sizes of a growing fraction of the blocks, the mean distinct
    classes in a batch over an epoch, as a ratio to a full shuffle's (order only: fastpipe.data.order's
-   block_order, which the Loader uses, over the shards' real sample counts).
+   block_order, which the Loader uses, over the blocks' real sample counts).
 2. Training: a small CNN trained for E epochs by SGD on fastpipe.Loader batches (RandomResizedCrop), one
    run per seed and order (shuffle=True, shuffle="blocks" with the windows asked for); the accuracy on a
    held-out split read in order. The table gives each order's median and its accuracy difference to the
@@ -114,7 +114,9 @@ def main(argv=None):
     p.add_argument("--lr", type=float, default=0.02)
     p.add_argument("--seeds", type=int, default=3)
     p.add_argument("--windows", default="0.25,0.5,0.75",
-                   help="shuffle_window sizes to train with, as fractions of the shards' bytes")
+                   help="shuffle_window sizes to train with, as fractions of the blocks' bytes")
+    p.add_argument("--block-size", default="16MiB",
+                   help="the WebDataset's block_size (default: its own, here a block per shard)")
     p.add_argument("--threads", type=int, default=len(os.sched_getaffinity(0)))
     p.add_argument("--out", default=None)
     args = p.parse_args(argv)
@@ -124,28 +126,34 @@ def main(argv=None):
     rng = np.random.default_rng(0)
     train_paths = write_split(os.path.join(work, "train"), rng, args.classes, args.per_class, args.per_shard)
     test_paths = write_split(os.path.join(work, "test"), rng, args.classes, args.test_per_class, args.test_per_class)
-    train_ds = fastpipe.WebDataset(train_paths, index_cache="off")
+    train_ds = fastpipe.WebDataset(train_paths, index_cache="off", block_size=args.block_size)
     test_ds = fastpipe.WebDataset(test_paths, index_cache="off")
-    shard_bytes = sum(os.path.getsize(q) for q in train_paths)
     labels = np.asarray(train_ds.targets)
-    starts, mean_bytes = train_ds._shard_starts()
+    starts, mean_bytes = train_ds._blocks()
+    data_bytes = mean_bytes * len(starts)
 
     rows, mix = [], {}
     full = statistics.mean(classes_per_batch(labels, sample_order.epoch_order(len(labels), shuffle=True, seed=s, epoch=0),
                                              args.batch_size) for s in range(args.seeds))
-    for k in range(1, len(starts) + 1):
+    for k in sorted({max(1, round(f * len(starts))) for f in np.linspace(0.025, 1.0, 40)}):
         got = statistics.mean(classes_per_batch(labels, sample_order.block_order(starts, len(labels), seed=s, epoch=0, window=k),
                                                 args.batch_size) for s in range(args.seeds))
         mix[k] = got / full
         rows.append([k, f"{k / len(starts):.2f}", f"{got:.2f}", f"{got / full:.3f}"])
-    out.table(["window (shards)", "fraction of shards", "classes per batch", "x full shuffle"], rows,
-              title=f"classes per batch, batch {args.batch_size}, {len(starts)} shards of {args.per_shard} written class "
-                    f"by class ({args.classes} classes); full shuffle: {full:.2f}")
+    out.table(["window (blocks)", "fraction of blocks", "classes per batch", "x full shuffle"], rows,
+              title=f"classes per batch, batch {args.batch_size}, {len(train_paths)} shards of {args.per_shard} written "
+                    f"class by class ({args.classes} classes), {len(starts)} blocks; full shuffle: {full:.2f}")
+    def mix_of(k):  # the window's classes per batch, measured for the windows above or now
+        if k not in mix:
+            mix[k] = statistics.mean(classes_per_batch(labels, sample_order.block_order(
+                starts, len(labels), seed=s, epoch=0, window=k), args.batch_size) for s in range(args.seeds)) / full
+        return mix[k]
+
     enough = min((k for k, r in mix.items() if r >= 0.9), default=None)
-    out.log(f"smallest window with >= 90% of a full shuffle's classes per batch: {enough} shards "
+    out.log(f"smallest window with >= 90% of a full shuffle's classes per batch: {enough} blocks "
             f"({enough / len(starts):.2f} of them)" if enough else "no window reaches 90%")
 
-    orders = ["full"] + [int(float(f) * shard_bytes) for f in args.windows.split(",")]
+    orders = ["full"] + [int(float(f) * data_bytes) + 1 for f in args.windows.split(",")]
     acc = {o: [] for o in orders}
     for seed in range(args.seeds):
         for o in orders:
@@ -153,18 +161,18 @@ def main(argv=None):
             out.log(f"seed {seed} {o if o == 'full' else f'blocks, window {o} bytes'}: {acc[o][-1]:.1f}%")
     table = []
     for o in orders:
-        k = 0 if o == "full" else max(1, int(o // mean_bytes))
+        k = 0 if o == "full" else min(len(starts), max(1, int(o // mean_bytes)))
         diff = [a - b for a, b in zip(acc[o], acc["full"])]
-        table.append(["shuffle=True" if o == "full" else f'"blocks", {k} of {len(starts)} shards a window',
+        table.append(["shuffle=True" if o == "full" else f'"blocks", {k} of {len(starts)} blocks a window',
                       f"{statistics.median(acc[o]):.1f}", " ".join(f"{a:.1f}" for a in acc[o]),
                       "" if o == "full" else f"{statistics.median(diff):+.1f}",
-                      "" if o == "full" else f"{mix[k]:.3f}"])
+                      "" if o == "full" else f"{mix_of(k):.3f}"])
     out.table(["order", "accuracy % (median)", "per seed", "vs full (median of seed differences)",
                "classes per batch x full"], table,
               title=f"training: {args.epochs} epochs, batch {args.batch_size}, SGD lr {args.lr}, {args.seeds} seeds, "
                     f"test {args.test_per_class} per class read in order")
     out.save({"classes_per_batch_ratio": mix, "full_classes_per_batch": full, "accuracy": {str(k): v for k, v in acc.items()},
-              "shards": len(starts), "torch": torch.__version__})
+              "shards": len(train_paths), "blocks": len(starts), "torch": torch.__version__})
     return 0
 
 

@@ -170,7 +170,8 @@ struct HttpTransfers::Engine {
       const int64_t take = std::min<int64_t>(to, r.end) - want;
       const char* src = data + skip;
       for (int64_t done = 0; done < take;) {
-        const ssize_t w = ::pwrite((*t->engine->fds)[r.object], src + done, size_t(take - done), want + done);
+        const ssize_t w = ::pwrite((*t->engine->fds)[r.object], src + done, size_t(take - done),
+                                   want + done - (*t->engine->objects)[r.object].offset);
         if (w < 0) {
           if (errno == EINTR) continue;
           r.write_errno = errno;
@@ -263,9 +264,11 @@ struct HttpTransfers::Engine {
       if (!r.head && r.status == 206) {
         const size_t slash = r.content_range.rfind('/');
         const int64_t total = slash == std::string::npos ? -1 : std::strtoll(r.content_range.c_str() + slash + 1, nullptr, 10);
-        if (total >= 0 && total != (*infos)[r.object].size)
+        const RemoteObject& o = (*objects)[r.object];
+        const int64_t size = o.object_size >= 0 ? o.object_size : (*infos)[r.object].size;
+        if (total >= 0 && total != size)
           fail(r, "changed on the server while it was being fetched (now " + std::to_string(total) +
-                      " bytes, was " + std::to_string((*infos)[r.object].size) + ")");
+                      " bytes, was " + std::to_string(size) + ")");
       }
       return r.head || r.begin + r.got >= r.end;  // a body cut short without an error: resume it
     }
@@ -396,10 +399,11 @@ void HttpTransfers::get(const std::vector<RemoteObject>& objects, const std::vec
   std::vector<bool> empty(objects.size(), false);
   for (size_t k = 0; k < objects.size(); ++k) {
     const int64_t size = infos[k].size, part = infos[k].ranges ? engine_->options.part_bytes : size;
+    const int64_t first = objects[k].offset;
     if (size == 0) empty[k] = true;
     for (int64_t at = 0; at < size; at += std::max<int64_t>(part, 1)) {
       Request r;
-      r.object = k, r.begin = at, r.end = std::min(size, at + std::max<int64_t>(part, 1));
+      r.object = k, r.begin = first + at, r.end = first + std::min(size, at + std::max<int64_t>(part, 1));
       requests.push_back(std::move(r));
     }
   }

@@ -22,6 +22,10 @@ struct RemoteObject {
   std::string url;   // the request URL (path encoded)
   std::string host;  // the Host header as sent: host[:port]
   std::string path;  // the encoded request path (what SigV4 signs)
+  // A block of an object: its bytes [offset, offset + the ObjectInfo's size) of the object_size bytes
+  // the object holds (-1: the whole object; offset 0).
+  int64_t offset = 0;
+  int64_t object_size = -1;
 };
 
 struct RemoteAuth {
@@ -63,7 +67,8 @@ class HttpTransfers {
   // `check` runs every ~100 ms while waiting (it may throw: an interrupt).
   std::vector<ObjectInfo> head(const std::vector<RemoteObject>& objects, FunctionRef<void()> check);
 
-  // Writes each object's bytes [0, size) into fds[k] at their offsets (ranged parts of part_bytes when the
+  // Writes each object's bytes [0, size) (a block's: [offset, offset + size), at offset - its offset)
+  // into fds[k] at their offsets (ranged parts of part_bytes when the
   // server takes ranges, each sent with If-Match: an object changed on the server is an error, never
   // mixed with its old bytes); done(k) runs as object k completes. Errors name the object and the cause.
   void get(const std::vector<RemoteObject>& objects, const std::vector<ObjectInfo>& infos,

@@ -66,11 +66,24 @@ class ShardStream::Pinned final : public RecordSource {
 
 ShardStream::ShardStream(std::vector<RemoteObject> objects, RemoteAuth auth, TransferOptions options,
                          std::string dir, int64_t limit, FunctionRef<void()> check)
-    : objects_(std::move(objects)), dir_(std::move(dir)), limit_(limit), owner_pid_(::getpid()),
-      http_(std::make_unique<HttpTransfers>(std::move(auth), options)),
+    : objects_(std::move(objects)), auth_(auth), options_(options), dir_(std::move(dir)), limit_(limit),
+      owner_pid_(::getpid()), http_(std::make_unique<HttpTransfers>(std::move(auth), options)),
       batch_bytes_(std::max<int64_t>(1, int64_t(options.max_in_flight) * options.part_bytes)) {
   make_cache_dir(dir_);
   infos_ = http_->head(objects_, check);
+  start();
+}
+
+ShardStream::ShardStream(std::vector<RemoteObject> objects, std::vector<ObjectInfo> infos, RemoteAuth auth,
+                         TransferOptions options, std::string dir, int64_t limit)
+    : objects_(std::move(objects)), infos_(std::move(infos)), auth_(auth), options_(options),
+      dir_(std::move(dir)), limit_(limit), owner_pid_(::getpid()),
+      http_(std::make_unique<HttpTransfers>(std::move(auth), options)),
+      batch_bytes_(std::max<int64_t>(1, int64_t(options.max_in_flight) * options.part_bytes)) {
+  start();
+}
+
+void ShardStream::start() {
   for (size_t k = 0; k < objects_.size(); ++k) {
     files_.push_back(cache_file_name(objects_[k].name, infos_[k]));
     shard_of_file_.emplace(files_.back(), int32_t(k));
@@ -84,6 +97,31 @@ ShardStream::ShardStream(std::vector<RemoteObject> objects, RemoteAuth auth, Tra
   stats_.transfer = http_->stats();
   last_open_ = Clock::now();
   thread_ = std::thread([this] { run(); });
+}
+
+std::shared_ptr<ShardStream> ShardStream::blocks(const std::vector<int32_t>& shard, const std::vector<int64_t>& begin,
+                                                 const std::vector<int64_t>& end) const {
+  check_process();
+  FP_CHECK_VALUE(shard.size() == begin.size() && shard.size() == end.size(),
+                 "blocks need a shard, a begin and an end each");
+  std::vector<RemoteObject> objects;
+  std::vector<ObjectInfo> infos;
+  for (size_t b = 0; b < shard.size(); ++b) {
+    FP_CHECK_VALUE(shard[b] >= 0 && size_t(shard[b]) < objects_.size(),
+                   "block " + std::to_string(b) + " names shard " + std::to_string(shard[b]));
+    const RemoteObject& o = objects_[shard[b]];
+    const ObjectInfo& info = infos_[shard[b]];
+    FP_CHECK_VALUE(0 <= begin[b] && begin[b] < end[b] && end[b] <= info.size,
+                   "block " + std::to_string(b) + " of '" + o.name + "' is bytes [" + std::to_string(begin[b]) + ", " +
+                       std::to_string(end[b]) + "), outside its " + std::to_string(info.size) + " bytes");
+    RemoteObject block = o;
+    block.name = o.name + " (bytes " + std::to_string(begin[b]) + "-" + std::to_string(end[b] - 1) + ")";
+    block.offset = begin[b];
+    block.object_size = info.size;
+    objects.push_back(std::move(block));
+    infos.push_back({end[b] - begin[b], info.etag, info.ranges});
+  }
+  return std::shared_ptr<ShardStream>(new ShardStream(std::move(objects), std::move(infos), auth_, options_, dir_, limit_));
 }
 
 ShardStream::~ShardStream() {

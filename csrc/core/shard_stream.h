@@ -41,6 +41,13 @@ class ShardStream final : public ShardOpener {
   ShardStream(std::vector<RemoteObject> objects, RemoteAuth auth, TransferOptions options, std::string dir,
               int64_t limit, FunctionRef<void()> check);
   ~ShardStream();
+
+  // A stream over blocks of these shards instead (block b: bytes [begin[b], end[b]) of shard shard[b]), in
+  // the same cache, fetched by ranged GETs (a block's cache file is its own): data larger than its cache
+  // then mixes blocks of many shards in a window of the same bytes. Error(kValue) for a range outside its
+  // shard.
+  std::shared_ptr<ShardStream> blocks(const std::vector<int32_t>& shard, const std::vector<int64_t>& begin,
+                                      const std::vector<int64_t>& end) const;
   ShardStream(const ShardStream&) = delete;
   ShardStream& operator=(const ShardStream&) = delete;
 
@@ -66,6 +73,9 @@ class ShardStream final : public ShardOpener {
  private:
   struct Shard;
   class Pinned;
+  ShardStream(std::vector<RemoteObject> objects, std::vector<ObjectInfo> infos, RemoteAuth auth,
+              TransferOptions options, std::string dir, int64_t limit);
+  void start();  // infos_ known: the cache files, what the cache holds, the fetch thread
   void run();
   std::vector<int32_t> choose_batch();  // with mu_ held
   bool make_room_for(int32_t k, int64_t size, std::vector<CacheFile>& files, int64_t& used);
@@ -79,6 +89,8 @@ class ShardStream final : public ShardOpener {
   std::vector<ObjectInfo> infos_;
   std::vector<std::string> files_;
   std::unordered_map<std::string, int32_t> shard_of_file_;  // files_[k] -> k
+  const RemoteAuth auth_;
+  const TransferOptions options_;
   const std::string dir_;
   const int64_t limit_;
   const int owner_pid_;  // a forked child inherits no fetch thread: every call there is refused

@@ -108,7 +108,15 @@ void bind_remote(py::module& m) {
                                for (const auto& i : s.infos()) out.push_back(i.etag);
                                return out;
                              })
+      .def_property_readonly("ranges",
+                             [](const ShardStream& s) {
+                               std::vector<bool> out;
+                               for (const auto& i : s.infos()) out.push_back(i.ranges);
+                               return out;
+                             })
       .def_property_readonly("limit", &ShardStream::limit)
+      .def("blocks", &ShardStream::blocks, py::arg("shard"), py::arg("begin"), py::arg("end"),
+           py::call_guard<py::gil_scoped_release>())
       .def("plan", &ShardStream::plan, py::arg("order"), py::arg("reads"), py::call_guard<py::gil_scoped_release>())
       .def(
           "pin",

@@ -45,11 +45,12 @@ class Loader(Resumable):
         Records per batch (>= 1). The last batch may be smaller unless ``drop_last``.
     shuffle : bool or "blocks"
         Shuffle each epoch; the order is a pure function of ``(seed, epoch)``. ``"blocks"`` (a WebDataset):
-        the shards in an order shuffled each epoch, read ``shuffle_window`` bytes of shards at a time, each
-        window's samples shuffled among themselves (what data larger than memory or a cache needs: a
-        reader touches one window's shards at once; every rank its exact share, resume and elastic resume
-        as for a full shuffle). Its quality is the window's: shards written class by class give each
-        batch the classes of one window's shards.
+        the shards in an order shuffled each epoch, read through a window of ``shuffle_window`` bytes of
+        shards that slides a shard at a time, every batch drawn from all of the window's shards (what data
+        larger than memory or a cache needs: readers hold one window's shards at once; every rank its
+        exact share, resume and elastic resume as for a full shuffle). Its quality is the window's: shards
+        written class by class give each batch the classes of the window's shards (benchmarks/
+        shuffle_quality.py measures how large a window must be).
     shuffle_window : int or str
         ``shuffle="blocks"``: the bytes of shards a window holds (``"1GiB"``, the default; at least one
         shard): the number of shards a window takes is this over the shards' mean size.
@@ -182,15 +183,15 @@ class Loader(Resumable):
         shuffle = False if shuffle is None else shuffle if shuffle == "blocks" else checks.flag(shuffle, "shuffle")
         self._blocks = None  # shuffle="blocks": (the samples where blocks start, blocks a window)
         if shuffle == "blocks":
-            starts = getattr(dataset, "_shard_starts", None)
-            if starts is None:
+            blocks = getattr(dataset, "_blocks", None)
+            if blocks is None:
                 raise ValueError(f"shuffle='blocks' shuffles the shards of a sharded dataset (WebDataset); "
                                  f"{type(dataset).__name__} has none: use shuffle=True")
-            starts, shard_bytes = starts()
+            starts, block_bytes = blocks()
             window = checks.byte_size(shuffle_window, "shuffle_window")
-            self._blocks = (starts, max(1, int(window // max(1.0, shard_bytes))))
+            self._blocks = (starts, max(1, int(window // max(1.0, block_bytes))))
         if hasattr(dataset, "_check_order"):
-            dataset._check_order(shuffle, shuffle_window)
+            dataset._check_order(shuffle, shuffle_window, self._blocks[1] if self._blocks else None)
         drop_last = checks.flag(drop_last, "drop_last")
         if sampler is not None:
             if shuffle:

@@ -16,19 +16,34 @@ def epoch_order(num_samples, *, shuffle, seed, epoch):
 
 
 def block_order(block_starts, num_samples, *, seed, epoch, window):
-    """The global order of one epoch under a block shuffle: the blocks (contiguous runs of samples, a
-    WebDataset's shards) in an order permuted by (seed, epoch), taken `window` blocks at a time, and each
-    window's samples permuted among themselves. A pure function of (seed, epoch), like epoch_order: a
-    reader only ever needs the blocks of one window (two, across a window's end) at once."""
+    """The global order of one epoch under a block shuffle over a sliding window of `window` blocks
+    (contiguous runs of samples: a WebDataset's shards). A pure function of (seed, epoch), like
+    epoch_order.
+
+    The blocks are permuted by (seed, epoch); block j of the permutation is spread at random over the
+    slots [max(0, j - K + 1), min(j + 1, N - K + 1)) of N - K + 1 slots (N blocks, K = min(window, N)),
+    so every slot mixes exactly K blocks and block j ends before block j + K begins: a reader never
+    holds more than K blocks at once. Fixed windows (K blocks, their samples permuted, then the next K)
+    need the same K blocks but give every window's first and last batches fewer blocks and let the
+    epoch end on a short remainder window: the last batches of an epoch of class-by-class shards then
+    hold a few classes, which a model trained on them forgets the others for
+    (benchmarks/shuffle_quality.py). Here only the first and the last slots lean on one block: blocks
+    that are open for fewer slots there put more samples in each. K >= N is a full shuffle.
+    """
     starts = np.asarray(block_starts, dtype=np.int64)
-    ends = np.append(starts[1:], num_samples)
+    sizes = np.append(starts[1:], num_samples) - starts
+    n_blocks = len(starts)
+    k = max(1, min(int(window), n_blocks))
     rng = np.random.default_rng([seed, epoch, 1])  # not epoch_order's stream
-    blocks = rng.permutation(len(starts))
-    out = []
-    for w in range(0, len(blocks), window):
-        samples = np.concatenate([np.arange(starts[b], ends[b], dtype=np.int64) for b in blocks[w:w + window]])
-        out.append(samples[rng.permutation(len(samples))])
-    return np.concatenate(out)
+    blocks = rng.permutation(n_blocks)
+    j = np.arange(n_blocks, dtype=np.float64)
+    first = np.maximum(0.0, j - k + 1)
+    span = np.minimum(j + 1, n_blocks - k + 1) - first
+    sizes = sizes[blocks]
+    samples = np.repeat(starts[blocks] - np.cumsum(sizes) + sizes, sizes) + np.arange(num_samples, dtype=np.int64)
+    keys = np.repeat(first, sizes) + rng.random(num_samples) * np.repeat(span, sizes)
+    # Stable: a key equal to a slot boundary (rounding) keeps block j's samples before block j + K's.
+    return samples[np.argsort(keys, kind="stable")]
 
 
 def shard(order, *, rank, world_size, remainder):

@@ -132,10 +132,18 @@ class WebDataset(_Images):
         The most bytes the cache may hold (``"200GB"``), at least the largest shard. Shards stream through
         it: fetched ahead in the order each pass reads them, as far as the limit allows; other datasets'
         files evicted first (least recently staged first), then this dataset's shards the pass reads no
-        more, then those it reads latest. A dataset larger than the limit needs ``shuffle="blocks"`` (or
-        no shuffle) with a ``shuffle_window`` that fits in it with a shard to spare, and is fetched again
+        more, then those it reads latest. A dataset larger than the limit streams in blocks (see
+        ``block_size``; whole shards from a server that does not take ranges), needs ``shuffle="blocks"`` (or
+        no shuffle) with a ``shuffle_window`` that fits in it with a block to spare, and is fetched again
         each epoch; one that fits is fetched once and read from the cache from then on. Default: no limit
         but the disk's free space.
+    block_size : int or str
+        Shards are cut into blocks of whole samples, those whose images start in one ``block_size``-aligned
+        stretch of the shard (``"16MiB"``; a shard smaller than that is one block): the unit that
+        ``shuffle="blocks"`` permutes and mixes a window of, and, for a remote dataset larger than
+        ``cache_limit``, the unit fetched (a ranged GET of the images' bytes, tar headers and other members
+        left out) and cached. Smaller blocks mix more shards in a window of the same bytes (with shards
+        written class by class, more classes in a batch) for more requests.
 
     Notes
     -----
@@ -157,7 +165,7 @@ class WebDataset(_Images):
 
     def __init__(self, urls, transform=None, *, label="cls", label_field=None, num_threads=None,
                  max_record_bytes=DEFAULT_MAX_RECORD_BYTES, storage_options=None, cache_dir=None, cache_limit=None,
-                 index_cache=None):
+                 index_cache=None, block_size="16MiB"):
         self._init_common(transform, max_record_bytes)
         if not isinstance(label, str) or not label or label.startswith("."):
             raise ValueError(f"label must be a member extension such as 'cls', got {label!r}")
@@ -165,6 +173,9 @@ class WebDataset(_Images):
             raise ValueError(f"label_field must be the name of a JSON field, got {label_field!r}")
         threads = max(8, os.cpu_count() or 1) if num_threads is None else checks.integer(num_threads, "num_threads",
                                                                                          low=1)
+        block_size = checks.byte_size(block_size, "block_size")
+        if block_size < 1:
+            raise ValueError(f"block_size must be at least 1 byte, got {block_size}")
         shards = expand_urls(urls)
         self._stream = None
         if remote.all_remote(shards, storage_options, cache_dir, cache_limit, "WebDataset"):
@@ -206,9 +217,11 @@ class WebDataset(_Images):
         self._labels_path = os.path.join(labels_dir, "labels.npy")
         np.save(self._labels_path, labels)
         self._where = self.urls[0] if len(self.urls) == 1 else os.path.commonprefix(self.urls).rpartition("/")[0]
+        self.block_size = block_size
+        names, unit_of, offsets = self._split_into_blocks(index["offsets"])
         # A remote shard's messages name its URL; the stream opens its cache file.
-        self._source = _C.ImageSource.members(self.urls, self._shard_of, index["offsets"], self._sizes, self._keys,
-                                              self._key_offsets, index["heights"], index["widths"], self._stream)
+        self._source = _C.ImageSource.members(names, unit_of, offsets, self._sizes, self._keys, self._key_offsets,
+                                              index["heights"], index["widths"], self._stream)
         self.without_image = dict((u, int(c)) for u, c in zip(self.urls, index["without_image"]) if c)
         if self.without_image:
             total = sum(self.without_image.values())
@@ -230,17 +243,46 @@ class WebDataset(_Images):
         shards."""
         return self._stream.stats() if self._stream is not None else None
 
+    def _split_into_blocks(self, offsets):
+        """Cuts the shards into blocks of whole samples, those whose images start in one block_size-aligned
+        stretch of their shard: the unit of shuffle='blocks', and of the transfer and the cache where a
+        remote dataset is larger than its cache (a window of blocks then mixes many shards in the bytes
+        of a few). Returns what the image source reads by: (names, the unit of each sample, the offsets in
+        the units)."""
+        offsets = np.asarray(offsets, dtype=np.int64)
+        ends = offsets + self._sizes
+        limit = self._stream.limit if self._stream is not None else -1
+        too_large = 0 <= limit < sum(self._shard_sizes)
+        if too_large and not all(self._stream.ranges):  # a block would cost its whole shard's transfer
+            cut = np.diff(self._shard_of, prepend=-1) != 0
+        else:
+            cut = (np.diff(self._shard_of, prepend=-1) != 0) | (np.diff(offsets // self.block_size, prepend=-1) != 0)
+        starts = np.flatnonzero(cut).astype(np.int64)
+        self._block_of = np.cumsum(cut) - 1
+        begin, end = offsets[starts], np.maximum.reduceat(ends, starts)
+        self._block_shard = self._shard_of[starts]
+        self._block_bytes = end - begin
+        self._block_starts = starts
+        if too_large and len(starts) > len(self.urls):
+            self._stream = self._stream.blocks(self._block_shard.astype(np.int32).tolist(), begin.tolist(),
+                                               end.tolist())
+            self._unit_of, self._unit_bytes = self._block_of, self._block_bytes
+            return ([self.urls[k] for k in self._block_shard], self._block_of,
+                    offsets - begin[self._block_of])
+        self._unit_of, self._unit_bytes = self._shard_of, np.asarray(self._shard_sizes, dtype=np.int64)
+        return self.urls, self._shard_of, offsets
+
     def _plan(self, indices):
-        """A pass reads ``indices``: the stream fetches their shards ahead in that order."""
+        """A pass reads ``indices``: the stream fetches their shards (blocks) ahead in that order."""
         if self._stream is None:
             return
-        shards = self._shard_of[indices]
-        found, first = np.unique(shards, return_index=True)
-        reads = np.bincount(shards, minlength=len(self.urls))
+        units = self._unit_of[indices]
+        found, first = np.unique(units, return_index=True)
+        reads = np.bincount(units, minlength=len(self._unit_bytes))
         self._stream.plan(found[np.argsort(first)].astype(np.int32), reads.astype(np.int64))
 
-    def _check_order(self, shuffle, shuffle_window):
-        """A Loader's order must fit the cache: a shard per sample (shuffle=True) or a window of shards
+    def _check_order(self, shuffle, shuffle_window, window_blocks):
+        """A Loader's order must fit the cache: a shard per sample (shuffle=True) or a window of blocks
         larger than cache_limit would fetch every shard many times over."""
         limit = self._stream.limit if self._stream is not None else -1
         if limit < 0 or sum(self._shard_sizes) <= limit:
@@ -248,14 +290,16 @@ class WebDataset(_Images):
         if shuffle is True:
             raise ValueError(f"WebDataset: its shards hold {sum(self._shard_sizes)} bytes, more than cache_limit="
                              f"{limit}, and shuffle=True draws each sample from any shard: nearly every sample "
-                             f"would fetch a shard. Use shuffle='blocks' (shards in a new order each epoch, "
-                             f"samples mixed within a shuffle_window of them), or raise cache_limit")
+                             f"would fetch a shard. Use shuffle='blocks' (blocks of shards in a new order each "
+                             f"epoch, samples mixed within a shuffle_window of them), or raise cache_limit")
         if shuffle == "blocks":
-            window = checks.byte_size(shuffle_window, "shuffle_window")
-            if window + max(self._shard_sizes) > limit:
-                raise ValueError(f"shuffle_window={shuffle_window!r} ({window} bytes) and a shard do not fit in "
-                                 f"cache_limit={limit} bytes: the window's shards are read together, so they "
-                                 f"must be in the cache together (lower shuffle_window or raise cache_limit)")
+            # The readers hold the window's blocks while the next one arrives; any blocks may come together.
+            need = int(np.sort(self._unit_bytes)[-(window_blocks + 1):].sum())
+            if need > limit:
+                raise ValueError(f"shuffle_window={shuffle_window!r} ({window_blocks} blocks) and a block do not "
+                                 f"fit in cache_limit={limit} bytes (the largest {window_blocks + 1} blocks hold "
+                                 f"{need}): the window's blocks are read together, so they must be in the cache "
+                                 f"together (lower shuffle_window or raise cache_limit)")
 
     def key(self, i):
         """Sample ``i``'s key (webdataset's ``__key__``)."""
@@ -265,10 +309,9 @@ class WebDataset(_Images):
     def _bad_reason(self, i):
         return dict((j, why) for j, _, why in self.bad).get(i, "its header could not be read")
 
-    def _shard_starts(self):
-        """(the first sample of each shard that holds one, the shards' mean bytes): shuffle='blocks'."""
-        starts = np.flatnonzero(np.diff(self._shard_of, prepend=-1)).astype(np.int64)
-        return starts, float(np.mean(self._shard_sizes))
+    def _blocks(self):
+        """(the first sample of each block, the blocks' mean bytes): shuffle='blocks'."""
+        return self._block_starts, float(np.mean(self._block_bytes))
 
     def _mean_bytes(self):
         return float(self._sizes.mean())

@@ -40,6 +40,7 @@ class FaultyServer:
 
     def __init__(self):
         self.objects, self.faults, self.log = {}, {}, []
+        self.ranges = True  # False: HEADs do not say Accept-Ranges
         self.release = threading.Event()
         self.lock = threading.Lock()
         server = self
@@ -69,7 +70,8 @@ class FaultyServer:
                 self.send_response(status)
                 self.send_header("Content-Length", str(length))
                 self.send_header("ETag", etag)
-                self.send_header("Accept-Ranges", "bytes")
+                if server.ranges:
+                    self.send_header("Accept-Ranges", "bytes")
                 for k, v in extra:
                     self.send_header(k, v)
                 self.end_headers()

@@ -1,9 +1,8 @@
-"""shuffle="blocks" on a WebDataset: the shards permuted each epoch, a window of them at a time, each
-window's samples permuted. Checked against the definition's properties on the keys that come out (which
+"""shuffle="blocks" on a WebDataset: the shards permuted each epoch and read through a sliding window of
+them. Checked against the definition's properties on the keys that come out (which
 shard each sample is in, written in the keys), and against a full shuffle's class mix."""
 
 import json
-import os
 
 import numpy as np
 import pytest
@@ -38,36 +37,55 @@ def shards(tmp_path_factory):
     return paths
 
 
+def open_blocks(order, block_of):
+    """At each position of `order`, the blocks begun and not yet finished (first <= position <= last)."""
+    blocks = block_of[order]
+    first = np.full(block_of.max() + 1, len(order))
+    last = np.zeros(block_of.max() + 1, dtype=np.int64)
+    np.minimum.at(first, blocks, np.arange(len(order)))
+    np.maximum.at(last, blocks, np.arange(len(order)))
+    change = np.zeros(len(order) + 1, dtype=np.int64)
+    np.add.at(change, first, 1)
+    np.add.at(change, last + 1, -1)
+    return np.cumsum(change)[:-1]
+
+
 def test_the_order_is_the_definitions(rng):
     counts = rng.integers(1, 30, int(rng.integers(5, 40)))
     starts = np.concatenate([[0], np.cumsum(counts)[:-1]])
     n = int(counts.sum())
-    shard_of = np.repeat(np.arange(len(counts)), counts)
+    block_of = np.repeat(np.arange(len(counts)), counts)
     for window in (1, 3, len(counts), len(counts) + 5):
         order = block_order(starts, n, seed=4, epoch=2, window=window)
         assert sorted(order.tolist()) == list(range(n))  # every sample once
-        seen = []  # each window: the samples of exactly `window` shards (fewer in the last), nothing else
-        at = 0
-        while at < n:
-            blocks = set()
-            while at < n and (len(blocks) < window or shard_of[order[at]] in blocks):
-                blocks.add(shard_of[order[at]])
-                at += 1
-            assert not blocks & set(seen), "a shard came back in a later window"
-            seen += list(blocks)
-        assert sorted(seen) == list(range(len(counts)))  # so each window held `window` shards whole
+        assert open_blocks(order, block_of).max() <= window  # a reader holds at most `window` blocks
+        if window == 1:  # one block at a time: each block's samples together
+            assert (np.diff(block_of[order]) != 0).sum() == len(counts) - 1
         np.testing.assert_array_equal(order, block_order(starts, n, seed=4, epoch=2, window=window))
         assert not np.array_equal(order, block_order(starts, n, seed=4, epoch=3, window=window)) or n < 3
+
+
+def test_the_first_and_last_batches_mix_the_window(rng):
+    """The window slides: the epoch's first and last batches mix several blocks (fixed windows of 5
+    of 22 blocks end the epoch on a window of 2)."""
+    size, blocks, window = 200, 22, 5
+    block_of = np.repeat(np.arange(blocks), size)
+    for epoch in range(5):
+        order = block_order(np.arange(0, size * blocks, size), size * blocks, seed=int(rng.integers(1 << 30)),
+                            epoch=epoch, window=window)
+        assert open_blocks(order, block_of).max() == window
+        for batch in (order[:50], order[-50:]):
+            assert len(np.unique(block_of[batch])) >= 3
 
 
 def test_batches_come_in_the_block_order_and_resume(shards):
     ds = fastpipe.WebDataset(shards)
     window = 3
-    shard_bytes = np.mean([os.path.getsize(p) for p in shards])
-    kw = dict(batch_size=4, shuffle="blocks", shuffle_window=int(window * shard_bytes) + 1, seed=11,
+    starts, block_bytes = ds._blocks()
+    assert len(starts) == len(shards)  # shards smaller than block_size: a block each
+    kw = dict(batch_size=4, shuffle="blocks", shuffle_window=int(window * block_bytes) + 1, seed=11,
               transforms=TRANSFORM)
     ld = fastpipe.Loader(ds, **kw)
-    starts, _ = ds._shard_starts()
     for epoch in range(2):
         want = block_order(starts, len(ds), seed=11, epoch=epoch, window=window)
         got = [ds.targets[i] for i in want]
@@ -89,7 +107,7 @@ def test_batches_come_in_the_block_order_and_resume(shards):
     for got, want in zip(rest, expected):
         np.testing.assert_array_equal(got, want)
     with pytest.raises(ValueError, match="shuffle_window"):
-        fastpipe.Loader(ds, **{**kw, "shuffle_window": int(5 * shard_bytes)}).load_state_dict(state)
+        fastpipe.Loader(ds, **{**kw, "shuffle_window": int(5 * block_bytes)}).load_state_dict(state)
 
 
 def test_a_window_of_every_shard_mixes_classes_as_a_full_shuffle(shards):

@@ -17,56 +17,14 @@ import fastpipe
 from fastpipe._ext import _C
 from fastpipe.data import webdataset_index
 from fastpipe.data.order import block_order
-from fastpipe.transforms import RandomResizedCrop
 
 from jpegs import jpeg_bytes, picture
+from remote_data import cached_bytes, loader, served, shards
 from servers import FAST
 from tar_files import tar_bytes
 
 pytestmark = [pytest.mark.timeout(180, method="thread"),
               pytest.mark.skipif(not _C.HTTP_AVAILABLE, reason="built without libcurl (`make setup` installs it)")]
-
-
-def shards(rng, count):
-    """`count` tar shards of 3-6 JPEG samples each, with labels and a member of noise: [(name, bytes)]."""
-    out, n = [], 0
-    for k in range(count):
-        members = []
-        for _ in range(int(rng.integers(3, 7))):
-            h, w = (int(v) for v in rng.integers(20, 60, 2))
-            members += [(f"s{n:05d}.jpg", jpeg_bytes(picture(rng, h, w))),
-                        (f"s{n:05d}.cls", str(int(rng.integers(0, 5))).encode()),
-                        (f"s{n:05d}.pad", rng.bytes(int(rng.integers(30_000, 50_000))))]
-            n += 1
-        out.append((f"part-{k:02d}.tar", tar_bytes(members)))
-    return out
-
-
-def served(faulty, tmp_path, data):
-    """The shards on the server and on local disk: (URLs, local paths)."""
-    local = tmp_path / "local"
-    local.mkdir(exist_ok=True)
-    for name, blob in data:
-        (local / name).write_bytes(blob)
-        faulty.put("/" + name, blob)
-    return [faulty.url + "/" + n for n, _ in data], [str(local / n) for n, _ in data]
-
-
-def cached_bytes(cache):
-    """What the cache's data files hold (lock and temporary files are hidden: a leading dot)."""
-    total = 0
-    for e in os.scandir(cache):
-        if not e.name.startswith("."):
-            try:
-                total += e.stat().st_size
-            except FileNotFoundError:  # evicted while listed
-                pass
-    return total
-
-
-def loader(ds, **kw):
-    kw = dict(dict(timeout=60, num_threads=2), **kw)
-    return fastpipe.Loader(ds, batch_size=3, transforms={0: RandomResizedCrop(20, dct_scaling=False)}, **kw)
 
 
 def test_a_dataset_larger_than_its_cache_streams_the_batches_local_shards_give(faulty, tmp_path, rng):
@@ -108,7 +66,7 @@ def test_a_dataset_larger_than_its_cache_streams_the_batches_local_shards_give(f
     again = fastpipe.WebDataset(urls, **dict(opts, cache_dir=tmp_path / "new"))
     assert again.fetch_stats["bytes_fetched"] == 0 and again.fetch_stats["requests"] == len(urls)  # HEADs
     ld = loader(again, **window)
-    order = block_order(again._shard_starts()[0], len(again), seed=window["seed"], epoch=0, window=ld._blocks[1])
+    order = block_order(again._blocks()[0], len(again), seed=window["seed"], epoch=0, window=ld._blocks[1])
     first_shards = set(again._shard_of[order[:3]].tolist())
     for k, (name, blob) in enumerate(data):
         if k not in first_shards:
@@ -127,7 +85,7 @@ def test_orders_that_would_refetch_every_shard_are_refused(faulty, tmp_path, rng
                              index_cache="off")
     with pytest.raises(ValueError, match=r"more than cache_limit=.*shuffle=True draws each sample from any shard"):
         loader(ds, shuffle=True)
-    with pytest.raises(ValueError, match=r"shuffle_window='1MB' \(1000000 bytes\) and a shard do not fit"):
+    with pytest.raises(ValueError, match=r"shuffle_window='1MB' \(\d+ blocks\) and a block do not fit"):
         loader(ds, shuffle="blocks", shuffle_window="1MB")
     assert len([b for b in loader(ds, shuffle=False)]) == -(-len(ds) // 3)
     with pytest.raises(ValueError, match=r"cache_limit is 1000 bytes .* but the shard '.*part-00.tar' alone is"):
