@@ -134,7 +134,8 @@ class WebDataset(_Images):
         files evicted first (least recently staged first), then this dataset's shards the pass reads no
         more, then those it reads latest. A dataset larger than the limit streams in blocks (see
         ``block_size``; whole shards from a server that does not take ranges), needs ``shuffle="blocks"`` (or
-        no shuffle) with a ``shuffle_window`` that fits in it with a block to spare, and is fetched again
+        no shuffle) with a ``shuffle_window`` that fits in it (a block to spare lets the next one arrive
+        while the window is read), and is fetched again
         each epoch; one that fits is fetched once and read from the cache from then on. Default: no limit
         but the disk's free space.
     block_size : int or str
@@ -293,13 +294,15 @@ class WebDataset(_Images):
                              f"would fetch a shard. Use shuffle='blocks' (blocks of shards in a new order each "
                              f"epoch, samples mixed within a shuffle_window of them), or raise cache_limit")
         if shuffle == "blocks":
-            # The readers hold the window's blocks while the next one arrives; any blocks may come together.
-            need = int(np.sort(self._unit_bytes)[-(window_blocks + 1):].sum())
+            # The readers hold up to the window's blocks at once, and any blocks may come together: a
+            # window the cache cannot hold would evict blocks still to be read (the next block arriving
+            # while they are read needs room for one more, else it waits: slower, never refetched).
+            need = int(np.sort(self._unit_bytes)[-window_blocks:].sum())
             if need > limit:
-                raise ValueError(f"shuffle_window={shuffle_window!r} ({window_blocks} blocks) and a block do not "
-                                 f"fit in cache_limit={limit} bytes (the largest {window_blocks + 1} blocks hold "
-                                 f"{need}): the window's blocks are read together, so they must be in the cache "
-                                 f"together (lower shuffle_window or raise cache_limit)")
+                raise ValueError(f"shuffle_window={shuffle_window!r} ({window_blocks} blocks) does not fit in "
+                                 f"cache_limit={limit} bytes (its largest {window_blocks} blocks hold {need}): "
+                                 f"the window's blocks are read together, so they must be in the cache together "
+                                 f"(lower shuffle_window or raise cache_limit)")
 
     def key(self, i):
         """Sample ``i``'s key (webdataset's ``__key__``)."""

@@ -5,6 +5,7 @@ import importlib.util
 import json
 import os
 import pathlib
+import shutil
 import subprocess
 import sys
 
@@ -36,15 +37,16 @@ def bench(*args, cwd, timeout=240, script=None):
     return p
 
 
-def check_files(doc, suite):
-    """The report's files: JSON (complete, with machine facts), markdown, and a PNG per plot."""
+def check_files(doc, suite, plotted=True):
+    """The report's files: JSON (complete, with machine facts), markdown, and a PNG per plot (a suite
+    that plots: where matplotlib is installed)."""
     assert doc["suite"] == suite and doc["complete"] is True
     for key in MACHINE_FACTS:
         assert key in doc["machine"], key
     md = open(doc["files"]["markdown"]).read()
     assert md.startswith(f"# fastpipe bench: {suite}\n") and doc["machine"]["cpu_model"] in md
     plots = doc["files"]["plots"]
-    if HAS_MATPLOTLIB:
+    if HAS_MATPLOTLIB and plotted:
         assert plots, "matplotlib is installed but no plot was written"
         for path in plots:
             with open(path, "rb") as f:
@@ -130,6 +132,37 @@ def test_loader_quick_writes_every_row_and_check(loader_run):
     if HAS_MATPLOTLIB:
         assert sorted(os.path.basename(p).split("_", 3)[-1] for p in doc["files"]["plots"]) == [
             "cifar_alone.png", "direct.png", "imagenet_alone.png", "tokens_alone.png"]
+
+
+@pytest.mark.skipif(not (shutil.which("nginx") or os.path.exists("/usr/sbin/nginx"))
+                    or importlib.util.find_spec("moto") is None, reason="needs nginx and moto (`make setup`)")
+@pytest.mark.timeout(600)
+def test_remote_quick_reports_every_row(tmp_path):
+    """The remote suite end to end (quick, 20 ms only): fastpipe's rows over each server, the local row,
+    and every peer either measured or named with the reason it did not run."""
+    bench("remote", "--quick", "--no-direct", "--out-dir", "res", "--data-dir", "data", "--no-progress", cwd=tmp_path,
+          timeout=540)
+    (path,) = glob.glob(str(tmp_path / "res" / "remote_*.json"))
+    doc = json.loads(open(path).read())
+    md = check_files(doc, "remote", plotted=False)
+    results = doc["results"]
+    rates, fetched = results["rates"], results["fetched"]
+    for store in ("http", "s3", "s3 via nginx"):
+        rows = {kind: f"{store} 20 ms: fastpipe {kind}" for kind in ("first time", "cold", "warm")}
+        rows["stream"] = f"{store} 20 ms: fastpipe stream (cache_limit shards/2)"
+        for kind, key in rows.items():
+            assert min(rates[key]) > 0 and results["first_batch"][key], key
+            share = max(fetched[key]) / results["shard_bytes"]
+            # Cold: every shard once; warm: nothing; streaming through half the cache: every block once
+            # (the images' bytes, at most the shards').
+            want = {"warm": (0, 0), "stream": (0.9, 1.0)}.get(kind, (1.0, 1.02))
+            assert want[0] <= share <= want[1], (key, share)
+        assert f"| {store} 20 ms: fastpipe cold" in md
+    assert min(rates["local: fastpipe"]) > 0
+    for peer in ("litdata", "Mosaic streaming (MDS)", "s3torchconnector (tar shards)", "webdataset + WebLoader"):
+        key = f"s3 20 ms: {peer}"
+        assert (key in rates) != (key in results["not_run"]), key
+        assert key in rates or results["not_run"][key].startswith("not run: "), key
 
 
 def test_conv_quick_runs_a_few_rows_of_every_part(tmp_path):

@@ -85,7 +85,7 @@ def test_orders_that_would_refetch_every_shard_are_refused(faulty, tmp_path, rng
                              index_cache="off")
     with pytest.raises(ValueError, match=r"more than cache_limit=.*shuffle=True draws each sample from any shard"):
         loader(ds, shuffle=True)
-    with pytest.raises(ValueError, match=r"shuffle_window='1MB' \(\d+ blocks\) and a block do not fit"):
+    with pytest.raises(ValueError, match=r"shuffle_window='1MB' \(\d+ blocks\) does not fit in cache_limit"):
         loader(ds, shuffle="blocks", shuffle_window="1MB")
     assert len([b for b in loader(ds, shuffle=False)]) == -(-len(ds) // 3)
     with pytest.raises(ValueError, match=r"cache_limit is 1000 bytes .* but the shard '.*part-00.tar' alone is"):
