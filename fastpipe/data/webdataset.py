@@ -240,9 +240,11 @@ class WebDataset(_Images):
     @property
     def fetch_stats(self):
         """Remote shards: the transfer's counters so far (cache_hits, shards_fetched, shards_waited,
-        shards_evicted, bytes_fetched, requests, retries, network_seconds, blocked_seconds); None for local
-        shards."""
-        return self._stream.stats() if self._stream is not None else None
+        shards_evicted, bytes_fetched, requests, retries, network_seconds, blocked_seconds; a dataset
+        streaming in blocks counts blocks as shards after the index's whole shards); None for local shards."""
+        if self._stream is None:
+            return None
+        return {k: v + self._fetched_whole.get(k, 0) for k, v in self._stream.stats().items()}
 
     def _split_into_blocks(self, offsets):
         """Cuts the shards into blocks of whole samples, those whose images start in one block_size-aligned
@@ -264,7 +266,9 @@ class WebDataset(_Images):
         self._block_shard = self._shard_of[starts]
         self._block_bytes = end - begin
         self._block_starts = starts
+        self._fetched_whole = {}  # the counters of the shards' stream, when blocks replace it
         if too_large and len(starts) > len(self.urls):
+            self._fetched_whole = self._stream.stats()
             self._stream = self._stream.blocks(self._block_shard.astype(np.int32).tolist(), begin.tolist(),
                                                end.tolist())
             self._unit_of, self._unit_bytes = self._block_of, self._block_bytes

@@ -61,6 +61,7 @@ def test_a_dataset_larger_than_its_cache_streams_the_local_batches_in_blocks(fau
     cache = tmp_path / "cache"
     ds = fastpipe.WebDataset(urls, storage_options=FAST, cache_dir=cache, cache_limit=limit,
                              index_cache=tmp_path / "index", block_size=BLOCK)
+    assert ds.fetch_stats["bytes_fetched"] == sum(len(b) for _, b in data)  # the index's: whole shards
     local = fastpipe.WebDataset(paths, index_cache="off", block_size=BLOCK)
     starts, _ = ds._blocks()
     np.testing.assert_array_equal(starts, local._blocks()[0])
