@@ -129,14 +129,14 @@ def main(argv=None):
     train_ds = fastpipe.WebDataset(train_paths, index_cache="off", block_size=args.block_size)
     test_ds = fastpipe.WebDataset(test_paths, index_cache="off")
     labels = np.asarray(train_ds.targets)
-    starts, mean_bytes = train_ds._blocks()
+    starts, groups, mean_bytes = train_ds._blocks()
     data_bytes = mean_bytes * len(starts)
 
     rows, mix = [], {}
     full = statistics.mean(classes_per_batch(labels, sample_order.epoch_order(len(labels), shuffle=True, seed=s, epoch=0),
                                              args.batch_size) for s in range(args.seeds))
     for k in sorted({max(1, round(f * len(starts))) for f in np.linspace(0.025, 1.0, 40)}):
-        got = statistics.mean(classes_per_batch(labels, sample_order.block_order(starts, len(labels), seed=s, epoch=0, window=k),
+        got = statistics.mean(classes_per_batch(labels, sample_order.block_order(starts, len(labels), seed=s, epoch=0, window=k, groups=groups),
                                                 args.batch_size) for s in range(args.seeds))
         mix[k] = got / full
         rows.append([k, f"{k / len(starts):.2f}", f"{got:.2f}", f"{got / full:.3f}"])
@@ -146,7 +146,7 @@ def main(argv=None):
     def mix_of(k):  # the window's classes per batch, measured for the windows above or now
         if k not in mix:
             mix[k] = statistics.mean(classes_per_batch(labels, sample_order.block_order(
-                starts, len(labels), seed=s, epoch=0, window=k), args.batch_size) for s in range(args.seeds)) / full
+                starts, len(labels), seed=s, epoch=0, window=k, groups=groups), args.batch_size) for s in range(args.seeds)) / full
         return mix[k]
 
     enough = min((k for k, r in mix.items() if r >= 0.9), default=None)

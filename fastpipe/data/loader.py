@@ -181,17 +181,17 @@ class Loader(Resumable):
         checks.choice(shard_remainder, "shard_remainder", REMAINDER_POLICIES)
         # DataLoader's default is None
         shuffle = False if shuffle is None else shuffle if shuffle == "blocks" else checks.flag(shuffle, "shuffle")
-        self._blocks = None  # shuffle="blocks": (the samples where blocks start, blocks a window)
+        self._blocks = None  # shuffle="blocks": (the samples where blocks start, their shards, blocks a window)
         if shuffle == "blocks":
             blocks = getattr(dataset, "_blocks", None)
             if blocks is None:
                 raise ValueError(f"shuffle='blocks' shuffles the shards of a sharded dataset (WebDataset); "
                                  f"{type(dataset).__name__} has none: use shuffle=True")
-            starts, block_bytes = blocks()
+            starts, shards, block_bytes = blocks()
             window = checks.byte_size(shuffle_window, "shuffle_window")
-            self._blocks = (starts, max(1, int(window // max(1.0, block_bytes))))
+            self._blocks = (starts, shards, max(1, int(window // max(1.0, block_bytes))))
         if hasattr(dataset, "_check_order"):
-            dataset._check_order(shuffle, shuffle_window, self._blocks[1] if self._blocks else None)
+            dataset._check_order(shuffle, shuffle_window, self._blocks[2] if self._blocks else None)
         drop_last = checks.flag(drop_last, "drop_last")
         if sampler is not None:
             if shuffle:
@@ -274,7 +274,8 @@ class Loader(Resumable):
                                  f"for a dataset of {len(self.dataset)} records")
             return idx
         if self._blocks is not None:
-            order = block_order(self._blocks[0], len(self.dataset), seed=self.seed, epoch=epoch, window=self._blocks[1])
+            starts, shards, window = self._blocks
+            order = block_order(starts, len(self.dataset), seed=self.seed, epoch=epoch, window=window, groups=shards)
         else:
             order = epoch_order(len(self.dataset), shuffle=self.shuffle, seed=self.seed, epoch=epoch)
         order = order[offset:]

@@ -15,27 +15,38 @@ def epoch_order(num_samples, *, shuffle, seed, epoch):
     return np.random.default_rng([seed, epoch]).permutation(num_samples).astype(np.int64, copy=False)
 
 
-def block_order(block_starts, num_samples, *, seed, epoch, window):
+def block_order(block_starts, num_samples, *, seed, epoch, window, groups=None):
     """The global order of one epoch under a block shuffle over a sliding window of `window` blocks
-    (contiguous runs of samples: a WebDataset's shards). A pure function of (seed, epoch), like
-    epoch_order.
+    (contiguous runs of samples: a WebDataset's shards, or pieces of them). A pure function of
+    (seed, epoch), like epoch_order.
 
-    The blocks are permuted by (seed, epoch); block j of the permutation is spread at random over the
-    slots [max(0, j - K + 1), min(j + 1, N - K + 1)) of N - K + 1 slots (N blocks, K = min(window, N)),
-    so every slot mixes exactly K blocks and block j ends before block j + K begins: a reader never
-    holds more than K blocks at once. Fixed windows (K blocks, their samples permuted, then the next K)
-    need the same K blocks but give every window's first and last batches fewer blocks and let the
-    epoch end on a short remainder window: the last batches of an epoch of class-by-class shards then
-    hold a few classes, which a model trained on them forgets the others for
+    The permutation spreads each group's blocks (`groups[b]`: the shard block b is cut from; default:
+    every block its own group) evenly over the epoch: the i-th of a group's B blocks, in an order drawn
+    at random, takes a key in [i/B, (i+1)/B) from the group's random phase, and the blocks go in key
+    order. A window then holds about its share of every shard at any time: with shards written class by
+    class, classes keep their proportions through the epoch instead of drifting with a random draw of
+    blocks (a model trained at a constant rate follows the latest batches' proportions).
+
+    Block j of the permutation is spread at random over the slots [max(0, j - K + 1), min(j + 1, N - K
+    + 1)) of N - K + 1 slots (N blocks, K = min(window, N)), so every slot mixes exactly K blocks and
+    block j ends before block j + K begins: a reader never holds more than K blocks at once. Fixed windows
+    (K blocks, their samples permuted, then the next K) need the same K blocks but give every window's
+    first and last batches fewer blocks and let the epoch end on a short remainder window
     (benchmarks/shuffle_quality.py). Here only the first and the last slots lean on one block: blocks
     that are open for fewer slots there put more samples in each. K >= N is a full shuffle.
     """
     starts = np.asarray(block_starts, dtype=np.int64)
     sizes = np.append(starts[1:], num_samples) - starts
     n_blocks = len(starts)
+    groups = np.arange(n_blocks) if groups is None else np.asarray(groups, dtype=np.int64)
     k = max(1, min(int(window), n_blocks))
     rng = np.random.default_rng([seed, epoch, 1])  # not epoch_order's stream
-    blocks = rng.permutation(n_blocks)
+    _, groups, counts = np.unique(groups, return_inverse=True, return_counts=True)
+    by_group = np.lexsort((rng.random(n_blocks), groups))  # each group's blocks, in a random order
+    place = np.empty(n_blocks)
+    place[by_group] = np.arange(n_blocks) - np.repeat(np.cumsum(counts) - counts, counts)
+    keys = (place + rng.random(len(counts))[groups]) / counts[groups]
+    blocks = np.lexsort((rng.random(n_blocks), keys))
     j = np.arange(n_blocks, dtype=np.float64)
     first = np.maximum(0.0, j - k + 1)
     span = np.minimum(j + 1, n_blocks - k + 1) - first

@@ -43,7 +43,7 @@ class Resumable:
         return {
             "format": _STATE_FORMAT, "epoch": epoch, "batch": batch, "offset": offset,
             "num_samples": len(self.dataset), "batch_size": self.batch_size, "shuffle": self.shuffle,
-            "shuffle_window": self._blocks[1] if self._blocks is not None else None,
+            "shuffle_window": self._blocks[2] if self._blocks is not None else None,
             "seed": self.seed, "drop_last": self.drop_last, "rank": self.rank, "world_size": self.world_size,
             "shard_remainder": self.shard_remainder,
         }

@@ -317,8 +317,8 @@ class WebDataset(_Images):
         return dict((j, why) for j, _, why in self.bad).get(i, "its header could not be read")
 
     def _blocks(self):
-        """(the first sample of each block, the blocks' mean bytes): shuffle='blocks'."""
-        return self._block_starts, float(np.mean(self._block_bytes))
+        """(the first sample of each block, each block's shard, the blocks' mean bytes): shuffle='blocks'."""
+        return self._block_starts, self._block_shard, float(np.mean(self._block_bytes))
 
     def _mean_bytes(self):
         return float(self._sizes.mean())

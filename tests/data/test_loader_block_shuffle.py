@@ -65,6 +65,30 @@ def test_the_order_is_the_definitions(rng):
         assert not np.array_equal(order, block_order(starts, n, seed=4, epoch=3, window=window)) or n < 3
 
 
+def spread_evenly(sequence, groups):
+    """Whether, after every element of `sequence` (group ids), every group has had its share of its
+    elements within one element: |c_g/B_g - c_h/B_h| <= 1/B_g + 1/B_h for all groups g, h."""
+    total = np.bincount(groups)
+    seen = np.cumsum(np.eye(len(total))[sequence], axis=0) / total
+    return bool(np.all((seen - 1 / total).max(axis=1) <= (seen + 1 / total).min(axis=1) + 1e-12))
+
+
+def test_each_shards_blocks_are_spread_over_the_epoch(rng):
+    """Blocks cut from one shard (a group) are spread evenly through the epoch, so that a window holds
+    its share of every shard: the i-th of a group's B blocks lies in the i-th B-th of the permutation
+    (seen with a window of one block, where the order is the permutation)."""
+    groups = np.repeat(np.arange(8), rng.integers(1, 12, 8))
+    sizes = rng.integers(1, 6, len(groups))
+    starts = np.concatenate([[0], np.cumsum(sizes)[:-1]])
+    n = int(sizes.sum())
+    block_of = np.repeat(np.arange(len(groups)), sizes)
+    for epoch in range(4):
+        order = block_order(starts, n, seed=int(rng.integers(1 << 30)), epoch=epoch, window=1, groups=groups)
+        sequence = block_of[order][np.flatnonzero(np.diff(block_of[order], prepend=-1))]
+        assert sorted(sequence.tolist()) == list(range(len(groups)))  # each block once, whole
+        assert spread_evenly(groups[sequence], groups)
+
+
 def test_the_first_and_last_batches_mix_the_window(rng):
     """The window slides: the epoch's first and last batches mix several blocks (fixed windows of 5
     of 22 blocks end the epoch on a window of 2)."""
@@ -81,19 +105,19 @@ def test_the_first_and_last_batches_mix_the_window(rng):
 def test_batches_come_in_the_block_order_and_resume(shards):
     ds = fastpipe.WebDataset(shards)
     window = 3
-    starts, block_bytes = ds._blocks()
+    starts, shards_of, block_bytes = ds._blocks()
     assert len(starts) == len(shards)  # shards smaller than block_size: a block each
     kw = dict(batch_size=4, shuffle="blocks", shuffle_window=int(window * block_bytes) + 1, seed=11,
               transforms=TRANSFORM)
     ld = fastpipe.Loader(ds, **kw)
     for epoch in range(2):
-        want = block_order(starts, len(ds), seed=11, epoch=epoch, window=window)
+        want = block_order(starts, len(ds), seed=11, epoch=epoch, window=window, groups=shards_of)
         got = [ds.targets[i] for i in want]
         labels = np.concatenate([y.numpy().copy() for _, y in ld])
         np.testing.assert_array_equal(labels, got)
     assert ld.state_dict()["shuffle"] == "blocks" and ld.state_dict()["shuffle_window"] == window
     # Resume mid-epoch, with the same world and with another: the rest of the block order.
-    order = block_order(starts, len(ds), seed=11, epoch=0, window=window)
+    order = block_order(starts, len(ds), seed=11, epoch=0, window=window, groups=shards_of)
     a = fastpipe.Loader(ds, **kw, rank=0, world_size=2)
     it = iter(a)
     [next(it) for _ in range(3)]

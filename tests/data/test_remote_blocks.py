@@ -63,7 +63,7 @@ def test_a_dataset_larger_than_its_cache_streams_the_local_batches_in_blocks(fau
                              index_cache=tmp_path / "index", block_size=BLOCK)
     assert ds.fetch_stats["bytes_fetched"] == sum(len(b) for _, b in data)  # the index's: whole shards
     local = fastpipe.WebDataset(paths, index_cache="off", block_size=BLOCK)
-    starts, _ = ds._blocks()
+    starts, _, _ = ds._blocks()
     np.testing.assert_array_equal(starts, local._blocks()[0])
     reference = [r for _, blob in data for r in block_ranges(blob)]
     assert len(starts) == len(reference) > 2 * len(urls)

@@ -66,7 +66,8 @@ def test_a_dataset_larger_than_its_cache_streams_the_batches_local_shards_give(f
     again = fastpipe.WebDataset(urls, **dict(opts, cache_dir=tmp_path / "new"))
     assert again.fetch_stats["bytes_fetched"] == 0 and again.fetch_stats["requests"] == len(urls)  # HEADs
     ld = loader(again, **window)
-    order = block_order(again._blocks()[0], len(again), seed=window["seed"], epoch=0, window=ld._blocks[1])
+    starts, groups, _ = again._blocks()
+    order = block_order(starts, len(again), seed=window["seed"], epoch=0, window=ld._blocks[2], groups=groups)
     first_shards = set(again._shard_of[order[:3]].tolist())
     for k, (name, blob) in enumerate(data):
         if k not in first_shards:
