@@ -28,6 +28,7 @@ struct ShardStream::Shard {
   int pins = 0;                          // open() sources alive, and pin()s
   int64_t reads_left = 0;                // records the planned pass has yet to read
   int64_t rank = kNotPlanned;            // its place in the plan
+  int64_t next_rank = kNotPlanned;       // its place among the next pass's first shards
   int64_t last_use = 0;
   bool present = false;                  // complete in the cache, as far as this stream knows
   bool demanded = false;                 // a reader waits for it
@@ -153,23 +154,32 @@ std::vector<std::string> ShardStream::paths() const {
   return out;
 }
 
-void ShardStream::plan(const std::vector<int32_t>& order, const std::vector<int64_t>& reads) {
+void ShardStream::plan(const std::vector<int32_t>& order, const std::vector<int64_t>& reads,
+                       const std::vector<int32_t>& next) {
   check_process();
   FP_CHECK_VALUE(reads.size() == shards_.size(), "a stream's plan needs one read count per shard");
+  for (const auto* list : {&order, &next})
+    for (int32_t k : *list)
+      FP_CHECK_VALUE(k >= 0 && size_t(k) < shards_.size(), "a stream's plan names shard " + std::to_string(k) +
+                                                               " of " + std::to_string(shards_.size()));
   std::lock_guard<std::mutex> lk(mu_);
   for (size_t k = 0; k < shards_.size(); ++k) {
-    shards_[k].rank = kNotPlanned;
+    shards_[k].rank = shards_[k].next_rank = kNotPlanned;
     shards_[k].reads_left = std::max<int64_t>(0, reads[k]);
     shards_[k].seen = false;
   }
   plan_.clear();
+  next_.clear();
   last_open_ = Clock::now();  // a new pass: its readers have not started
   for (int32_t k : order) {
-    FP_CHECK_VALUE(k >= 0 && size_t(k) < shards_.size(), "a stream's plan names shard " + std::to_string(k) +
-                                                             " of " + std::to_string(shards_.size()));
     if (shards_[k].rank != kNotPlanned) continue;
     shards_[k].rank = int64_t(plan_.size());
     plan_.push_back(k);
+  }
+  for (int32_t k : next) {
+    if (shards_[k].next_rank != kNotPlanned) continue;
+    shards_[k].next_rank = int64_t(next_.size());
+    next_.push_back(k);
   }
   fetch_cv_.notify_one();
 }
@@ -303,18 +313,21 @@ StreamStats ShardStream::stats() const {
 }
 
 // Evicts (others' files first, least recently staged first; then this stream's shards that the plan reads
-// no more, least recently used first; then those it reads after k, latest first; and for a shard a reader
-// waits for while no reader has opened anything for 5 s, any not being read, latest first: a window
-// larger than the cache, or reads the plan did not foresee, refetch but never stop) until k's `size` fits.
-// Readers crossing from one window to the next wait for the new window's shards rather than evict the
-// old window's last ones, which would be fetched again.
+// no more, those the next pass does not begin with first, least recently used first, then the next pass's
+// latest first; then those it reads after k, latest first; and for a shard a reader waits for while no
+// reader has opened anything for 5 s, any not being read, latest first: a window larger than the cache,
+// or reads the plan did not foresee, refetch but never stop) until k's `size` fits. Readers crossing from
+// one window to the next wait for the new window's shards rather than evict the old window's last ones,
+// which would be fetched again. A shard fetched for the next pass takes only room this pass no longer
+// needs, and none from the next pass's earlier shards.
 bool ShardStream::make_room_for(int32_t k, int64_t size, std::vector<CacheFile>& files, int64_t& used) {
   const auto& ours = shard_of_file_;
   const int64_t rank = shards_[k].rank;
+  const bool for_next = shards_[k].reads_left == 0 && !shards_[k].demanded;
   const bool stuck = shards_[k].demanded && Clock::now() - last_open_ > kStuck;
   while (used + size > limit_) {
     size_t best = files.size();
-    int tier_best = 4;
+    int tier_best = 5;
     int64_t key_best = 0;
     for (size_t f = 0; f < files.size(); ++f) {
       const auto it = ours.find(files[f].file);
@@ -325,10 +338,12 @@ bool ShardStream::make_room_for(int32_t k, int64_t size, std::vector<CacheFile>&
       } else {
         const Shard& s = shards_[it->second];
         if (it->second == k || s.pins > 0 || s.demanded) continue;
-        if (s.reads_left == 0) tier = 1, key = s.last_use;
-        else if (s.rank > rank) tier = 2, key = -s.rank;
-        else if (stuck) tier = 3, key = -s.rank;
+        if (s.reads_left == 0 && s.next_rank == kNotPlanned) tier = 1, key = s.last_use;
+        else if (s.reads_left == 0) tier = 2, key = -s.next_rank;
+        else if (s.rank > rank) tier = 3, key = -s.rank;
+        else if (stuck) tier = 4, key = -s.rank;
         else continue;
+        if (for_next && (tier > 2 || (tier == 2 && s.next_rank < shards_[k].next_rank))) continue;
       }
       if (tier < tier_best || (tier == tier_best && key < key_best)) best = f, tier_best = tier, key_best = key;
     }
@@ -358,6 +373,7 @@ std::vector<int32_t> ShardStream::choose_batch() {
   for (int32_t k : demanded_) want(k);
   for (int32_t k : plan_)
     if (shards_[k].reads_left > 0) want(k);
+  for (int32_t k : next_) want(k);  // after every shard of this pass: room this pass does not need
   std::vector<int32_t> batch;
   std::vector<CacheFile> files;
   int64_t used = 0, bytes = 0;

@@ -56,8 +56,11 @@ class ShardStream final : public ShardOpener {
   int64_t limit() const { return limit_; }
 
   // The coming pass reads shards in `order` (each once: the order of their first records) and reads[k]
-  // records of shard k (order and reads index the objects). Replaces the previous plan.
-  void plan(const std::vector<int32_t>& order, const std::vector<int64_t>& reads);
+  // records of shard k (order and reads index the objects); the pass after it begins with `next` (its
+  // shards in the same sense), fetched while room is left that this pass's shards do not need, so that
+  // the next pass does not start by waiting. Replaces the previous plan.
+  void plan(const std::vector<int32_t>& order, const std::vector<int64_t>& reads,
+            const std::vector<int32_t>& next = {});
 
   // Brings shards `ks` into the cache and keeps them there until unpin(ks) (the index reads them by path).
   void pin(const std::vector<int32_t>& ks, FunctionRef<void()> check);
@@ -103,6 +106,7 @@ class ShardStream final : public ShardOpener {
   std::vector<Shard> shards_;
   std::deque<int32_t> demanded_;      // shards readers wait for, first asked first
   std::vector<int32_t> plan_;
+  std::vector<int32_t> next_;  // the next pass's first shards
   int64_t clock_ = 0;
   std::chrono::steady_clock::time_point last_open_;  // a reader's latest open()
   int waiting_ = 0;                                   // readers waiting for a shard now

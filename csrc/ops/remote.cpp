@@ -117,7 +117,8 @@ void bind_remote(py::module& m) {
       .def_property_readonly("limit", &ShardStream::limit)
       .def("blocks", &ShardStream::blocks, py::arg("shard"), py::arg("begin"), py::arg("end"),
            py::call_guard<py::gil_scoped_release>())
-      .def("plan", &ShardStream::plan, py::arg("order"), py::arg("reads"), py::call_guard<py::gil_scoped_release>())
+      .def("plan", &ShardStream::plan, py::arg("order"), py::arg("reads"), py::arg("next") = std::vector<int32_t>{},
+           py::call_guard<py::gil_scoped_release>())
       .def(
           "pin",
           [](ShardStream& s, const std::vector<int32_t>& ks) {

@@ -346,8 +346,9 @@ class Loader(Resumable):
         indices = self._indices(epoch, offset)[skip * self.batch_size:]
         it._resumed, self._resume = self._resume, None
         self.epoch = epoch + 1
-        if hasattr(self.dataset, "_plan"):  # remote shards: fetched ahead in this pass's order
-            self.dataset._plan(indices)
+        if hasattr(self.dataset, "_plan"):  # remote shards: fetched ahead in this pass's order, then the next's
+            following = None if self._sampler is not None else lambda: self._indices(epoch + 1)
+            self.dataset._plan(indices, following)
         self._reader.start(indices, self.drop_last, epoch % (1 << 64), self._timeout)
         it.epoch, it.position, it._start_position, it._stale, it.offset = epoch, skip, skip, False, offset
 

@@ -277,14 +277,20 @@ class WebDataset(_Images):
         self._unit_of, self._unit_bytes = self._shard_of, np.asarray(self._shard_sizes, dtype=np.int64)
         return self.urls, self._shard_of, offsets
 
-    def _plan(self, indices):
-        """A pass reads ``indices``: the stream fetches their shards (blocks) ahead in that order."""
+    def _plan(self, indices, following=None):
+        """A pass reads ``indices``: the stream fetches their shards (blocks) ahead in that order, and then,
+        with room left, the first ones of the next pass (``following()``: its indices; None: unknown)."""
         if self._stream is None:
             return
+
+        def first_use(units):
+            found, first = np.unique(units, return_index=True)
+            return found[np.argsort(first)].astype(np.int32)
+
         units = self._unit_of[indices]
-        found, first = np.unique(units, return_index=True)
         reads = np.bincount(units, minlength=len(self._unit_bytes))
-        self._stream.plan(found[np.argsort(first)].astype(np.int32), reads.astype(np.int64))
+        after = first_use(self._unit_of[following()]) if following is not None else np.zeros(0, np.int32)
+        self._stream.plan(first_use(units), reads.astype(np.int64), after)
 
     def _check_order(self, shuffle, shuffle_window, window_blocks):
         """A Loader's order must fit the cache: a shard per sample (shuffle=True) or a window of blocks
