@@ -9,7 +9,8 @@ _STATE_FORMAT = "fastpipe.Loader/1"
 # Not the rank: every rank is at the same batch, so one rank's state resumes them all (Lightning
 # checkpoints rank 0's and hands it to every rank). Not the world size: another one resumes the rest of
 # the epoch split over its ranks (load_state_dict).
-_STATE_IDENTITY = ("num_samples", "batch_size", "shuffle", "shuffle_window", "seed", "drop_last", "shard_remainder")
+_STATE_IDENTITY = ("num_samples", "batch_size", "shuffle", "blocks", "shuffle_window", "seed", "drop_last",
+                   "shard_remainder")
 
 
 class Resumable:
@@ -43,6 +44,7 @@ class Resumable:
         return {
             "format": _STATE_FORMAT, "epoch": epoch, "batch": batch, "offset": offset,
             "num_samples": len(self.dataset), "batch_size": self.batch_size, "shuffle": self.shuffle,
+            "blocks": len(self._blocks[0]) if self._blocks is not None else None,
             "shuffle_window": self._blocks[2] if self._blocks is not None else None,
             "seed": self.seed, "drop_last": self.drop_last, "rank": self.rank, "world_size": self.world_size,
             "shard_remainder": self.shard_remainder,

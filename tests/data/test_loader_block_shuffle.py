@@ -132,6 +132,8 @@ def test_batches_come_in_the_block_order_and_resume(shards):
         np.testing.assert_array_equal(got, want)
     with pytest.raises(ValueError, match="shuffle_window"):
         fastpipe.Loader(ds, **{**kw, "shuffle_window": int(5 * block_bytes)}).load_state_dict(state)
+    with pytest.raises(ValueError, match=f"saved with blocks={len(starts)} but this loader has blocks={len(ds)}"):
+        fastpipe.Loader(fastpipe.WebDataset(shards, block_size=1), **kw).load_state_dict(state)
 
 
 def test_a_window_of_every_shard_mixes_classes_as_a_full_shuffle(shards):
