@@ -34,7 +34,10 @@ def run(args, world=WORLD, timeout=120):
     cmd = [*(launch if world > 1 else [sys.executable]), str(SCRIPT), "--batch-size", str(BATCH),
            "--workers", "2", "--print-every", "4", *map(str, args)]
     env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_PORT")}
-    env.update(OMP_NUM_THREADS="1", PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")])))
+    # PYTHONFAULTHANDLER: a rank that aborts (once seen at exit: "terminate called without an active
+    # exception") prints every thread's Python stack, so that the failure says where each one was.
+    env.update(OMP_NUM_THREADS="1", PYTHONFAULTHANDLER="1",
+               PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")])))
     # Its own session, so that a hang kills torchrun's workers too, not only torchrun.
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
                             start_new_session=True)
