@@ -348,7 +348,7 @@ class Loader(Resumable):
         self.epoch = epoch + 1
         if hasattr(self.dataset, "_plan"):  # remote shards: fetched ahead in this pass's order, then the next's
             following = None if self._sampler is not None else lambda: self._indices(epoch + 1)
-            self.dataset._plan(indices, following)
+            self.dataset._plan(indices, following, self._blocks[2] if self._blocks is not None else 1)
         self._reader.start(indices, self.drop_last, epoch % (1 << 64), self._timeout)
         it.epoch, it.position, it._start_position, it._stale, it.offset = epoch, skip, skip, False, offset
 

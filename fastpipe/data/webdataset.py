@@ -277,9 +277,10 @@ class WebDataset(_Images):
         self._unit_of, self._unit_bytes = self._shard_of, np.asarray(self._shard_sizes, dtype=np.int64)
         return self.urls, self._shard_of, offsets
 
-    def _plan(self, indices, following=None):
+    def _plan(self, indices, following=None, ahead=1):
         """A pass reads ``indices``: the stream fetches their shards (blocks) ahead in that order, and then,
-        with room left, the first ones of the next pass (``following()``: its indices; None: unknown)."""
+        with room left, the next pass's first ``ahead`` (its first window: what it starts by reading;
+        ``following()``: its indices; None: unknown). No more: after a run's last epoch they are wasted."""
         if self._stream is None:
             return
 
@@ -289,7 +290,7 @@ class WebDataset(_Images):
 
         units = self._unit_of[indices]
         reads = np.bincount(units, minlength=len(self._unit_bytes))
-        after = first_use(self._unit_of[following()]) if following is not None else np.zeros(0, np.int32)
+        after = first_use(self._unit_of[following()])[:ahead] if following is not None else np.zeros(0, np.int32)
         self._stream.plan(first_use(units), reads.astype(np.int64), after)
 
     def _check_order(self, shuffle, shuffle_window, window_blocks):
