@@ -133,11 +133,10 @@ class WebDataset(_Images):
         it: fetched ahead in the order each pass reads them, as far as the limit allows; other datasets'
         files evicted first (least recently staged first), then this dataset's shards the pass reads no
         more, then those it reads latest. A dataset larger than the limit streams in blocks (see
-        ``block_size``; whole shards from a server that does not take ranges), needs ``shuffle="blocks"`` (or
-        no shuffle) with a ``shuffle_window`` that fits in it (a block to spare lets the next one arrive
-        while the window is read), and is fetched again
-        each epoch; one that fits is fetched once and read from the cache from then on. Default: no limit
-        but the disk's free space.
+        ``block_size``; whole shards from a server that does not take ranges), needs ``shuffle="blocks"``
+        (or no shuffle) with a ``shuffle_window`` that fits in it (a block to spare lets the next one
+        arrive while the window is read), and is fetched again each epoch; one that fits is fetched once
+        and read from the cache from then on. Default: no limit but the disk's free space.
     block_size : int or str
         Shards are cut into blocks of whole samples, those whose images start in one ``block_size``-aligned
         stretch of the shard (``"16MiB"``; a shard smaller than that is one block): the unit that
