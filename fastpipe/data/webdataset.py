@@ -15,6 +15,7 @@ from fastpipe import _checks as checks
 from fastpipe._ext import _C
 from fastpipe.data import image_index, remote, webdataset_index
 from fastpipe.data.images import DEFAULT_MAX_RECORD_BYTES, _Images
+from fastpipe.data.webdataset_blocks import Blocks, first_use
 
 _NUMBERS = re.compile(r"(-?\d+)\.\.(-?\d+)(?:\.\.(-?\d+))?")
 _LETTERS = re.compile(r"([a-zA-Z])\.\.([a-zA-Z])(?:\.\.(-?\d+))?")
@@ -246,33 +247,24 @@ class WebDataset(_Images):
         return {k: v + self._fetched_whole.get(k, 0) for k, v in self._stream.stats().items()}
 
     def _split_into_blocks(self, offsets):
-        """Cuts the shards into blocks of whole samples, those whose images start in one block_size-aligned
-        stretch of their shard: the unit of shuffle='blocks', and of the transfer and the cache where a
-        remote dataset is larger than its cache (a window of blocks then mixes many shards in the bytes
+        """Cuts the shards into blocks (webdataset_blocks.py); where a remote dataset is larger than its
+        cache, the stream then fetches and caches blocks (a window of blocks mixes many shards in the bytes
         of a few). Returns what the image source reads by: (names, the unit of each sample, the offsets in
         the units)."""
         offsets = np.asarray(offsets, dtype=np.int64)
-        ends = offsets + self._sizes
         limit = self._stream.limit if self._stream is not None else -1
         too_large = 0 <= limit < sum(self._shard_sizes)
-        if too_large and not all(self._stream.ranges):  # a block would cost its whole shard's transfer
-            cut = np.diff(self._shard_of, prepend=-1) != 0
-        else:
-            cut = (np.diff(self._shard_of, prepend=-1) != 0) | (np.diff(offsets // self.block_size, prepend=-1) != 0)
-        starts = np.flatnonzero(cut).astype(np.int64)
-        self._block_of = np.cumsum(cut) - 1
-        begin, end = offsets[starts], np.maximum.reduceat(ends, starts)
-        self._block_shard = self._shard_of[starts]
-        self._block_bytes = end - begin
-        self._block_starts = starts
+        # Without ranges a block would cost its whole shard's transfer.
+        self._shard_blocks = Blocks(self._shard_of, offsets, self._sizes, self.block_size,
+                               whole_shards=too_large and not all(self._stream.ranges))
+        blocks = self._shard_blocks
         self._fetched_whole = {}  # the counters of the shards' stream, when blocks replace it
-        if too_large and len(starts) > len(self.urls):
+        if too_large and len(blocks) > len(self.urls):
             self._fetched_whole = self._stream.stats()
-            self._stream = self._stream.blocks(self._block_shard.astype(np.int32).tolist(), begin.tolist(),
-                                               end.tolist())
-            self._unit_of, self._unit_bytes = self._block_of, self._block_bytes
-            return ([self.urls[k] for k in self._block_shard], self._block_of,
-                    offsets - begin[self._block_of])
+            self._stream = self._stream.blocks(blocks.shard.astype(np.int32).tolist(), blocks.begin.tolist(),
+                                               blocks.end.tolist())
+            self._unit_of, self._unit_bytes = blocks.of, blocks.bytes
+            return [self.urls[k] for k in blocks.shard], blocks.of, offsets - blocks.begin[blocks.of]
         self._unit_of, self._unit_bytes = self._shard_of, np.asarray(self._shard_sizes, dtype=np.int64)
         return self.urls, self._shard_of, offsets
 
@@ -282,11 +274,6 @@ class WebDataset(_Images):
         ``following()``: its indices; None: unknown). No more: after a run's last epoch they are wasted."""
         if self._stream is None:
             return
-
-        def first_use(units):
-            found, first = np.unique(units, return_index=True)
-            return found[np.argsort(first)].astype(np.int32)
-
         units = self._unit_of[indices]
         reads = np.bincount(units, minlength=len(self._unit_bytes))
         after = first_use(self._unit_of[following()])[:ahead] if following is not None else np.zeros(0, np.int32)
@@ -324,7 +311,7 @@ class WebDataset(_Images):
 
     def _blocks(self):
         """(the first sample of each block, each block's shard, the blocks' mean bytes): shuffle='blocks'."""
-        return self._block_starts, self._block_shard, float(np.mean(self._block_bytes))
+        return self._shard_blocks.starts, self._shard_blocks.shard, float(np.mean(self._shard_blocks.bytes))
 
     def _mean_bytes(self):
         return float(self._sizes.mean())

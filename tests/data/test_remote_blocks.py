@@ -107,7 +107,7 @@ def test_the_next_epochs_first_blocks_arrive_before_it_starts(faulty, tmp_path, 
     order = block_order(starts, len(ds), seed=window["seed"], epoch=1, window=ld._blocks[2], groups=groups)
     reference = [(name, r) for name, blob in data for r in block_ranges(blob)]
     wanted = {f"{reference[b][0]}__bytes_{reference[b][1][0]}-{reference[b][1][1] - 1}_"
-              for b in np.unique(ds._block_of[order[:3]])}
+              for b in np.unique(ds._shard_blocks.of[order[:3]])}
     deadline = time.monotonic() + 30
     while not all(any(n.endswith(w) for n in os.listdir(cache)) for w in wanted):  # fetched by the stream's thread
         assert time.monotonic() < deadline, f"epoch 1's first blocks {sorted(wanted)} were not fetched ahead"
