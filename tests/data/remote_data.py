@@ -3,6 +3,8 @@ test_remote_blocks.py)."""
 
 import os
 
+import numpy as np
+
 import fastpipe
 from fastpipe.transforms import RandomResizedCrop
 
@@ -52,3 +54,20 @@ def cached_bytes(cache):
 def loader(ds, **kw):
     kw = dict(dict(timeout=60, num_threads=2), **kw)
     return fastpipe.Loader(ds, batch_size=3, transforms={0: RandomResizedCrop(20, dct_scaling=False)}, **kw)
+
+
+def epochs_as_local(ds, ours, theirs, cache, limit, epochs=2, each_batch=None):
+    """Reads `epochs` epochs of Loader `ours` (over remote `ds`) beside `theirs` (the same shards on local
+    disk): every batch equal, the cache never over `limit` after any (then `each_batch()`). Returns the
+    bytes each epoch fetched."""
+    fetched = []
+    for _ in range(epochs):
+        before = ds.fetch_stats["bytes_fetched"]
+        for (x, y), (rx, ry) in zip(ours, theirs, strict=True):
+            np.testing.assert_array_equal(y.numpy(), ry.numpy())
+            np.testing.assert_array_equal(x.numpy(), rx.numpy())
+            assert cached_bytes(cache) <= limit
+            if each_batch:
+                each_batch()
+        fetched.append(ds.fetch_stats["bytes_fetched"] - before)
+    return fetched

@@ -19,7 +19,7 @@ from fastpipe.data import webdataset_index
 from fastpipe.data.order import block_order
 
 from jpegs import jpeg_bytes, picture
-from remote_data import cached_bytes, loader, served, shards
+from remote_data import cached_bytes, epochs_as_local, loader, served, shards
 from servers import FAST
 from tar_files import tar_bytes
 
@@ -43,13 +43,7 @@ def test_a_dataset_larger_than_its_cache_streams_the_batches_local_shards_give(f
     assert ds.targets == local.targets
     window = dict(shuffle="blocks", shuffle_window=largest // 2, seed=int(rng.integers(1 << 30)))
     ours, theirs = loader(ds, **window), loader(local, **window)
-    for epoch in range(2):
-        before = ds.fetch_stats["bytes_fetched"]
-        for (x, y), (rx, ry) in zip(ours, theirs, strict=True):
-            np.testing.assert_array_equal(y.numpy(), ry.numpy())
-            np.testing.assert_array_equal(x.numpy(), rx.numpy())
-            assert cached_bytes(cache) <= limit
-        fetched = ds.fetch_stats["bytes_fetched"] - before
+    for epoch, fetched in enumerate(epochs_as_local(ds, ours, theirs, cache, limit)):
         # Each shard about once an epoch (those the cache still held from before, not at all; the next
         # epoch's first ones ahead of it, at most a cache-full), and the ones read earliest no more once
         # the cache is full: more than the limit was evicted.
