@@ -8,6 +8,7 @@
 #include <utility>
 
 #include "core/error.h"
+#include "core/object_blocks.h"
 
 namespace fastpipe {
 namespace {
@@ -103,26 +104,9 @@ void ShardStream::start() {
 std::shared_ptr<ShardStream> ShardStream::blocks(const std::vector<int32_t>& shard, const std::vector<int64_t>& begin,
                                                  const std::vector<int64_t>& end) const {
   check_process();
-  FP_CHECK_VALUE(shard.size() == begin.size() && shard.size() == end.size(),
-                 "blocks need a shard, a begin and an end each");
-  std::vector<RemoteObject> objects;
-  std::vector<ObjectInfo> infos;
-  for (size_t b = 0; b < shard.size(); ++b) {
-    FP_CHECK_VALUE(shard[b] >= 0 && size_t(shard[b]) < objects_.size(),
-                   "block " + std::to_string(b) + " names shard " + std::to_string(shard[b]));
-    const RemoteObject& o = objects_[shard[b]];
-    const ObjectInfo& info = infos_[shard[b]];
-    FP_CHECK_VALUE(0 <= begin[b] && begin[b] < end[b] && end[b] <= info.size,
-                   "block " + std::to_string(b) + " of '" + o.name + "' is bytes [" + std::to_string(begin[b]) + ", " +
-                       std::to_string(end[b]) + "), outside its " + std::to_string(info.size) + " bytes");
-    RemoteObject block = o;
-    block.name = o.name + " (bytes " + std::to_string(begin[b]) + "-" + std::to_string(end[b] - 1) + ")";
-    block.offset = begin[b];
-    block.object_size = info.size;
-    objects.push_back(std::move(block));
-    infos.push_back({end[b] - begin[b], info.etag, info.ranges});
-  }
-  return std::shared_ptr<ShardStream>(new ShardStream(std::move(objects), std::move(infos), auth_, options_, dir_, limit_));
+  ObjectBlocks b = object_blocks(objects_, infos_, shard, begin, end);
+  return std::shared_ptr<ShardStream>(
+      new ShardStream(std::move(b.objects), std::move(b.infos), auth_, options_, dir_, limit_));
 }
 
 ShardStream::~ShardStream() {
