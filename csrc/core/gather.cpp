@@ -35,7 +35,10 @@ constexpr int64_t kImageChunk = 4;
 // O_DIRECT reads go through a per-thread bounce buffer of at least this size.
 constexpr int64_t kBounceBytes = 4 << 20;
 // Default read-ahead: about this many bytes of batches, between kMinPrefetch and kMaxPrefetch batches.
-constexpr int64_t kPrefetchBytes = 4 << 20;
+// On 2 cores one reader shares its core with the training loop and falls behind the other, whose
+// chunks then run ahead by the read-ahead's depth before it waits: 8 MiB rather than 4 kept both
+// readers busy (+5-10% CIFAR-like records alone, +18% token windows; issue 41).
+constexpr int64_t kPrefetchBytes = 8 << 20;
 constexpr int64_t kMinPrefetch = 2;
 constexpr int64_t kMaxPrefetch = 16;
 // Page-cache warm-up step: about one read-ahead window per posix_fadvise call.

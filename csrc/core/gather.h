@@ -47,7 +47,7 @@ IoMode choose_mode(IoMode io, int64_t record_bytes, int64_t total_data_bytes, in
 // but the training loop's (at least 2); at least 16 when a column is read with O_DIRECT (its threads
 // mostly wait on the device).
 int default_num_threads(long cores, bool any_direct, bool decodes);
-// Batches read ahead when none are asked for: about 4 MiB of batches, 2 to 16 (small batches need a
+// Batches read ahead when none are asked for: about 8 MiB of batches, 2 to 16 (small batches need a
 // deeper queue to keep the readers busy between the training loop's requests).
 int default_prefetch(int64_t batch_bytes);
 // Records per work item (chunk) of a batch; `decodes`: records are images to decode (milliseconds each,

@@ -83,7 +83,7 @@ class Loader(Resumable):
         ``["reader_cores"]`` show it.
     prefetch : int, optional
         Batches read ahead of the training loop (>= 1). The arena holds ``prefetch + 2`` batches.
-        Default: enough batches for about 4 MiB of read-ahead, between 2 and 16 (small batches need a
+        Default: enough batches for about 8 MiB of read-ahead, between 2 and 16 (small batches need a
         deeper queue to keep the readers busy between the training loop's requests).
     rank, world_size : int, optional
         Distributed shard; default to torch.distributed's when it is initialised.

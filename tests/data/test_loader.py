@@ -348,19 +348,19 @@ def test_default_thread_policy(cores, direct, decodes, threads):
     assert fastpipe._C._default_num_threads(cores, direct, decodes) == threads
 
 
-@pytest.mark.parametrize("batch_bytes,prefetch", [(0, 16), (44, 16), (262144, 16), (262145, 16), (279621, 15),
-                                                   (528384, 8), (1 << 22, 2), (3 << 20, 2), (1 << 40, 2)])
+@pytest.mark.parametrize("batch_bytes,prefetch", [(0, 16), (44, 16), (524288, 16), (524289, 16), (559240, 16),
+                                                   (559241, 15), (1052672, 8), (3 << 20, 3), (1 << 23, 2), (1 << 40, 2)])
 def test_default_prefetch_policy(batch_bytes, prefetch):
-    """About 4 MiB of batches read ahead, 2 to 16 batches."""
+    """About 8 MiB of batches read ahead, 2 to 16 batches."""
     assert fastpipe._C._default_prefetch(batch_bytes) == prefetch
 
 
 def test_default_threads_and_prefetch(dataset_factory, fp):
-    """Without num_threads (records that do not decode): the usable cores (2 to 8); without prefetch: about 4 MiB of batches read
+    """Without num_threads (records that do not decode): the usable cores (2 to 8); without prefetch: about 8 MiB of batches read
     ahead, 2 to 16 batches, so the arena holds prefetch + 2."""
     cores = len(os.sched_getaffinity(0))
-    # batch bytes 44 (16: the cap), 528 KB (ceil 7.9), 3.1 MB (2: the floor), 341 KB (ceil 12.3)
-    for record, batch, prefetch in [((3,), 4, 16), ((1 << 10,), 512, 8), ((1 << 20,), 3, 2), ((333,), 1000, 13)]:
+    # batch bytes 44 (16: the cap), 1.05 MB (ceil 7.97), 9.4 MB (2: the floor), 682 KB (ceil 12.3)
+    for record, batch, prefetch in [((3,), 4, 16), ((1 << 11,), 512, 8), ((1 << 20,), 9, 2), ((333,), 2000, 13)]:
         ds, _, _ = dataset_factory(8, {"x": ("uint8", record)})  # records of idx (8 B) + x
         ld = fp.loader(ds, batch)
         st = ld.stats()
