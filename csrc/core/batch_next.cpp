@@ -142,6 +142,41 @@ void BatchReader::fill_in_next_locked(std::unique_lock<std::mutex>& lk) {
   slot.state = SlotState::kReady;
 }
 
+// With the lock held, while next() waits for its batch: reads the next chunk no reader has taken, as
+// a reader would, instead of sleeping. On a VM a sleeping consumer wakes tens of microseconds after its
+// batch is ready (longer than a small batch takes to read), and its core idles meanwhile; reading, it
+// comes back to its batch without a wake-up (issue 41). `any_batch`: a chunk of a later batch too, not
+// only of the one it waits for. Returns false, with nothing done, when no such chunk is free to take
+// (the readers have taken them), the readers are held or paused, or a read may wait for a remote shard.
+bool BatchReader::help_locked(std::unique_lock<std::mutex>& lk, bool any_batch) {
+  ReaderState& st = *state_;
+  if (st.opt.gather == GatherIn::kNext || st.readers_paused || st.streams ||
+      st.hold_reads.load(std::memory_order_relaxed) || !st.has_work() || (!any_batch && st.next_batch != st.consumed))
+    return false;
+  const WorkItem w = take_chunk_locked(st, -1);
+  std::unique_ptr<ThreadBuffers> tb = std::move(st.consumer_buffers);
+  lk.unlock();
+  std::exception_ptr err;
+  int64_t bytes = 0;
+  const int64_t cpu0 = thread_cpu_ns();
+  const auto t0 = Clock::now();
+  try {
+    if (!tb) tb = std::make_unique<ThreadBuffers>(thread_buffers(st.columns, st.chunk_records));
+    trace::Range range("fastpipe::loader.read");
+    read_chunk(st, w, *tb, &bytes);
+  } catch (...) {
+    err = std::current_exception();
+  }
+  st.read_ns += std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now() - t0).count();
+  st.helped_cpu_ns += thread_cpu_ns() - cpu0;
+  if (!err) st.bytes_read += bytes;
+  lk.lock();
+  st.consumer_buffers = std::move(tb);
+  ++st.helped_chunks;
+  if (finish_chunk_locked(st, w, err)) st.ready_cv.notify_all();  // another thread may be in next() too
+  return true;
+}
+
 std::shared_ptr<Lease> BatchReader::try_next(bool* end) {
   check_usable();
   ReaderState& st = *state_;
@@ -165,7 +200,7 @@ bool BatchReader::gather_in_next_locked() {
   if (st.batches_out == policy_batch_) return st.readers_paused;
   policy_batch_ = st.batches_out;
   const int forced = st.forced_gather.load(std::memory_order_relaxed);
-  const bool in_next = forced >= 0 ? forced != 0 : policy_->on_batch(Clock::now());
+  const bool in_next = forced >= 0 ? forced != 0 : policy_->on_batch(Clock::now(), st.helped_cpu_ns.load());
   if (in_next != st.readers_paused) {
     st.readers_paused = in_next;
     st.spare_cpu = -1;  // paused, they read nothing; the next batch taken places them again
@@ -215,8 +250,13 @@ std::shared_ptr<Lease> BatchReader::next(double timeout_s, const std::function<v
                     "create the Loader with a larger prefetch (slots = prefetch + 2), or use when_full='allocate'.");
   }
   if (in_next && can_fill_in_next_locked()) fill_in_next_locked(lk);
+  // Readers that keep off the consumer's core keep up without it: a wait is one batch's stall, and a
+  // chunk of a later batch read here would only delay the step. Readers that take every core are
+  // behind, and next() reads whichever chunk comes next (help_locked).
+  bool help_any = true;
   if (!ready_locked()) {
     ++st.waits;
+    help_any = st.spare_cpu < 0;
     // While the consumer waits its core is free: the chunks readers take meanwhile may run there (the
     // first batches of a pass, a slow one). Taking the batch places them again.
     if (st.forced_spare.load(std::memory_order_relaxed) < 0) st.spare_cpu = -1;
@@ -226,6 +266,7 @@ std::shared_ptr<Lease> BatchReader::next(double timeout_s, const std::function<v
       fill_in_next_locked(lk);
       continue;
     }
+    if (help_locked(lk, help_any)) continue;
     const double waited = seconds_since(t0);
     if (timeout_s >= 0 && waited >= timeout_s) {
       st.wait_s += waited;

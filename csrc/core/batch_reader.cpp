@@ -130,6 +130,7 @@ BatchReader::BatchReader(std::vector<ColumnSpec> columns, ReaderOptions opt) : o
     if (c.source && !c.source->fallback_reason().empty())
       st->warnings.push_back("'" + c.spec.path + "': io='direct' unavailable, " + c.source->fallback_reason() +
                              "; using buffered reads");
+    st->streams |= c.spec.image && c.spec.image->source && c.spec.image->source->stream;
     c.first_output = static_cast<int>(st->outputs.size());
     for (int k = 0; k < c.num_outputs(); ++k) {
       st->outputs.push_back({offset, c.output_record_bytes(k)});
@@ -299,6 +300,7 @@ ReaderStats BatchReader::stats() const {
   s.waits = st.waits;
   s.overflow_batches = st.overflow_batches;
   s.next_batches = st.next_batches;
+  s.helped_chunks = st.helped_chunks;
   s.gathering_in_next = st.opt.gather == GatherIn::kNext || st.readers_paused;
   if (policy_ && policy_->last_step_cores() >= 0) s.step_cores = policy_->last_step_cores();
   if (st.spare_cpu >= 0) s.spare_cpu = st.spare_cpu;

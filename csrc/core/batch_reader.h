@@ -73,6 +73,7 @@ struct ReaderOptions : ReaderConfig {
   X(int64_t, waits)            /* next() calls that found no batch ready and waited */                             \
   X(int64_t, overflow_batches) /* read outside the arena because every slot was held */                            \
   X(int64_t, next_batches)     /* read by next() itself (GatherIn::kNext, or kAuto's busy steps) */                \
+  X(int64_t, helped_chunks)    /* chunks next() read while it waited for the readers (BatchReader::help_locked) */\
   X(bool, gathering_in_next)   /* where the next batches are read now */                                           \
   X(std::optional<double>, step_cores) /* GatherIn::kAuto: cores the step used in the last window */               \
   /* Where the readers run (reader_placement.h): the core they keep off now, the batches taken while they */       \
@@ -177,6 +178,7 @@ class BatchReader {
   std::shared_ptr<Lease> read_overflow_locked(std::unique_lock<std::mutex>& lk);
   bool can_fill_in_next_locked() const;
   void fill_in_next_locked(std::unique_lock<std::mutex>& lk);
+  bool help_locked(std::unique_lock<std::mutex>& lk, bool any_batch);
   bool gather_in_next_locked();
   void place_readers_locked(double waited);
   std::shared_ptr<ReaderState> state_;

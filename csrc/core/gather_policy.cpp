@@ -91,7 +91,7 @@ CpuSample GatherPolicy::sample_timed() {
   return s;
 }
 
-bool GatherPolicy::on_batch(Clock::time_point now) {
+bool GatherPolicy::on_batch(Clock::time_point now, int64_t loader_ns) {
   if (in_next_) {
     if (++in_next_batches_ >= retry_after_) {  // try the readers again
       in_next_ = false;
@@ -101,10 +101,14 @@ bool GatherPolicy::on_batch(Clock::time_point now) {
     return in_next_;
   }
   const BatchWindow::Step step = window_.on_batch(now, window_s_);
-  if (step == BatchWindow::Step::kOpened) s0_ = sample_timed();
+  if (step == BatchWindow::Step::kOpened) {
+    s0_ = sample_timed();
+    loader_ns0_ = loader_ns;
+  }
   if (step != BatchWindow::Step::kClosed) return false;
   CpuSample s1 = sample_timed();
-  last_step_cores_ = static_cast<double>(step_cpu_ns(s0_, s1)) * 1e-9 / window_.seconds();
+  const int64_t step_ns = std::max<int64_t>(0, step_cpu_ns(s0_, s1) - (loader_ns - loader_ns0_));
+  last_step_cores_ = static_cast<double>(step_ns) * 1e-9 / window_.seconds();
   if (step_keeps_cores_busy(last_step_cores_, cores_)) {
     in_next_ = true;
     in_next_batches_ = 0;
@@ -113,6 +117,7 @@ bool GatherPolicy::on_batch(Clock::time_point now) {
   }
   after_retry_ = false;
   s0_ = std::move(s1);
+  loader_ns0_ = loader_ns;
   return false;
 }
 

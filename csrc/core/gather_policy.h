@@ -58,8 +58,9 @@ class GatherPolicy {
   static bool step_keeps_cores_busy(double step_cores, long cores) { return cores - step_cores < kMinIdleCores; }
 
   // Called by next() for each batch, on the consumer's thread: whether to gather in next() from this
-  // batch on.
-  bool on_batch(Clock::time_point now);
+  // batch on. `loader_ns`: the CPU the loader has spent so far on the step's threads (chunks next() read
+  // while it waited), left out of the step's.
+  bool on_batch(Clock::time_point now, int64_t loader_ns = 0);
 
   // The cores the step used in the last window (< 0: none measured yet).
   double last_step_cores() const { return last_step_cores_; }
@@ -73,6 +74,7 @@ class GatherPolicy {
   int64_t retry_after_ = kFirstRetry;
   BatchWindow window_;
   CpuSample s0_;
+  int64_t loader_ns0_ = 0;
   double window_s_ = BatchWindow::kSeconds;
   double last_step_cores_ = -1;
 

@@ -2,6 +2,8 @@
 // and the reader threads (reader_thread.cpp: what a thread does with a chunk). Not part of the API.
 #pragma once
 
+#include <time.h>
+
 #include <algorithm>
 #include <atomic>
 #include <chrono>
@@ -21,6 +23,13 @@ using Clock = std::chrono::steady_clock;
 
 inline double seconds_since(Clock::time_point t0) {
   return std::chrono::duration<double>(Clock::now() - t0).count();
+}
+
+// CPU time of the calling thread.
+inline int64_t thread_cpu_ns() {
+  timespec ts{};
+  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+  return static_cast<int64_t>(ts.tv_sec) * 1000000000 + ts.tv_nsec;
 }
 
 // A reader with nothing to do checks for work this often, for this long, before it sleeps until woken.
@@ -52,6 +61,9 @@ struct ReaderState {
   int64_t num_records = 0;
   std::vector<std::string> warnings;
   bool warm_page_cache = false;  // the data fits in memory: readers first queue it all for reading
+  // A column streams remote shards: a read may wait for one to arrive, which only a reader thread (its
+  // SourceWaitCancel) can end; next() then never reads a chunk itself while it waits.
+  bool streams = false;
   int64_t slot_bytes = 0;
   int64_t index_offset = 0;  // of the sample indices in a slot (ReaderOptions::index_output)
   int64_t chunk_records = 1;
@@ -60,6 +72,8 @@ struct ReaderState {
   // GatherIn::kNext and kAuto: each parallel worker's buffers, made at its first chunk.
   std::mutex worker_buffers_mu;
   std::map<int, std::unique_ptr<ThreadBuffers>> worker_buffers;
+  // The consumer's buffers for the chunks it reads while waiting (taken out, under the lock, while used).
+  std::unique_ptr<ThreadBuffers> consumer_buffers;
 
   std::mutex mu;
   std::condition_variable work_cv;   // reader threads: work or stop
@@ -103,6 +117,8 @@ struct ReaderState {
   int64_t waits = 0;
   int64_t overflow_batches = 0;
   int64_t next_batches = 0;
+  int64_t helped_chunks = 0;  // read by next() while it waited (BatchReader::help_locked)
+  std::atomic<int64_t> helped_cpu_ns{0};  // their CPU time, on the consumer's thread: not the step's
   int64_t spared_batches = 0;  // taken while the readers kept off the consumer's core
   double wait_s = 0;
   double active_s = 0;  // time inside passes: from start() to the last batch taken
@@ -208,6 +224,13 @@ inline WorkItem chunk_of(const ReaderState& st, WorkItem w, int64_t c) {
   return w;
 }
 
+// With the lock held and has_work(): the next chunk to read, by reader thread `filler` (-1: the consumer,
+// reading while it waits in next()); the first chunk of a batch claims its slot.
+WorkItem take_chunk_locked(ReaderState& st, int filler);
+// With the lock held: chunk w was read (err: its failure). Its batch is ready after its last chunk (its
+// slot free instead if the pass was abandoned meanwhile); returns whether that happened, for the caller
+// to notify ready_cv once it has released the lock.
+bool finish_chunk_locked(ReaderState& st, const WorkItem& w, std::exception_ptr err);
 
 // The body of reader thread `thread_index`: fills slots until the reader stops.
 void reader_loop(std::shared_ptr<ReaderState> sp, int thread_index);

@@ -138,19 +138,7 @@ void reader_loop(std::shared_ptr<ReaderState> sp, int thread_index) {
   for (;;) {
     st.wait_for_work(lk);
     if (st.stop) return;
-    WorkItem w;
-    w.gen = st.gen;
-    w.batch = st.next_batch;
-    w.indices = st.indices;
-    w.epoch = st.epoch;
-    const int64_t nchunks = st.batch_chunks(w.batch);
-    if (st.next_chunk == 0) st.claim_slot_locked(w.batch, thread_index);
-    w.slot = st.ring[w.batch % st.opt.prefetch];
-    w = chunk_of(st, w, st.next_chunk);
-    if (++st.next_chunk == nchunks) {
-      st.next_chunk = 0;
-      ++st.next_batch;
-    }
+    const WorkItem w = take_chunk_locked(st, thread_index);
     const bool more = st.has_work();  // hand the rest to a sleeping reader, whoever is polling
     const int spare_cpu = st.spare_cpu;
     if (st.hold_reads.load(std::memory_order_relaxed)) {  // test hook: a stalled read, until released
@@ -176,20 +164,41 @@ void reader_loop(std::shared_ptr<ReaderState> sp, int thread_index) {
     if (!err) st.bytes_read += bytes;
 
     lk.lock();
-    Slot& slot = st.slots[w.slot];
-    if (err && !slot.error) slot.error = err;
-    if (--slot.pending == 0) {
-      if (slot.gen != st.gen) {
-        st.release_slot_locked(w.slot);  // the pass it belonged to was abandoned
-        st.ready_cv.notify_one();        // next() may be waiting for a slot to read a batch into
-      } else {
-        slot.state = SlotState::kReady;
-        lk.unlock();
-        st.ready_cv.notify_one();
-        lk.lock();
-      }
+    if (finish_chunk_locked(st, w, err)) {
+      lk.unlock();
+      st.ready_cv.notify_one();
+      lk.lock();
     }
   }
+}
+
+WorkItem take_chunk_locked(ReaderState& st, int filler) {
+  WorkItem w;
+  w.gen = st.gen;
+  w.batch = st.next_batch;
+  w.indices = st.indices;
+  w.epoch = st.epoch;
+  const int64_t nchunks = st.batch_chunks(w.batch);
+  if (st.next_chunk == 0) st.claim_slot_locked(w.batch, filler);
+  w.slot = st.ring[w.batch % st.opt.prefetch];
+  w = chunk_of(st, w, st.next_chunk);
+  if (++st.next_chunk == nchunks) {
+    st.next_chunk = 0;
+    ++st.next_batch;
+  }
+  return w;
+}
+
+bool finish_chunk_locked(ReaderState& st, const WorkItem& w, std::exception_ptr err) {
+  Slot& slot = st.slots[w.slot];
+  if (err && !slot.error) slot.error = err;
+  if (--slot.pending > 0) return false;
+  if (slot.gen != st.gen) {
+    st.release_slot_locked(w.slot);  // the pass it belonged to was abandoned; next() may wait for a free slot
+  } else {
+    slot.state = SlotState::kReady;
+  }
+  return true;
 }
 
 }  // namespace fastpipe

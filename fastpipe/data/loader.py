@@ -380,7 +380,8 @@ class Loader(Resumable):
             slots_leased (batches the program still holds), num_threads, waits (batches the
             training loop asked for before they were ready), overflow_batches (read outside the arena
             because the program held every slot), next_batches (read by ``next()`` itself, on torch's
-            threads), gathering_in_next (where the next batches are read), step_cores (unset
+            threads), helped_chunks (chunks ``next()`` read while it waited for the reader threads),
+            gathering_in_next (where the next batches are read), step_cores (unset
             ``num_threads``: the cores the training step used in the last window; None before one),
             spare_cpu (the core the reader threads keep off now: the training loop's; None: none),
             spared_batches (taken while they kept off it), reader_cores (seconds the readers spent

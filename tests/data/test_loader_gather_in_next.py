@@ -1,7 +1,8 @@
 """Loader(num_threads=0): no reader threads; next() reads each batch itself, its chunks spread over
 torch's intra-op threads (issue 21: a training step whose torch ops keep every core busy loses less to
 that than to reader threads competing for the cores). The batches must be exactly the threaded
-loader's, whatever the intra-op thread count, with the same errors, replacements and resumption."""
+loader's, whatever the intra-op thread count, with the same errors, replacements and resumption. And
+with reader threads, a next() that waits reads chunks itself (issue 41), with the same batches."""
 
 import os
 
@@ -128,3 +129,27 @@ def test_refused_where_batches_go_to_a_device(dataset_factory):
         fastpipe.Loader(ds, batch_size=4, num_threads=-1)
 
 
+
+
+def test_next_reads_chunks_while_it_waits(dataset_factory, fp):
+    """With reader threads, a next() that waits for its batch reads the chunks no reader has taken yet
+    (stats()["helped_chunks"]) instead of sleeping: the batches stay the readers' exactly, in order, and
+    no slot is reused while its batch is held (poisoned slots)."""
+    # 4 KiB records: chunks of 64 records, 4 to a batch of 256. One reader cannot keep up with a loop
+    # that does nothing, so next() waits with chunks left to take, in every pass.
+    ds, arrays, _ = dataset_factory(3001, {"x": ("uint8", (4096,))})
+    ref = fp.loader(ds, 256, shuffle=True, seed=3, num_threads=0)
+    ld = fp.hooks(fp.loader(ds, 256, shuffle=True, seed=3, num_threads=1, prefetch=8), poison=True)
+    for _ in range(3):  # three epochs, three orders
+        want = fp.epoch(ref)
+        got, held = [], []
+        for b in ld:
+            got.append(fp.to_np(b))
+            held.append((b, got[-1]))
+            if len(held) > 3:  # the oldest batch held has kept its bytes while the later ones were read
+                old, copy = held.pop(0)
+                assert fp.same_batches([copy], [fp.to_np(old)])
+        del b, held
+        assert fp.same_batches(want, got)
+        fp.verify(got, arrays)
+    assert ld.stats()["helped_chunks"] > 0, ld.stats()
