@@ -261,12 +261,30 @@ std::shared_ptr<Lease> BatchReader::next(double timeout_s, const std::function<v
     // first batches of a pass, a slow one). Taking the batch places them again.
     if (st.forced_spare.load(std::memory_order_relaxed) < 0) st.spare_cpu = -1;
   }
+  // The caller's poll (a pending Ctrl-C), with the lock released; what it throws ends the wait.
+  auto last_poll = t0;
+  auto run_poll = [&] {
+    last_poll = Clock::now();
+    lk.unlock();
+    try {
+      poll();
+    } catch (...) {
+      lk.lock();
+      st.wait_s += seconds_since(t0);
+      throw;
+    }
+    lk.lock();
+  };
   while (!ready_locked()) {
     if (in_next && can_fill_in_next_locked()) {  // a slot of an abandoned pass was freed meanwhile
       fill_in_next_locked(lk);
       continue;
     }
-    if (help_locked(lk, help_any)) continue;
+    if (help_locked(lk, help_any)) {
+      // Chunks of images can take a while: a Ctrl-C is still seen within kSignalCheckSeconds or so.
+      if (poll && seconds_since(last_poll) >= kSignalCheckSeconds) run_poll();
+      continue;
+    }
     const double waited = seconds_since(t0);
     if (timeout_s >= 0 && waited >= timeout_s) {
       st.wait_s += waited;
@@ -279,17 +297,7 @@ std::shared_ptr<Lease> BatchReader::next(double timeout_s, const std::function<v
     double slice = kSignalCheckSeconds;
     if (timeout_s >= 0) slice = std::min(slice, timeout_s - waited);
     st.ready_cv.wait_for(lk, std::chrono::duration<double>(slice));
-    if (!ready_locked() && poll) {
-      lk.unlock();
-      try {
-        poll();
-      } catch (...) {
-        lk.lock();
-        st.wait_s += seconds_since(t0);
-        throw;
-      }
-      lk.lock();
-    }
+    if (!ready_locked() && poll) run_poll();
   }
   const double waited = seconds_since(t0);
   st.wait_s += waited;

@@ -9,6 +9,7 @@ import sys
 import threading
 import time
 
+import numpy as np
 import pytest
 
 import fastpipe
@@ -84,3 +85,30 @@ def test_ctrl_c_during_a_stuck_device_decode_ends_the_loader_within_a_second(fol
     # streams' threads end with it.
     del sim
     assert fp.wait_until(lambda: fp.count_threads() <= before), f"threads left: {fp.count_threads()} > {before}"
+
+
+
+@pytest.mark.timeout(120, method="thread")
+def test_ctrl_c_while_next_reads_chunks_itself_ends_it_within_a_second(tmp_path, rng, ctrl_c, fp):
+    """A next() that reads chunks while it waits for the reader (stats()["helped_chunks"]) checks for
+    Ctrl-C between them. The reader's chunk, batch 0's first, is 4 progressive 25-megapixel JPEGs (~1.5 s
+    on 2 cores); next() meanwhile reads the later chunks, of 4 large JPEGs each (~0.1 s), dozens of them
+    before the read-ahead is full: checking only when it had nothing left to read, it saw the signal when
+    its batch was ready, 1.8 s late on 2 cores."""
+    tile = picture(rng, 1000, 1000)
+    huge = jpeg_bytes(np.tile(tile, (5, 5, 1)), progressive=True)
+    large = jpeg_bytes(picture(rng, 1600, 1600))
+    for k in range(96):
+        write(str(tmp_path / "t" / "c" / f"{k:03d}.jpg"), huge if k < 4 else large)
+    ld = fastpipe.Loader(fastpipe.ImageFolder(str(tmp_path / "t"), cache_dir="off"), batch_size=8,
+                         transforms={0: CenterCrop(24, resize=30, dct_scaling=False)}, num_threads=1, prefetch=12,
+                         timeout=60)
+    fp.hooks(ld, hold_reads=True)
+    it = iter(ld)
+    assert fp.wait_until(lambda: fp.held_reads(ld) == 1)  # the reader has taken batch 0's first chunk
+    fp.hooks(ld, hold_reads=False)
+    sent = interrupt_when(fp, lambda: ld.stats()["helped_chunks"] > 0 and main_thread_in("__next__"))
+    with pytest.raises(KeyboardInterrupt):
+        next(it)
+    assert time.monotonic() - sent[0] < 1.0, ld.stats()
+    ld.close()
