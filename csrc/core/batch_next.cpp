@@ -147,10 +147,12 @@ void BatchReader::fill_in_next_locked(std::unique_lock<std::mutex>& lk) {
 // batch is ready (longer than a small batch takes to read), and its core idles meanwhile; reading, it
 // comes back to its batch without a wake-up (issue 41). `any_batch`: a chunk of a later batch too, not
 // only of the one it waits for. Returns false, with nothing done, when no such chunk is free to take
-// (the readers have taken them), the readers are held or paused, or a read may wait for a remote shard.
+// (the readers have taken them), the readers are held or paused, a read may wait for a remote shard, or
+// a slot is fenced before it is filled (a device or pinned loader: that host wait, on the thread that
+// launches the training step's device work, would break a CUDA graph it captures).
 bool BatchReader::help_locked(std::unique_lock<std::mutex>& lk, bool any_batch) {
   ReaderState& st = *state_;
-  if (st.opt.gather == GatherIn::kNext || st.readers_paused || st.streams ||
+  if (st.opt.gather == GatherIn::kNext || st.readers_paused || st.streams || st.opt.before_slot_fill ||
       st.hold_reads.load(std::memory_order_relaxed) || !st.has_work() || (!any_batch && st.next_batch != st.consumed))
     return false;
   const WorkItem w = take_chunk_locked(st, -1);

@@ -48,14 +48,15 @@ def test_reader_keeps_off_the_training_threads_core(dataset_factory, fp, home_af
     os.sched_setaffinity(0, {core})  # the training thread, on one core
     feed = Feed(fp, ld, arrays)
     ld._reader._force_spare_core(1)
-    # The one reader reads every batch; those after the first few were dispatched once it was told.
+    # The one reader reads every batch (a step of 3 ms leaves it ahead: next() never waits, so never reads
+    # a batch itself); those after the first few were dispatched once it was told.
     for _ in range(6):
-        s = feed.take(lambda: None)
+        s = feed.take(lambda: time.sleep(0.003))
     assert reader_threads()[mine] == CORES - {core}
     assert s["spare_cpu"] == core and s["spared_batches"] == 6, s
     ld._reader._force_spare_core(0)
     for _ in range(6):
-        s = feed.take(lambda: None)
+        s = feed.take(lambda: time.sleep(0.003))
     assert reader_threads()[mine] == CORES
     assert s["spare_cpu"] is None and s["spared_batches"] == 6, s
     ld.close()
