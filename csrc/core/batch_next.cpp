@@ -159,19 +159,14 @@ bool BatchReader::help_locked(std::unique_lock<std::mutex>& lk, bool any_batch) 
   std::unique_ptr<ThreadBuffers> tb = std::move(st.consumer_buffers);
   lk.unlock();
   std::exception_ptr err;
-  int64_t bytes = 0;
-  const int64_t cpu0 = thread_cpu_ns();
-  const auto t0 = Clock::now();
   try {
     if (!tb) tb = std::make_unique<ThreadBuffers>(thread_buffers(st.columns, st.chunk_records));
-    trace::Range range("fastpipe::loader.read");
-    read_chunk(st, w, *tb, &bytes);
   } catch (...) {
     err = std::current_exception();
   }
-  st.read_ns += std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now() - t0).count();
+  const int64_t cpu0 = thread_cpu_ns();
+  if (!err) err = read_chunk_counted(st, w, *tb);
   st.helped_cpu_ns += thread_cpu_ns() - cpu0;
-  if (!err) st.bytes_read += bytes;
   lk.lock();
   st.consumer_buffers = std::move(tb);
   ++st.helped_chunks;

@@ -227,6 +227,9 @@ inline WorkItem chunk_of(const ReaderState& st, WorkItem w, int64_t c) {
 // With the lock held and has_work(): the next chunk to read, by reader thread `filler` (-1: the consumer,
 // reading while it waits in next()); the first chunk of a batch claims its slot.
 WorkItem take_chunk_locked(ReaderState& st, int filler);
+// Without the lock: reads chunk w (read_chunk), its time and bytes counted in the statistics; returns its
+// failure, for finish_chunk_locked (a chunk taken must be finished, whatever happens).
+std::exception_ptr read_chunk_counted(ReaderState& st, const WorkItem& w, ThreadBuffers& tb);
 // With the lock held: chunk w was read (err: its failure). Its batch is ready after its last chunk (its
 // slot free instead if the pass was abandoned meanwhile); returns whether that happened, for the caller
 // to notify ready_cv once it has released the lock.

@@ -151,18 +151,7 @@ void reader_loop(std::shared_ptr<ReaderState> sp, int thread_index) {
     if (more) st.work_cv.notify_one();
     placement.keep_off(spare_cpu);
 
-    std::exception_ptr err;
-    const auto t0 = Clock::now();
-    int64_t bytes = 0;
-    try {
-      trace::Range range("fastpipe::loader.read");
-      read_chunk(st, w, tb, &bytes);
-    } catch (...) {
-      err = std::current_exception();
-    }
-    st.read_ns += std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now() - t0).count();
-    if (!err) st.bytes_read += bytes;
-
+    const std::exception_ptr err = read_chunk_counted(st, w, tb);
     lk.lock();
     if (finish_chunk_locked(st, w, err)) {
       lk.unlock();
@@ -170,6 +159,21 @@ void reader_loop(std::shared_ptr<ReaderState> sp, int thread_index) {
       lk.lock();
     }
   }
+}
+
+std::exception_ptr read_chunk_counted(ReaderState& st, const WorkItem& w, ThreadBuffers& tb) {
+  std::exception_ptr err;
+  const auto t0 = Clock::now();
+  int64_t bytes = 0;
+  try {
+    trace::Range range("fastpipe::loader.read");
+    read_chunk(st, w, tb, &bytes);
+  } catch (...) {
+    err = std::current_exception();
+  }
+  st.read_ns += std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now() - t0).count();
+  if (!err) st.bytes_read += bytes;
+  return err;
 }
 
 WorkItem take_chunk_locked(ReaderState& st, int filler) {

@@ -256,7 +256,7 @@ class WebDataset(_Images):
         too_large = 0 <= limit < sum(self._shard_sizes)
         # Without ranges a block would cost its whole shard's transfer.
         self._shard_blocks = Blocks(self._shard_of, offsets, self._sizes, self.block_size,
-                               whole_shards=too_large and not all(self._stream.ranges))
+                                    whole_shards=too_large and not all(self._stream.ranges))
         blocks = self._shard_blocks
         self._fetched_whole = {}  # the counters of the shards' stream, when blocks replace it
         if too_large and len(blocks) > len(self.urls):

@@ -129,8 +129,6 @@ def test_refused_where_batches_go_to_a_device(dataset_factory):
         fastpipe.Loader(ds, batch_size=4, num_threads=-1)
 
 
-
-
 def test_next_reads_chunks_while_it_waits(dataset_factory, fp):
     """With reader threads, a next() that waits for its batch reads the chunks no reader has taken yet
     (stats()["helped_chunks"]) instead of sleeping: the batches stay the readers' exactly, in order, and

@@ -87,7 +87,6 @@ def test_ctrl_c_during_a_stuck_device_decode_ends_the_loader_within_a_second(fol
     assert fp.wait_until(lambda: fp.count_threads() <= before), f"threads left: {fp.count_threads()} > {before}"
 
 
-
 @pytest.mark.timeout(120, method="thread")
 def test_ctrl_c_while_next_reads_chunks_itself_ends_it_within_a_second(tmp_path, rng, ctrl_c, fp):
     """A next() that reads chunks while it waits for the reader (stats()["helped_chunks"]) checks for
