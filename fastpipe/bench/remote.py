@@ -48,14 +48,18 @@ from fastpipe.bench.shards import MEAN, STD, corpus_shards, images_of, webdatase
 
 
 def epoch(loader, start):
-    """One epoch of `loader`: its images, and the seconds from `start` to its end and to its first batch."""
-    n, first = 0, None
+    """One epoch of `loader`: (images/s from `start` to its end, images/s after its first batch, seconds from
+    `start` to its first batch). The second is the rate once the first shards are in: a benchmark's epoch
+    of seconds is dominated by that start, a real epoch of hours is not."""
+    n, first, after = 0, None, 0
     for x, y in loader:
         if first is None:
             first = time.perf_counter() - start
+            after = -len(y)
         assert x.dtype == torch.float32 and x.shape[1] == 3 and y.dtype == torch.int64
         n += len(y)
-    return n, time.perf_counter() - start, first
+    seconds = time.perf_counter() - start
+    return n / seconds, (n + after) / (seconds - first) if seconds > first else float("nan"), first
 
 
 def fastpipe_pass(urls, args, cache=None, options=None, index=None, limit=None):
@@ -65,10 +69,9 @@ def fastpipe_pass(urls, args, cache=None, options=None, index=None, limit=None):
     ds = fastpipe.WebDataset(urls, index_cache=index, **remote)
     ld = fastpipe.Loader(ds, batch_size=args.batch_size, shuffle="blocks", shuffle_window=args.window,
                          drop_last=True, num_threads=args.threads, transforms={0: tf})
-    n, seconds, first = epoch(ld, start)
+    rates = epoch(ld, start)
     ld.close()
-    fetched = ds.fetch_stats["bytes_fetched"] if ds.fetch_stats else 0
-    return n / seconds, first, fetched
+    return *rates, ds.fetch_stats["bytes_fetched"] if ds.fetch_stats else 0
 
 
 def peer_rows(label, name, peer, images, labels, s3, endpoint, work, args):
@@ -81,13 +84,12 @@ def peer_rows(label, name, peer, images, labels, s3, endpoint, work, args):
         if cache:
             emptied(cache)
         loader = make()
-        n, seconds, latency = epoch(loader, time.perf_counter())
+        rates = epoch(loader, time.perf_counter())
         second["result"] = epoch(loader, time.perf_counter())
-        return n / seconds, latency, None
+        return *rates, None
 
     def then():
-        n, seconds, latency = second.pop("result")
-        return n / seconds, latency, None
+        return *second.pop("result"), None
 
     return {f"{label}: {name}, first epoch": first, f"{label}: {name}, second epoch": then}
 
@@ -102,12 +104,14 @@ def webdataset_pass(urls, args):
     loader = make()
     for _ in loader:  # warm-up epoch: workers started
         pass
-    n, seconds, first = epoch(loader, time.perf_counter())
-    return n / seconds, first, None
+    return *epoch(loader, time.perf_counter()), None
 
 
-def measure(args, out, proxies, stores, names, shards, total, work, rates, firsts, fetched, skipped, server_cpu,
-            corpus):
+# What each row's rounds record (run()'s values in this order, then the servers' CPU seconds).
+METRICS = ("rates", "rates_after_first_batch", "first_batch", "fetched", "server_cpu_seconds")
+
+
+def measure(args, out, proxies, stores, names, shards, total, work, results, skipped, corpus):
     rows, servers_of, peers = {}, {}, {}  # peers: each peer row's rows (both epochs)
     for (store, rtt), proxy in proxies.items():
         port = proxy.port if proxy else stores[store][0]
@@ -142,29 +146,31 @@ def measure(args, out, proxies, stores, names, shards, total, work, rates, first
         servers_of.update((key, running) for key in rows if key.startswith(label + ":"))
     rows["local: fastpipe"] = lambda: fastpipe_pass(shards, args, index=os.path.join(work, "index-local"))
     for key in rows:
-        rates[key], firsts[key], fetched[key], server_cpu[key] = [], [], [], []
+        for m in METRICS:
+            results[m][key] = []
     for r in range(args.rounds):
         for key, run in rows.items():
             if key in skipped:  # a peer that failed in an earlier round
                 continue
             cpu = sum(p.cpu_seconds() for p in servers_of.get(key, []))
             try:
-                rate, first, got = run()
+                measured = run()
             except Exception as e:
                 if key not in peers:
                     raise
                 for k in peers[key]:  # its first and second epoch
                     last = (str(e).strip().splitlines() or [""])[-1]  # a worker's traceback ends with the cause
                     skipped[k] = f"not run: failed against this server: {type(e).__name__}: {last[:400]}"
-                    rates.pop(k, None)
+                    for m in METRICS:
+                        results[m].pop(k, None)
                 continue
-            server_cpu[key].append(sum(p.cpu_seconds() for p in servers_of.get(key, [])) - cpu)
-            rates[key].append(rate)
-            firsts[key].append(first)
-            fetched[key].append(got)
-            out.log(f"round {r + 1}/{args.rounds} {key}: {rate:.0f} images/s, first batch {first:.2f} s"
-                    + (f", fetched {got / total:.3f}x the shards" if got is not None else "")
-                    + f", servers' CPU {server_cpu[key][-1]:.1f} s")
+            measured += (sum(p.cpu_seconds() for p in servers_of.get(key, [])) - cpu,)
+            for m, v in zip(METRICS, measured):
+                results[m][key].append(v)
+            rate, after, first, got, cpu = measured
+            out.log(f"round {r + 1}/{args.rounds} {key}: {rate:.0f} images/s ({after:.0f} after the first batch), "
+                    f"first batch {first:.2f} s" + (f", fetched {got / total:.3f}x the shards" if got is not None else "")
+                    + f", servers' CPU {cpu:.1f} s")
 
 
 def add_arguments(p):
@@ -190,7 +196,7 @@ def run(args, out):
     names = [os.path.basename(s) for s in shards]
     total = sum(os.path.getsize(s) for s in shards)
     work = tempfile.mkdtemp(prefix="fastpipe-remote-bench-")
-    rates, firsts, fetched, skipped, server_cpu = {}, {}, {}, {}, {}
+    results, skipped = {m: {} for m in METRICS}, {}
     try:
         with servers.Nginx(folder, os.path.join(work, "nginx")) as nginx, servers.MotoS3() as s3, \
                 servers.NginxS3(os.path.join(work, "nginx-s3")) as nginx_s3:
@@ -207,8 +213,7 @@ def run(args, out):
                     if not args.no_direct:
                         proxies[(store, 0.0)] = None
                     proxies[(store, args.rtt_ms)] = servers.DelayProxy(port, args.rtt_ms)
-                measure(args, out, proxies, stores, names, shards, total, work, rates, firsts, fetched, skipped,
-                        server_cpu, corpus)
+                measure(args, out, proxies, stores, names, shards, total, work, results, skipped, corpus)
             finally:
                 for proxy in proxies.values():
                     if proxy:
@@ -216,21 +221,25 @@ def run(args, out):
     finally:
         shutil.rmtree(work, ignore_errors=True)
     table = []
+    rates, after = results["rates"], results["rates_after_first_batch"]
+
+    def vs(v, base):
+        return f"{statistics.median(a / b for a, b in zip(v, base)):.2f}x" if base else ""
+
     for key, v in rates.items():
-        warm = rates.get(key.split(":")[0] + ": fastpipe warm")
-        vs_warm = f"{statistics.median(a / b for a, b in zip(v, warm)):.2f}x" if warm else ""
-        vs_local = f"{statistics.median(a / b for a, b in zip(v, rates['local: fastpipe'])):.2f}x"
-        got = [g for g in fetched[key] if g is not None]
-        table.append([key, f"{statistics.median(v):.0f}", vs_local, vs_warm, f"{statistics.median(firsts[key]):.2f}",
+        warm = key.split(":")[0] + ": fastpipe warm"
+        got = [g for g in results["fetched"][key] if g is not None]
+        table.append([key, f"{statistics.median(v):.0f}", vs(v, rates["local: fastpipe"]), vs(v, rates.get(warm)),
+                      f"{statistics.median(after[key]):.0f}", vs(after[key], after.get(warm)),
+                      f"{statistics.median(results['first_batch'][key]):.2f}",
                       f"{statistics.median(got) / total:.3f}" if got else "-",
-                      "-" if key.startswith("local") else f"{statistics.median(server_cpu[key]):.1f}"])
-    table += [[key, "not run", "", "", "", "", ""] for key in skipped]
-    out.table(["row", "images/s (median)", "x fastpipe local", "x fastpipe warm", "first batch s", "fetched / shards",
-               "servers' CPU s"],
+                      "-" if key.startswith("local") else f"{statistics.median(results['server_cpu_seconds'][key]):.1f}"])
+    table += [[key, "not run", "", "", "", "", "", "", ""] for key in skipped]
+    out.table(["row", "images/s (median)", "x fastpipe local", "x fastpipe warm", "after the first batch: images/s",
+               "x fastpipe warm", "first batch s", "fetched / shards", "servers' CPU s"],
               table, title=f"{args.images} JPEGs in {len(shards)} shards ({total / 2**20:.0f} MiB), {args.size}x{args.size}, "
                            f"batch {args.batch_size}, k={args.threads}, shuffle_window {args.window}, {args.rounds} rounds, "
                            f"servers on 127.0.0.1; ratios: medians of same-round ratios")
     for key, why in skipped.items():
         out.log(f"{key}: {why}")
-    return {"rates": rates, "first_batch": firsts, "fetched": fetched, "server_cpu_seconds": server_cpu,
-            "not_run": skipped, "shard_bytes": total, "torch": torch.__version__}
+    return {**results, "not_run": skipped, "shard_bytes": total, "torch": torch.__version__}
