@@ -262,6 +262,30 @@ def test_tensors_are_views_of_a_fixed_arena(dataset_factory, fp):
     assert len(ptrs) <= ld.stats()["num_slots"], f"{len(ptrs)} distinct buffers for {ld.stats()['num_slots']} slots"
 
 
+def test_batches_are_ordinary_tensors_to_autograd_and_inference_mode(dataset_factory, fp):
+    """The tensors next() makes over the arena carry torch's usual keys: gradients flow through them into a
+    parameter (compared with float64 numpy), in-place ops on them are allowed, and one taken inside
+    torch.inference_mode() is an inference tensor, as torch.from_numpy's would be."""
+    ds, arrays, _ = dataset_factory(57, {"x": ("float32", (3,)), "y": ("float64", (2,))})
+    ld = fp.loader(ds, 8, shuffle=True, seed=3)
+    it = iter(ld)
+    b = next(it)
+    x, y = b["x"], b["y"]
+    idx = b["idx"].numpy()
+    assert not x.requires_grad and not x.is_inference() and x._base is None
+    assert x.untyped_storage().data_ptr() == y.untyped_storage().data_ptr()  # one storage: the slot
+    w = torch.randn(3, dtype=torch.float64, requires_grad=True)
+    (x.double() * w).sum().backward()
+    np.testing.assert_allclose(w.grad.numpy(), arrays["x"][idx].astype(np.float64).sum(0), rtol=1e-12)
+    y.mul_(2)
+    np.testing.assert_array_equal(y.numpy(), arrays["y"][idx] * 2)
+    del b, x, y
+    with torch.inference_mode():
+        b = next(it)
+        assert b["x"].is_inference() and torch.from_numpy(arrays["x"]).is_inference()
+        np.testing.assert_array_equal(b["x"].numpy(), arrays["x"][b["idx"].numpy()])
+
+
 def test_context_manager(dataset_factory, fp):
     ds, arrays, _ = dataset_factory(50, {"x": ("int8", (3,))})
     with fp.loader(ds, 8, shuffle=True) as ld:
