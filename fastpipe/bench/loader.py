@@ -25,8 +25,8 @@ from fastpipe.bench.baselines import image_baselines, token_baselines
 from fastpipe.bench.loader_direct import DD_BLOCK, DIRECT_REPS, run_direct
 from fastpipe.bench.loader_report import report_dataset, shown_best, summarize
 from fastpipe.bench.loader_timing import (FASTPIPE_EPOCH, FASTPIPE_SEED, STEP_OVER_GATHER, WARMUP_BATCHES, Case,
-                                          busy_steps, calibrate_sleep, fastpipe_epoch, fastpipe_stats, pure_steps,
-                                          rotated, run_delay, timed_pass, touch_with_torch)
+                                          calibrate_sleep, fastpipe_epoch, fastpipe_stats, rotated, run_delay,
+                                          steps_alone, timed_pass, touch_with_torch)
 
 # --------------------------------------------------------------------------------------------------
 # Batch sizes: what a training job of each kind really uses (one GPU's share).
@@ -426,17 +426,18 @@ def run_dataset(name, spec, files, args, out, budget):
     # (2) overlap: each batch followed by time.sleep(step); compared with the same number of pure steps.
     pure = []
     counters = placement_counters()
+    n_pure = min(200, res["batches_per_epoch"])
+    fixed = tuple(np.array(a) for a in next(iter(gather())))  # the batch the steps alone take (and read)
     if not args.no_overlap:
-        n_pure = min(200, res["batches_per_epoch"])
         with out.progress(total=oreps * len(live), desc=f"{name}: overlap", unit="pass") as bar:
             for r in budget.repeat(f"{name} overlap", MIN_REPS, oreps):
-                pure.append(pure_steps(sleep_arg, n_pure) / n_pure)
+                pure.append(steps_alone(n_pure, fixed, sleep_arg)[0] / n_pure)
                 for c in rotated(live, r):
                     d0 = run_delay()
                     measure(c, c.overlap, step=sleep_arg)
                     c.overlap_run_delay.append(run_delay() - d0)
                     bar.update()
-                pure.append(pure_steps(sleep_arg, n_pure) / n_pure)
+                pure.append(steps_alone(n_pure, fixed, sleep_arg)[0] / n_pure)
         record_placement("sleeping", counters)
     # (3) the training-thread delay (issue 21): the same loop where the step computes on the training
     # thread, against the same steps alone. "busy" spins (fastpipe's rows; with the seconds the training
@@ -446,22 +447,20 @@ def run_dataset(name, spec, files, args, out, budget):
     step_pure = {"busy": [], "torch": []}
     fp_cases = [c for c in live if c.kind == "fastpipe"]
     inline = [c for c in live if c.key in ("bound", "index_select")]
-    n_pure = min(200, res["batches_per_epoch"])
     res["torch_threads"] = torch.get_num_threads()
     if fp_cases and not args.no_overlap:
-        fixed = tuple(np.array(a) for a in next(iter(gather())))  # the batch the pure torch steps read
         for kind, consume, group in (("busy", None, fp_cases), ("torch", touch_with_torch, fp_cases + inline)):
             counters = placement_counters()
             with out.progress(total=oreps * len(group), desc=f"{name}: {kind} step", unit="pass") as bar:
                 for r in budget.repeat(f"{name} {kind}", MIN_REPS, oreps):
-                    step_pure[kind].append(busy_steps(step, n_pure, consume, fixed))
+                    step_pure[kind].append(steps_alone(n_pure, fixed, step, busy=True, consume=consume))
                     for c in rotated(group, r):
                         d0 = run_delay()
                         measure(c, getattr(c, kind), step=step, busy=True, consume=consume)
                         if kind == "busy":
                             c.busy_run_delay.append(run_delay() - d0)
                         bar.update()
-                    step_pure[kind].append(busy_steps(step, n_pure, consume, fixed))
+                    step_pure[kind].append(steps_alone(n_pure, fixed, step, busy=True, consume=consume))
             record_placement(kind, counters)
             res[f"{kind}_step_seconds_measured"] = bc.median([t / n_pure for t, _ in step_pure[kind]])
             res[f"{kind}_step_run_delay_ms"] = bc.median([1e3 * d / n_pure for _, d in step_pure[kind]])
