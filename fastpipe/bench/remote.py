@@ -52,15 +52,14 @@ def epoch(loader, start):
     """One epoch of `loader`: (images/s from `start` to its end, images/s after its first batch, seconds from
     `start` to its first batch). The second is the rate once the first shards are in: a benchmark's epoch
     of seconds is dominated by that start, a real epoch of hours is not."""
-    n, first, after = 0, None, 0
+    n, first, first_n = 0, None, 0
     for x, y in loader:
         if first is None:
-            first = time.perf_counter() - start
-            after = -len(y)
+            first, first_n = time.perf_counter() - start, len(y)
         assert x.dtype == torch.float32 and x.shape[1] == 3 and y.dtype == torch.int64
         n += len(y)
     seconds = time.perf_counter() - start
-    return n / seconds, (n + after) / (seconds - first) if seconds > first else float("nan"), first
+    return n / seconds, (n - first_n) / (seconds - first) if seconds > first else float("nan"), first
 
 
 def fastpipe_pass(urls, args, cache=None, options=None, index=None, limit=None, epochs=1):
@@ -180,10 +179,10 @@ def measure(args, out, proxies, stores, names, shards, total, work, results, ski
             measured += (sum(p.cpu_seconds() for p in servers_of.get(key, [])) - cpu,)
             for m, v in zip(METRICS, measured):
                 results[m][key].append(v)
-            rate, after, first, got, cpu = measured
+            rate, after, first, got, servers_cpu = measured
             out.log(f"round {r + 1}/{args.rounds} {key}: {rate:.0f} images/s ({after:.0f} after the first batch), "
                     f"first batch {first:.2f} s" + (f", fetched {got / total:.3f}x the shards" if got is not None else "")
-                    + f", servers' CPU {cpu:.1f} s")
+                    + f", servers' CPU {servers_cpu:.1f} s")
 
 
 def add_arguments(p):
