@@ -182,6 +182,7 @@ BatchReader::BatchReader(std::vector<ColumnSpec> columns, ReaderOptions opt) : o
   st->ring.assign(static_cast<size_t>(opt.prefetch), -1);
   state_ = st;
   open_ = true;
+  st->cores = static_cast<int>(usable_cores());
   if (opt.gather == GatherIn::kAuto) policy_ = std::make_unique<GatherPolicy>(usable_cores());
   if (opt.gather != GatherIn::kNext && usable_cores() >= 2) placement_ = std::make_unique<CorePlacement>(usable_cores());
 
@@ -301,6 +302,7 @@ ReaderStats BatchReader::stats() const {
   s.overflow_batches = st.overflow_batches;
   s.next_batches = st.next_batches;
   s.helped_chunks = st.helped_chunks;
+  s.stepped_back = st.stepped_back;
   s.gathering_in_next = st.opt.gather == GatherIn::kNext || st.readers_paused;
   if (policy_ && policy_->last_step_cores() >= 0) s.step_cores = policy_->last_step_cores();
   if (st.spare_cpu >= 0) s.spare_cpu = st.spare_cpu;

@@ -74,6 +74,7 @@ struct ReaderOptions : ReaderConfig {
   X(int64_t, overflow_batches) /* read outside the arena because every slot was held */                            \
   X(int64_t, next_batches)     /* read by next() itself (GatherIn::kNext, or kAuto's busy steps) */                \
   X(int64_t, helped_chunks)    /* chunks next() read while it waited for the readers (BatchReader::help_locked) */\
+  X(int64_t, stepped_back)     /* times a reader polled instead of reading beside next() on every core */         \
   X(bool, gathering_in_next)   /* where the next batches are read now */                                           \
   X(std::optional<double>, step_cores) /* GatherIn::kAuto: cores the step used in the last window */               \
   /* Where the readers run (reader_placement.h): the core they keep off now, the batches taken while they */       \

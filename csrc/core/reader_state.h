@@ -107,6 +107,12 @@ struct ReaderState {
   // -1: none, also while the consumer waits in next()). Each reader applies it to itself when it takes
   // its next chunk.
   int spare_cpu = -1;
+  // Threads reading chunks now: readers, and next() (help_locked). A reader that would make them more
+  // than the cores steps back to polling while next() reads (reader_loop): three threads copying on two
+  // cores lose 4-10% to switching between them, and next() is the reader that must not wait.
+  int cores = 1;
+  int readers_reading = 0;
+  bool consumer_reading = false;
 
   // Statistics.
   std::atomic<int64_t> bytes_read{0};
@@ -118,6 +124,7 @@ struct ReaderState {
   int64_t overflow_batches = 0;
   int64_t next_batches = 0;
   int64_t helped_chunks = 0;  // read by next() while it waited (BatchReader::help_locked)
+  int64_t stepped_back = 0;  // polls of a reader that left the chunk to next() (reader_loop)
   std::atomic<int64_t> helped_cpu_ns{0};  // their CPU time, on the consumer's thread: not the step's
   int64_t spared_batches = 0;  // taken while the readers kept off the consumer's core
   double wait_s = 0;

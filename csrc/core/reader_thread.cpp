@@ -138,6 +138,11 @@ void reader_loop(std::shared_ptr<ReaderState> sp, int thread_index) {
   for (;;) {
     st.wait_for_work(lk);
     if (st.stop) return;
+    if (st.consumer_reading && st.readers_reading + 2 > st.cores) {  // ReaderState::cores
+      ++st.stepped_back;
+      st.work_cv.wait_for(lk, kPollInterval);
+      continue;
+    }
     const WorkItem w = take_chunk_locked(st, thread_index);
     const bool more = st.has_work();  // hand the rest to a sleeping reader, whoever is polling
     const int spare_cpu = st.spare_cpu;
@@ -147,12 +152,14 @@ void reader_loop(std::shared_ptr<ReaderState> sp, int thread_index) {
       --st.held_reads;
       if (st.stop) return;
     }
+    ++st.readers_reading;
     lk.unlock();
     if (more) st.work_cv.notify_one();
     placement.keep_off(spare_cpu);
 
     const std::exception_ptr err = read_chunk_counted(st, w, tb);
     lk.lock();
+    --st.readers_reading;
     if (finish_chunk_locked(st, w, err)) {
       lk.unlock();
       st.ready_cv.notify_one();

@@ -381,6 +381,8 @@ class Loader(Resumable):
             training loop asked for before they were ready), overflow_batches (read outside the arena
             because the program held every slot), next_batches (read by ``next()`` itself, on torch's
             threads), helped_chunks (chunks ``next()`` read while it waited for the reader threads),
+            stepped_back (times a reader thread polled instead of reading while ``next()`` read, where
+            the reader threads and ``next()`` would have outnumbered the cores),
             gathering_in_next (where the next batches are read), step_cores (unset
             ``num_threads``: the cores the training step used in the last window; None before one),
             spare_cpu (the core the reader threads keep off now: the training loop's; None: none),

@@ -151,3 +151,22 @@ def test_next_reads_chunks_while_it_waits(dataset_factory, fp):
         assert fp.same_batches(want, got)
         fp.verify(got, arrays)
     assert ld.stats()["helped_chunks"] > 0, ld.stats()
+
+
+def test_readers_never_outnumber_the_cores_beside_next(dataset_factory, fp):
+    """While next() reads a chunk itself, a reader that would make the threads reading more than the
+    cores polls instead (stats()["stepped_back"]): with one reader per core it happens, with one fewer
+    never; the batches stay exactly the num_threads=0 loader's either way."""
+    cores = len(os.sched_getaffinity(0))
+    ds, arrays, _ = dataset_factory(3001, {"x": ("uint8", (4096,))})
+    ref = fp.loader(ds, 256, shuffle=True, seed=5, num_threads=0)
+    every_core = fp.loader(ds, 256, shuffle=True, seed=5, num_threads=cores)
+    spare = fp.loader(ds, 256, shuffle=True, seed=5, num_threads=max(1, cores - 1))
+    for epoch in range(30):  # until it has happened: each epoch has many waits with chunks left
+        want = fp.epoch(ref)
+        assert fp.same_batches(want, fp.epoch(every_core))
+        assert fp.same_batches(want, fp.epoch(spare))
+        if every_core.stats()["stepped_back"] > 0 and epoch >= 2:
+            break
+    assert every_core.stats()["helped_chunks"] > 0 and every_core.stats()["stepped_back"] > 0, every_core.stats()
+    assert spare.stats()["stepped_back"] == 0, spare.stats()
