@@ -1,13 +1,16 @@
 // The memory ceiling of a small-record gather on this machine, with nothing else running: k threads
-// copying shuffled fixed-size records from a page-cached .npy file into a ring of batch-sized slots,
-// one memcpy each, as fastpipe's readers and torch.index_select do. No loader can beat it at equal
-// cores; issue 41 compares both against it.
+// copying shuffled fixed-size records from a page-cached .npy file into batch-sized slots of 256
+// records, one memcpy each, as fastpipe's readers and torch.index_select do; issue 41 compares both
+// against it.
 //
 //   g++ -O2 -pthread -o /tmp/gather_ceiling benchmarks/gather_ceiling.cpp
-//   /tmp/gather_ceiling FILE.npy RECORD_BYTES THREADS [huge]
+//   /tmp/gather_ceiling FILE.npy RECORD_BYTES THREADS [SLOTS] [huge]
 //
-// "huge" copies from an anonymous copy of the file on 2 MiB pages instead of the mapping: the same rate
-// shows that the source's 4 KiB page walks are not what bounds the copy.
+// SLOTS (default 10) batches rotate, as a loader's read-ahead does: a slot is written again only after
+// the others, so its lines are no longer in cache. SLOTS equal to THREADS gives each thread one slot it
+// writes again and again, kept in its cache: what index_select gets from an allocator that hands back
+// the buffer just freed. "huge" copies from an anonymous copy of the file on 2 MiB pages instead of the
+// mapping: the same rate shows that the source's 4 KiB page walks are not what bounds the copy.
 #include <fcntl.h>
 #include <sys/mman.h>
 #include <unistd.h>
@@ -26,14 +29,15 @@
 
 int main(int argc, char** argv) {
   if (argc < 4) {
-    std::fprintf(stderr, "usage: %s FILE.npy RECORD_BYTES THREADS [huge]\n", argv[0]);
+    std::fprintf(stderr, "usage: %s FILE.npy RECORD_BYTES THREADS [SLOTS] [huge]\n", argv[0]);
     return 2;
   }
-  const long rec = std::atol(argv[2]), batch = 256, slots = 10, header = 128;
+  const long rec = std::atol(argv[2]), batch = 256, header = 128;
   const int threads = std::atoi(argv[3]);
-  const bool huge = argc > 4 && std::string(argv[4]) == "huge";
+  const bool huge = std::string(argv[argc - 1]) == "huge";
+  const long slots = argc > 4 && std::string(argv[4]) != "huge" ? std::atol(argv[4]) : 10;
   const int fd = ::open(argv[1], O_RDONLY);
-  if (fd < 0 || rec <= 0 || threads <= 0) {
+  if (fd < 0 || rec <= 0 || threads <= 0 || slots <= 0) {
     std::perror(argv[1]);
     return 2;
   }
@@ -65,7 +69,8 @@ int main(int argc, char** argv) {
       });
     for (auto& th : pool) th.join();
     const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    std::printf("%d thread(s)%s: %.3f M records/s\n", threads, huge ? ", 2 MiB source pages" : "", n / s / 1e6);
+    std::printf("%d thread(s), %ld slots%s: %.3f M records/s\n", threads, slots, huge ? ", 2 MiB source pages" : "",
+                n / s / 1e6);
   }
   return 0;
 }
