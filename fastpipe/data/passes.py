@@ -1,7 +1,6 @@
 """A pass over a Loader (the iterator ``iter(loader)`` returns) and the Loader's own order standing in for a
 sampler."""
 
-import contextlib
 import weakref
 
 import torch
@@ -12,7 +11,6 @@ from fastpipe.data import _collate
 # opened only while a profiler records; checking that costs ~0.1 us.
 _NEXT_RANGE = "fastpipe::loader.next"
 _profiler_enabled = torch.autograd._profiler_enabled
-_NO_RANGE = contextlib.nullcontext()
 
 
 class OwnOrder:
@@ -74,7 +72,10 @@ class EpochIterator:
             if self._stale or (moved is not None and moved != self.epoch):
                 self._loader._reclaim()
                 self._loader._start(self)
-        with torch.profiler.record_function(_NEXT_RANGE) if _profiler_enabled() else _NO_RANGE:
+        if _profiler_enabled():
+            with torch.profiler.record_function(_NEXT_RANGE):
+                tensors = self._reader.next(self._loader._timeout)
+        else:  # no context manager on the common path: entering one costs ~0.2 us of next()'s ~2
             tensors = self._reader.next(self._loader._timeout)
         if tensors is None:
             self._done = True
