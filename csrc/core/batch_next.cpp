@@ -157,7 +157,7 @@ bool BatchReader::help_locked(std::unique_lock<std::mutex>& lk, bool any_batch) 
     return false;
   const WorkItem w = take_chunk_locked(st, -1);
   std::unique_ptr<ThreadBuffers> tb = std::move(st.consumer_buffers);
-  st.consumer_reading = true;
+  ++st.consumers_reading;
   lk.unlock();
   std::exception_ptr err;
   try {
@@ -169,7 +169,7 @@ bool BatchReader::help_locked(std::unique_lock<std::mutex>& lk, bool any_batch) 
   if (!err) err = read_chunk_counted(st, w, *tb);
   st.helped_cpu_ns += thread_cpu_ns() - cpu0;
   lk.lock();
-  st.consumer_reading = false;
+  --st.consumers_reading;
   st.consumer_buffers = std::move(tb);
   ++st.helped_chunks;
   if (finish_chunk_locked(st, w, err)) st.ready_cv.notify_all();  // another thread may be in next() too

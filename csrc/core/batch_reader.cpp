@@ -183,8 +183,8 @@ BatchReader::BatchReader(std::vector<ColumnSpec> columns, ReaderOptions opt) : o
   state_ = st;
   open_ = true;
   st->cores = static_cast<int>(usable_cores());
-  if (opt.gather == GatherIn::kAuto) policy_ = std::make_unique<GatherPolicy>(usable_cores());
-  if (opt.gather != GatherIn::kNext && usable_cores() >= 2) placement_ = std::make_unique<CorePlacement>(usable_cores());
+  if (opt.gather == GatherIn::kAuto) policy_ = std::make_unique<GatherPolicy>(st->cores);
+  if (opt.gather != GatherIn::kNext && st->cores >= 2) placement_ = std::make_unique<CorePlacement>(st->cores);
 
   BlockAsyncSignals block;
   for (int t = 0; t < (opt.gather == GatherIn::kNext ? 0 : opt.num_threads); ++t) {

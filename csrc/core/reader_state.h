@@ -112,7 +112,7 @@ struct ReaderState {
   // cores lose 4-10% to switching between them, and next() is the reader that must not wait.
   int cores = 1;
   int readers_reading = 0;
-  bool consumer_reading = false;
+  int consumers_reading = 0;  // threads in next() reading a chunk (more than one may call next())
 
   // Statistics.
   std::atomic<int64_t> bytes_read{0};

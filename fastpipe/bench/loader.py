@@ -427,7 +427,7 @@ def run_dataset(name, spec, files, args, out, budget):
     pure = []
     counters = placement_counters()
     n_pure = min(200, res["batches_per_epoch"])
-    fixed = tuple(np.array(a) for a in next(iter(gather())))  # the batch the steps alone take (and read)
+    fixed = None if args.no_overlap else tuple(np.array(a) for a in next(iter(gather())))  # the steps alone's batch
     if not args.no_overlap:
         with out.progress(total=oreps * len(live), desc=f"{name}: overlap", unit="pass") as bar:
             for r in budget.repeat(f"{name} overlap", MIN_REPS, oreps):
