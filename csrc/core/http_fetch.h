@@ -5,6 +5,7 @@
 // to build it in.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -57,6 +58,35 @@ struct ObjectInfo {
   bool ranges = false;  // Accept-Ranges: bytes
 };
 
+// The bytes of each part of an object (the last one may be shorter): part_bytes, or the whole object
+// where the server takes no ranges.
+inline int64_t part_span(const ObjectInfo& info, int64_t part_bytes) {
+  return info.ranges ? std::max<int64_t>(part_bytes, 1) : std::max<int64_t>(info.size, 1);
+}
+
+// Bytes [begin, end) of object `object`'s file (a block's file: from its first byte).
+struct Part {
+  size_t object = 0;
+  int64_t begin = 0, end = 0;
+};
+
+// What HttpTransfers::fetch requests, in the order it asks for them, and what becomes of each. Called on
+// the fetching thread only.
+class PartFeed {
+ public:
+  virtual ~PartFeed() = default;
+  // Up to `want` more parts to request now (none: the fetch ends once those in flight are done). Asked
+  // whenever a request slot is free and nothing waits to be sent, so that the order follows the
+  // caller's needs as they change.
+  virtual void more(size_t want, std::vector<Part>& out) = 0;
+  virtual int fd(size_t object) const = 0;  // where the object's bytes are written (at file offsets)
+  virtual const std::string& file(size_t object) const = 0;  // its name, for messages
+  virtual void written(const Part& part) = 0;
+  // The object cannot be fetched (`why` names it and the cause); its other parts are dropped. May throw,
+  // which ends fetch() with that exception.
+  virtual void failed(size_t object, const std::string& why) = 0;
+};
+
 class HttpTransfers {
  public:
   HttpTransfers(RemoteAuth auth, TransferOptions options);
@@ -67,15 +97,18 @@ class HttpTransfers {
   // `check` runs every ~100 ms while waiting (it may throw: an interrupt).
   std::vector<ObjectInfo> head(const std::vector<RemoteObject>& objects, FunctionRef<void()> check);
 
-  // Writes each object's bytes [0, size) (a block's: [offset, offset + size), at offset - its offset)
-  // into fds[k] at their offsets (ranged parts of part_bytes when the
-  // server takes ranges, each sent with If-Match: an object changed on the server is an error, never
-  // mixed with its old bytes); done(k) runs as object k completes. Errors name the object and the cause.
-  void get(const std::vector<RemoteObject>& objects, const std::vector<ObjectInfo>& infos,
-           const std::vector<int>& fds, const std::vector<std::string>& files, FunctionRef<void(size_t)> done,
-           FunctionRef<void()> check);
+  // The parts `feed` asks for, up to max_in_flight at once, until it asks for none and none is in
+  // flight: each a ranged GET (the whole object in one when the server takes no ranges), sent with
+  // If-Match (an object changed on the server is an error, never mixed with its old bytes), its body
+  // written at its offsets. Errors name the object and the cause.
+  void fetch(const std::vector<RemoteObject>& objects, const std::vector<ObjectInfo>& infos, PartFeed& feed,
+             FunctionRef<void()> check);
+
+  // From any thread: a fetch in progress asks its feed for parts now (a reader waits for one).
+  void wake();
 
   TransferStats stats() const;
+  const TransferOptions& options() const;
 
  private:
   struct Engine;

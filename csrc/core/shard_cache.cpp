@@ -13,6 +13,7 @@
 #include <chrono>
 #include <thread>
 #include <unordered_set>
+#include <utility>
 
 #include "core/error.h"
 #include "core/sha256.h"
@@ -136,84 +137,109 @@ Fd lock_shared(const std::string& dir, const std::string& file) {
   return fd;
 }
 
+CacheDownload::CacheDownload(std::string dir, std::string file, std::string temp, Fd lock, Fd fd)
+    : dir_(std::move(dir)), file_(std::move(file)), temp_(std::move(temp)), lock_(std::move(lock)), fd_(std::move(fd)) {}
+
+CacheDownload::~CacheDownload() {
+  if (!temp_.empty()) ::unlink(temp_.c_str());
+}
+
+CacheDownload::Found CacheDownload::start(const std::string& dir, const std::string& file, const std::string& name,
+                                          int64_t size, std::unique_ptr<CacheDownload>& out) {
+  const std::string path = dir + "/" + file;
+  if (cache_file_complete(path, size)) return Found::kComplete;
+  Fd lock = try_lock(dir, file);
+  if (lock.get() < 0) return Found::kElsewhere;
+  if (cache_file_complete(path, size)) return Found::kComplete;  // another process finished it
+  remove_partial(dir, file);
+  const std::string temp = dir + "/." + file + ".part-" + std::to_string(::getpid());
+  Fd fd(::open(temp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644));
+  FP_SYSCALL(fd.get(), "cache_dir: creating '" + temp + "'");
+  std::unique_ptr<CacheDownload> d(new CacheDownload(dir, file, temp, std::move(lock), std::move(fd)));
+  if (size > 0) {
+    const int err = ::posix_fallocate(d->fd(), 0, size);
+    if (err == ENOSPC)
+      throw Error(ErrorKind::kIO, "cache_dir '" + dir + "': no room for '" + name + "' (" + bytes_text(size) +
+                                      "): the disk is full", ENOSPC);
+  }
+  out = std::move(d);
+  return Found::kStarted;
+}
+
+Fd CacheDownload::finish(bool shared) {
+  if (::rename(temp_.c_str(), (dir_ + "/" + file_).c_str()) != 0)
+    throw_syscall("cache_dir: renaming '" + temp_ + "'", errno, __FILE__, __LINE__);
+  temp_.clear();
+  fd_.reset();
+  Fd lock = std::move(lock_);
+  if (!shared) return Fd();
+  while (::flock(lock.get(), LOCK_SH) != 0)  // exclusive to shared on the same descriptor
+    if (errno != EINTR) throw_syscall("cache_dir: locking '" + dir_ + "/." + file_ + ".lock'", errno, __FILE__, __LINE__);
+  return lock;
+}
+
 void fetch_into_cache(const std::vector<RemoteObject>& objects, const std::vector<ObjectInfo>& infos,
                       const std::vector<std::string>& files, HttpTransfers& http, const std::string& dir,
                       StagedShards& out, FunctionRef<void()> check, FunctionRef<void()> arrived) {
-  const std::string pid = std::to_string(::getpid());
+  // Every part of every object at once, in order; each object renamed as its last part is written.
+  struct Feed final : PartFeed {
+    std::vector<std::unique_ptr<CacheDownload>> downloads;
+    std::vector<int64_t> left;  // bytes not written yet
+    std::vector<Part> parts;
+    size_t next = 0;
+    StagedShards* out;
+    FunctionRef<void()>* arrived;
+
+    void more(size_t want, std::vector<Part>& o) override {
+      for (; want > 0 && next < parts.size(); --want) o.push_back(parts[next++]);
+    }
+    int fd(size_t k) const override { return downloads[k]->fd(); }
+    const std::string& file(size_t k) const override { return downloads[k]->temp(); }
+    void written(const Part& p) override {
+      if ((left[p.object] -= p.end - p.begin) == 0) arrive(p.object);
+    }
+    void failed(size_t, const std::string& why) override { throw Error(ErrorKind::kIO, why); }
+    void arrive(size_t k) {
+      downloads[k]->finish();  // and its lock released
+      downloads[k].reset();
+      ++out->fetched;
+      (*arrived)();
+    }
+  };
+  const int64_t part_bytes = http.options().part_bytes;
   std::vector<size_t> todo;
   for (size_t k = 0; k < objects.size(); ++k) todo.push_back(k);
   std::vector<bool> waited(objects.size(), false);
   while (!todo.empty()) {
-    std::vector<size_t> mine, waiting;
-    std::vector<Fd> locks, fds;
-    std::vector<std::string> temps;
-    auto remove_temps = [&] {
-      for (const auto& t : temps)
-        if (!t.empty()) ::unlink(t.c_str());
-    };
+    Feed feed;
+    feed.downloads.resize(objects.size());
+    feed.left.assign(objects.size(), 0);
+    feed.out = &out;
+    feed.arrived = &arrived;
+    std::vector<size_t> waiting, empty;
     for (size_t k : todo) {
-      const std::string path = dir + "/" + files[k];
-      if (cache_file_complete(path, infos[k].size)) {
-        ++out.hits;
-        continue;
-      }
-      Fd lock = try_lock(dir, files[k]);
-      if (lock.get() < 0) {  // another process is fetching it (or evicting, or reading what it left)
-        waiting.push_back(k);
-        out.waited += waited[k] ? 0 : 1;
-        waited[k] = true;
-        continue;
-      }
-      if (cache_file_complete(path, infos[k].size)) {  // another process finished it
-        ++out.hits;
-        continue;
-      }
-      remove_partial(dir, files[k]);
-      const std::string temp = dir + "/." + files[k] + ".part-" + pid;
-      Fd fd(::open(temp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644));
-      FP_SYSCALL(fd.get(), "cache_dir: creating '" + temp + "'");
-      temps.push_back(temp);  // before anything can throw: removed on failure
-      if (infos[k].size > 0) {
-        const int err = ::posix_fallocate(fd.get(), 0, infos[k].size);
-        if (err == ENOSPC) {
-          remove_temps();
-          throw Error(ErrorKind::kIO, "cache_dir '" + dir + "': no room for '" + objects[k].name + "' (" +
-                                          bytes_text(infos[k].size) + "): the disk is full", ENOSPC);
+      switch (CacheDownload::start(dir, files[k], objects[k].name, infos[k].size, feed.downloads[k])) {
+        case CacheDownload::Found::kComplete:
+          ++out.hits;
+          break;
+        case CacheDownload::Found::kElsewhere:
+          waiting.push_back(k);
+          out.waited += waited[k] ? 0 : 1;
+          waited[k] = true;
+          break;
+        case CacheDownload::Found::kStarted: {
+          const int64_t size = infos[k].size, span = part_span(infos[k], part_bytes);
+          feed.left[k] = size;
+          if (size == 0) empty.push_back(k);
+          for (int64_t at = 0; at < size; at += span) feed.parts.push_back(Part{k, at, std::min(size, at + span)});
+          break;
         }
       }
-      mine.push_back(k);
-      locks.push_back(std::move(lock));
-      fds.push_back(std::move(fd));
     }
-    if (!mine.empty()) {
-      std::vector<RemoteObject> objs;
-      std::vector<ObjectInfo> inf;
-      std::vector<int> raw;
-      for (size_t j = 0; j < mine.size(); ++j) {
-        objs.push_back(objects[mine[j]]);
-        inf.push_back(infos[mine[j]]);
-        raw.push_back(fds[j].get());
-      }
-      try {
-        http.get(objs, inf, raw, temps,
-                 [&](size_t j) {
-                   fds[j].reset();
-                   const std::string path = dir + "/" + files[mine[j]];
-                   if (::rename(temps[j].c_str(), path.c_str()) != 0)
-                     throw_syscall("cache_dir: renaming '" + temps[j] + "'", errno, __FILE__, __LINE__);
-                   temps[j].clear();
-                   locks[j].reset();
-                   ++out.fetched;
-                   arrived();
-                 },
-                 check);
-      } catch (...) {
-        remove_temps();
-        throw;
-      }
-    }
+    for (size_t k : empty) feed.arrive(k);
+    if (!feed.parts.empty()) http.fetch(objects, infos, feed, check);
     todo = waiting;
-    if (!todo.empty() && mine.empty()) {  // only others' downloads left: wait for their locks
+    if (!todo.empty() && feed.parts.empty()) {  // only others' downloads left: wait for their locks
       std::this_thread::sleep_for(std::chrono::milliseconds(100));
       check();
     }

@@ -9,6 +9,7 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <utility>
 #include <vector>
@@ -57,6 +58,33 @@ std::string cache_file_name(const std::string& name, const ObjectInfo& info);
 
 // Creates `dir` when missing.
 void make_cache_dir(const std::string& dir);
+
+// One object being fetched into the cache by this process, under its lock: a temporary file of its size
+// (a process killed meanwhile leaves only that, never read and removed by the next one to take the lock),
+// renamed to its final name by finish(); dropped unfinished, its temporary file is removed.
+class CacheDownload {
+ public:
+  enum class Found { kStarted, kComplete, kElsewhere };
+  // Starts fetching dir/file, of `size` bytes (`name`: what errors call it), into `out`, unless the cache
+  // holds it complete (kComplete) or another process holds its lock (kElsewhere: fetching, evicting or
+  // reading it): then `out` stays empty. A disk without room for it is an Error.
+  static Found start(const std::string& dir, const std::string& file, const std::string& name, int64_t size,
+                     std::unique_ptr<CacheDownload>& out);
+  ~CacheDownload();
+  CacheDownload(const CacheDownload&) = delete;
+  CacheDownload& operator=(const CacheDownload&) = delete;
+
+  int fd() const { return fd_.get(); }  // written at the object's offsets
+  const std::string& temp() const { return temp_; }
+  // Gives it its final name (complete from then on) and releases its lock, or keeps it shared and returns
+  // it (`shared`: this process reads the file, so that no other process evicts it).
+  Fd finish(bool shared = false);
+
+ private:
+  CacheDownload(std::string dir, std::string file, std::string temp, Fd lock, Fd fd);
+  std::string dir_, file_, temp_;
+  Fd lock_, fd_;
+};
 
 // Fetches the objects into dir/files[k] unless they are complete there (counted in `out`), each under its
 // lock, all in flight together; waits for those another process is fetching. Returns when every one is

@@ -3,6 +3,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <limits>
 #include <utility>
@@ -34,15 +35,71 @@ struct ShardStream::Shard {
   bool present = false;                  // complete in the cache, as far as this stream knows
   bool demanded = false;                 // a reader waits for it
   bool seen = false;                     // opened or fetched in this pass (a cache hit counts once)
-  bool solo = false;                     // fetched alone: its batch failed, so that a failure names it
+  bool waited = false;                   // counted as fetched by another process
+  std::unique_ptr<Download> download;    // being fetched by this process
   std::string failed;                    // why it could not be fetched
 };
 
-// An open shard as the reader sees it: reads go to the cache file; the shard stays until this is gone.
+enum : uint8_t { kWanted, kAsked, kWritten };
+
+// A shard this process fetches: its temporary file, written part by part and read as parts arrive.
+struct ShardStream::Download {
+  std::unique_ptr<CacheDownload> file;
+  std::shared_ptr<RecordSource> reader;  // the temporary file (the cache file once renamed: the same inode)
+  int64_t span = 1;                      // a part's bytes
+  std::vector<uint8_t> parts;            // kWanted, kAsked, kWritten
+  int64_t left = 0;                      // parts not written
+
+  std::pair<int64_t, int64_t> parts_of(int64_t begin, int64_t end) const {  // [first, last)
+    return {begin / span, std::min<int64_t>(int64_t(parts.size()), (end + span - 1) / span)};
+  }
+};
+
+// The fetch thread's feed (core/http_fetch.h): the stream's side, under its lock.
+class ShardStream::Feed final : public PartFeed {
+ public:
+  explicit Feed(ShardStream* stream) : stream_(stream) {}
+  void more(size_t want, std::vector<Part>& out) override {
+    std::lock_guard<std::mutex> lk(stream_->mu_);
+    stream_->more(want, out);
+  }
+  // Only the fetch thread begins and ends downloads: it reads them without the lock.
+  int fd(size_t k) const override { return stream_->shards_[k].download->file->fd(); }
+  const std::string& file(size_t k) const override { return stream_->shards_[k].download->file->temp(); }
+  void written(const Part& part) override {
+    std::lock_guard<std::mutex> lk(stream_->mu_);
+    stream_->written(part);
+  }
+  void failed(size_t k, const std::string& why) override {
+    std::lock_guard<std::mutex> lk(stream_->mu_);
+    stream_->fetch_failed(int32_t(k), why);
+  }
+
+ private:
+  ShardStream* stream_;
+};
+
+// A reader waiting for a shard or a part of it: counted in blocked_seconds while it lasts, so that a stall
+// shows as it happens (with the lock held).
+struct ShardStream::Waiting {
+  ShardStream* stream;
+  bool on = false;
+  void start() {
+    if (on) return;
+    stream->count_waits(+1);
+    on = true;
+  }
+  ~Waiting() {
+    if (on) stream->count_waits(-1);
+  }
+};
+
+// An open shard as the reader sees it: reads go to the cache file (while it arrives: once the bytes they
+// need are written); the shard stays until this is gone.
 class ShardStream::Pinned final : public RecordSource {
  public:
-  Pinned(ShardStream* stream, int32_t k, std::shared_ptr<RecordSource> file)
-      : stream_(stream), k_(k), file_(std::move(file)) {}
+  Pinned(ShardStream* stream, int32_t k, std::shared_ptr<RecordSource> file, bool arriving)
+      : stream_(stream), k_(k), file_(std::move(file)), complete_(!arriving) {}
   ~Pinned() override { stream_->release(k_); }
   const std::string& path() const override { return file_->path(); }
   IoMode mode() const override { return file_->mode(); }
@@ -51,26 +108,33 @@ class ShardStream::Pinned final : public RecordSource {
   int64_t mtime_ns_at_open() const override { return file_->mtime_ns_at_open(); }
   int64_t current_size() const override { return file_->current_size(); }
   int64_t read_at_most(void* dst, int64_t len, int64_t offset) const override {
+    arrived(offset, len);
     return file_->read_at_most(dst, len, offset);
   }
   bool visit_mapped(const int64_t* offsets, int64_t count, int64_t len, MappedVisitor fn, void* ctx,
                     int64_t* done) const override {
+    for (int64_t i = 0; i < count; ++i) arrived(offsets[i], len);
     return file_->visit_mapped(offsets, count, len, fn, ctx, done);
   }
   void will_need(int64_t offset, int64_t len) const override { file_->will_need(offset, len); }
   void populate(int64_t offset, int64_t len) const override { file_->populate(offset, len); }
 
  private:
+  void arrived(int64_t offset, int64_t len) const {
+    if (!complete_.load(std::memory_order_acquire) && stream_->await(k_, offset, len))
+      complete_.store(true, std::memory_order_release);
+  }
+
   ShardStream* stream_;
   int32_t k_;
   std::shared_ptr<RecordSource> file_;
+  mutable std::atomic<bool> complete_;
 };
 
 ShardStream::ShardStream(std::vector<RemoteObject> objects, RemoteAuth auth, TransferOptions options,
                          std::string dir, int64_t limit, FunctionRef<void()> check)
     : objects_(std::move(objects)), auth_(auth), options_(options), dir_(std::move(dir)), limit_(limit),
-      owner_pid_(::getpid()), http_(std::make_unique<HttpTransfers>(std::move(auth), options)),
-      batch_bytes_(std::max<int64_t>(1, int64_t(options.max_in_flight) * options.part_bytes)) {
+      owner_pid_(::getpid()), http_(std::make_unique<HttpTransfers>(std::move(auth), options)) {
   make_cache_dir(dir_);
   infos_ = http_->head(objects_, check);
   start();
@@ -80,8 +144,7 @@ ShardStream::ShardStream(std::vector<RemoteObject> objects, std::vector<ObjectIn
                          TransferOptions options, std::string dir, int64_t limit)
     : objects_(std::move(objects)), infos_(std::move(infos)), auth_(auth), options_(options),
       dir_(std::move(dir)), limit_(limit), owner_pid_(::getpid()),
-      http_(std::make_unique<HttpTransfers>(std::move(auth), options)),
-      batch_bytes_(std::max<int64_t>(1, int64_t(options.max_in_flight) * options.part_bytes)) {
+      http_(std::make_unique<HttpTransfers>(std::move(auth), options)) {
   start();
 }
 
@@ -139,18 +202,26 @@ std::vector<std::string> ShardStream::paths() const {
 }
 
 void ShardStream::plan(const std::vector<int32_t>& order, const std::vector<int64_t>& reads,
-                       const std::vector<int32_t>& next) {
+                       const std::vector<int32_t>& next, const std::vector<int32_t>& need_shard,
+                       const std::vector<int64_t>& need_begin, const std::vector<int64_t>& need_end) {
   check_process();
   FP_CHECK_VALUE(reads.size() == shards_.size(), "a stream's plan needs one read count per shard");
-  for (const auto* list : {&order, &next})
+  for (const auto* list : {&order, &next, &need_shard})
     for (int32_t k : *list)
       FP_CHECK_VALUE(k >= 0 && size_t(k) < shards_.size(), "a stream's plan names shard " + std::to_string(k) +
                                                                " of " + std::to_string(shards_.size()));
+  FP_CHECK_VALUE(need_begin.size() == need_shard.size() && need_end.size() == need_shard.size(),
+                 "a stream's plan needs a begin and an end for each range it names");
+  for (size_t i = 0; i < need_shard.size(); ++i)
+    FP_CHECK_VALUE(0 <= need_begin[i] && need_begin[i] <= need_end[i] && need_end[i] <= infos_[need_shard[i]].size,
+                   "a stream's plan names bytes [" + std::to_string(need_begin[i]) + ", " +
+                       std::to_string(need_end[i]) + ") of shard " + std::to_string(need_shard[i]) + ", which has " +
+                       std::to_string(infos_[need_shard[i]].size));
   std::lock_guard<std::mutex> lk(mu_);
   for (size_t k = 0; k < shards_.size(); ++k) {
     shards_[k].rank = shards_[k].next_rank = kNotPlanned;
     shards_[k].reads_left = std::max<int64_t>(0, reads[k]);
-    shards_[k].seen = false;
+    shards_[k].seen = shards_[k].waited = false;
   }
   plan_.clear();
   next_.clear();
@@ -165,7 +236,20 @@ void ShardStream::plan(const std::vector<int32_t>& order, const std::vector<int6
     shards_[k].next_rank = int64_t(next_.size());
     next_.push_back(k);
   }
-  fetch_cv_.notify_one();
+  // The parts in the order the pass first reads them: the ranges named, then the rest of each shard.
+  queue_.clear();
+  cursor_ = 0;
+  std::vector<std::vector<bool>> listed(shards_.size());
+  auto list = [&](int32_t k, int64_t begin, int64_t end) {
+    const int64_t span = part_span(infos_[k], options_.part_bytes), size = infos_[k].size;
+    if (end <= begin || shards_[k].rank == kNotPlanned) return;
+    if (listed[k].empty()) listed[k].assign(size_t((size + span - 1) / span), false);
+    for (int64_t p = begin / span; p < (end + span - 1) / span; ++p)
+      if (!listed[k][size_t(p)]) listed[k][size_t(p)] = true, queue_.emplace_back(k, p);
+  };
+  for (size_t i = 0; i < need_shard.size(); ++i) list(need_shard[i], need_begin[i], need_end[i]);
+  for (int32_t k : plan_) list(k, 0, infos_[k].size);
+  poke();
 }
 
 // With the lock held: shard k opened from the cache, under its shared lock; false when it is not there
@@ -193,7 +277,13 @@ void ShardStream::demand(int32_t k) {
   if (s.demanded) return;
   s.demanded = true;
   demanded_.push_back(k);
+  poke();
+}
+
+void ShardStream::poke() {
+  ++pokes_;
   fetch_cv_.notify_one();
+  http_->wake();
 }
 
 std::unique_ptr<RecordSource> ShardStream::open(int32_t k) {
@@ -202,19 +292,20 @@ std::unique_ptr<RecordSource> ShardStream::open(int32_t k) {
   std::unique_lock<std::mutex> lk(mu_);
   Shard& s = shards_[k];
   bool waited = false;
-  struct Waiting {  // counted in blocked_seconds while it lasts, so that a stall shows as it happens
-    ShardStream* stream;
-    bool on = false;
-    void start() {
-      if (on) return;
-      stream->count_waits(+1);
-      on = true;
+  Waiting waiting{this};
+  std::shared_ptr<RecordSource> file;
+  bool arriving = false;
+  for (;;) {
+    if (!s.failed.empty()) throw Error(ErrorKind::kIO, s.failed);
+    if (open_from_disk(k)) {
+      file = s.source;
+      break;
     }
-    ~Waiting() {
-      if (on) stream->count_waits(-1);
+    if (s.download) {  // on its way: its reads wait for their parts
+      file = s.download->reader;
+      arriving = true;
+      break;
     }
-  } waiting{this};
-  while (s.failed.empty() && !open_from_disk(k)) {
     waited = true;
     waiting.start();
     demand(k);
@@ -228,7 +319,6 @@ std::unique_ptr<RecordSource> ShardStream::open(int32_t k) {
       if (cancelled) throw Error(ErrorKind::kIO, "stopped while waiting for the shard '" + objects_[k].name + "'");
     }
   }
-  if (!s.failed.empty()) throw Error(ErrorKind::kIO, s.failed);
   s.demanded = false;
   if (!s.seen && !waited) ++stats_.counts.hits;
   s.seen = true;
@@ -236,7 +326,38 @@ std::unique_ptr<RecordSource> ShardStream::open(int32_t k) {
   if (s.reads_left > 0) --s.reads_left;
   s.last_use = ++clock_;
   last_open_ = Clock::now();
-  return std::make_unique<Pinned>(this, k, s.source);
+  return std::make_unique<Pinned>(this, k, std::move(file), arriving);
+}
+
+bool ShardStream::await(int32_t k, int64_t offset, int64_t len) {
+  std::unique_lock<std::mutex> lk(mu_);
+  Shard& s = shards_[k];
+  Waiting waiting{this};
+  for (;;) {
+    if (!s.failed.empty()) throw Error(ErrorKind::kIO, s.failed);
+    if (!s.download) return true;  // a fetch ends complete or failed
+    const Download& d = *s.download;
+    const int64_t end = std::min(infos_[k].size, offset + std::max<int64_t>(len, 0));
+    bool all = true;
+    if (offset < end) {
+      const auto [first, last] = d.parts_of(offset, end);
+      for (int64_t p = first; p < last; ++p) {
+        if (d.parts[size_t(p)] == kWritten) continue;
+        all = false;
+        if (d.parts[size_t(p)] == kWanted && !waiting.on) urgent_.emplace_back(k, p);
+      }
+    }
+    if (all) return false;
+    if (!waiting.on) poke();
+    waiting.start();
+    ready_cv_.wait_for(lk, kPoll);
+    if (stop_)
+      throw Error(ErrorKind::kIO, "the dataset was closed while its shard '" + objects_[k].name + "' was fetched");
+    lk.unlock();
+    const bool cancelled = source_wait_cancelled();
+    lk.lock();
+    if (cancelled) throw Error(ErrorKind::kIO, "stopped while waiting for the shard '" + objects_[k].name + "'");
+  }
 }
 
 void ShardStream::release(int32_t k) {
@@ -245,7 +366,7 @@ void ShardStream::release(int32_t k) {
   if (s.pins == 0 || --s.pins > 0) return;
   s.source.reset();
   s.lock.reset();
-  fetch_cv_.notify_one();
+  if (limit_ >= 0) poke();  // it may be evicted now, to make room
 }
 
 void ShardStream::pin(const std::vector<int32_t>& ks, FunctionRef<void()> check) {
@@ -342,41 +463,138 @@ bool ShardStream::make_room_for(int32_t k, int64_t size, std::vector<CacheFile>&
   return true;
 }
 
-// The next shards to fetch (with the lock held): those readers wait for, then the plan's, up to about a
-// batch of transfers, each with room made for it under the limit.
-std::vector<int32_t> ShardStream::choose_batch() {
-  while (!demanded_.empty() && !shards_[demanded_.front()].demanded) demanded_.pop_front();
-  std::vector<int32_t> wanted;
-  std::vector<bool> taken(shards_.size(), false);
-  auto want = [&](int32_t k) {
-    const Shard& s = shards_[k];
-    if (taken[k] || s.present || !s.failed.empty()) return;
-    taken[k] = true;
-    wanted.push_back(k);
+// The next parts to request (with the lock held): those readers wait for (the shards they wait to open
+// begun first), then the plan's in the order it first needs them, then the rest of the shards begun (each
+// finished once begun: its lock keeps other processes waiting), then the next pass's first shards; each
+// shard's fetch begun with room made for it under the limit.
+void ShardStream::more(size_t want, std::vector<Part>& out) {
+  auto ask = [&](int32_t k, int64_t p) {
+    Download& d = *shards_[k].download;
+    if (d.parts[size_t(p)] != kWanted) return;
+    d.parts[size_t(p)] = kAsked;
+    out.push_back(Part{size_t(k), p * d.span, std::min(infos_[k].size, (p + 1) * d.span)});
   };
-  for (int32_t k : demanded_) want(k);
-  for (int32_t k : plan_)
-    if (shards_[k].reads_left > 0) want(k);
-  for (int32_t k : next_) want(k);  // after every shard of this pass: room this pass does not need
-  std::vector<int32_t> batch;
-  std::vector<CacheFile> files;
-  int64_t used = 0, bytes = 0;
-  if (limit_ >= 0 && !wanted.empty()) {
-    files = list_cache(dir_);
-    for (const auto& f : files) used += f.size;
+  auto ask_all = [&](int32_t k) {
+    const Download& d = *shards_[k].download;
+    for (int64_t p = 0; p < int64_t(d.parts.size()) && out.size() < want; ++p) ask(k, p);
+  };
+  while (out.size() < want && !urgent_.empty()) {
+    const auto [k, p] = urgent_.front();
+    urgent_.pop_front();
+    if (shards_[k].download) ask(k, p);
   }
-  for (int32_t k : wanted) {
-    Shard& s = shards_[k];
-    if (!batch.empty() && (bytes >= batch_bytes_ || s.solo)) break;
-    if (limit_ >= 0) {
-      if (!make_room_for(k, infos_[k].size, files, used)) break;
-      used += infos_[k].size;
+  while (!demanded_.empty() && !shards_[demanded_.front()].demanded) demanded_.pop_front();
+  for (int32_t k : demanded_)  // begun, a reader opens it; its reads then ask for the parts they need
+    if (shards_[k].demanded) begin_fetch(k);
+  bool room = true;
+  for (; cursor_ < queue_.size() && out.size() < want; ++cursor_) {
+    const auto [k, p] = queue_[cursor_];
+    const Shard& s = shards_[k];
+    if (s.present || !s.failed.empty() || (s.reads_left == 0 && !s.download)) continue;
+    const Begun begun = begin_fetch(k);
+    if (begun == Begun::kNoRoom) {
+      room = false;
+      break;
     }
-    batch.push_back(k);
-    bytes += infos_[k].size;
-    if (s.solo) break;
+    if (begun == Begun::kYes) ask(k, p);
   }
-  return batch;
+  for (int32_t k : downloading_) {
+    if (out.size() >= want) return;
+    ask_all(k);
+  }
+  if (!room || cursor_ < queue_.size()) return;  // after every part of this pass: room it does not need
+  for (int32_t k : next_) {
+    if (out.size() >= want) return;
+    const Begun begun = begin_fetch(k);
+    if (begun == Begun::kNoRoom) return;
+    if (begun == Begun::kYes) ask_all(k);
+  }
+}
+
+// Shard k being fetched by this process from now on (kYes; so already), or not: it is complete, failed or
+// fetched by another process (kNo), or the limit leaves no room for it yet (kNoRoom).
+ShardStream::Begun ShardStream::begin_fetch(int32_t k) {
+  Shard& s = shards_[k];
+  if (s.download) return Begun::kYes;
+  if (s.present || !s.failed.empty()) return Begun::kNo;
+  const int64_t size = infos_[k].size;
+  try {
+    if (limit_ >= 0) {
+      std::vector<CacheFile> files = list_cache(dir_);
+      int64_t used = downloading_bytes_;
+      for (const auto& f : files) used += f.size;
+      if (!make_room_for(k, size, files, used)) return Begun::kNoRoom;
+    }
+    std::unique_ptr<CacheDownload> file;
+    switch (CacheDownload::start(dir_, files_[k], objects_[k].name, size, file)) {
+      case CacheDownload::Found::kComplete:
+        if (!s.seen) ++stats_.counts.hits;
+        s.present = s.seen = true;
+        ready_cv_.notify_all();
+        return Begun::kNo;
+      case CacheDownload::Found::kElsewhere:
+        if (!s.waited) ++stats_.counts.waited;
+        s.waited = true;
+        return Begun::kNo;
+      case CacheDownload::Found::kStarted:
+        break;
+    }
+    auto d = std::make_unique<Download>();
+    d->span = part_span(infos_[k], options_.part_bytes);
+    d->parts.assign(size_t((size + d->span - 1) / d->span), kWanted);
+    d->left = int64_t(d->parts.size());
+    d->reader = open_record_source(file->temp(), IoMode::kPread);
+    d->file = std::move(file);
+    s.download = std::move(d);
+  } catch (const std::exception& e) {
+    fetch_failed(k, e.what());
+    return Begun::kNo;
+  }
+  s.seen = true;  // counted as fetched: its first open is no cache hit
+  ready_cv_.notify_all();  // readers waiting to open it read what has arrived from now on
+  downloading_.push_back(k);
+  downloading_bytes_ += size;
+  if (s.download->left > 0) return Begun::kYes;
+  written(Part{size_t(k), 0, 0});  // an empty shard is complete at once
+  return Begun::kNo;
+}
+
+void ShardStream::written(const Part& part) {
+  const int32_t k = int32_t(part.object);
+  Shard& s = shards_[k];
+  stats_.transfer = http_->stats();
+  if (!s.download) return;
+  Download& d = *s.download;
+  if (part.end > part.begin) {
+    d.parts[size_t(part.begin / d.span)] = kWritten;
+    --d.left;
+  }
+  if (d.left == 0) {
+    try {
+      Fd lock = d.file->finish(s.pins > 0);
+      if (s.pins > 0) s.source = d.reader, s.lock = std::move(lock);  // the readers' pin holds it from now on
+    } catch (const std::exception& e) {
+      fetch_failed(k, e.what());
+      return;
+    }
+    s.download.reset();
+    downloading_.erase(std::find(downloading_.begin(), downloading_.end(), k));
+    downloading_bytes_ -= infos_[k].size;
+    s.present = true;
+    ++stats_.counts.fetched;
+  }
+  ready_cv_.notify_all();
+}
+
+void ShardStream::fetch_failed(int32_t k, const std::string& why) {
+  Shard& s = shards_[k];
+  s.failed = why;
+  if (s.download) {  // its temporary file removed (readers hold it open until they see the failure)
+    s.download.reset();
+    downloading_.erase(std::find(downloading_.begin(), downloading_.end(), k));
+    downloading_bytes_ -= infos_[k].size;
+  }
+  ready_cv_.notify_all();
 }
 
 void ShardStream::run() {
@@ -384,52 +602,31 @@ void ShardStream::run() {
     std::lock_guard<std::mutex> lk(mu_);
     if (stop_) throw Error(ErrorKind::kIO, "the shard stream is closing");
   };
+  Feed feed(this);
   std::unique_lock<std::mutex> lk(mu_);
   while (!stop_) {
-    const std::vector<int32_t> batch = choose_batch();
-    if (batch.empty()) {
-      fetch_cv_.wait_for(lk, kPoll);
-      continue;
-    }
+    const int64_t pokes = pokes_;
     lk.unlock();
-    std::vector<RemoteObject> objs;
-    std::vector<ObjectInfo> infos;
-    std::vector<std::string> files;
-    for (int32_t k : batch) {
-      objs.push_back(objects_[k]);
-      infos.push_back(infos_[k]);
-      files.push_back(files_[k]);
-    }
-    StagedShards counts;
     std::string failure;
     try {
-      // Readers may open a shard as soon as it has its name: the counters follow each arrival.
-      fetch_into_cache(objs, infos, files, *http_, dir_, counts, check, [this] {
-        std::lock_guard<std::mutex> guard(mu_);
-        stats_.transfer = http_->stats();
-      });
+      http_->fetch(objects_, infos_, feed, check);
     } catch (const std::exception& e) {
       failure = e.what();
     }
     lk.lock();
     if (stop_) break;
-    stats_.counts.hits += counts.hits;
-    stats_.counts.fetched += counts.fetched;
-    stats_.counts.waited += counts.waited;
     stats_.transfer = http_->stats();
-    for (int32_t k : batch) {
-      Shard& s = shards_[k];
-      if (failure.empty()) {
-        s.present = true;
-        s.seen = true;  // counted by the fetch (fetched, or found there): its first open is no cache hit
-      } else if (batch.size() == 1) {
-        s.failed = failure;
-      } else {
-        s.solo = true;  // fetched again alone, so that its error, if any, is its own
-      }
-    }
+    // Not one object's failure (those reach fetch_failed): every shard on its way fails with it.
+    if (!failure.empty())
+      for (const int32_t k : std::vector<int32_t>(downloading_))
+        fetch_failed(k, "'" + objects_[k].name + "': " + failure);
     ready_cv_.notify_all();
+    // Nothing to fetch: until a reader, a plan or a released shard changes that, or another process's
+    // download may have ended.
+    fetch_cv_.wait_for(lk, kPoll, [&] { return stop_ || pokes_ != pokes; });
   }
+  for (const int32_t k : downloading_) shards_[k].download.reset();  // their temporary files removed
+  downloading_.clear();
 }
 
 }  // namespace fastpipe

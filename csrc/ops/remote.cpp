@@ -118,7 +118,8 @@ void bind_remote(py::module& m) {
       .def("blocks", &ShardStream::blocks, py::arg("shard"), py::arg("begin"), py::arg("end"),
            py::call_guard<py::gil_scoped_release>())
       .def("plan", &ShardStream::plan, py::arg("order"), py::arg("reads"), py::arg("next") = std::vector<int32_t>{},
-           py::call_guard<py::gil_scoped_release>())
+           py::arg("need_shard") = std::vector<int32_t>{}, py::arg("need_begin") = std::vector<int64_t>{},
+           py::arg("need_end") = std::vector<int64_t>{}, py::call_guard<py::gil_scoped_release>())
       .def(
           "pin",
           [](ShardStream& s, const std::vector<int32_t>& ks) {

@@ -277,7 +277,15 @@ class WebDataset(_Images):
         units = self._unit_of[indices]
         reads = np.bincount(units, minlength=len(self._unit_bytes))
         after = first_use(self._unit_of[following()])[:ahead] if following is not None else np.zeros(0, np.int32)
-        self._stream.plan(first_use(units), reads.astype(np.int64), after)
+        need = {}
+        if self._unit_of is self._shard_of:
+            # Whole shards: their blocks' bytes in the order the pass first reads them, so that a window
+            # of blocks from many shards is fetched before the rest of those shards.
+            b = self._shard_blocks
+            first = first_use(b.of[indices])
+            need = dict(need_shard=b.shard[first].astype(np.int32).tolist(), need_begin=b.begin[first].tolist(),
+                        need_end=b.end[first].tolist())
+        self._stream.plan(first_use(units), reads.astype(np.int64), after, **need)
 
     def _check_order(self, shuffle, shuffle_window, window_blocks):
         """A Loader's order must fit the cache: a shard per sample (shuffle=True) or a window of blocks

@@ -36,11 +36,13 @@ class FaultyServer:
     closes), "reset" (closed before any answer), "stall" (the headers, then silence until released),
     "ignore_range" (200 and the whole object), "no_content_range" (206 without saying which bytes),
     "replace:<hex>" (the object changes before the answer),
-    or "ok"). Every request is logged: (method, path, Range header)."""
+    or "ok"); and `hold(path, first byte)`, when set, holds the ranged GETs it is true for until released.
+    Every request is logged: (method, path, Range header)."""
 
     def __init__(self):
         self.objects, self.faults, self.log = {}, {}, []
         self.ranges = True  # False: HEADs do not say Accept-Ranges
+        self.hold = None
         self.release = threading.Event()
         self.lock = threading.Lock()
         server = self
@@ -109,6 +111,8 @@ class FaultyServer:
                     a, b = rng.split("=", 1)[1].split("-")
                     start, end, status = int(a), min(int(b) + 1, len(data)), 206
                     extra = [] if fault == "no_content_range" else [("Content-Range", f"bytes {start}-{end - 1}/{len(data)}")]
+                    if server.hold is not None and server.hold(self.path, start):
+                        server.release.wait(60)
                 self._headers(status, end - start, etag, extra)
                 body = data[start:end]
                 if fault == "truncate":
