@@ -49,7 +49,7 @@ struct TransferStats {
   int64_t bytes = 0;     // body bytes received and written
   int64_t requests = 0;  // requests sent (retries included)
   int64_t retries = 0;
-  double seconds = 0;    // wall time spent in head() and get()
+  double seconds = 0;    // wall time spent in head() and fetch()
 };
 
 struct ObjectInfo {

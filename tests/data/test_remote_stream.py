@@ -147,6 +147,24 @@ def test_a_shard_gone_from_the_server_fails_its_batches_naming_its_url(faulty, t
     assert faulty.url + "/part-03.tar" in str(err.value)
 
 
+def test_a_shard_that_changes_while_it_is_read_fails_its_readers_and_leaves_no_file(faulty, tmp_path, rng):
+    # The first parts of part-00 arrive and are read; then the object changes on the server: the reads
+    # waiting for its later parts end with an error naming it, and no file of it stays in the cache.
+    data = shards(rng, 2, samples=(24, 30))
+    urls, _ = served(faulty, tmp_path, data)
+    index = tmp_path / "index"
+    fastpipe.WebDataset(urls, storage_options=FAST, cache_dir=tmp_path / "indexing", index_cache=index)
+    name, blob = data[0]
+    faulty.put("/" + name, blob, faults=["ok", "ok", "replace:" + rng.bytes(len(blob)).hex()])
+    cache = tmp_path / "cache"
+    ds = fastpipe.WebDataset(urls, storage_options=FAST, cache_dir=cache, index_cache=index)
+    with pytest.raises(Exception, match=r"part-00\.tar.*changed on the server") as err:
+        for _ in loader(ds, shuffle=False, num_threads=1):
+            pass
+    assert faulty.url + "/part-00.tar" in str(err.value)
+    assert not [e.name for e in os.scandir(cache) if "part-00" in e.name and not e.name.endswith(".lock")]
+
+
 def stalled_dataset(faulty, tmp_path, rng):
     """(the shards, a dataset of them whose index is kept but whose cache is empty), each shard's next GET
     stalling on the server until faulty.release (a minute at most)."""
