@@ -15,6 +15,9 @@ block shuffle (shuffle="blocks", --window), what data in a store calls for:
 - fastpipe warm: the same with the cache filled (nothing fetched)
 - fastpipe stream: cache_limit half the shards' bytes, the index kept: every epoch streams them all; its
   second epoch is timed (the first also fetches the second's first window)
+- fastpipe cold and warm with k - 1 reader threads, over http at --rtt-ms: a core left to the network's
+  side (the proxy, nginx, the kernel's loopback, the fetch), whose CPU the other rows take from the
+  readers on a small machine: whether the latency is hidden where the CPU allows
 - fastpipe local: WebDataset(the local shards) constructed, then the epoch
 - webdataset + WebLoader: its README's recipe over the http URLs (curl per shard, as webdataset opens
   them), one warm-up epoch first; over S3 it is reported as not run, with the reason
@@ -34,6 +37,7 @@ row: taken from the 2 cores the loaders share with them) and each row's median r
 and to fastpipe warm of the same store in the same round.
 """
 
+import argparse
 import os
 import shutil
 import statistics
@@ -155,7 +159,13 @@ def measure(args, out, proxies, stores, names, shards, total, work, results, ski
         rows[f"{label}: fastpipe stream (cache_limit shards/2), 2nd epoch"] = \
             lambda u=urls, o=options, d=cache, i=index: (emptied(d), fastpipe_pass(u, args, d, o, i, limit=total // 2,
                                                                                 epochs=2))[1]
-        servers_of.update((key, running) for key in rows if key.startswith(label + ":"))
+        if store == "http" and rtt == args.rtt_ms and args.threads > 1:
+            fewer = argparse.Namespace(**dict(vars(args), threads=args.threads - 1))
+            spare = f"{label}, {fewer.threads} reader thread{'s' if fewer.threads > 1 else ''}"
+            rows[f"{spare}: fastpipe cold"] = lambda u=urls, o=options, d=cache, i=index: (
+                emptied(d), fastpipe_pass(u, fewer, d, o, i))[1]
+            rows[f"{spare}: fastpipe warm"] = lambda u=urls, o=options, d=cache, i=index: fastpipe_pass(u, fewer, d, o, i)
+        servers_of.update((key, running) for key in rows if key.split(":")[0].startswith(label))
     rows["local: fastpipe"] = lambda: fastpipe_pass(shards, args, index=os.path.join(work, "index-local"))
     for key in rows:
         for m in METRICS:

@@ -161,6 +161,12 @@ def test_remote_quick_reports_every_row(tmp_path):
             want = {"warm": (0, 0), "stream": (0.9, 1.0 + 1 / 4 + 0.02)}.get(kind, (1.0, 1.02))
             assert want[0] <= share <= want[1], (key, share)
         assert f"| {store} 20 ms: fastpipe cold" in md
+    # With a core left to the network's side: cold (every shard once) and warm, over http.
+    spare = {k.split(": ")[1]: k for k in rates if k.startswith("http 20 ms, ")}
+    if len(os.sched_getaffinity(0)) > 1:
+        assert sorted(spare) == ["fastpipe cold", "fastpipe warm"], spare
+        assert 1.0 <= max(fetched[spare["fastpipe cold"]]) / results["shard_bytes"] <= 1.02
+        assert max(fetched[spare["fastpipe warm"]]) == 0 and f"| {spare['fastpipe cold']}" in md
     assert min(rates["local: fastpipe"]) > 0
     for peer in ("litdata", "Mosaic streaming (MDS)", "s3torchconnector (tar shards)", "webdataset + WebLoader"):
         key = f"s3 20 ms: {peer}"
