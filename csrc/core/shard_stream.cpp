@@ -347,6 +347,7 @@ StreamStats ShardStream::stats() const {
   check_process();
   std::lock_guard<std::mutex> lk(mu_);
   StreamStats out = stats_;
+  out.fetching = int64_t(downloading_.size());
   out.blocked_seconds += waiting_ * std::chrono::duration<double>(Clock::now() - waits_mark_).count();
   return out;
 }

@@ -31,6 +31,7 @@ namespace fastpipe {
 struct StreamStats {
   StagedShards counts;          // hits, fetched, waited (paths and infos left empty)
   int64_t evicted = 0;          // shards of this stream evicted to make room
+  int64_t fetching = 0;         // shards being fetched now (begun, not complete)
   double blocked_seconds = 0;   // reader threads' time waiting for a shard, summed over them (waits in
                                 // progress included)
   TransferStats transfer;

@@ -134,6 +134,7 @@ void bind_remote(py::module& m) {
         const StreamStats st = s.stats();
         py::dict d = transfer_dict(st.counts, st.transfer);
         d["shards_evicted"] = st.evicted;
+        d["shards_fetching"] = st.fetching;
         d["blocked_seconds"] = st.blocked_seconds;
         return d;
       });

@@ -78,7 +78,14 @@ def fastpipe_pass(urls, args, cache=None, options=None, index=None, limit=None, 
                          drop_last=True, num_threads=args.threads, transforms={0: tf})
 
     def fetched():
-        return ds.fetch_stats["bytes_fetched"] if ds.fetch_stats else 0
+        """The bytes fetched so far once the fetches under way have landed (untimed): an epoch can end
+        before the next one's first window, which it fetches ahead, has all arrived."""
+        if not ds.fetch_stats:
+            return 0
+        deadline = time.monotonic() + 60
+        while ds.fetch_stats["shards_fetching"] and time.monotonic() < deadline:
+            time.sleep(0.005)
+        return ds.fetch_stats["bytes_fetched"]
 
     before = after = 0  # the first epoch's bytes include the construction's (an index built from the shards)
     for _ in range(epochs):

@@ -240,7 +240,7 @@ class WebDataset(_Images):
     @property
     def fetch_stats(self):
         """Remote shards: the transfer's counters so far (cache_hits, shards_fetched, shards_waited,
-        shards_evicted, bytes_fetched, requests, retries, network_seconds, blocked_seconds; a dataset
+        shards_evicted, shards_fetching (on their way now, the next epoch's first ones included), bytes_fetched, requests, retries, network_seconds, blocked_seconds; a dataset
         streaming in blocks counts blocks as shards after the index's whole shards); None for local shards."""
         if self._stream is None:
             return None

@@ -106,12 +106,13 @@ def test_a_window_is_read_while_the_rest_of_its_shards_is_on_its_way(faulty, tmp
     asked = [(p, int(r.split("=")[1].split("-")[0]) // part) for m, p, r in faulty.log[logged:] if m == "GET"]
     assert needed <= set(asked) and not needed >= set(asked)  # others asked for, and held
     assert ds.fetch_stats["shards_fetched"] == 0 and ds.fetch_stats["bytes_fetched"] <= len(needed) * part
+    assert ds.fetch_stats["shards_fetching"] > 0
     faulty.release.set()
     theirs = iter(loader(local, **window))
     for (x, y), (rx, ry) in zip(itertools.chain([first], it), theirs, strict=True):
         np.testing.assert_array_equal(y.numpy(), ry.numpy())
         np.testing.assert_array_equal(x.numpy(), rx.numpy())
-    assert ds.fetch_stats["shards_fetched"] == len(data)
+    assert ds.fetch_stats["shards_fetched"] == len(data) and ds.fetch_stats["shards_fetching"] == 0
     assert ds.fetch_stats["bytes_fetched"] == sum(len(b) for _, b in data)  # each part once
     ld.close()
 
