@@ -147,8 +147,9 @@ ShardStream::Begun ShardStream::begin_fetch(int32_t k) {
   try {
     if (limit_ >= 0) {
       std::vector<CacheFile> files = list_cache(dir_);
-      int64_t used = downloading_bytes_;
+      int64_t used = 0;  // the cache's files, and the temporary files of the shards on their way
       for (const auto& f : files) used += f.size;
+      for (const int32_t j : downloading_) used += infos_[j].size;
       if (!make_room_for(k, size, files, used)) return Begun::kNoRoom;
     }
     std::unique_ptr<CacheDownload> file;
@@ -179,7 +180,6 @@ ShardStream::Begun ShardStream::begin_fetch(int32_t k) {
   s.seen = true;  // counted as fetched: its first open is no cache hit
   ready_cv_.notify_all();  // readers waiting to open it read what has arrived from now on
   downloading_.push_back(k);
-  downloading_bytes_ += size;
   if (s.download->left > 0) return Begun::kYes;
   written(Part{size_t(k), 0, 0});  // an empty shard is complete at once
   return Begun::kNo;
@@ -203,9 +203,7 @@ void ShardStream::written(const Part& part) {
       fetch_failed(k, e.what());
       return;
     }
-    s.download.reset();
-    downloading_.erase(std::find(downloading_.begin(), downloading_.end(), k));
-    downloading_bytes_ -= infos_[k].size;
+    end_fetch(k);
     s.present = true;
     ++stats_.counts.fetched;
   }
@@ -215,12 +213,13 @@ void ShardStream::written(const Part& part) {
 void ShardStream::fetch_failed(int32_t k, const std::string& why) {
   Shard& s = shards_[k];
   s.failed = why;
-  if (s.download) {  // its temporary file removed (readers hold it open until they see the failure)
-    s.download.reset();
-    downloading_.erase(std::find(downloading_.begin(), downloading_.end(), k));
-    downloading_bytes_ -= infos_[k].size;
-  }
+  if (s.download) end_fetch(k);  // its temporary file removed (readers hold it open until they see why)
   ready_cv_.notify_all();
+}
+
+void ShardStream::end_fetch(int32_t k) {
+  shards_[k].download.reset();
+  downloading_.erase(std::find(downloading_.begin(), downloading_.end(), k));
 }
 
 void ShardStream::run() {
@@ -251,8 +250,7 @@ void ShardStream::run() {
     // download may have ended.
     fetch_cv_.wait_for(lk, kPoll, [&] { return stop_ || pokes_ != pokes; });
   }
-  for (const int32_t k : downloading_) shards_[k].download.reset();  // their temporary files removed
-  downloading_.clear();
+  while (!downloading_.empty()) end_fetch(downloading_.back());  // their temporary files removed
 }
 
 }  // namespace fastpipe

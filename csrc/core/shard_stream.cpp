@@ -243,15 +243,7 @@ std::unique_ptr<RecordSource> ShardStream::open(int32_t k) {
     waited = true;
     waiting.start();
     demand(k);
-    ready_cv_.wait_for(lk, kPoll);
-    if (stop_)
-      throw Error(ErrorKind::kIO, "the dataset was closed while its shard '" + objects_[k].name + "' was fetched");
-    if (s.failed.empty()) {
-      lk.unlock();
-      const bool cancelled = source_wait_cancelled();
-      lk.lock();
-      if (cancelled) throw Error(ErrorKind::kIO, "stopped while waiting for the shard '" + objects_[k].name + "'");
-    }
+    wait_for_shard(lk, k);
   }
   s.demanded = false;
   if (!s.seen && !waited) ++stats_.counts.hits;
@@ -284,14 +276,19 @@ bool ShardStream::await(int32_t k, int64_t offset, int64_t len) {
     if (all) return false;
     if (!waiting.on) poke();
     waiting.start();
-    ready_cv_.wait_for(lk, kPoll);
-    if (stop_)
-      throw Error(ErrorKind::kIO, "the dataset was closed while its shard '" + objects_[k].name + "' was fetched");
-    lk.unlock();
-    const bool cancelled = source_wait_cancelled();
-    lk.lock();
-    if (cancelled) throw Error(ErrorKind::kIO, "stopped while waiting for the shard '" + objects_[k].name + "'");
+    wait_for_shard(lk, k);
   }
+}
+
+void ShardStream::wait_for_shard(std::unique_lock<std::mutex>& lk, int32_t k) {
+  ready_cv_.wait_for(lk, kPoll);
+  if (stop_)
+    throw Error(ErrorKind::kIO, "the dataset was closed while its shard '" + objects_[k].name + "' was fetched");
+  if (!shards_[k].failed.empty()) return;  // the caller says why
+  lk.unlock();
+  const bool cancelled = source_wait_cancelled();
+  lk.lock();
+  if (cancelled) throw Error(ErrorKind::kIO, "stopped while waiting for the shard '" + objects_[k].name + "'");
 }
 
 void ShardStream::release(int32_t k) {

@@ -97,11 +97,15 @@ class ShardStream final : public ShardOpener {
   Begun begin_fetch(int32_t k);
   void written(const Part& part);
   void fetch_failed(int32_t k, const std::string& why);
+  void end_fetch(int32_t k);  // its Download dropped (complete, failed or stopped)
   bool make_room_for(int32_t k, int64_t size, std::vector<CacheFile>& files, int64_t& used);
   bool open_from_disk(int32_t k);
   // A reader of shard k while it arrives: returns once bytes [offset, offset + len) are written (true when
   // the whole shard is), throws when it cannot be fetched or the stream closes.
   bool await(int32_t k, int64_t offset, int64_t len);
+  // A reader's wait for shard k, one poll long (with the lock held): an Error when the stream closes or
+  // the reader is stopped meanwhile.
+  void wait_for_shard(std::unique_lock<std::mutex>& lk, int32_t k);
   void demand(int32_t k);
   void poke();  // the fetch thread: something changed (with the lock held)
   void count_waits(int delta);
@@ -127,7 +131,6 @@ class ShardStream final : public ShardOpener {
   std::deque<int32_t> demanded_;      // shards readers wait to open, first asked first
   std::deque<std::pair<int32_t, int64_t>> urgent_;  // (shard, part) a reader waits for
   std::vector<int32_t> downloading_;  // shards being fetched, in the order begun
-  int64_t downloading_bytes_ = 0;     // their sizes (their temporary files are not the cache's files yet)
   std::vector<int32_t> plan_;
   std::vector<std::pair<int32_t, int64_t>> queue_;  // (shard, part) in the order the plan first needs them
   size_t cursor_ = 0;                                // queue_'s first part not yet settled
