@@ -162,6 +162,7 @@ class Nginx(_Process):
         if binary is None:
             raise ServerUnavailable("nginx is not installed (`make system-deps` installs it)")
         self.port = free_port()
+        workdir = os.path.abspath(workdir)  # nginx takes relative paths from its prefix, not from here
         os.makedirs(workdir, exist_ok=True)
         conf = os.path.join(workdir, "nginx.conf")
         temps = " ".join(f"{k}_temp_path {os.path.join(workdir, k)};" for k in

@@ -240,8 +240,9 @@ class WebDataset(_Images):
     @property
     def fetch_stats(self):
         """Remote shards: the transfer's counters so far (cache_hits, shards_fetched, shards_waited,
-        shards_evicted, shards_fetching (on their way now, the next epoch's first ones included), bytes_fetched, requests, retries, network_seconds, blocked_seconds; a dataset
-        streaming in blocks counts blocks as shards after the index's whole shards); None for local shards."""
+        shards_evicted, shards_fetching (on their way now, the next epoch's first ones included),
+        bytes_fetched, requests, retries, network_seconds, blocked_seconds; a dataset streaming in blocks
+        counts blocks as shards after the index's whole shards); None for local shards."""
         if self._stream is None:
             return None
         return {k: v + self._fetched_whole.get(k, 0) for k, v in self._stream.stats().items()}
