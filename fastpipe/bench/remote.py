@@ -270,5 +270,5 @@ def run(args, out):
                            f"batch {args.batch_size}, k={args.threads}, shuffle_window {args.window}, {args.rounds} rounds, "
                            f"servers on 127.0.0.1; ratios: medians of same-round ratios")
     for key, why in skipped.items():
-        out.log(f"{key}: {why}")
+        out.note(f"- {key}: {why}")  # in the results' tables too: a row not run says why
     return {**results, "not_run": skipped, "shard_bytes": total, "torch": torch.__version__}

@@ -172,6 +172,8 @@ def test_remote_quick_reports_every_row(tmp_path):
         key = f"s3 20 ms: {peer}"
         assert (key in rates) != (key in results["not_run"]), key
         assert key in rates or results["not_run"][key].startswith("not run: "), key
+    for key, why in results["not_run"].items():
+        assert f"- {key}: {why}" in md, key  # the tables say why a row was not run, not only the JSON
 
 
 def test_conv_quick_runs_a_few_rows_of_every_part(tmp_path):
