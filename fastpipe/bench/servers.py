@@ -231,7 +231,10 @@ def _spliced(src, dst):
     """Forwards src to dst through a pipe, the bytes never entering this process."""
     out, into = os.pipe()
     try:
-        fcntl.fcntl(into, fcntl.F_SETPIPE_SZ, _PIPE)
+        try:
+            fcntl.fcntl(into, fcntl.F_SETPIPE_SZ, _PIPE)
+        except PermissionError:
+            pass  # pipe-max-size set lower and not root: the default 64 KiB, more calls for the same bytes
         while n := os.splice(src.fileno(), into, _PIPE):
             while n:
                 n -= os.splice(out, dst.fileno(), n)
