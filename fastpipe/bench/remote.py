@@ -24,7 +24,7 @@ block shuffle (shuffle="blocks", --window), what data in a store calls for:
 - over S3 at --rtt-ms, litdata, Mosaic streaming and s3torchconnector (fastpipe/bench/remote_peers.py: each
   converted from the same images, or the same shards): a first epoch with their cache empty and a second
   epoch; a peer not installed (run this with an interpreter that has them) or failing is reported as not
-  run, with why
+  run, with why (one that fails after rounds it completed: those rounds, and why it stopped)
 
 "s3" is moto (every signature checked, at a large CPU cost on a small machine: see the servers' CPU
 column); "s3 via nginx" answers the same S3 requests from a folder without checking signatures
@@ -133,7 +133,23 @@ def webdataset_pass(urls, args):
 METRICS = ("rates", "rates_after_first_batch", "first_batch", "fetched", "server_cpu_seconds")
 
 
-def measure(args, out, proxies, stores, names, shards, total, work, results, skipped, corpus):
+def peer_failed(error, keys, rounds, results, skipped, stopped):
+    """A peer's rows `keys` (its first and second epoch) after `error`: those with rounds measured keep them
+    and go into stopped, with why; the others into skipped ("not run"), out of results."""
+    last = (str(error).strip().splitlines() or [""])[-1]  # a worker's traceback ends with the cause
+    why = f"failed against this server: {type(error).__name__}: {last[:400]}"
+    for k in keys:
+        if results["rates"][k]:
+            stopped[k] = f"measured in {len(results['rates'][k])} of {rounds} rounds, then {why}"
+            continue
+        skipped[k] = f"not run: {why}"
+        for m in METRICS:
+            results[m].pop(k, None)
+
+
+def measure(args, out, proxies, stores, names, shards, total, work, results, skipped, stopped, corpus):
+    """Runs every row args.rounds times into results; a peer that fails goes into skipped ("not run", why)
+    or, after rounds it completed, into stopped (why), and is not run again."""
     rows, servers_of, peers = {}, {}, {}  # peers: each peer row's rows (both epochs)
     for (store, rtt), proxy in proxies.items():
         port = proxy.port if proxy else stores[store][0]
@@ -179,7 +195,7 @@ def measure(args, out, proxies, stores, names, shards, total, work, results, ski
             results[m][key] = []
     for r in range(args.rounds):
         for key, run in rows.items():
-            if key in skipped:  # a peer that failed in an earlier round
+            if key in skipped or key in stopped:  # a peer that failed in an earlier round
                 continue
             cpu = sum(p.cpu_seconds() for p in servers_of.get(key, []))
             try:
@@ -187,11 +203,7 @@ def measure(args, out, proxies, stores, names, shards, total, work, results, ski
             except Exception as e:
                 if key not in peers:
                     raise
-                for k in peers[key]:  # its first and second epoch
-                    last = (str(e).strip().splitlines() or [""])[-1]  # a worker's traceback ends with the cause
-                    skipped[k] = f"not run: failed against this server: {type(e).__name__}: {last[:400]}"
-                    for m in METRICS:
-                        results[m].pop(k, None)
+                peer_failed(e, peers[key], args.rounds, results, skipped, stopped)
                 continue
             measured += (sum(p.cpu_seconds() for p in servers_of.get(key, [])) - cpu,)
             for m, v in zip(METRICS, measured):
@@ -225,7 +237,7 @@ def run(args, out):
     names = [os.path.basename(s) for s in shards]
     total = sum(os.path.getsize(s) for s in shards)
     work = tempfile.mkdtemp(prefix="fastpipe-remote-bench-")
-    results, skipped = {m: {} for m in METRICS}, {}
+    results, skipped, stopped = {m: {} for m in METRICS}, {}, {}
     try:
         with servers.Nginx(folder, os.path.join(work, "nginx")) as nginx, servers.MotoS3() as s3, \
                 servers.NginxS3(os.path.join(work, "nginx-s3")) as nginx_s3:
@@ -242,7 +254,7 @@ def run(args, out):
                     if not args.no_direct:
                         proxies[(store, 0.0)] = None
                     proxies[(store, args.rtt_ms)] = servers.DelayProxy(port, args.rtt_ms)
-                measure(args, out, proxies, stores, names, shards, total, work, results, skipped, corpus)
+                measure(args, out, proxies, stores, names, shards, total, work, results, skipped, stopped, corpus)
             finally:
                 for proxy in proxies.values():
                     if proxy:
@@ -269,6 +281,6 @@ def run(args, out):
               table, title=f"{args.images} JPEGs in {len(shards)} shards ({total / 2**20:.0f} MiB), {args.size}x{args.size}, "
                            f"batch {args.batch_size}, k={args.threads}, shuffle_window {args.window}, {args.rounds} rounds, "
                            f"servers on 127.0.0.1; ratios: medians of same-round ratios")
-    for key, why in skipped.items():
-        out.note(f"- {key}: {why}")  # in the results' tables too: a row not run says why
-    return {**results, "not_run": skipped, "shard_bytes": total, "torch": torch.__version__}
+    for key, why in {**stopped, **skipped}.items():
+        out.note(f"- {key}: {why}")  # in the results' tables too: a row not run, or not every round, says why
+    return {**results, "not_run": skipped, "stopped": stopped, "shard_bytes": total, "torch": torch.__version__}
