@@ -107,8 +107,13 @@ bool cache_file_complete(const std::string& path, int64_t size) {
 }
 
 void make_cache_dir(const std::string& dir) {
-  if (::mkdir(dir.c_str(), 0755) != 0 && errno != EEXIST)
-    throw_syscall("cache_dir: creating '" + dir + "'", errno, __FILE__, __LINE__);
+  // With its parents (mkdir -p): the default, ~/.cache/fastpipe/shards, has none on a fresh machine.
+  for (size_t end = dir.find('/', 1);; end = dir.find('/', end + 1)) {
+    const std::string part = dir.substr(0, end);
+    if (::mkdir(part.c_str(), 0755) != 0 && errno != EEXIST)
+      throw_syscall("cache_dir: creating '" + part + "'", errno, __FILE__, __LINE__);
+    if (end == std::string::npos) return;
+  }
 }
 
 std::vector<CacheFile> list_cache(const std::string& dir) {

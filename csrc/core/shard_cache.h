@@ -56,7 +56,7 @@ StagedShards stage_shards(const std::vector<RemoteObject>& objects, HttpTransfer
 // base name made safe.
 std::string cache_file_name(const std::string& name, const ObjectInfo& info);
 
-// Creates `dir` when missing.
+// Creates `dir` and its parents where missing.
 void make_cache_dir(const std::string& dir);
 
 // One object being fetched into the cache by this process, under its lock: a temporary file of its size

@@ -91,6 +91,36 @@ def test_s3_http_and_local_shards_give_the_same_batches(s3, tmp_path, rng):
     assert again.fetch_stats["requests"] == 3
 
 
+def test_an_index_copied_from_the_node_that_built_it_spares_fetching_the_shards(faulty, tmp_path, rng):
+    """The index's folder is named by the shards (URL, ETag, size) and settings, not by the machine or the
+    cache: another node given a copy constructs with HEADs only, and reads the same dataset."""
+    shards = make_shards(rng, 3, 4)
+    urls = [faulty.put(f"/sets/{name}", data) for name, data in shards]
+    built = fastpipe.WebDataset(urls, storage_options=FAST, cache_dir=tmp_path / "a" / "cache",
+                                index_cache=tmp_path / "a" / "index")
+    assert built.fetch_stats["bytes_fetched"] == sum(len(d) for _, d in shards)
+    shutil.copytree(tmp_path / "a" / "index", tmp_path / "b" / "index")
+    other = fastpipe.WebDataset(urls, storage_options=FAST, cache_dir=tmp_path / "b" / "cache",
+                                index_cache=tmp_path / "b" / "index")
+    assert (other.fetch_stats["bytes_fetched"], other.fetch_stats["requests"]) == (0, 3)  # a HEAD a shard
+    local = tmp_path / "local"
+    local.mkdir()
+    for name, data in shards:
+        (local / name).write_bytes(data)
+    same_dataset(other, fastpipe.WebDataset([str(local / name) for name, _ in shards], index_cache="off"))
+
+
+def test_the_default_cache_is_made_with_its_parents_on_a_fresh_machine(faulty, tmp_path, rng, monkeypatch):
+    monkeypatch.delenv("FASTPIPE_CACHE_DIR", raising=False)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "fresh" / "cache"))  # none of it exists yet
+    shards = make_shards(rng, 2, 3)
+    urls = [faulty.put(f"/fresh/{name}", data) for name, data in shards]
+    assert len(fastpipe.WebDataset(urls, storage_options=FAST, index_cache=tmp_path / "index")) == 6
+    folder = tmp_path / "fresh" / "cache" / "fastpipe" / "shards"
+    assert sorted(p.read_bytes() for p in folder.iterdir() if not p.name.startswith(".")) == \
+        sorted(d for _, d in shards)
+
+
 def test_an_object_replaced_on_the_server_is_a_new_cache_file(s3, tmp_path, rng):
     (name, first), = make_shards(rng, 1, 3)
     (_, second), = make_shards(rng, 1, 4)
