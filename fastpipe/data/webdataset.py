@@ -128,7 +128,10 @@ class WebDataset(_Images):
         Where the shards' index is kept (default: next to ImageFolder's, ``~/.cache/fastpipe/webdatasets``),
         so that a new WebDataset over the same shards (a local one's path, size and modification time; a
         remote one's URL, ETag and size) reads no tar header again: a remote dataset then starts reading
-        as soon as its first shard has arrived, with no shard fetched at construction.
+        as soon as its first shard has arrived, with no shard fetched at construction. The index's folder
+        is named by the shards and these settings, not by the machine: on several nodes, an index_cache
+        they share (or the folder copied from the node that built it) spares the others fetching every
+        shard once to index it.
     cache_limit : int or str, optional
         The most bytes the cache may hold (``"200GB"``), at least the largest shard. Shards stream through
         it: fetched ahead in the order each pass reads them, as far as the limit allows; other datasets'
