@@ -16,6 +16,7 @@ import warnings
 
 import numpy as np
 
+from fastpipe._cache_home import cache_home
 from fastpipe._ext import _C
 from fastpipe.data import _pillow
 
@@ -30,7 +31,7 @@ CACHE_ENV = "FASTPIPE_IMAGE_CACHE"
 
 
 def default_cache():
-    return os.environ.get(CACHE_ENV) or os.path.join(os.path.expanduser("~"), ".cache", "fastpipe", "image_folders")
+    return os.environ.get(CACHE_ENV) or cache_home("image_folders")
 
 
 def list_folder(root):

@@ -154,9 +154,10 @@ class ImageFolder(_Images):
     cache_dir : path, optional
         Where the index (file list, each image's format and size from its header, labels) is kept, so that
         a restart reads no header again. Default: ``$FASTPIPE_IMAGE_CACHE`` or
-        ``~/.cache/fastpipe/image_folders``; ``"off"``: an index for this process only. The index is reused
-        while no folder holding the files changed (their modification times); when one did, only the files
-        whose size or modification time changed are read again. ``rescan=True`` reads every header again.
+        ``$XDG_CACHE_HOME/fastpipe/image_folders`` (``~/.cache/fastpipe/image_folders``); ``"off"``: an
+        index for this process only. The index is reused while no folder holding the files changed (their
+        modification times); when one did, only the files whose size or modification time changed are read
+        again. ``rescan=True`` reads every header again.
     rescan : bool
     num_threads : int, optional
         Threads reading headers during a scan (default: the cores, at least 32: they mostly wait on the disk,

@@ -15,6 +15,7 @@ import tempfile
 import urllib.parse
 
 from fastpipe import _checks as checks
+from fastpipe._cache_home import cache_home
 from fastpipe._ext import _C
 
 REMOTE = re.compile(r"^(s3|https?)://", re.IGNORECASE)
@@ -36,7 +37,7 @@ def default_cache_dir():
     """``$FASTPIPE_CACHE_DIR``, else ``$XDG_CACHE_HOME/fastpipe/shards`` (``~/.cache/fastpipe/shards``)."""
     if os.environ.get("FASTPIPE_CACHE_DIR"):
         return os.environ["FASTPIPE_CACHE_DIR"]
-    return os.path.join(os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "fastpipe", "shards")
+    return cache_home("shards")
 
 
 class _Profile:

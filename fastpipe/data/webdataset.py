@@ -122,10 +122,12 @@ class WebDataset(_Images):
         ``endpoint_url``; the region from AWS_REGION, AWS_DEFAULT_REGION or the profile. Instance metadata,
         SSO and web identity are not read.
     cache_dir : path, optional
-        Where remote shards are kept (default ``$FASTPIPE_CACHE_DIR``, else ``~/.cache/fastpipe/shards``).
+        Where remote shards are kept (default ``$FASTPIPE_CACHE_DIR``, else ``$XDG_CACHE_HOME/fastpipe/shards``,
+        i.e. ``~/.cache/fastpipe/shards``; made with its parents).
         Processes sharing it (the ranks of a node) fetch each shard once.
     index_cache : path or "off", optional
-        Where the shards' index is kept (default: next to ImageFolder's, ``~/.cache/fastpipe/webdatasets``),
+        Where the shards' index is kept (default: next to ImageFolder's, ``$XDG_CACHE_HOME/fastpipe/webdatasets``,
+        i.e. ``~/.cache/fastpipe/webdatasets``),
         so that a new WebDataset over the same shards (a local one's path, size and modification time; a
         remote one's URL, ETag and size) reads no tar header again: a remote dataset then starts reading
         as soon as its first shard has arrived, with no shard fetched at construction. The index's folder

@@ -66,6 +66,7 @@ import warnings
 import torch
 
 import fastpipe.ops  # noqa: F401  (registers the ops)
+from fastpipe._cache_home import cache_home
 from fastpipe._ext import build_info
 
 
@@ -141,8 +142,7 @@ def _default_cache_path():
     setting = os.environ.get("FASTPIPE_CONV_CACHE")
     if setting is not None:
         return None if setting.strip().lower() in ("", "0", "off", "false", "no") else setting
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return os.path.join(base, "fastpipe", "conv_engines.json")
+    return cache_home("conv_engines.json")
 
 
 def _fingerprint():
