@@ -10,13 +10,16 @@ file. Random data comes from the ``rng`` fixture, seeded from a printed seed; re
 """
 
 import ast
+import atexit
 import gc
 import os
 import re
+import shutil
 import signal
 import struct
 import subprocess
 import sys
+import tempfile
 import textwrap
 import threading
 import time
@@ -29,6 +32,13 @@ import torch
 
 # The tests (and the subprocesses they start) time every conv key afresh: no choices from earlier runs.
 os.environ["FASTPIPE_CONV_CACHE"] = "off"
+# And keep what they cache where not told (image folders' and shards' indexes, remote shards) in a folder of
+# this run's, removed after it: not in the user's ~/.cache, and nothing found there from an earlier run.
+_CACHE_HOME = tempfile.mkdtemp(prefix="fastpipe-tests-cache-")
+atexit.register(shutil.rmtree, _CACHE_HOME, ignore_errors=True)
+os.environ["XDG_CACHE_HOME"] = _CACHE_HOME
+for _name in ("FASTPIPE_IMAGE_CACHE", "FASTPIPE_CACHE_DIR"):
+    os.environ.pop(_name, None)
 
 DTYPES = ["bool", "uint8", "int8", "int16", "uint16", "int32", "int64", "float16", "float32", "float64"]
 TORCH_DTYPES = {
