@@ -102,6 +102,10 @@ std::string status_reason(long s) {
   }
 }
 
+// The errno a failed status stands for, so that Python raises what it raises for a local file (and
+// s3fs for an object): FileNotFoundError for 404, PermissionError for 401 and 403; 0: plain OSError.
+int status_errno(long s) { return s == 404 ? ENOENT : (s == 401 || s == 403) ? EACCES : 0; }
+
 }  // namespace
 
 struct HttpTransfers::Engine {
@@ -252,6 +256,7 @@ struct HttpTransfers::Engine {
 
   struct Failed {  // a request that cannot succeed: its message names the object
     std::string message;
+    int error = 0;  // status_errno()
   };
 
   std::string message(const Request& r, const std::string& why) const {
@@ -260,7 +265,9 @@ struct HttpTransfers::Engine {
     return msg;
   }
 
-  [[noreturn]] void fail(const Request& r, const std::string& why) const { throw Failed{message(r, why)}; }
+  [[noreturn]] void fail(const Request& r, const std::string& why, int error = 0) const {
+    throw Failed{message(r, why), error};
+  }
 
   // How the attempt ended: true when the request is done; false to retry it; throws when it cannot be.
   bool finished(Request& r, CURLcode code) {
@@ -275,7 +282,7 @@ struct HttpTransfers::Engine {
     if (code == CURLE_OK || (code == CURLE_WRITE_ERROR && r.have_all)) {
       if (!ok_status) {
         if (retryable_status(r.status)) return false;
-        fail(r, "HTTP " + std::to_string(r.status) + ", " + status_reason(r.status));
+        fail(r, "HTTP " + std::to_string(r.status) + ", " + status_reason(r.status), status_errno(r.status));
       }
       if (!r.head && !etag.empty() && !r.etag.empty() && r.etag != etag)
         fail(r, "changed on the server while it was being fetched (ETag " + r.etag + ", was " + etag + ")");
@@ -296,10 +303,10 @@ struct HttpTransfers::Engine {
 
   // Sends `pending` and the requests `more` adds (asked after each completion, on wake() and every
   // ~100 ms while a slot is free), up to max_in_flight at once, until none is left. done(r) as each one
-  // completes; failed(object, message) when one cannot: it may throw, which ends the run, or else the
+  // completes; failed(object, message, errno) when one cannot: it may throw, which ends the run, or else the
   // object's other requests are dropped.
   void run(Requests pending, FunctionRef<void(size_t, Requests&)> more, FunctionRef<void(Request&)> done,
-           FunctionRef<void(size_t, const std::string&)> failed, FunctionRef<void()> check) {
+           FunctionRef<void(size_t, const std::string&, int)> failed, FunctionRef<void()> check) {
     const auto start = Clock::now();
     const size_t slots = size_t(std::max(1, options.max_in_flight));
     struct Active {
@@ -360,6 +367,7 @@ struct HttpTransfers::Engine {
           ask = true;
           const int64_t before = r->got;
           std::string failure;
+          int failure_errno = 0;
           try {
             if (finished(*r, code)) {
               done(*r);
@@ -380,10 +388,11 @@ struct HttpTransfers::Engine {
             }
           } catch (const Failed& f) {
             failure = f.message;
+            failure_errno = f.error;
           }
           if (!failure.empty()) {
             drop(r->object);
-            failed(r->object, failure);
+            failed(r->object, failure, failure_errno);
             continue;
           }
           ++stats.retries;
@@ -437,7 +446,7 @@ std::vector<ObjectInfo> HttpTransfers::head(const std::vector<RemoteObject>& obj
         if (r.content_length < 0) engine_->fail(r, "the server's answer to HEAD gives no size (Content-Length)");
         infos[r.object] = ObjectInfo{r.content_length, r.etag, r.accept_ranges};
       },
-      [](size_t, const std::string& why) { throw Error(ErrorKind::kIO, why); }, check);
+      [](size_t, const std::string& why, int error) { throw Error(ErrorKind::kIO, why, error); }, check);
   return infos;
 }
 
@@ -461,7 +470,7 @@ void HttpTransfers::fetch(const std::vector<RemoteObject>& objects, const std::v
         const int64_t first = objects[r.object].offset;
         feed.written(Part{r.object, r.begin - first, r.end - first});
       },
-      [&](size_t object, const std::string& why) { feed.failed(object, why); }, check);
+      [&](size_t object, const std::string& why, int) { feed.failed(object, why); }, check);
 }
 
 void HttpTransfers::wake() {

@@ -152,9 +152,10 @@ def test_credentials_are_found_as_botocore_finds_them(s3, tmp_path, rng, monkeyp
     monkeypatch.setenv("AWS_ENDPOINT_URL", s3.endpoint)
     assert staged() == 1
     # Options before the environment: a wrong secret there is used, and refused by the server.
-    with pytest.raises(OSError, match=rf"'{url}': HTTP 403, access denied"):
+    # PermissionError, as for a local file one may not read (and s3fs's for a 403).
+    with pytest.raises(PermissionError, match=rf"'{url}': HTTP 403, access denied"):
         staged({"key": s3.key, "secret": "wrong"})
-    with pytest.raises(OSError, match=rf"'{url}': HTTP 403"):
+    with pytest.raises(PermissionError, match=rf"'{url}': HTTP 403"):
         staged({"anon": True})
     # A profile in the shared files, its endpoint and region in the config file.
     for k in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_ENDPOINT_URL"):
@@ -174,8 +175,11 @@ def test_credentials_are_found_as_botocore_finds_them(s3, tmp_path, rng, monkeyp
 
 def test_errors_name_the_url(s3, faulty, tmp_path, rng):
     opts = dict(storage_options=s3.options(), cache_dir=tmp_path / "cache")
-    with pytest.raises(OSError, match=r"'s3://data/nothing-here.tar': HTTP 404, not found"):
+    # FileNotFoundError, as for a missing local file (and s3fs's for a 404).
+    with pytest.raises(FileNotFoundError, match=r"'s3://data/nothing-here.tar': HTTP 404, not found"):
         fastpipe.WebDataset("s3://data/nothing-here.tar", **opts)
+    with pytest.raises(FileNotFoundError, match=rf"'{faulty.url}/nothing-here.tar': HTTP 404"):
+        fastpipe.WebDataset(faulty.url + "/nothing-here.tar", cache_dir=tmp_path / "cache")
     broken = s3.put("data", "broken.tar", b"x" * 1024)
     with pytest.raises(ValueError, match=r"'s3://data/broken.tar' \(cached as '.*broken.tar'\) is not a valid tar archive"):
         fastpipe.WebDataset(broken, **opts)
@@ -194,8 +198,9 @@ def test_errors_name_the_url(s3, faulty, tmp_path, rng):
     with pytest.raises(ValueError, match="part_size must be at least 64 KiB"):
         fastpipe.WebDataset(broken, storage_options=s3.options(part_size=100))
     url = faulty.put("/always-503.tar", rng.bytes(1000), faults=["503"] * 3)
-    with pytest.raises(OSError, match=rf"'{url}': HTTP 503, the server kept failing \(3 attempts\)"):
+    with pytest.raises(OSError, match=rf"'{url}': HTTP 503, the server kept failing \(3 attempts\)") as failed:
         remote.stage([url], dict(max_attempts=3, retry_backoff=0.01), tmp_path / "c503")
+    assert type(failed.value) is OSError  # neither missing nor refused: no subclass
     assert len(faulty.gets("/always-503.tar")) == 3
     url = faulty.put("/unsaid.tar", rng.bytes(1000), faults=["no_content_range"])
     with pytest.raises(OSError, match=rf"'{url}': the server answered a range request with 206 but no Content-Range"):
