@@ -158,9 +158,9 @@ class WebDataset(_Images):
     resumed at the byte it stopped at; 403, 404 and missing credentials are errors at construction naming
     the URL (FileNotFoundError for a 404, PermissionError for a 401 or 403). A shard is written under a
     temporary name and renamed when complete; a shard that changes on the server while it is fetched is an
-    error (If-Match), and a later version is a new cache file, never mixed with the old bytes. A shard that cannot be fetched while the Loader reads is an error of the
-    batches holding its samples, naming the URL (``on_error="replace"`` replaces them). ``fetch_stats``
-    holds the counters so far.
+    error (If-Match), and a later version is a new cache file, never mixed with the old bytes. A shard that
+    cannot be fetched while the Loader reads is an error of the batches holding its samples, naming the URL
+    (``on_error="replace"`` replaces them). ``fetch_stats`` holds the counters so far.
 
     Construction reads every shard's tar headers, its labels and its images' headers (no image data; once:
     the index is kept, see ``index_cache``; remote shards are fetched for it a ``cache_limit`` at a time); a
