@@ -125,15 +125,18 @@ class WebDataset(_Images):
         Where remote shards are kept (default ``$FASTPIPE_CACHE_DIR``, else ``$XDG_CACHE_HOME/fastpipe/shards``,
         i.e. ``~/.cache/fastpipe/shards``; made with its parents).
         Processes sharing it (the ranks of a node) fetch each shard once.
-    index_cache : path or "off", optional
-        Where the shards' index is kept (default: next to ImageFolder's, ``$XDG_CACHE_HOME/fastpipe/webdatasets``,
-        i.e. ``~/.cache/fastpipe/webdatasets``),
-        so that a new WebDataset over the same shards (a local one's path, size and modification time; a
-        remote one's URL, ETag and size) reads no tar header again: a remote dataset then starts reading
-        as soon as its first shard has arrived, with no shard fetched at construction. The index's folder
-        is named by the shards and these settings, not by the machine: on several nodes, an index_cache
-        they share (or the folder copied from the node that built it) spares the others fetching every
-        shard once to index it.
+    index_cache : path, URL or "off", optional
+        Where the shards' index is kept (default: next to ImageFolder's,
+        ``$XDG_CACHE_HOME/fastpipe/webdatasets``, i.e. ``~/.cache/fastpipe/webdatasets``), so that a new
+        WebDataset over the same shards (a local one's path, size and modification time; a remote one's
+        URL, ETag and size) reads no tar header again: a remote dataset then starts reading as soon as its
+        first shard has arrived, with no shard fetched at construction. The index's folder is named by the
+        shards and these settings, not by the machine: on several nodes, an index_cache they share (or the
+        folder copied from the node that built it) spares the others fetching every shard once to index it.
+        For remote shards it may also be the URL of a folder of published indexes (``s3://bucket/indexes``,
+        read with the same storage_options): the index is read from ``<URL>/<its folder name>/``; where
+        there is none, it is built and kept locally, and a warning names the folder whose two files to
+        upload there, so that later jobs on fresh machines start without fetching every shard.
     cache_limit : int or str, optional
         The most bytes the cache may hold (``"200GB"``), at least the largest shard. Shards stream through
         it: fetched ahead in the order each pass reads them, as far as the limit allows; other datasets'
@@ -195,8 +198,9 @@ class WebDataset(_Images):
                                         f"'{missing[0]}'")
         extensions = [e.lstrip(".") for e in image_index.IMG_EXTENSIONS]
         try:
-            index = webdataset_index.indexed(self._paths, extensions, label.lower(), label_field or "", threads,
-                                             index_cache, self._stream, self.urls)
+            index = webdataset_index.indexed(
+                self._paths, extensions, label.lower(), label_field or "", threads, index_cache, self._stream,
+                self.urls, lambda urls: remote.stage(urls, storage_options, cache_dir, cache_limit))
         except (ValueError, OSError) as e:
             if self._paths is self.urls:
                 raise

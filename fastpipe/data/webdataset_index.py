@@ -11,7 +11,7 @@ import warnings
 import numpy as np
 
 from fastpipe._ext import _C
-from fastpipe.data import image_index
+from fastpipe.data import image_index, remote
 
 _FORMAT = "fastpipe.WebDataset/1"
 _ARRAYS = ("shard_of", "offsets", "sizes", "labels", "key_offsets", "heights", "widths", "formats", "bad",
@@ -23,11 +23,13 @@ def default_root():
     return os.path.join(os.path.dirname(image_index.default_cache()), "webdatasets")
 
 
-def indexed(paths, extensions, label, label_field, threads, index_cache, stream=None, urls=None):
+def indexed(paths, extensions, label, label_field, threads, index_cache, stream=None, urls=None, fetch=None):
     """The shards' index, from the index cache when it holds one of these very shards with these
     settings (a local shard: its path, size and modification time; a remote one: its URL, ETag and size,
     so that no shard need be in the shard cache); else read, and kept. ``stream``: the shards are remote,
-    streamed through it (``paths`` are their cache files, ``urls`` their URLs)."""
+    streamed through it (``paths`` are their cache files, ``urls`` their URLs). ``index_cache`` may be
+    the URL of a folder of published indexes (remote shards only), read with ``fetch(urls)`` (their
+    local paths)."""
     def build():
         if stream is None:
             return _C.index_webdataset(paths, extensions, label, label_field, threads)
@@ -41,21 +43,39 @@ def indexed(paths, extensions, label, label_field, threads, index_cache, stream=
     else:
         shards = [[u, e, s] for u, e, s in zip(urls, stream.etags, stream.sizes)]
     key = json.dumps([_FORMAT, shards, extensions, label, label_field])
+    name = hashlib.sha256(key.encode()).hexdigest()[:20]
+    if index_cache is not None and remote.is_remote(os.fspath(index_cache)):
+        if stream is None:
+            raise ValueError(f"index_cache: a URL ('{index_cache}') holds indexes of remote shards only (a local "
+                             f"shard's index names its path and modification time on this machine)")
+        return _published(os.fspath(index_cache).rstrip("/") + f"/{name}/", key, build, fetch)
     root = os.fspath(index_cache) if index_cache is not None else default_root()
-    folder = os.path.join(root, hashlib.sha256(key.encode()).hexdigest()[:20])
-    try:
-        with open(os.path.join(folder, "index.json")) as f:
-            meta = json.load(f)
-        if meta["key"] == key:
-            arrays = np.load(os.path.join(folder, "index.npz"))
-            index = {k: arrays[k] for k in _ARRAYS}
-            index["keys"] = arrays["keys"].tobytes()
-            index["reasons"] = meta["reasons"]
-            return index
-    except (OSError, ValueError, KeyError):
-        pass
-    index = build()
+    folder = os.path.join(root, name)
+    index = _read(os.path.join(folder, "index.json"), os.path.join(folder, "index.npz"), key)
+    if index is None:
+        index = build()
+        _keep(folder, key, index)
+    return index
 
+
+def _read(meta_path, arrays_path, key):
+    """The index in these files when they hold this key's, else None."""
+    try:
+        with open(meta_path) as f:
+            meta = json.load(f)
+        if meta["key"] != key:
+            return None
+        arrays = np.load(arrays_path)
+        index = {k: arrays[k] for k in _ARRAYS}
+        index["keys"] = arrays["keys"].tobytes()
+        index["reasons"] = meta["reasons"]
+        return index
+    except (OSError, ValueError, KeyError):
+        return None
+
+
+def _keep(folder, key, index):
+    """Writes the index into `folder` (warns where it cannot)."""
     def write(tmp):
         np.savez(os.path.join(tmp, "index.npz"), keys=np.frombuffer(index["keys"], dtype=np.uint8),
                  **{k: index[k] for k in _ARRAYS})
@@ -65,8 +85,29 @@ def indexed(paths, extensions, label, label_field, threads, index_cache, stream=
     try:
         image_index.save_folder(folder, write)
     except OSError as e:
-        warnings.warn(f"WebDataset: cannot keep its index under '{root}' ({e}); the shards' headers will be read "
-                      f"again next time (set index_cache=)", stacklevel=4)
+        warnings.warn(f"WebDataset: cannot keep its index under '{os.path.dirname(folder)}' ({e}); the shards' "
+                      f"headers will be read again next time (set index_cache=)", stacklevel=5)
+        return False
+    return True
+
+
+def _published(where, key, build, fetch):
+    """The index published at the folder URL `where` (its index.json and index.npz, as _keep writes them);
+    where there is none, built here, kept in the local index cache, and a warning says what to upload."""
+    try:
+        (meta_path, arrays_path), _ = fetch([where + "index.json", where + "index.npz"])
+    except FileNotFoundError:
+        index = build()
+        folder = os.path.join(default_root(), where.rstrip("/").rpartition("/")[2])
+        if _keep(folder, key, index):
+            warnings.warn(f"WebDataset: no index at '{where}': built here and kept in '{folder}'; upload its "
+                          f"index.json and index.npz to '{where}', and machines reading it there start without "
+                          f"fetching every shard", stacklevel=5)
+        return index
+    index = _read(meta_path, arrays_path, key)
+    if index is None:
+        raise ValueError(f"index_cache: the index at '{where}' is not these shards' or cannot be read; publish "
+                         f"this dataset's there (as a local index_cache keeps it), or set index_cache=None")
     return index
 
 

@@ -110,6 +110,48 @@ def test_an_index_copied_from_the_node_that_built_it_spares_fetching_the_shards(
     same_dataset(other, fastpipe.WebDataset([str(local / name) for name, _ in shards], index_cache="off"))
 
 
+def test_an_index_published_beside_the_shards_is_read_instead_of_the_shards(faulty, tmp_path, rng):
+    """index_cache as a URL: with no index there, the first machine builds it, keeps it locally and says
+    which folder to upload; once uploaded, a fresh machine reads it and fetches no shard to construct."""
+    shards = make_shards(rng, 3, 4)
+    urls = [faulty.put(f"/sets/{name}", data) for name, data in shards]
+    published = faulty.url + "/indexes"
+    with pytest.warns(UserWarning, match=r"no index at '.*/indexes/[0-9a-f]{20}/': built here and kept in") as said:
+        first = fastpipe.WebDataset(urls, storage_options=FAST, cache_dir=tmp_path / "a", index_cache=published)
+    assert first.fetch_stats["bytes_fetched"] == sum(len(d) for _, d in shards)
+    where, folder = re.search(r"no index at '(.*?)': built here and kept in '(.*?)'", str(said[0].message)).groups()
+    for f in ("index.json", "index.npz"):
+        faulty.put(where[len(faulty.url):] + f, open(os.path.join(folder, f), "rb").read())
+    other = fastpipe.WebDataset(urls, storage_options=FAST, cache_dir=tmp_path / "b", index_cache=published)
+    assert (other.fetch_stats["bytes_fetched"], other.fetch_stats["shards_fetched"]) == (0, 0)
+    local = tmp_path / "local"
+    local.mkdir()
+    for name, data in shards:
+        (local / name).write_bytes(data)
+    same_dataset(other, fastpipe.WebDataset([str(local / name) for name, _ in shards], index_cache="off"))
+    # An index there that is not these shards' (damaged here) is an error naming it, never used.
+    faulty.put(where[len(faulty.url):] + "index.json", b'{"key": "another dataset", "reasons": []}')
+    with pytest.raises(ValueError, match=rf"index_cache: the index at '{re.escape(where)}' is not these shards'"):
+        fastpipe.WebDataset(urls, storage_options=FAST, cache_dir=tmp_path / "c", index_cache=published)
+    with pytest.raises(ValueError, match="index_cache: a URL .* holds indexes of remote shards only"):
+        fastpipe.WebDataset([str(local / name) for name, _ in shards], index_cache=published)
+
+
+def test_an_index_published_in_s3_is_read_with_the_datasets_signed_requests(s3, tmp_path, rng):
+    shards = make_shards(rng, 2, 3)
+    urls = [s3.put("data", f"pub/{name}", data) for name, data in shards]
+    opts = dict(storage_options=s3.options(), index_cache="s3://data/pub-indexes")
+    with pytest.warns(UserWarning, match="no index at 's3://data/pub-indexes/") as said:
+        first = fastpipe.WebDataset(urls, cache_dir=tmp_path / "a", **opts)
+    where, folder = re.search(r"no index at '(.*?)': built here and kept in '(.*?)'", str(said[0].message)).groups()
+    for f in ("index.json", "index.npz"):
+        s3.put("data", where[len("s3://data/"):] + f, open(os.path.join(folder, f), "rb").read())
+    other = fastpipe.WebDataset(urls, cache_dir=tmp_path / "b", **opts)
+    assert (other.fetch_stats["bytes_fetched"], other.fetch_stats["shards_fetched"]) == (0, 0)
+    assert [other.key(i) for i in range(len(other))] == [first.key(i) for i in range(len(first))]
+    assert other.targets == first.targets
+
+
 def test_the_default_cache_is_made_with_its_parents_on_a_fresh_machine(faulty, tmp_path, rng, monkeypatch):
     monkeypatch.delenv("FASTPIPE_CACHE_DIR", raising=False)
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "fresh" / "cache"))  # none of it exists yet
