@@ -16,7 +16,9 @@
 #include <cstdio>
 #include <cstring>
 #include <deque>
+#include <memory>
 #include <mutex>
+#include <optional>
 #include <random>
 #include <unordered_map>
 #include <utility>
@@ -366,8 +368,7 @@ struct HttpTransfers::Engine {
           release(e);
           ask = true;
           const int64_t before = r->got;
-          std::string failure;
-          int failure_errno = 0;
+          std::optional<Failed> failure;
           try {
             if (finished(*r, code)) {
               done(*r);
@@ -387,12 +388,11 @@ struct HttpTransfers::Engine {
               fail(*r, why + " (" + std::to_string(r->attempts) + " attempts)");
             }
           } catch (const Failed& f) {
-            failure = f.message;
-            failure_errno = f.error;
+            failure = f;
           }
-          if (!failure.empty()) {
+          if (failure) {
             drop(r->object);
-            failed(r->object, failure, failure_errno);
+            failed(r->object, failure->message, failure->error);
             continue;
           }
           ++stats.retries;

@@ -44,17 +44,18 @@ def indexed(paths, extensions, label, label_field, threads, index_cache, stream=
         shards = [[u, e, s] for u, e, s in zip(urls, stream.etags, stream.sizes)]
     key = json.dumps([_FORMAT, shards, extensions, label, label_field])
     name = hashlib.sha256(key.encode()).hexdigest()[:20]
-    if index_cache is not None and remote.is_remote(os.fspath(index_cache)):
-        if stream is None:
-            raise ValueError(f"index_cache: a URL ('{index_cache}') holds indexes of remote shards only (a local "
-                             f"shard's index names its path and modification time on this machine)")
-        return _published(os.fspath(index_cache).rstrip("/") + f"/{name}/", key, build, fetch)
-    root = os.fspath(index_cache) if index_cache is not None else default_root()
-    folder = os.path.join(root, name)
+    published = index_cache is not None and remote.is_remote(os.fspath(index_cache))
+    if published and stream is None:
+        raise ValueError(f"index_cache: a URL ('{index_cache}') holds indexes of remote shards only (a local "
+                         f"shard's index names its path and modification time on this machine)")
+    # Where it is kept here: a published one's copy, when built, in the default local cache.
+    folder = os.path.join(default_root() if index_cache is None or published else os.fspath(index_cache), name)
+    if published:
+        return _published(os.fspath(index_cache).rstrip("/") + f"/{name}/", folder, key, build, fetch)
     index = _read(os.path.join(folder, "index.json"), os.path.join(folder, "index.npz"), key)
     if index is None:
         index = build()
-        _keep(folder, key, index)
+        _keep(folder, key, index, stacklevel=4)
     return index
 
 
@@ -74,8 +75,8 @@ def _read(meta_path, arrays_path, key):
         return None
 
 
-def _keep(folder, key, index):
-    """Writes the index into `folder` (warns where it cannot)."""
+def _keep(folder, key, index, stacklevel):
+    """Writes the index into `folder`; warns where it cannot (`stacklevel`: the user's frame from here)."""
     def write(tmp):
         np.savez(os.path.join(tmp, "index.npz"), keys=np.frombuffer(index["keys"], dtype=np.uint8),
                  **{k: index[k] for k in _ARRAYS})
@@ -86,23 +87,22 @@ def _keep(folder, key, index):
         image_index.save_folder(folder, write)
     except OSError as e:
         warnings.warn(f"WebDataset: cannot keep its index under '{os.path.dirname(folder)}' ({e}); the shards' "
-                      f"headers will be read again next time (set index_cache=)", stacklevel=5)
+                      f"headers will be read again next time (set index_cache=)", stacklevel=stacklevel)
         return False
     return True
 
 
-def _published(where, key, build, fetch):
+def _published(where, folder, key, build, fetch):
     """The index published at the folder URL `where` (its index.json and index.npz, as _keep writes them);
-    where there is none, built here, kept in the local index cache, and a warning says what to upload."""
+    where there is none, built here, kept in the local `folder`, and a warning says what to upload."""
     try:
         (meta_path, arrays_path), _ = fetch([where + "index.json", where + "index.npz"])
     except FileNotFoundError:
         index = build()
-        folder = os.path.join(default_root(), where.rstrip("/").rpartition("/")[2])
-        if _keep(folder, key, index):
+        if _keep(folder, key, index, stacklevel=5):
             warnings.warn(f"WebDataset: no index at '{where}': built here and kept in '{folder}'; upload its "
                           f"index.json and index.npz to '{where}', and machines reading it there start without "
-                          f"fetching every shard", stacklevel=5)
+                          f"fetching every shard", stacklevel=4)
         return index
     index = _read(meta_path, arrays_path, key)
     if index is None:
