@@ -13,6 +13,7 @@
 
 #include "core/error.h"
 #include "core/gather_policy.h"
+#include "core/process.h"
 #include "core/reader_placement.h"
 #include "core/reader_state.h"
 #include "core/trace.h"
@@ -75,7 +76,7 @@ Lease::~Lease() {
   ReaderState& st = *state_;
   // In a child forked while the parent's readers ran, the lock may be held by a thread that does not
   // exist here; the child never reuses the parent's slots, so leave them alone.
-  if (getpid() != st.owner_pid) return;
+  if (current_pid() != st.owner_pid) return;
   if (st.opt.on_slot_release) st.opt.on_slot_release(slot_);
   std::unique_lock<std::mutex> lk(st.mu);
   --st.leased_slots;
@@ -92,7 +93,7 @@ const int64_t* Lease::indices() const {
   return reinterpret_cast<const int64_t*>((external_ ? external_ : state_->slot_data(slot_)) + state_->index_offset);
 }
 
-BatchReader::BatchReader(std::vector<ColumnSpec> columns, ReaderOptions opt) : owner_pid_(getpid()) {
+BatchReader::BatchReader(std::vector<ColumnSpec> columns, ReaderOptions opt) : owner_pid_(current_pid()) {
   FP_CHECK_VALUE(!columns.empty(), "a loader needs at least one column");
   opt.check();
   auto st = std::make_shared<ReaderState>();
@@ -209,7 +210,7 @@ BatchReader::BatchReader(std::vector<ColumnSpec> columns, ReaderOptions opt) : o
 }
 
 BatchReader::~BatchReader() {
-  if (getpid() != owner_pid_) {
+  if (current_pid() != owner_pid_) {
     // Forked child: the reader threads exist only in the parent; joining would block forever and
     // std::thread's destructor would abort. Their handles are abandoned on purpose.
     new std::vector<std::thread>(std::move(threads_));
@@ -219,14 +220,14 @@ BatchReader::~BatchReader() {
 }
 
 void BatchReader::check_usable() const {
-  if (getpid() != owner_pid_)
+  if (current_pid() != owner_pid_)
     throw Error(ErrorKind::kState,
                 "this Loader was created in another process (before a fork); create a new Loader in this process");
   if (!state_ || !open_) throw Error(ErrorKind::kState, "the Loader is closed");
 }
 
 void BatchReader::close() {
-  if (getpid() != owner_pid_ || !open_) return;
+  if (current_pid() != owner_pid_ || !open_) return;
   open_ = false;
   {
     std::lock_guard<std::mutex> lk(state_->mu);

@@ -9,6 +9,7 @@
 #include "core/error.h"
 #include "core/pinned_arena.h"
 #include "core/pipeline_state.h"
+#include "core/process.h"
 
 namespace fastpipe {
 namespace {
@@ -35,7 +36,7 @@ DeviceBatch::DeviceBatch(std::shared_ptr<PipelineState> state, int slot, char* b
 
 DeviceBatch::~DeviceBatch() {
   PipelineState& st = *state_;
-  if (getpid() != st.owner_pid) return;  // a forked child never reuses the parent's slots
+  if (current_pid() != st.owner_pid) return;  // a forked child never reuses the parent's slots
   if (slot_ < 0) return;                 // overflow: its allocator frees it, stream-ordered
   try {
     DeviceGuard guard(*st.device);
@@ -60,7 +61,7 @@ DevicePipeline::DevicePipeline(std::shared_ptr<Device> device, std::vector<Colum
   options.check();  // batch_size sizes the device slots before the BatchReader would check it
   PipelineState& st = *state_;
   st.device = device_;
-  st.owner_pid = getpid();
+  st.owner_pid = current_pid();
   st.overflow = std::move(overflow);
   st.batch_size = options.batch_size;
   DeviceGuard guard(*device_);
@@ -331,7 +332,7 @@ std::shared_ptr<DeviceBatch> DevicePipeline::next(double timeout_s, const std::f
 void DevicePipeline::close(double timeout_s, const std::function<void()>& poll) {
   if (!reader_) return;
   reader_->close();
-  if (getpid() != state_->owner_pid) return;
+  if (current_pid() != state_->owner_pid) return;
   // The submitter queues what was issued, then ends. One stuck in a device call (a wait for it already
   // ran out, or is cut short here) is left running: its task holds what it touches.
   if (submitter_ && !submitter_->stop(submitter_missed_ ? kStuckGraceSeconds : timeout_s, poll))

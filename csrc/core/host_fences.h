@@ -2,8 +2,6 @@
 // records events[s]; a reader thread blocks on it before refilling s.
 #pragma once
 
-#include <unistd.h>
-
 #include <exception>
 #include <memory>
 #include <mutex>
@@ -11,6 +9,7 @@
 
 #include "core/device.h"
 #include "core/error.h"
+#include "core/process.h"
 
 namespace fastpipe {
 
@@ -21,9 +20,9 @@ struct HostFences {
   std::vector<Event*> events;
   std::vector<bool> recorded;
 
-  HostFences(std::shared_ptr<Device> d) : device(std::move(d)), owner_pid(getpid()) {}
+  HostFences(std::shared_ptr<Device> d) : device(std::move(d)), owner_pid(current_pid()) {}
   ~HostFences() {
-    if (getpid() != owner_pid) return;  // a forked child must not touch the device
+    if (current_pid() != owner_pid) return;  // a forked child must not touch the device
     try {
       for (Event* e : events)
         if (e) device->delete_event(e);

@@ -1,11 +1,11 @@
 #include "core/pinned_arena.h"
 
-#include <unistd.h>
 
 #include <chrono>
 #include <thread>
 
 #include "core/error.h"
+#include "core/process.h"
 
 namespace fastpipe {
 
@@ -15,8 +15,8 @@ void pin_reader_arena(ReaderOptions& opt, std::shared_ptr<Device> device, std::f
     DeviceGuard guard(*device);
     device->pin(p, n);
   };
-  opt.on_arena_free = [device, wait_all = std::move(wait_all), what, owner = getpid()](void* p, size_t) {
-    if (getpid() != owner) return true;
+  opt.on_arena_free = [device, wait_all = std::move(wait_all), what, owner = current_pid()](void* p, size_t) {
+    if (current_pid() != owner) return true;
     try {
       DeviceGuard guard(*device);
       refuse_teardown_in_capture(*device);
@@ -30,10 +30,10 @@ void pin_reader_arena(ReaderOptions& opt, std::shared_ptr<Device> device, std::f
   };
 }
 
-PinnedArena::PinnedArena(std::shared_ptr<Device> device) : device_(std::move(device)), owner_(getpid()) {}
+PinnedArena::PinnedArena(std::shared_ptr<Device> device) : device_(std::move(device)), owner_(current_pid()) {}
 
 PinnedArena::~PinnedArena() {
-  if (getpid() != owner_) return;
+  if (current_pid() != owner_) return;
   try {
     for (auto& slot : events_)
       for (Event* e : slot) device_->delete_event(e);
@@ -82,7 +82,7 @@ bool PinnedArena::finish_release(int slot) {
 
 // From a batch's last reference going (a destructor): a device failure is reported, never thrown.
 void PinnedArena::released(int slot) {
-  if (getpid() != owner_) return;
+  if (current_pid() != owner_) return;
   try {
     DeviceGuard guard(*device_);
     std::lock_guard<std::mutex> lk(mu_);

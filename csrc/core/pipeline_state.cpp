@@ -1,11 +1,12 @@
 #include "core/pipeline_state.h"
 
 #include "core/error.h"
+#include "core/process.h"
 
 namespace fastpipe {
 
 PipelineState::~PipelineState() {
-  if (getpid() != owner_pid || !device) return;  // a forked child must not touch the device
+  if (current_pid() != owner_pid || !device) return;  // a forked child must not touch the device
   try {
     teardown();
   } catch (const std::exception& e) {

@@ -1,6 +1,5 @@
 #include "core/serial_worker.h"
 
-#include <unistd.h>
 
 #include <chrono>
 #include <condition_variable>
@@ -8,6 +7,7 @@
 #include <mutex>
 
 #include "core/error.h"
+#include "core/process.h"
 
 namespace fastpipe {
 
@@ -67,12 +67,12 @@ struct SerialWorker::Queue {
   }
 };
 
-SerialWorker::SerialWorker() : owner_pid_(getpid()), queue_(std::make_shared<Queue>()) {
+SerialWorker::SerialWorker() : owner_pid_(current_pid()), queue_(std::make_shared<Queue>()) {
   thread_ = std::thread([queue = queue_] { queue->loop(); });
 }
 
 SerialWorker::~SerialWorker() {
-  if (getpid() != owner_pid_) {
+  if (current_pid() != owner_pid_) {
     new std::thread(std::move(thread_));  // forked child: as the reader threads (batch_reader.cpp)
     return;
   }

@@ -1,6 +1,5 @@
 #include "core/shard_stream.h"
 
-#include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
@@ -9,6 +8,7 @@
 
 #include "core/error.h"
 #include "core/object_blocks.h"
+#include "core/process.h"
 #include "core/shard_stream_state.h"
 
 namespace fastpipe {
@@ -68,7 +68,7 @@ class ShardStream::Pinned final : public RecordSource {
 ShardStream::ShardStream(std::vector<RemoteObject> objects, RemoteAuth auth, TransferOptions options,
                          std::string dir, int64_t limit, FunctionRef<void()> check)
     : objects_(std::move(objects)), auth_(auth), options_(options), dir_(std::move(dir)), limit_(limit),
-      owner_pid_(::getpid()), http_(std::make_unique<HttpTransfers>(std::move(auth), options)) {
+      owner_pid_(current_pid()), http_(std::make_unique<HttpTransfers>(std::move(auth), options)) {
   make_cache_dir(dir_);
   infos_ = http_->head(objects_, check);
   start();
@@ -77,7 +77,7 @@ ShardStream::ShardStream(std::vector<RemoteObject> objects, RemoteAuth auth, Tra
 ShardStream::ShardStream(std::vector<RemoteObject> objects, std::vector<ObjectInfo> infos, RemoteAuth auth,
                          TransferOptions options, std::string dir, int64_t limit)
     : objects_(std::move(objects)), infos_(std::move(infos)), auth_(auth), options_(options),
-      dir_(std::move(dir)), limit_(limit), owner_pid_(::getpid()),
+      dir_(std::move(dir)), limit_(limit), owner_pid_(current_pid()),
       http_(std::make_unique<HttpTransfers>(std::move(auth), options)) {
   start();
 }
@@ -107,7 +107,7 @@ std::shared_ptr<ShardStream> ShardStream::blocks(const std::vector<int32_t>& sha
 }
 
 ShardStream::~ShardStream() {
-  if (::getpid() != owner_pid_) {
+  if (current_pid() != owner_pid_) {
     // A forked child: the fetch thread and the transfers' connections are the parent's; joining would
     // wait forever and closing them could disturb the parent's. Abandoned on purpose.
     new std::thread(std::move(thread_));
@@ -124,7 +124,7 @@ ShardStream::~ShardStream() {
 }
 
 void ShardStream::check_process() const {
-  if (::getpid() != owner_pid_)
+  if (current_pid() != owner_pid_)
     throw Error(ErrorKind::kState, "this remote WebDataset was made in another process (before a fork), whose "
                                    "fetch thread it cannot use here: make the WebDataset in this process");
 }
