@@ -134,13 +134,25 @@ OverflowFn overflow_allocator(const DeviceChoice& c) {
 #endif
 }
 
+// What next() returns for a batch: its one tensor, the tuple of its tensors, or their list (which the
+// dataset packs in Python).
+enum class Pack { kTensor, kTuple, kList };
+
+Pack parse_pack(const std::string& pack) {
+  if (pack == "tensor") return Pack::kTensor;
+  if (pack == "tuple") return Pack::kTuple;
+  if (pack == "list") return Pack::kList;
+  throw Error(ErrorKind::kValue, "pack must be 'tensor', 'tuple' or 'list', got '" + pack + "'");
+}
+
 // The reader (CPU batches) or the device pipeline (device batches), plus what turns their batches into
 // tensors: per output, dtype and record shape.
 class PyReader {
  public:
   PyReader(std::vector<ColumnSpec> columns, const std::vector<std::pair<std::string, std::vector<int64_t>>>& outputs,
-           const ReaderConfig& config, const py::object& pin, const py::object& device, const std::string& nvjpeg)
-      : choice_(choose_device(device, nvjpeg)) {
+           const ReaderConfig& config, const py::object& pin, const py::object& device, const std::string& nvjpeg,
+           const std::string& pack)
+      : choice_(choose_device(device, nvjpeg)), pack_(parse_pack(pack)) {
     ReaderOptions opt;
     static_cast<ReaderConfig&>(opt) = config;
     if (opt.gather != GatherIn::kThreads) {
@@ -181,9 +193,17 @@ class PyReader {
       for (int64_t d : outputs[k].second) bytes *= d;
       TORCH_CHECK(bytes == layouts[k].record_bytes, "output ", k, ": dtype and shape give ", bytes,
                   " bytes per record, the column has ", layouts[k].record_bytes);
-      dtypes_.push_back(dtype);
-      shapes_.push_back(outputs[k].second);
+      OutputTensor& o = layouts_.emplace_back();
+      o.sizes = {0};  // the batch's records
+      o.sizes.insert(o.sizes.end(), outputs[k].second.begin(), outputs[k].second.end());
+      const c10::DimVector strides = c10::contiguous_strides(o.sizes);
+      o.strides.assign(strides.begin(), strides.end());
+      o.item = static_cast<int64_t>(c10::elementSize(dtype));
+      o.keys = c10::DispatchKeySet(c10::computeDispatchKey(dtype, at::kStrided, choice_.tensors));
+      o.meta = caffe2::TypeMeta::fromScalarType(dtype);
     }
+    TORCH_CHECK_VALUE(pack_ != Pack::kTensor || layouts_.size() == 1, "pack='tensor' needs one output, got ",
+                      layouts_.size());
   }
 
   BatchReader& reader() const { return pipeline_ ? pipeline_->reader() : *reader_; }
@@ -252,27 +272,27 @@ class PyReader {
                           reader_->outputs().back().record_bytes * lease->records();
     c10::DataPtr data(base, new LeaseRef{lease, pinned_}, &delete_lease_ref, at::kCPU);
     return tensors(c10::Storage(c10::Storage::use_byte_size_t(), bytes, std::move(data), nullptr, false), base,
-                   lease->records(), [&](int k) { return lease->data(k); }, at::kCPU);
+                   lease->records(), [&](int k) { return lease->data(k); });
   }
 
-  // The batch's tensors: output k at data(k) in `storage` (which starts at base).
+  // The batch's tensors, output k at data(k) in `storage` (which starts at base), packed as pack_ says.
+  // Made directly, as at::from_blob does (at::empty + set_ would go through the dispatcher twice), from
+  // layouts computed once: next() allocates nothing but the tensors and their tuple.
   template <typename DataFn>
-  py::object tensors(const c10::Storage& storage, const char* base, int64_t records, DataFn data, at::Device device) {
-    py::list out;
-    for (size_t k = 0; k < dtypes_.size(); ++k) {
-      std::vector<int64_t> sizes{records};
-      sizes.insert(sizes.end(), shapes_[k].begin(), shapes_[k].end());
-      const int64_t item = static_cast<int64_t>(c10::elementSize(dtypes_[k]));
-      const int64_t offset = data(static_cast<int>(k)) - base;
-      // Made directly, as at::from_blob does: at::empty + set_ would go through the dispatcher twice (a
-      // third of next()'s cost with a batch ready).
-      at::Tensor t = at::detail::make_tensor<c10::TensorImpl>(
-          c10::Storage(storage), c10::DispatchKeySet(c10::computeDispatchKey(dtypes_[k], at::kStrided, device)),
-          caffe2::TypeMeta::fromScalarType(dtypes_[k]));
-      t.unsafeGetTensorImpl()->set_sizes_and_strides(sizes, c10::contiguous_strides(sizes), offset / item);
-      out.append(py::cast(t));
+  py::object tensors(const c10::Storage& storage, const char* base, int64_t records, DataFn data) {
+    const size_t n = layouts_.size();
+    py::tuple out(pack_ == Pack::kTensor ? 0 : n);
+    for (size_t k = 0; k < n; ++k) {
+      const OutputTensor& o = layouts_[k];
+      c10::SmallVector<int64_t, 6> sizes(o.sizes.begin(), o.sizes.end());
+      sizes[0] = records;
+      at::Tensor t = at::detail::make_tensor<c10::TensorImpl>(c10::Storage(storage), o.keys, o.meta);
+      t.unsafeGetTensorImpl()->set_sizes_and_strides(sizes, o.strides, (data(static_cast<int>(k)) - base) / o.item);
+      if (pack_ == Pack::kTensor) return py::cast(std::move(t));
+      out[k] = py::cast(std::move(t));
     }
-    return std::move(out);
+    if (pack_ == Pack::kTuple) return std::move(out);
+    return py::list(out);
   }
 
   py::object next_on_device(double timeout) {
@@ -285,7 +305,7 @@ class PyReader {
     c10::DataPtr data(base, new BatchRef{batch}, &delete_batch_ref, choice_.tensors);
     return tensors(c10::Storage(c10::Storage::use_byte_size_t(), pipeline_->slot_bytes(), std::move(data), nullptr,
                                 false),
-                   base, batch->records(), [&](int k) { return batch->data(k); }, choice_.tensors);
+                   base, batch->records(), [&](int k) { return batch->data(k); });
   }
 
   // Once per loader: the first bad image that on_error="replace" replaced.
@@ -317,8 +337,14 @@ class PyReader {
   bool warned_replaced_ = false;
   std::unique_ptr<BatchReader> reader_;
   std::unique_ptr<DevicePipeline> pipeline_;
-  std::vector<c10::ScalarType> dtypes_;
-  std::vector<std::vector<int64_t>> shapes_;
+  Pack pack_;
+  struct OutputTensor {
+    std::vector<int64_t> sizes, strides;  // sizes[0] is the batch's records
+    int64_t item;
+    c10::DispatchKeySet keys;
+    caffe2::TypeMeta meta;
+  };
+  std::vector<OutputTensor> layouts_;
 };
 
 // fastpipe.record_stream: a batch's release also waits for the work queued on `stream` (a device
@@ -376,9 +402,10 @@ void bind_loader(py::module& m) {
 
   py::class_<PyReader>(m, "BatchReader")
       .def(py::init<std::vector<ColumnSpec>, const std::vector<std::pair<std::string, std::vector<int64_t>>>&,
-                    const ReaderConfig&, const py::object&, const py::object&, const std::string&>(),
+                    const ReaderConfig&, const py::object&, const py::object&, const std::string&,
+                    const std::string&>(),
            py::arg("columns"), py::arg("outputs"), py::arg("config"), py::arg("pin") = py::none(),
-           py::arg("device") = py::none(), py::arg("nvjpeg") = "")
+           py::arg("device") = py::none(), py::arg("nvjpeg") = "", py::arg("pack") = "list")
       .def("start", &PyReader::start, py::arg("indices"), py::arg("drop_last"), py::arg("epoch"),
            py::arg("timeout") = -1.0)
       .def("next", &PyReader::next, py::arg("timeout"))

@@ -15,11 +15,14 @@ def checked(collate_fn):
 
 
 def packer(dataset, collate_fn):
-    """The function from the reader's tensors to what the loop receives."""
-    pack = dataset._pack
+    """The function from what the reader's next() returns to what the loop receives; None where that is
+    the batch already (the reader packs it: dataset._reader_pack)."""
+    pack = dataset._pack if dataset._reader_pack == "list" else None
     if collate_fn is None:
         return pack
     items = dataset._items
+    if pack is None:
+        return lambda batch: collate_fn(items(batch))
     return lambda tensors: collate_fn(items(pack(tensors)))
 
 

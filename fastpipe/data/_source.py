@@ -9,10 +9,12 @@ class ColumnSource:
     Subclasses provide ``_columns()`` (one ``_C.ColumnSpec`` per file: path, data_offset,
     record_stride, record_bytes, num_records and, for token windows, token_bytes and token_signed),
     ``_outputs()`` (per output tensor: dtype name and record shape) and ``_pack(tensors)``
-    (the batch structure handed to the user).
+    (the batch structure handed to the user), which the reader's next() makes itself where
+    ``_reader_pack`` says it is one of its own: "tensor" (the one output) or "tuple" (every output).
     """
 
     _len = 0
+    _reader_pack = "list"  # the reader returns the list of outputs and _pack makes the batch
     _unit = "records"
     _decodes_images = False  # JPEG records: the Loader's image_decode applies
 

@@ -101,6 +101,8 @@ class _Images(ColumnSource):
                    _labels_column(self._labels_path, n)]
         return columns, [transform._output(), ("int64", [])]
 
+    _reader_pack = "tuple"  # (images, labels)
+
     def _pack(self, tensors):
         return tensors[0], tensors[1]
 

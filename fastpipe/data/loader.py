@@ -232,7 +232,7 @@ class Loader(Resumable):
         self.on_error = on_error
         self._reader_args = dict(
             columns=columns, outputs=outputs, config=config, pin=pin, device=reader_device,
-            nvjpeg=_device.nvjpeg_library() if isinstance(reader_device, int) else "",
+            nvjpeg=_device.nvjpeg_library() if isinstance(reader_device, int) else "", pack=dataset._reader_pack,
         )
         self._open_reader()
         for w in self._reader.warnings():

@@ -100,6 +100,10 @@ class NpyDataset(ColumnSource):
     def _outputs(self):
         return [(h["dtype"], list(h["shape"][1:])) for h in self._headers]
 
+    @property
+    def _reader_pack(self):
+        return {"single": "tensor", "tuple": "tuple"}.get(self._structure, "list")
+
     def _pack(self, tensors):
         if self._structure == "single":
             return tensors[0]

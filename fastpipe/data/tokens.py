@@ -88,5 +88,7 @@ class TokenDataset(ColumnSource):
     def _outputs(self):
         return [("int64", [self.block_size]), ("int64", [self.block_size])]
 
+    _reader_pack = "tuple"
+
     def _pack(self, tensors):
         return tensors[0], tensors[1]

@@ -148,6 +148,23 @@ def test_structures(tmp_path, rng, fp):
         del b
 
 
+def test_reader_pack_choices_are_checked(tmp_path, rng, fp):
+    # The reader packs single and tuple batches itself (no Python per batch); what it is told is checked.
+    paths, _ = fp.write_columns(tmp_path, 9, {"x": ("uint8", (2,)), "y": ("int16", ())}, rng)
+    loader = fp.loader(fastpipe.NpyDataset([paths["x"], paths["y"]]), 4)
+    assert loader._reader_args["pack"] == "tuple"
+    with pytest.raises(ValueError, match="pack must be 'tensor', 'tuple' or 'list', got 'dict'"):
+        fastpipe._C.BatchReader(**{**loader._reader_args, "pack": "dict"})
+    with pytest.raises(ValueError, match="pack='tensor' needs one output, got 2"):
+        fastpipe._C.BatchReader(**{**loader._reader_args, "pack": "tensor"})
+    listed = fastpipe._C.BatchReader(**{**loader._reader_args, "pack": "list"})
+    listed.start(np.arange(9), False, 0)
+    batch = listed.next(10.0)
+    assert isinstance(batch, list) and len(batch) == 2 and tuple(batch[0].shape) == (4, 2)
+    del batch
+    listed.close()
+
+
 def test_same_batches_whatever_num_threads(dataset_factory, fp):
     ds, arrays, _ = dataset_factory(1_003, {"x": ("float32", (13,)), "y": ("uint8", (3,))})
     runs = {t: fp.epoch(fp.loader(ds, 24, shuffle=True, seed=99, num_threads=t)) for t in (1, 2, 8)}
