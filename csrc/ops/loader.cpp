@@ -4,6 +4,7 @@
 #include <ATen/Parallel.h>
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/empty.h>
+#include <ATen/record_function.h>
 #include <c10/util/strides.h>
 #include <torch/csrc/utils/pybind.h>
 #include <pybind11/numpy.h>
@@ -223,6 +224,9 @@ class PyReader {
   }
 
   py::object next(double timeout) {
+    // The wait as a range of torch.profiler traces: a branch when no profiler records (a Python check of
+    // that cost the training thread ~0.1 us a batch, the range itself ~15 us).
+    RECORD_FUNCTION("fastpipe::loader.next", std::vector<c10::IValue>());
     return pipeline_ ? next_on_device(timeout) : next_on_host(timeout);
   }
 

@@ -315,6 +315,7 @@ class Loader(Resumable):
         """Ends the current pass's iterator (it raises when used again): ``by`` set a new position."""
         if self._active is not None:
             self._active._superseded_by = by
+            self._active._hot = False
             self._active = None
 
     # -- iteration ---------------------------------------------------------------------------------
@@ -351,6 +352,7 @@ class Loader(Resumable):
             self.dataset._plan(indices, following, self._blocks[2] if self._blocks is not None else 1)
         self._reader.start(indices, self.drop_last, epoch % (1 << 64), self._timeout)
         it.epoch, it.position, it._start_position, it._stale, it.offset = epoch, skip, skip, False, offset
+        it._hot = False
 
     def _reclaim(self):
         """Takes the live pass back while it has yielded no batch, as if it had not started: True then.
