@@ -1,6 +1,5 @@
 #include "core/pinned_arena.h"
 
-
 #include <chrono>
 #include <thread>
 

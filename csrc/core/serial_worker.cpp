@@ -1,6 +1,5 @@
 #include "core/serial_worker.h"
 
-
 #include <chrono>
 #include <condition_variable>
 #include <deque>

@@ -1,6 +1,5 @@
 #include "core/shard_stream.h"
 
-
 #include <algorithm>
 #include <atomic>
 #include <chrono>

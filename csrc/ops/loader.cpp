@@ -154,6 +154,8 @@ class PyReader {
            const ReaderConfig& config, const py::object& pin, const py::object& device, const std::string& nvjpeg,
            const std::string& pack)
       : choice_(choose_device(device, nvjpeg)), pack_(parse_pack(pack)) {
+    TORCH_CHECK_VALUE(pack_ != Pack::kTensor || outputs.size() == 1, "pack='tensor' needs one output, got ",
+                      outputs.size());
     ReaderOptions opt;
     static_cast<ReaderConfig&>(opt) = config;
     if (opt.gather != GatherIn::kThreads) {
@@ -203,8 +205,6 @@ class PyReader {
       o.keys = c10::DispatchKeySet(c10::computeDispatchKey(dtype, at::kStrided, choice_.tensors));
       o.meta = caffe2::TypeMeta::fromScalarType(dtype);
     }
-    TORCH_CHECK_VALUE(pack_ != Pack::kTensor || layouts_.size() == 1, "pack='tensor' needs one output, got ",
-                      layouts_.size());
   }
 
   BatchReader& reader() const { return pipeline_ ? pipeline_->reader() : *reader_; }
@@ -281,7 +281,7 @@ class PyReader {
 
   // The batch's tensors, output k at data(k) in `storage` (which starts at base), packed as pack_ says.
   // Made directly, as at::from_blob does (at::empty + set_ would go through the dispatcher twice), from
-  // layouts computed once: next() allocates nothing but the tensors and their tuple.
+  // layouts computed once (no sizes or strides vectors per call).
   template <typename DataFn>
   py::object tensors(const c10::Storage& storage, const char* base, int64_t records, DataFn data) {
     const size_t n = layouts_.size();
