@@ -37,12 +37,12 @@ class EpochIterator:
     """One pass over the loader; a new iter(), set_epoch() or load_state_dict() supersedes it once it has
     yielded a batch (before that, it starts again from the new position: Loader._reclaim)."""
 
-    __slots__ = ("_loader", "_reader", "_pack", "epoch", "position", "offset", "_start_position", "_done",
+    __slots__ = ("_loader", "_next", "_pack", "epoch", "position", "offset", "_start_position", "_done",
                  "_superseded_by", "_stale", "_resumed", "_hot")
 
     def __init__(self, loader):
         self._loader = loader
-        self._reader = loader._reader
+        self._next = loader._reader.next_function()  # the reader's next(), bound without pybind11's dispatch
         self._pack = _collate.packer(loader.dataset, loader.collate_fn)
         self.epoch = None
         self.position = self._start_position = 0
@@ -59,7 +59,7 @@ class EpochIterator:
     def __next__(self):
         # A pass under way has nothing to check before the read: a training thread that slept through its
         # step pays each line of Python here in cache misses (~0.1 us each).
-        batch = self._reader.next(self._loader._timeout) if self._hot else self._next_checked()
+        batch = self._next(self._loader._timeout) if self._hot else self._next_checked()
         if batch is None:
             self._done = True
             self._hot = False
@@ -80,7 +80,7 @@ class EpochIterator:
             if self._stale or (moved is not None and moved != self.epoch):
                 self._loader._reclaim()
                 self._loader._start(self)
-        batch = self._reader.next(self._loader._timeout)
+        batch = self._next(self._loader._timeout)
         self._hot = batch is not None
         return batch
 

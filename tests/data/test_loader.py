@@ -4,6 +4,7 @@ Every dataset carries an ``idx`` column (np.arange(N)), so each batch reveals wh
 every other column is compared byte for byte with np.load(path)[idx].
 """
 
+import gc
 import os
 import warnings
 
@@ -163,6 +164,32 @@ def test_reader_pack_choices_are_checked(tmp_path, rng, fp):
     assert isinstance(batch, list) and len(batch) == 2 and tuple(batch[0].shape) == (4, 2)
     del batch
     listed.close()
+
+
+def test_next_function_is_next_without_the_dispatcher(tmp_path, rng, fp):
+    # The loop's path (EpochIterator) calls next() through a builtin bound to the reader: the same batches,
+    # the same exceptions, its argument checked, and the reader kept alive by it (no use after free).
+    paths, arrays = fp.write_columns(tmp_path, 10, {"x": ("uint8", (3,))}, rng)
+    loader = fp.loader(fastpipe.NpyDataset(paths["x"]), 4)
+    reader = loader._reader
+    fn = reader.next_function()
+    reader.start(np.arange(10), False, 0)
+    got = [fn(10.0).numpy().copy() for _ in range(3)]
+    assert np.concatenate(got).tobytes() == arrays["x"].tobytes()
+    assert fn(10.0) is None  # the end of the pass, as reader.next says
+    with pytest.raises(TypeError):
+        fn("soon")
+    with pytest.raises(TypeError):
+        fn()
+    reader.start(np.arange(10), False, 0)
+    reader._hold_reads(True)  # no batch will be ready: next() times out with the engine's TimeoutError
+    with pytest.raises(TimeoutError, match="no batch for 0.2 s"):
+        fn(0.2)
+    reader._hold_reads(False)
+    del loader, reader
+    gc.collect()
+    with pytest.raises(RuntimeError, match="the Loader is closed"):  # closed by the loader's finalizer
+        fn(1.0)
 
 
 def test_same_batches_whatever_num_threads(dataset_factory, fp):
