@@ -18,6 +18,7 @@
 #include "core/pinned_arena.h"
 #include "core/sim_device.h"
 #include "ops/bindings.h"
+#include "ops/bound_call.h"
 #include "ops/interruptible.h"
 #include "ops/reader_config.h"
 #include "ops/traced_device.h"
@@ -351,41 +352,6 @@ class PyReader {
   std::vector<OutputTensor> layouts_;
 };
 
-// PyReader::next as a builtin function bound to one reader. A call skips pybind11's dispatcher, whose
-// overload loop and argument casters cost the training thread ~0.8 us a batch after a sleeping step (a
-// fifth of what it pays per batch: benchmarks/results/loader_next_vm_20261206.md). The function's self
-// is a capsule of the reader that holds the reader's Python object, so the reader outlives it.
-constexpr const char* kReaderCapsule = "fastpipe.BatchReader";
-
-PyObject* next_builtin(PyObject* capsule, PyObject* timeout) {
-  auto* reader = static_cast<PyReader*>(PyCapsule_GetPointer(capsule, kReaderCapsule));
-  if (!reader) return nullptr;
-  const double t = PyFloat_AsDouble(timeout);
-  if (t == -1.0 && PyErr_Occurred()) return nullptr;
-  try {
-    return reader->next(t).release().ptr();
-  } catch (...) {
-    py::detail::try_translate_exceptions();  // the translation pybind11's dispatcher applies
-    return nullptr;
-  }
-}
-
-PyMethodDef next_def = {"next", next_builtin, METH_O,
-                        "next(timeout): the reader's next batch, or None at the end of its pass"};
-
-py::object next_function(const py::object& self) {
-  PyReader& reader = self.cast<PyReader&>();
-  PyObject* capsule = PyCapsule_New(&reader, kReaderCapsule, [](PyObject* c) {
-    Py_XDECREF(static_cast<PyObject*>(PyCapsule_GetContext(c)));
-  });
-  if (!capsule) throw py::error_already_set();
-  PyCapsule_SetContext(capsule, self.inc_ref().ptr());
-  PyObject* fn = PyCFunction_NewEx(&next_def, capsule, nullptr);
-  Py_DECREF(capsule);
-  if (!fn) throw py::error_already_set();
-  return py::reinterpret_steal<py::object>(fn);
-}
-
 // fastpipe.record_stream: a batch's release also waits for the work queued on `stream` (a device
 // batch's, or a pinned CPU batch's that a copy on that stream reads).
 void record_stream(const at::Tensor& t, uintptr_t stream) {
@@ -448,7 +414,13 @@ void bind_loader(py::module& m) {
       .def("start", &PyReader::start, py::arg("indices"), py::arg("drop_last"), py::arg("epoch"),
            py::arg("timeout") = -1.0)
       .def("next", &PyReader::next, py::arg("timeout"))
-      .def("next_function", &next_function,
+      .def("next_function",
+           [](const py::object& self) {
+             return bind_float_call(
+                 self, &self.cast<PyReader&>(),
+                 [](void* reader, double timeout) { return static_cast<PyReader*>(reader)->next(timeout); }, "next",
+                 "next(timeout): the reader's next batch, or None at the end of its pass");
+           },
            "next() as a builtin bound to this reader: the same call without pybind11's dispatch (the loop's path)")
       .def("stats", &PyReader::stats)
       .def("close", &PyReader::close, py::arg("timeout") = -1.0)
