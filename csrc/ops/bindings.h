@@ -10,4 +10,5 @@ void bind_loader_specs(pybind11::module& m);
 void bind_image_scans(pybind11::module& m);
 void bind_loader_test_hooks(pybind11::module& m);
 void bind_remote(pybind11::module& m);
+void bind_pass_iterator(pybind11::module& m);
 }  // namespace fastpipe

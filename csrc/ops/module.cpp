@@ -95,5 +95,6 @@ PYBIND11_MODULE(_C, m) {
   fastpipe::bind_image_scans(m);
   fastpipe::bind_loader_test_hooks(m);
   fastpipe::bind_remote(m);
+  fastpipe::bind_pass_iterator(m);
   fastpipe::conv::set_warning_sink(python_warning);
 }

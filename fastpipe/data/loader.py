@@ -217,10 +217,10 @@ class Loader(Resumable):
         self._sampler = sampler  # the user's; the `sampler` property also stands for the Loader's own order
         self.rank, self.world_size = distributed_defaults(rank, world_size)
         self.shard_remainder = shard_remainder
+        self._active = None  # the iterator of the current pass
         self.timeout = timeout
         self.epoch = 0
         self._resume = None  # (epoch, batches to skip, offset) from load_state_dict
-        self._active = None  # the iterator of the current pass
         if transforms and not isinstance(transforms, dict):
             raise TypeError("transforms must be a dict {field: transform} (field: a dict dataset's name, or a "
                             f"tuple dataset's position), got {type(transforms).__name__}")
@@ -249,6 +249,8 @@ class Loader(Resumable):
         if value is not None:
             value = checks.real(value, "timeout", low=0.0, allow_inf=True)
         self._timeout = -1.0 if not value or value == float("inf") else value
+        if self._active is not None:
+            self._active._hot = False  # its next batch takes the new timeout (EpochIterator._next_checked)
 
     def _open_reader(self):
         self._reader = _C.BatchReader(**self._reader_args)

@@ -3,6 +3,7 @@ sampler."""
 
 import weakref
 
+from fastpipe._ext import _C
 from fastpipe.data import _collate
 
 
@@ -33,12 +34,15 @@ def epoch_of(sampler):
     return epoch if isinstance(epoch, int) and not isinstance(epoch, bool) and epoch >= 0 else None
 
 
-class EpochIterator:
+class EpochIterator(_C.PassIterator):
     """One pass over the loader; a new iter(), set_epoch() or load_state_dict() supersedes it once it has
-    yielded a batch (before that, it starts again from the new position: Loader._reclaim)."""
+    yielded a batch (before that, it starts again from the new position: Loader._reclaim).
 
-    __slots__ = ("_loader", "_next", "_pack", "epoch", "position", "offset", "_start_position", "_done",
-                 "_superseded_by", "_stale", "_resumed", "_hot")
+    ``__next__`` is the C base's (csrc/ops/pass_iterator.cpp): while the pass is under way (``_hot``) it
+    calls the reader's ``next(_timeout)`` and ``_pack`` without a Python frame; otherwise it calls
+    ``_next_checked()``. Either way None ends the pass (``_done``) and a batch advances ``position``."""
+
+    __slots__ = ("_loader", "epoch", "offset", "_start_position", "_superseded_by", "_stale", "_resumed")
 
     def __init__(self, loader):
         self._loader = loader
@@ -47,30 +51,14 @@ class EpochIterator:
         self.epoch = None
         self.position = self._start_position = 0
         self.offset = 0  # samples of the epoch's order read before this pass (a resume with another world size)
-        self._done = False
         self._superseded_by = None
         self._stale = False  # reclaimed by the Loader: starts again at the first next()
         self._resumed = None  # the resume position the pass took
-        self._hot = False  # a batch of this pass was read, and nothing since asks for _next_checked's checks
-
-    def __iter__(self):
-        return self
-
-    def __next__(self):
-        # A pass under way has nothing to check before the read: a training thread that slept through its
-        # step pays each line of Python here in cache misses (~0.1 us each).
-        batch = self._next(self._loader._timeout) if self._hot else self._next_checked()
-        if batch is None:
-            self._done = True
-            self._hot = False
-            raise StopIteration
-        self.position += 1
-        pack = self._pack
-        return batch if pack is None else pack(batch)
 
     def _next_checked(self):
         """The reader's next batch after the checks of a pass's first batch and of a finished or
-        superseded pass; a batch read makes the pass hot (__next__ skips them)."""
+        superseded pass; a batch read makes the pass hot (``__next__`` skips them until a change to the
+        Loader clears ``_hot``: a new position, or its timeout)."""
         if self._done:
             raise StopIteration
         if self._superseded_by is not None:
@@ -80,7 +68,8 @@ class EpochIterator:
             if self._stale or (moved is not None and moved != self.epoch):
                 self._loader._reclaim()
                 self._loader._start(self)
-        batch = self._next(self._loader._timeout)
+        self._timeout = self._loader._timeout
+        batch = self._next(self._timeout)
         self._hot = batch is not None
         return batch
 
