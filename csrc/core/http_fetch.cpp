@@ -23,6 +23,8 @@
 #include <unordered_map>
 #include <utility>
 
+#include "core/curl_common.h"
+
 namespace fastpipe {
 namespace {
 
@@ -61,52 +63,6 @@ std::string lower(std::string s) {
   return s;
 }
 
-bool retryable_status(long s) { return s == 408 || s == 429 || s == 500 || s == 502 || s == 503 || s == 504; }
-
-bool retryable_curl(CURLcode c) {
-  switch (c) {
-    case CURLE_COULDNT_RESOLVE_HOST:
-    case CURLE_COULDNT_CONNECT:
-    case CURLE_OPERATION_TIMEDOUT:
-    case CURLE_RECV_ERROR:
-    case CURLE_SEND_ERROR:
-    case CURLE_PARTIAL_FILE:
-    case CURLE_GOT_NOTHING:
-    case CURLE_HTTP2:
-    case CURLE_HTTP2_STREAM:
-    case CURLE_SSL_CONNECT_ERROR:
-      return true;
-    default:
-      return false;
-  }
-}
-
-// What a failed status means to a user.
-std::string status_reason(long s) {
-  switch (s) {
-    case 301:
-    case 307:
-      return "redirected (an S3 bucket in another region than the request's: set storage_options "
-             "region or endpoint_url)";
-    case 400:
-      return "bad request";
-    case 401:
-    case 403:
-      return "access denied (check the credentials, or storage_options anon=True for a public object)";
-    case 404:
-      return "not found";
-    case 412:
-      return "changed on the server while it was being fetched (its ETag no longer matches)";
-    case 416:
-      return "the server refused the byte range (the object is shorter than its HEAD said)";
-    default:
-      return retryable_status(s) ? "the server kept failing" : "unexpected status";
-  }
-}
-
-// The errno a failed status stands for, so that Python raises what it raises for a local file (and
-// s3fs for an object): FileNotFoundError for 404, PermissionError for 401 and 403; 0: plain OSError.
-int status_errno(long s) { return s == 404 ? ENOENT : (s == 401 || s == 403) ? EACCES : 0; }
 
 }  // namespace
 
@@ -420,8 +376,7 @@ struct HttpTransfers::Engine {
 bool http_available() { return true; }
 
 HttpTransfers::HttpTransfers(RemoteAuth auth, TransferOptions options) : engine_(std::make_unique<Engine>()) {
-  static std::once_flag once;
-  std::call_once(once, [] { curl_global_init(CURL_GLOBAL_DEFAULT); });
+  init_curl();
   engine_->auth = std::move(auth);
   engine_->options = options;
   engine_->multi = curl_multi_init();

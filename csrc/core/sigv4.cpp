@@ -58,9 +58,11 @@ std::string amz_date_now() {
 
 std::vector<HttpHeader> sigv4_sign(const std::string& method, const std::string& path,
                                    const std::vector<HttpHeader>& headers, const std::string& region,
-                                   const AwsCredentials& credentials, const std::string& amz_date) {
+                                   const AwsCredentials& credentials, const std::string& amz_date,
+                                   const std::string& payload_hash) {
   static const std::string kEmptyHash = to_hex(sha256(""));
-  std::vector<HttpHeader> added = {{"x-amz-content-sha256", kEmptyHash}, {"x-amz-date", amz_date}};
+  const std::string& body_hash = payload_hash.empty() ? kEmptyHash : payload_hash;
+  std::vector<HttpHeader> added = {{"x-amz-content-sha256", body_hash}, {"x-amz-date", amz_date}};
   if (!credentials.session_token.empty()) added.push_back({"x-amz-security-token", credentials.session_token});
   std::vector<HttpHeader> signed_headers;
   for (const auto& h : headers) signed_headers.push_back({lower(h.name), trimmed(h.value)});
@@ -73,7 +75,7 @@ std::vector<HttpHeader> sigv4_sign(const std::string& method, const std::string&
     names += (names.empty() ? "" : ";") + h.name;
   }
   const std::string canonical_request =
-      method + "\n" + path + "\n\n" + canonical_headers + "\n" + names + "\n" + kEmptyHash;
+      method + "\n" + path + "\n\n" + canonical_headers + "\n" + names + "\n" + body_hash;
   const std::string day = amz_date.substr(0, 8);
   const std::string scope = day + "/" + region + "/s3/aws4_request";
   const std::string to_sign =

@@ -1,6 +1,6 @@
 // Python bindings of the remote shards: staging objects from S3 or HTTP(S) into the local cache
 // (core/shard_cache.h over core/http_fetch.h) and streaming shards through it (core/shard_stream.h),
-// without the GIL and interruptible; and the signing
+// without the GIL and interruptible; uploading one object (core/http_put.h: a published index); and the signing
 // primitives, exposed for the tests that compare them with hashlib and botocore.
 #include <pybind11/stl.h>
 
@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "core/http_fetch.h"
+#include "core/http_put.h"
 #include "core/sha256.h"
 #include "core/shard_cache.h"
 #include "core/shard_stream.h"
@@ -81,6 +82,20 @@ void bind_remote(py::module& m) {
       },
       py::arg("objects"), py::arg("cache_dir"), py::arg("cache_limit"), py::arg("auth"), py::arg("transport"));
 
+  m.def(
+      "put_object",
+      [](const ObjectTuple& object, const py::bytes& body, const AuthTuple& auth, const py::dict& transport) {
+        const RemoteObject obj = objects_of({object})[0];
+        const RemoteAuth a = auth_of(auth);
+        const TransferOptions o = options_of(transport);
+        std::string data = body;
+        interruptible([&](const std::function<void()>& poll) {
+          http_put(obj, data, a, o, poll);
+          return 0;
+        });
+      },
+      py::arg("object"), py::arg("body"), py::arg("auth"), py::arg("transport"));
+
   py::class_<ShardOpener, std::shared_ptr<ShardOpener>>(
       m, "ShardOpener", "Shards opened by index (core/record_source.h): what ImageSource.members takes as stream.");
   py::class_<ShardStream, ShardOpener, std::shared_ptr<ShardStream>>(
@@ -144,14 +159,17 @@ void bind_remote(py::module& m) {
       "_sigv4_sign",
       [](const std::string& method, const std::string& path, const std::vector<std::pair<std::string, std::string>>& headers,
          const std::string& region, const std::string& access_key, const std::string& secret_key,
-         const std::string& session_token, const std::string& amz_date) {
+         const std::string& session_token, const std::string& amz_date, const std::string& payload_hash) {
         std::vector<HttpHeader> h;
         for (const auto& [k, v] : headers) h.push_back({k, v});
         std::vector<std::pair<std::string, std::string>> out;
-        for (const auto& a : sigv4_sign(method, path, h, region, {access_key, secret_key, session_token}, amz_date))
+        for (const auto& a :
+             sigv4_sign(method, path, h, region, {access_key, secret_key, session_token}, amz_date, payload_hash))
           out.emplace_back(a.name, a.value);
         return out;
-      });
+      },
+      py::arg("method"), py::arg("path"), py::arg("headers"), py::arg("region"), py::arg("access_key"),
+      py::arg("secret_key"), py::arg("session_token"), py::arg("amz_date"), py::arg("payload_hash") = "");
   m.def("_uri_encode", &uri_encode, py::arg("text"), py::arg("keep_slash"));
   m.def("_cache_file_name", [](const std::string& name, const std::string& etag, int64_t size) {
     return cache_file_name(name, ObjectInfo{size, etag, false});

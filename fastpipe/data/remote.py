@@ -190,6 +190,13 @@ def stream(urls, storage_options=None, cache_dir=None, cache_limit=None):
     return _C.ShardStream(objects, cache_dir, limit, auth, transport)
 
 
+def put(url, data, storage_options=None):
+    """Uploads ``data`` (bytes) to ``url`` (s3:// or http(s)://) with one PUT, retried as fetches are;
+    PermissionError for 401 and 403, OSError for any other failure, naming the URL."""
+    objects, _, _, auth, transport = _requests([url], storage_options, None, None)
+    _C.put_object(objects[0], data, auth, transport)
+
+
 def all_remote(paths, storage_options, cache_dir, cache_limit, what):
     """True when every path is a remote URL, False when none is (then the remote settings must be unset);
     a mix is an error."""

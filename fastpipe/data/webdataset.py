@@ -135,8 +135,9 @@ class WebDataset(_Images):
         folder copied from the node that built it) spares the others fetching every shard once to index it.
         For remote shards it may also be the URL of a folder of published indexes (``s3://bucket/indexes``,
         read with the same storage_options): the index is read from ``<URL>/<its folder name>/``; where
-        there is none, it is built and kept locally, and a warning names the folder whose two files to
-        upload there, so that later jobs on fresh machines start without fetching every shard.
+        there is none, it is built, kept locally and uploaded there (two PUTs), so that later jobs on fresh
+        machines start without fetching every shard. Where the upload fails (credentials that may only
+        read, an HTTP server that takes no PUT), a warning says why and names the two files to upload.
     cache_limit : int or str, optional
         The most bytes the cache may hold (``"200GB"``), at least the largest shard. Shards stream through
         it: fetched ahead in the order each pass reads them, as far as the limit allows; other datasets'
@@ -200,7 +201,8 @@ class WebDataset(_Images):
         try:
             index = webdataset_index.indexed(
                 self._paths, extensions, label.lower(), label_field or "", threads, index_cache, self._stream,
-                self.urls, lambda urls: remote.stage(urls, storage_options, cache_dir, cache_limit))
+                self.urls, lambda urls: remote.stage(urls, storage_options, cache_dir, cache_limit),
+                lambda url, data: remote.put(url, data, storage_options))
         except (ValueError, OSError) as e:
             if self._paths is self.urls:
                 raise

@@ -23,13 +23,14 @@ def default_root():
     return os.path.join(os.path.dirname(image_index.default_cache()), "webdatasets")
 
 
-def indexed(paths, extensions, label, label_field, threads, index_cache, stream=None, urls=None, fetch=None):
+def indexed(paths, extensions, label, label_field, threads, index_cache, stream=None, urls=None, fetch=None,
+            put=None):
     """The shards' index, from the index cache when it holds one of these very shards with these
     settings (a local shard: its path, size and modification time; a remote one: its URL, ETag and size,
     so that no shard need be in the shard cache); else read, and kept. ``stream``: the shards are remote,
     streamed through it (``paths`` are their cache files, ``urls`` their URLs). ``index_cache`` may be
     the URL of a folder of published indexes (remote shards only), read with ``fetch(urls)`` (their
-    local paths)."""
+    local paths) and published with ``put(url, bytes)``."""
     def build():
         if stream is None:
             return _C.index_webdataset(paths, extensions, label, label_field, threads)
@@ -51,7 +52,7 @@ def indexed(paths, extensions, label, label_field, threads, index_cache, stream=
     # Where it is kept here: a published one's copy, when built, in the default local cache.
     folder = os.path.join(default_root() if index_cache is None or published else os.fspath(index_cache), name)
     if published:
-        return _published(os.fspath(index_cache).rstrip("/") + f"/{name}/", folder, key, build, fetch)
+        return _published(os.fspath(index_cache).rstrip("/") + f"/{name}/", folder, key, build, fetch, put)
     index = _read(os.path.join(folder, "index.json"), os.path.join(folder, "index.npz"), key)
     if index is None:
         index = build()
@@ -92,17 +93,24 @@ def _keep(folder, key, index, stacklevel):
     return True
 
 
-def _published(where, folder, key, build, fetch):
+def _published(where, folder, key, build, fetch, put):
     """The index published at the folder URL `where` (its index.json and index.npz, as _keep writes them);
-    where there is none, built here, kept in the local `folder`, and a warning says what to upload."""
+    where there is none, built here, kept in the local `folder` and uploaded there: index.npz first, so
+    that a reader finds a whole index or none. Where the upload fails (credentials that may only read, a
+    server that takes no PUT), a warning says why and what to upload."""
     try:
         (meta_path, arrays_path), _ = fetch([where + "index.json", where + "index.npz"])
     except FileNotFoundError:
         index = build()
         if _keep(folder, key, index, stacklevel=5):
-            warnings.warn(f"WebDataset: no index at '{where}': built here and kept in '{folder}'; upload its "
-                          f"index.json and index.npz to '{where}', and machines reading it there start without "
-                          f"fetching every shard", stacklevel=4)
+            try:
+                for name in ("index.npz", "index.json"):  # the json last: its presence marks a whole index
+                    with open(os.path.join(folder, name), "rb") as f:
+                        put(where + name, f.read())
+            except OSError as e:
+                warnings.warn(f"WebDataset: no index at '{where}': built here and kept in '{folder}', but uploading "
+                              f"it failed ({e}); upload its index.json and index.npz to '{where}', and machines "
+                              f"reading it there start without fetching every shard", stacklevel=4)
         return index
     index = _read(meta_path, arrays_path, key)
     if index is None:

@@ -37,11 +37,14 @@ class FaultyServer:
     "ignore_range" (200 and the whole object), "no_content_range" (206 without saying which bytes),
     "replace:<hex>" (the object changes before the answer),
     or "ok"); and `hold(path, first byte)`, when set, holds the ranged GETs it is true for until released.
-    Every request is logged: (method, path, Range header)."""
+    A PUT stores its body where `writable` (after the faults of `put_faults`, in order: "503"), else is
+    answered 405, as nginx answers it. Every request is logged: (method, path, Range header)."""
 
     def __init__(self):
         self.objects, self.faults, self.log = {}, {}, []
         self.ranges = True  # False: HEADs do not say Accept-Ranges
+        self.writable = False
+        self.put_faults = []
         self.hold = None
         self.release = threading.Event()
         self.lock = threading.Lock()
@@ -84,6 +87,23 @@ class FaultyServer:
                     self.send_error(404)
                     return
                 self._headers(200, len(data), etag_of(data))
+
+            def _empty(self, status):
+                self.send_response(status)
+                self.send_header("Content-Length", "0")
+                self.end_headers()
+
+            def do_PUT(self):
+                body = self.rfile.read(int(self.headers.get("Content-Length", 0)))
+                with server.lock:
+                    server.log.append(("PUT", self.path, None))
+                    fault = server.put_faults.pop(0) if server.put_faults else "ok"
+                if not server.writable or fault == "503":
+                    self._empty(405 if not server.writable else 503)
+                    return
+                with server.lock:
+                    server.objects[self.path] = body
+                self._empty(200)
 
             def do_GET(self):
                 data, fault = self._object()
@@ -141,9 +161,9 @@ class FaultyServer:
             self.faults[path] = list(faults)
         return self.url + path
 
-    def gets(self, path):
+    def gets(self, path, method="GET"):
         with self.lock:
-            return [r for m, p, r in self.log if m == "GET" and p == path]
+            return [r for m, p, r in self.log if m == method and p == path]
 
     def close(self):
         self.release.set()

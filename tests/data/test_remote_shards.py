@@ -12,6 +12,7 @@ import subprocess
 import sys
 import threading
 import time
+import warnings
 
 import numpy as np
 import pytest
@@ -111,12 +112,14 @@ def test_an_index_copied_from_the_node_that_built_it_spares_fetching_the_shards(
 
 
 def test_an_index_published_beside_the_shards_is_read_instead_of_the_shards(faulty, tmp_path, rng):
-    """index_cache as a URL: with no index there, the first machine builds it, keeps it locally and says
-    which folder to upload; once uploaded, a fresh machine reads it and fetches no shard to construct."""
+    """index_cache as a URL: with no index there, the first machine builds it, keeps it locally and, where
+    the server takes no upload (405, as nginx answers a PUT), says why and which folder to upload; once
+    uploaded, a fresh machine reads it and fetches no shard to construct."""
     shards = make_shards(rng, 3, 4)
     urls = [faulty.put(f"/sets/{name}", data) for name, data in shards]
     published = faulty.url + "/indexes"
-    with pytest.warns(UserWarning, match=r"no index at '.*/indexes/[0-9a-f]{20}/': built here and kept in") as said:
+    with pytest.warns(UserWarning, match=r"no index at '.*/indexes/[0-9a-f]{20}/': built here and kept in '.*', "
+                                         r"but uploading it failed \(.*HTTP 405") as said:
         first = fastpipe.WebDataset(urls, storage_options=FAST, cache_dir=tmp_path / "a", index_cache=published)
     assert first.fetch_stats["bytes_fetched"] == sum(len(d) for _, d in shards)
     where, folder = re.search(r"no index at '(.*?)': built here and kept in '(.*?)'", str(said[0].message)).groups()
@@ -137,15 +140,45 @@ def test_an_index_published_beside_the_shards_is_read_instead_of_the_shards(faul
         fastpipe.WebDataset([str(local / name) for name, _ in shards], index_cache=published)
 
 
+def test_an_index_is_uploaded_where_the_server_takes_it_and_read_there(faulty, tmp_path, rng):
+    """With no index at the index_cache URL and a server that takes PUTs, the first machine uploads the
+    one it built (a 503 retried), index.npz before index.json (a reader finds a whole index or none), and
+    says nothing; a fresh machine then reads it and fetches no shard to construct."""
+    shards = make_shards(rng, 3, 4)
+    urls = [faulty.put(f"/up/{name}", data) for name, data in shards]
+    faulty.writable = True
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        first = fastpipe.WebDataset(urls, storage_options=FAST, cache_dir=tmp_path / "a",
+                                    index_cache=faulty.url + "/indexes")
+    puts = [(m, p) for m, p, _ in faulty.log if m == "PUT"]
+    assert [p.rsplit("/", 1)[1] for _, p in puts] == ["index.npz", "index.json"]
+    assert all(re.fullmatch(r"/indexes/[0-9a-f]{20}/index\.(npz|json)", p) for _, p in puts)
+    assert json.loads(faulty.objects[puts[1][1]])["key"]  # the index's own files, as a local cache keeps them
+    faulty.writable = False  # a reader needs none
+    other = fastpipe.WebDataset(urls, storage_options=FAST, cache_dir=tmp_path / "b", index_cache=faulty.url + "/indexes")
+    assert (other.fetch_stats["bytes_fetched"], other.fetch_stats["shards_fetched"]) == (0, 0)
+    same_dataset(other, first)
+    # A 503 on an upload is retried, as a fetch's is.
+    more = make_shards(rng, 2, 3)
+    urls = [faulty.put(f"/up2/{name}", data) for name, data in more]
+    faulty.writable = True
+    faulty.put_faults = ["503"]
+    fastpipe.WebDataset(urls, storage_options=FAST, cache_dir=tmp_path / "c", index_cache=faulty.url + "/idx2")
+    uploaded = [p for m, p, _ in faulty.log if m == "PUT" and p.startswith("/idx2/")]
+    assert len(uploaded) == 3 and uploaded[0] == uploaded[1] and uploaded[0].endswith("index.npz")
+
+
 def test_an_index_published_in_s3_is_read_with_the_datasets_signed_requests(s3, tmp_path, rng):
+    """The first machine uploads the index it built with the dataset's signed requests (moto checks
+    their signatures; test_remote_signing the body's hash against botocore's); a fresh machine reads it
+    there."""
     shards = make_shards(rng, 2, 3)
     urls = [s3.put("data", f"pub/{name}", data) for name, data in shards]
     opts = dict(storage_options=s3.options(), index_cache="s3://data/pub-indexes")
-    with pytest.warns(UserWarning, match="no index at 's3://data/pub-indexes/") as said:
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
         first = fastpipe.WebDataset(urls, cache_dir=tmp_path / "a", **opts)
-    where, folder = re.search(r"no index at '(.*?)': built here and kept in '(.*?)'", str(said[0].message)).groups()
-    for f in ("index.json", "index.npz"):
-        s3.put("data", where[len("s3://data/"):] + f, open(os.path.join(folder, f), "rb").read())
     other = fastpipe.WebDataset(urls, cache_dir=tmp_path / "b", **opts)
     assert (other.fetch_stats["bytes_fetched"], other.fetch_stats["shards_fetched"]) == (0, 0)
     assert [other.key(i) for i in range(len(other))] == [first.key(i) for i in range(len(first))]

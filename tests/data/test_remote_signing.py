@@ -44,9 +44,11 @@ def test_signatures_are_botocores(rng, token):
         access, secret = "AKIA" + rng.bytes(8).hex().upper(), rng.bytes(20).hex()
         date = f"20{int(rng.integers(10, 40))}{int(rng.integers(1, 13)):02d}{int(rng.integers(1, 29)):02d}T" \
                f"{int(rng.integers(0, 24)):02d}{int(rng.integers(0, 60)):02d}{int(rng.integers(0, 60)):02d}Z"
-        method = str(rng.choice(["GET", "HEAD"]))
-        ours = dict(_C._sigv4_sign(method, path, [("host", host)] + headers, region, access, secret, token, date))
-        request = AWSRequest(method=method, url=f"http://{host}{path}", headers=dict(headers))
+        method = str(rng.choice(["GET", "HEAD", "PUT"]))
+        body = rng.bytes(int(rng.integers(0, 5000))) if method == "PUT" else b""  # a PUT signs its body's hash
+        ours = dict(_C._sigv4_sign(method, path, [("host", host)] + headers, region, access, secret, token, date,
+                                   hashlib.sha256(body).hexdigest() if method == "PUT" else ""))
+        request = AWSRequest(method=method, url=f"http://{host}{path}", headers=dict(headers), data=body)
         signer = auth_mod.S3SigV4Auth(Credentials(access, secret, token or None), "s3", region)
         request.context["timestamp"] = date
         signer._modify_request_before_signing(request)
