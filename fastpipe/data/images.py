@@ -34,6 +34,17 @@ def _transforms_module():
     return transforms
 
 
+def _sizes_said(sizes):
+    """What an error says of a dataset's image sizes ((N, 2) heights and widths): two that differ, or the one
+    size of all and the transform that batches them as they are."""
+    if len(sizes) and (sizes == sizes[0]).all():
+        h, w = (int(v) for v in sizes[0])
+        return (f"every image is {h}x{w}: CenterCrop(({h}, {w}), out_dtype=torch.uint8) batches them as they are, "
+                f"as uint8 3x{h}x{w}")
+    k = int(np.argmax((sizes != sizes[0]).any(axis=1)))
+    return f"its images differ: image 0 is {sizes[0][0]}x{sizes[0][1]}, image {k} {sizes[k][0]}x{sizes[k][1]}"
+
+
 def _check_transform(transform, name):
     if transform is None or isinstance(transform, _transforms_module()._JpegTransform):
         return transform
@@ -82,9 +93,10 @@ class _Images(ColumnSource):
                                f"'image'")
             transform = _check_transform(t, f"transforms[{field!r}]")
         if transform is None:
-            raise ValueError(f"{type(self).__name__} needs a transform that makes every image the same size (its "
-                             f"images differ): pass transform=fastpipe.transforms.RandomResizedCrop(224) or "
-                             f"CenterCrop(224, resize=256) to the dataset, or transforms={{0: ...}} to the Loader")
+            raise ValueError(f"{type(self).__name__} needs a transform that makes every image the same size "
+                             f"({_sizes_said(self.image_sizes)}): pass transform=fastpipe.transforms."
+                             f"RandomResizedCrop(224) or CenterCrop(224, resize=256) to the dataset, or "
+                             f"transforms={{0: ...}} to the Loader")
         budgets = {}
         if device_decode:
             # Per record in the host slot and on the device: twice the mean, so that most records fit

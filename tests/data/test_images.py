@@ -20,6 +20,7 @@ import fastpipe
 from fastpipe.data import _device
 from fastpipe.transforms import CenterCrop, RandomResizedCrop
 
+from image_files import pil_rgb_array, pillow_bytes
 from jpegs import (EXACT_TOL, as_hwc_255, jpeg_bytes, make_tree, picture, pil_rgb, reference_center_crop,
                    reference_resized_crop, write)
 
@@ -308,8 +309,24 @@ def test_dataset_transform_and_loader_transforms(tree, tmp_path):
     img, label = with_t[1]
     np.testing.assert_array_equal(img.numpy(), a[0][0][1])
     assert label == a[0][1][1]
-    with pytest.raises(ValueError, match="needs a transform"):
+    with pytest.raises(ValueError, match=r"needs a transform .*\(its images differ: image 0 is \d+x\d+, image \d+ "):
         fastpipe.Loader(fastpipe.ImageFolder(str(root), cache_dir=str(tmp_path / "c")), batch_size=2)
+
+
+def test_images_of_one_size_are_batched_as_they_are_by_the_transform_the_error_names(tmp_path, rng):
+    """Without a transform the Loader refuses, and where every image has one size the error names the
+    transform that batches them unchanged: uint8 3xHxW, PIL's pixels of each PNG."""
+    h, w = int(rng.integers(5, 40)), int(rng.integers(5, 40))
+    arrays = [rng.integers(0, 256, (h, w, 3), dtype=np.uint8) for _ in range(5)]
+    for k, a in enumerate(arrays):
+        write(str(tmp_path / "t" / f"c{k % 2}" / f"{k}.png"), pillow_bytes(a, "PNG"))
+    ds = fastpipe.ImageFolder(str(tmp_path / "t"), cache_dir="off")
+    with pytest.raises(ValueError, match=rf"every image is {h}x{w}: CenterCrop\(\({h}, {w}\), out_dtype=torch.uint8\)"):
+        fastpipe.Loader(ds, batch_size=2)
+    got = np.concatenate([x.numpy() for x, _ in fastpipe.Loader(ds, batch_size=2, transforms={
+        0: CenterCrop((h, w), out_dtype=torch.uint8)})])
+    want = np.stack([pil_rgb_array(open(p, "rb").read()) for p, _ in ds.samples]).transpose(0, 3, 1, 2)
+    np.testing.assert_array_equal(got, want)
 
 
 def test_on_the_simulated_device_batches_equal_the_cpu_loader(folder):
