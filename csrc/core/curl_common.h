@@ -5,15 +5,39 @@
 
 #include <curl/curl.h>
 
+#include <algorithm>
 #include <cerrno>
+#include <cmath>
 #include <mutex>
+#include <random>
 #include <string>
+
+#include "core/http_fetch.h"
 
 namespace fastpipe {
 
 inline void init_curl() {
   static std::once_flag once;
   std::call_once(once, [] { curl_global_init(CURL_GLOBAL_DEFAULT); });
+}
+
+// The settings every request takes: no signals, its error message into `error` (CURL_ERROR_SIZE bytes),
+// the connect timeout, a stall of stall_timeout_s ended (then retried), fastpipe's user agent.
+inline void set_request_options(CURL* e, const TransferOptions& options, char* error) {
+  curl_easy_setopt(e, CURLOPT_NOSIGNAL, 1L);
+  curl_easy_setopt(e, CURLOPT_ERRORBUFFER, error);
+  curl_easy_setopt(e, CURLOPT_CONNECTTIMEOUT_MS, long(options.connect_timeout_s * 1000));
+  curl_easy_setopt(e, CURLOPT_LOW_SPEED_LIMIT, 1L);
+  curl_easy_setopt(e, CURLOPT_LOW_SPEED_TIME, std::max(1L, long(std::ceil(options.stall_timeout_s))));
+  curl_easy_setopt(e, CURLOPT_USERAGENT, "fastpipe");
+}
+
+// Seconds to wait before retrying a request that failed `attempts` times: backoff_s doubled each time,
+// capped at backoff_max_s, times a jitter in [0.5, 1).
+template <class Rng>
+double retry_delay(const TransferOptions& options, int attempts, Rng& rng) {
+  const double base = std::min(options.backoff_max_s, options.backoff_s * std::ldexp(1.0, attempts - 1));
+  return base * std::uniform_real_distribution<double>(0.5, 1.0)(rng);
 }
 
 inline bool retryable_status(long s) { return s == 408 || s == 429 || s == 500 || s == 502 || s == 503 || s == 504; }

@@ -185,15 +185,10 @@ struct HttpTransfers::Engine {
     r.headers = curl_slist_append(r.headers, "Expect:");
     curl_easy_setopt(e, CURLOPT_URL, o.url.c_str());
     curl_easy_setopt(e, CURLOPT_HTTPHEADER, r.headers);
-    curl_easy_setopt(e, CURLOPT_NOSIGNAL, 1L);
-    curl_easy_setopt(e, CURLOPT_ERRORBUFFER, r.curl_error);
-    curl_easy_setopt(e, CURLOPT_CONNECTTIMEOUT_MS, long(options.connect_timeout_s * 1000));
-    curl_easy_setopt(e, CURLOPT_LOW_SPEED_LIMIT, 1L);
-    curl_easy_setopt(e, CURLOPT_LOW_SPEED_TIME, std::max(1L, long(std::ceil(options.stall_timeout_s))));
+    set_request_options(e, options, r.curl_error);
     curl_easy_setopt(e, CURLOPT_HEADERFUNCTION, &Engine::on_header);
     curl_easy_setopt(e, CURLOPT_HEADERDATA, &r);
     curl_easy_setopt(e, CURLOPT_PRIVATE, &r);
-    curl_easy_setopt(e, CURLOPT_USERAGENT, "fastpipe");
     if (r.head) {
       curl_easy_setopt(e, CURLOPT_NOBODY, 1L);
     } else {
@@ -205,11 +200,6 @@ struct HttpTransfers::Engine {
       curl_easy_setopt(e, CURLOPT_WRITEDATA, &target);
     }
     return e;
-  }
-
-  double backoff(int attempts) {
-    const double base = std::min(options.backoff_max_s, options.backoff_s * std::ldexp(1.0, attempts - 1));
-    return base * std::uniform_real_distribution<double>(0.5, 1.0)(rng);
   }
 
   struct Failed {  // a request that cannot succeed: its message names the object
@@ -353,7 +343,7 @@ struct HttpTransfers::Engine {
           }
           ++stats.retries;
           r->not_before = Clock::now() + std::chrono::duration_cast<Clock::duration>(
-                                             std::chrono::duration<double>(backoff(r->attempts)));
+                                             std::chrono::duration<double>(retry_delay(options, r->attempts, rng)));
           pending.push_back(std::move(r));
         }
         if (!pending.empty() || !active.empty()) {

@@ -6,7 +6,6 @@
 
 #include <algorithm>
 #include <chrono>
-#include <cmath>
 #include <cstring>
 #include <exception>
 #include <random>
@@ -99,12 +98,7 @@ void http_put(const RemoteObject& object, const std::string& body, const RemoteA
     curl_easy_setopt(e, CURLOPT_XFERINFODATA, &up);
     curl_easy_setopt(e, CURLOPT_NOPROGRESS, 0L);
     curl_easy_setopt(e, CURLOPT_HTTPHEADER, easy.headers);
-    curl_easy_setopt(e, CURLOPT_NOSIGNAL, 1L);
-    curl_easy_setopt(e, CURLOPT_ERRORBUFFER, curl_error);
-    curl_easy_setopt(e, CURLOPT_CONNECTTIMEOUT_MS, long(options.connect_timeout_s * 1000));
-    curl_easy_setopt(e, CURLOPT_LOW_SPEED_LIMIT, 1L);
-    curl_easy_setopt(e, CURLOPT_LOW_SPEED_TIME, std::max(1L, long(std::ceil(options.stall_timeout_s))));
-    curl_easy_setopt(e, CURLOPT_USERAGENT, "fastpipe");
+    set_request_options(e, options, curl_error);
     const CURLcode code = curl_easy_perform(e);
     if (up.thrown) std::rethrow_exception(up.thrown);
     long status = 0;
@@ -117,9 +111,8 @@ void http_put(const RemoteObject& object, const std::string& body, const RemoteA
     if (!retry || attempt >= options.max_attempts)
       throw Error(ErrorKind::kIO, what + why + (retry ? " (" + std::to_string(attempt) + " attempts)" : ""),
                   code == CURLE_OK ? status_errno(status) : 0);
-    const double base = std::min(options.backoff_max_s, options.backoff_s * std::ldexp(1.0, attempt - 1));
-    const auto until = Clock::now() + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(
-                                          base * std::uniform_real_distribution<double>(0.5, 1.0)(rng)));
+    const auto until = Clock::now() + std::chrono::duration_cast<Clock::duration>(
+                                          std::chrono::duration<double>(retry_delay(options, attempt, rng)));
     while (Clock::now() < until) {
       check();
       std::this_thread::sleep_for(std::min<Clock::duration>(until - Clock::now(), std::chrono::milliseconds(100)));
