@@ -217,7 +217,7 @@ class Loader(Resumable):
         self._sampler = sampler  # the user's; the `sampler` property also stands for the Loader's own order
         self.rank, self.world_size = distributed_defaults(rank, world_size)
         self.shard_remainder = shard_remainder
-        self._active = None  # the iterator of the current pass
+        self._pass = None  # the current pass: a weak reference to its iterator, or an EndedPass
         self.timeout = timeout
         self.epoch = 0
         self._resume = None  # (epoch, batches to skip, offset) from load_state_dict
@@ -251,6 +251,16 @@ class Loader(Resumable):
         self._timeout = -1.0 if not value or value == float("inf") else value
         if self._active is not None:
             self._active._hot = False  # its next batch takes the new timeout (EpochIterator._next_checked)
+
+    @property
+    def _active(self):
+        """The current pass: its iterator while it lives, else the EndedPass it left, or None."""
+        p = self._pass
+        return p() if isinstance(p, weakref.ref) else p
+
+    @_active.setter
+    def _active(self, it):
+        self._pass = None if it is None else it._ref
 
     def _open_reader(self):
         self._reader = _C.BatchReader(**self._reader_args)
@@ -423,8 +433,6 @@ class Loader(Resumable):
         """Stops the reader threads and closes the files. Batches already returned stay valid."""
         if self._active is not None and not self._active._done and not self._active._stale:
             self._resume = (self._active.epoch, self._active.position, self._active.offset)  # state_dict() reports it
-        # The live iterator refers to the loader: holding it would leave the pair (and the arena) to the
-        # garbage collector instead of freeing them when the loader is dropped.
         self._active = None
         self._finalizer()
 

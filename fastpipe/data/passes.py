@@ -42,9 +42,11 @@ class EpochIterator(_C.PassIterator):
     calls the reader's ``next(_timeout)`` and ``_pack`` without a Python frame; otherwise it calls
     ``_next_checked()``. Either way None ends the pass (``_done``) and a batch advances ``position``."""
 
-    __slots__ = ("_loader", "epoch", "offset", "_start_position", "_superseded_by", "_stale", "_resumed")
+    __slots__ = ("_loader", "epoch", "offset", "_start_position", "_superseded_by", "_stale", "_resumed", "_ref",
+                 "__weakref__")
 
     def __init__(self, loader):
+        self._ref = weakref.ref(self)  # what the Loader holds of its pass (Loader._active)
         self._loader = loader
         self._next = loader._reader.next_function()  # the reader's next(), bound without pybind11's dispatch
         self._pack = _collate.packer(loader.dataset, loader.collate_fn)
@@ -73,8 +75,27 @@ class EpochIterator(_C.PassIterator):
         self._hot = batch is not None
         return batch
 
+    def __del__(self):
+        # The Loader holds its pass weakly (a strong reference both ways would leave a dropped Loader, its
+        # reader threads and arena, to the garbage collector); what it needs of a pass it keeps.
+        loader = getattr(self, "_loader", None)
+        if loader is not None and loader._pass is self._ref:
+            loader._pass = EndedPass(self)
+
     def __len__(self):
         if self._stale:
             state = self._loader.state_dict()
             return self._loader._pass_batches(state["offset"]) - state["batch"]
         return self._loader._pass_batches(self.offset) - self.position
+
+
+class EndedPass:
+    """What the Loader keeps of a pass whose iterator is gone: its position (state_dict() reports it) and
+    whether it had started (Loader._reclaim)."""
+
+    __slots__ = ("epoch", "position", "offset", "_start_position", "_done", "_stale", "_resumed", "_superseded_by",
+                 "_hot")
+
+    def __init__(self, it):
+        for name in self.__slots__:
+            setattr(self, name, getattr(it, name))

@@ -726,3 +726,56 @@ def test_a_closed_loader_is_freed_at_once_with_its_iterator(dataset_factory, fp)
         assert ref() is None, "the closed loader waits for the garbage collector (a reference cycle)"
     finally:
         gc.enable()
+
+
+@pytest.mark.parametrize("how", ["islice", "held_iterator", "unstarted", "finished"])
+def test_a_dropped_loader_stops_its_readers_at_once(dataset_factory, fp, how):
+    """The Loader refers to its pass weakly, so that dropping it (after an islice, a break, with its
+    iterator, before the first batch) frees it and stops its reader threads then, not at some later
+    garbage collection: that may come only at interpreter exit, with the readers still running. What a
+    pass's end leaves (its position for state_dict(), an unstarted pass not counting as an epoch) stays."""
+    import itertools
+    import weakref
+
+    ds, arrays, _ = dataset_factory(64, {"x": ("uint8", (16,))})
+
+    def first_batch(loader=None, epoch=None):
+        if loader is None:
+            loader = fp.loader(ds, 4, shuffle=True)
+            loader.set_epoch(epoch)
+        return fp.take(iter(loader), 1)[0]["idx"].tolist()
+
+    gc.collect()
+    base_threads = fp.count_threads()
+    ld = fp.loader(ds, 4, shuffle=True, num_threads=3)
+    gc.disable()
+    try:
+        it = iter(ld)
+        if how == "islice":
+            del it
+            for batch in itertools.islice(ld, 3):
+                check_live(batch, arrays)
+            del batch
+            assert (ld.state_dict()["epoch"], ld.state_dict()["batch"]) == (0, 3)
+            assert first_batch(ld) == first_batch(epoch=1), "a new iter() after a break is the next epoch"
+        elif how == "held_iterator":
+            fp.take(it, 5)
+            assert (ld.state_dict()["epoch"], ld.state_dict()["batch"]) == (0, 5)
+        elif how == "unstarted":
+            del it
+            assert first_batch(ld) == first_batch(epoch=0), "an iterator that read nothing is no epoch"
+        else:
+            assert len(fp.epoch(it)) == 16
+            del it
+            assert (ld.state_dict()["epoch"], ld.state_dict()["batch"]) == (1, 0)
+        assert fp.count_threads() > base_threads, "no reader thread seen (is the baseline right?)"
+        ref = weakref.ref(ld)
+        del ld
+        if how == "held_iterator":
+            assert ref() is not None, "the iterator keeps its loader"
+            del it
+        assert ref() is None, "the dropped loader waits for the garbage collector (a reference cycle)"
+        assert fp.wait_until(lambda: fp.count_threads() <= base_threads), (
+            f"threads {fp.count_threads()} > baseline {base_threads}")
+    finally:
+        gc.enable()
