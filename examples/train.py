@@ -22,6 +22,7 @@ import argparse
 import itertools
 import json
 import os
+import sys
 import time
 
 import numpy as np
@@ -170,9 +171,9 @@ def main():
         ckpt = torch.load(args.resume, map_location=device)
         model.load_state_dict(ckpt["model"])
         optimizer.load_state_dict(ckpt["optimizer"])
-        if len(ckpt["loaders"]) != world:
-            raise SystemExit(f"{args.resume} was saved by {len(ckpt['loaders'])} ranks, this run has {world}")
-        loader.load_state_dict(ckpt["loaders"][rank])
+        # Saved by rank 0 (every rank is at the same batch); a world of another size resumes the rest of
+        # that epoch split over its ranks.
+        loader.load_state_dict(ckpt["loader"])
     ddp = model
     if distributed:
         ddp = nn.parallel.DistributedDataParallel(model, device_ids=[device.index] if on_gpu else None)
@@ -213,25 +214,25 @@ def main():
     if log:
         log.close()
 
-    if args.save:
-        # Each rank has its own position (its shard); model and optimizer are the same on every rank.
-        states = [None] * world
-        if distributed:
-            dist.all_gather_object(states, loader.state_dict())
-        else:
-            states = [loader.state_dict()]
-        if rank == 0:
-            ckpt = {"model": model.state_dict(), "optimizer": optimizer.state_dict(), "loaders": states}
-            torch.save(ckpt, args.save + ".partial")
-            os.replace(args.save + ".partial", args.save)
-            print(f"saved {args.save}")
+    if args.save and rank == 0:
+        # A Loader resumes from any rank's state: no collective gathers the others'.
+        ckpt = {"model": model.state_dict(), "optimizer": optimizer.state_dict(), "loader": loader.state_dict()}
+        torch.save(ckpt, args.save + ".partial")
+        os.replace(args.save + ".partial", args.save)
+        print(f"saved {args.save}")
+    del loader  # its workers end here (DataLoader's processes, fastpipe's threads)
     if distributed:
-        # Every rank tears gloo down together: a rank that destroys its group while another still writes
-        # the checkpoint has been seen to abort at exit ("terminate called without an active exception",
-        # once in about 30 runs on a loaded 2-core machine; pytorch/pytorch#190489 reports the message from
-        # gloo's teardown).
-        dist.barrier()
+        dist.barrier()  # the ranks leave together: none tears its connections down while rank 0 still saves
         dist.destroy_process_group()
+        if not on_gpu:
+            # gloo frees each finished collective on a worker thread, and in torch 2.13 and 2.14 that takes
+            # the GIL (a collective issued in backward keeps its Python context): a worker that comes to it
+            # after the interpreter has begun to exit aborts the process ("terminate called without an
+            # active exception", after all the work). Nothing in torch waits for those threads (they outlive
+            # destroy_process_group), so the rank leaves without the interpreter's teardown.
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os._exit(0)
 
 
 if __name__ == "__main__":
