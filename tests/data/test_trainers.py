@@ -121,6 +121,7 @@ def pad_order(epoch):
 LIGHTNING_SCRIPT = r'''
 """A LightningModule whose train_dataloader() returns fastpipe Loaders; 2 CPU processes under DDP."""
 import json
+import os
 import sys
 
 import torch
@@ -204,6 +205,9 @@ if __name__ == "__main__":
            "checkpointed": saved.get("combined_loader"), "states": [ld.state_dict() for ld in net.loaders.values()]}
     with open(f"{out}/rank{trainer.global_rank}.json", "w") as f:
         json.dump(log, f)
+    # Without the interpreter's teardown, which gloo's worker threads race (a rank may abort after its work:
+    # benchmarks/results/gloo_exit_race_20261207.md); what the test reads is written.
+    os._exit(0)
 '''
 
 
@@ -303,6 +307,7 @@ def test_lightning_ddp_sampler_epoch_is_the_pass_epoch(lightning_run):
 ACCELERATE_SCRIPT = r'''
 """accelerator.prepare(model, optimizer, fastpipe.Loader), 2 CPU processes (gloo) under torchrun."""
 import json
+import os
 import sys
 
 import accelerate
@@ -335,6 +340,7 @@ log = {"rank": accelerator.process_index, "world": accelerator.num_processes, "s
        "gathered": gathered, "for_metrics": for_metrics}
 with open(f"{out}/rank{accelerator.process_index}.json", "w") as f:
     json.dump(log, f)
+os._exit(0)  # as the Lightning script: gloo's worker threads race the interpreter's teardown
 '''
 
 
