@@ -779,3 +779,64 @@ def test_a_dropped_loader_stops_its_readers_at_once(dataset_factory, fp, how):
             f"threads {fp.count_threads()} > baseline {base_threads}")
     finally:
         gc.enable()
+
+
+def _used_and_dropped(kind, root, rng):
+    """Makes a dataset of ``kind`` under ``root``, reads part of a pass from it and drops everything."""
+    from jpegs import jpeg_bytes, make_tree, picture
+    from tar_files import tar_bytes
+
+    from fastpipe.transforms import RandomResizedCrop
+
+    if kind in ("npy", "monitor"):
+        np.save(root / "x.npy", rng.random((40, 3), dtype=np.float32))
+        ds = fastpipe.NpyDataset({"x": str(root / "x.npy")})
+    elif kind == "tokens":
+        rng.integers(0, 1000, 3000, dtype=np.uint16).tofile(root / "tokens.bin")
+        ds = fastpipe.TokenDataset(str(root / "tokens.bin"), block_size=16, dtype="uint16")
+    elif kind in ("image_folder", "torchvision_folder"):
+        make_tree(root / "images", rng, [(int(h), int(w)) for h, w in rng.integers(12, 40, (8, 2))])
+        if kind == "image_folder":
+            ds = fastpipe.ImageFolder(str(root / "images"), transform=RandomResizedCrop(16))
+        else:
+            import torchvision
+            import torchvision.transforms as T
+
+            ds = torchvision.datasets.ImageFolder(str(root / "images"), transform=T.Compose(
+                [T.RandomResizedCrop(16), T.RandomHorizontalFlip(), T.ToTensor()]))
+    else:
+        members = []
+        for i in range(8):
+            members += [(f"s{i:03d}.jpg", jpeg_bytes(picture(rng, 20, 24))), (f"s{i:03d}.cls", b"1")]
+        (root / "shard.tar").write_bytes(tar_bytes(members))
+        ds = fastpipe.WebDataset([str(root / "shard.tar")], transform=RandomResizedCrop(16))
+    loader = fastpipe.Loader(ds, batch_size=4, shuffle=True, num_threads=2, timeout=60)
+    if kind == "monitor":
+        with fastpipe.Monitor(loaders=[loader], interval=0.01) as mon:
+            for _ in loader:
+                mon.step()
+        str(mon)
+    else:
+        it = iter(loader)
+        next(it)
+
+
+@pytest.mark.parametrize("kind", ["npy", "tokens", "image_folder", "torchvision_folder", "webdataset", "monitor"])
+def test_nothing_fastpipe_makes_is_left_to_the_garbage_collector(tmp_path, rng, kind):
+    """Datasets, the Loader, its pass and the Monitor are freed when the program drops them, by reference
+    counting: in a reference cycle they would keep reader threads, files and arenas until a collection,
+    which may come only at interpreter exit."""
+    if kind == "torchvision_folder":
+        pytest.importorskip("torchvision")
+    gc.collect()
+    gc.disable()
+    gc.set_debug(gc.DEBUG_SAVEALL)
+    try:
+        _used_and_dropped(kind, tmp_path, rng)
+        gc.collect()
+        left = sorted({type(o).__qualname__ for o in gc.garbage if type(o).__module__.startswith("fastpipe")})
+    finally:
+        gc.garbage.clear()
+        gc.set_debug(0)
+        gc.enable()
+    assert not left, f"left in reference cycles: {left}"
