@@ -3,6 +3,7 @@ message names the argument and says what it must be."""
 
 import math
 import numbers
+import operator
 import os
 import re
 
@@ -10,10 +11,14 @@ import numpy as np
 
 
 def integer(value, name, *, low=None, high=None, why=""):
-    """``value`` as an int, refusing bools, floats (even 2.0) and strings; ``why`` explains ``high``."""
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+    """``value`` as an int (numpy's, or an integer tensor of one element, as a torch Subset with tensor
+    indices passes them), refusing bools, floats (even 2.0) and strings; ``why`` explains ``high``."""
+    if isinstance(value, bool) or str(getattr(value, "dtype", "")) in ("bool", "torch.bool"):
         raise TypeError(f"{name} must be an int, got {type(value).__name__} {value!r}")
-    value = int(value)
+    try:
+        value = int(value) if isinstance(value, numbers.Integral) else operator.index(value)
+    except TypeError:
+        raise TypeError(f"{name} must be an int, got {type(value).__name__} {value!r}") from None
     if low is not None and value < low:
         raise ValueError(f"{name} must be at least {low}, got {value}")
     if high is not None and value > high:

@@ -130,6 +130,10 @@ CASES = [
     ("dataset-path", lambda e: fastpipe.Loader(str(e.dir / "image.npy"), 2), TypeError, "write_npy"),
     # Loader: epochs and positions
     ("set_epoch-float", lambda e: e.loader.set_epoch(1.5), TypeError, "epoch must be an int"),
+    ("set_epoch-float-tensor", lambda e: e.loader.set_epoch(torch.tensor(2.0)), TypeError,
+     "epoch must be an int, got Tensor"),
+    ("set_epoch-bool-tensor", lambda e: e.loader.set_epoch(torch.tensor(True)), TypeError,
+     "epoch must be an int, got Tensor"),
     ("set_epoch-negative", lambda e: e.loader.set_epoch(-1), ValueError, "epoch must be at least 0"),
     ("timeout-attribute-inf-str", lambda e: setattr(e.loader, "timeout", "inf"), TypeError,
      "timeout must be a number"),

@@ -8,7 +8,7 @@ import numpy as np
 
 from fastpipe import _checks as checks
 from fastpipe._ext import _C
-from fastpipe.data import _collate, _dataloader_args, _device, torchvision_compat
+from fastpipe.data import _collate, _dataloader_args, _device, subsets, torchvision_compat
 from fastpipe.data._source import ColumnSource
 from fastpipe.data.order import REMAINDER_POLICIES, block_order, distributed_defaults, epoch_order, shard, shard_size
 from fastpipe.data.passes import EpochIterator, OwnOrder, epoch_of
@@ -35,7 +35,9 @@ class Loader(Resumable):
 
     Parameters
     ----------
-    dataset : NpyDataset, TokenDataset, ImageFolder or ImageDataset
+    dataset : NpyDataset, TokenDataset, ImageFolder, ImageDataset or WebDataset
+        Or a ``torch.utils.data.Subset`` of one (``random_split``'s): its records are read, in positions of
+        the Subset (a sampler's indices, ``len(loader.dataset)``), as DataLoader does.
         Other datasets can be converted once with :func:`fastpipe.write_npy` (tensors) or
         :func:`fastpipe.write_images` (images). A torchvision ``ImageFolder`` is taken as it is: its own
         sample list is read by :class:`fastpipe.ImageFolder` and its transform pipeline becomes the fused one
@@ -165,11 +167,15 @@ class Loader(Resumable):
                  prefetch_factor=None, persistent_workers=False, collate_fn=None, worker_init_fn=None,
                  batch_sampler=None, multiprocessing_context=None, pin_memory_device="", in_order=True,
                  transforms=None, when_full="allocate", on_error="raise", image_decode="auto"):
-        if torchvision_compat.is_torchvision_folder(dataset):
-            dataset = torchvision_compat.convert_dataset(dataset)  # the same folder, its transform fused
-        if not isinstance(dataset, ColumnSource):
+        source, self._records = subsets.unwrap(dataset)
+        if torchvision_compat.is_torchvision_folder(source):
+            source = torchvision_compat.convert_dataset(source)  # the same folder, its transform fused
+        if self._records is None:
+            dataset = source
+        if not isinstance(source, ColumnSource):
             raise TypeError(f"fastpipe.Loader reads NpyDataset, TokenDataset, ImageFolder, ImageDataset and "
-                            f"WebDataset (and torchvision's ImageFolder), got {type(dataset).__name__}: convert a map-style dataset "
+                            f"WebDataset (and torchvision's ImageFolder), or a Subset of one, got "
+                            f"{type(source).__name__}: convert a map-style dataset "
                             f"once with `ds = fastpipe.write_npy(dataset, out_dir)` (tensors) or "
                             f"`fastpipe.write_images(dataset, out_dir)` (encoded images or paths, and labels) and pass that")
         _dataloader_args.refuse(worker_init_fn=worker_init_fn, batch_sampler=batch_sampler,
@@ -183,15 +189,18 @@ class Loader(Resumable):
         shuffle = False if shuffle is None else shuffle if shuffle == "blocks" else checks.flag(shuffle, "shuffle")
         self._blocks = None  # shuffle="blocks": (the samples where blocks start, their shards, blocks a window)
         if shuffle == "blocks":
-            blocks = getattr(dataset, "_blocks", None)
+            blocks = getattr(source, "_blocks", None)
+            if blocks is not None and self._records is not None:
+                raise ValueError("shuffle='blocks' reads whole shards of a WebDataset; a Subset of it picks records "
+                                 "out of them: use shuffle=True")
             if blocks is None:
                 raise ValueError(f"shuffle='blocks' shuffles the shards of a sharded dataset (WebDataset); "
                                  f"{type(dataset).__name__} has none: use shuffle=True")
             starts, shards, block_bytes = blocks()
             window = checks.byte_size(shuffle_window, "shuffle_window")
             self._blocks = (starts, shards, max(1, int(window // max(1.0, block_bytes))))
-        if hasattr(dataset, "_check_order"):
-            dataset._check_order(shuffle, shuffle_window, self._blocks[2] if self._blocks else None)
+        if hasattr(source, "_check_order"):
+            source._check_order(shuffle, shuffle_window, self._blocks[2] if self._blocks else None)
         drop_last = checks.flag(drop_last, "drop_last")
         if sampler is not None:
             if shuffle:
@@ -209,7 +218,8 @@ class Loader(Resumable):
                                  gather=gather, when_full=when_full, on_error=on_error, seed=seed)
         batch_size, seed = config.batch_size, config.seed
         pin = _dataloader_args.pinning(pin_memory, pin_memory_device, reader_device)
-        self.dataset = dataset
+        self.dataset = dataset  # as DataLoader's: what was given (len(loader.dataset) counts a Subset's records)
+        self._source = source  # the fastpipe dataset read
         self.batch_size = batch_size
         self.shuffle = shuffle
         self.seed = seed
@@ -224,15 +234,15 @@ class Loader(Resumable):
         if transforms and not isinstance(transforms, dict):
             raise TypeError("transforms must be a dict {field: transform} (field: a dict dataset's name, or a "
                             f"tuple dataset's position), got {type(transforms).__name__}")
-        if image_decode == "device" and not dataset._decodes_images:
-            raise ValueError(f"image_decode='device' decodes JPEG images; {type(dataset).__name__} has none")
-        device_decode = dataset._decodes_images and _device.image_decoder(image_decode, reader_device)
-        columns, outputs = dataset._reader_columns(dict(transforms or {}), self.seed, device_decode)
+        if image_decode == "device" and not source._decodes_images:
+            raise ValueError(f"image_decode='device' decodes JPEG images; {type(source).__name__} has none")
+        device_decode = source._decodes_images and _device.image_decoder(image_decode, reader_device)
+        columns, outputs = source._reader_columns(dict(transforms or {}), self.seed, device_decode)
         self.transforms = dict(transforms or {})
         self.on_error = on_error
         self._reader_args = dict(
             columns=columns, outputs=outputs, config=config, pin=pin, device=reader_device,
-            nvjpeg=_device.nvjpeg_library() if isinstance(reader_device, int) else "", pack=dataset._reader_pack,
+            nvjpeg=_device.nvjpeg_library() if isinstance(reader_device, int) else "", pack=source._reader_pack,
         )
         self._open_reader()
         for w in self._reader.warnings():
@@ -279,6 +289,12 @@ class Loader(Resumable):
         return n // self.batch_size if self.drop_last else -(-n // self.batch_size)
 
     def _indices(self, epoch, offset=0):
+        """The records of the pass of ``epoch`` (its first ``offset`` samples skipped), this rank's."""
+        positions = self._positions(epoch, offset)
+        return positions if self._records is None else self._records[positions]
+
+    def _positions(self, epoch, offset=0):
+        """As ``_indices``, in positions of ``dataset`` (a Subset's, before they name its records)."""
         if self._sampler is not None:
             idx = np.fromiter(iter(self._sampler), dtype=np.int64)
             if len(idx) and (idx.min() < 0 or idx.max() >= len(self.dataset)):
@@ -359,9 +375,9 @@ class Loader(Resumable):
         indices = self._indices(epoch, offset)[skip * self.batch_size:]
         it._resumed, self._resume = self._resume, None
         self.epoch = epoch + 1
-        if hasattr(self.dataset, "_plan"):  # remote shards: fetched ahead in this pass's order, then the next's
+        if hasattr(self._source, "_plan"):  # remote shards: fetched ahead in this pass's order, then the next's
             following = None if self._sampler is not None else lambda: self._indices(epoch + 1)
-            self.dataset._plan(indices, following, self._blocks[2] if self._blocks is not None else 1)
+            self._source._plan(indices, following, self._blocks[2] if self._blocks is not None else 1)
         self._reader.start(indices, self.drop_last, epoch % (1 << 64), self._timeout)
         it.epoch, it.position, it._start_position, it._stale, it.offset = epoch, skip, skip, False, offset
         it._hot = False
@@ -424,7 +440,7 @@ class Loader(Resumable):
         wall = s["wall_seconds"]
         s["read_gbps"] = s["bytes_read"] / wall / 1e9 if wall > 0 else 0.0
         s["wait_fraction"] = s["wait_seconds"] / wall if wall > 0 else 0.0
-        fetched = getattr(self.dataset, "fetch_stats", None) or {}
+        fetched = getattr(self._source, "fetch_stats", None) or {}
         for key, name in _FETCH_STATS.items():
             s[key] = fetched.get(name, 0)
         return s

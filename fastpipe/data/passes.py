@@ -22,7 +22,7 @@ class OwnOrder:
 
     def __iter__(self):
         loader = self._loader()
-        return iter(loader._indices(loader.epoch).tolist())
+        return iter(loader._positions(loader.epoch).tolist())
 
     def __len__(self):
         return self._loader()._num_samples()
@@ -49,7 +49,7 @@ class EpochIterator(_C.PassIterator):
         self._ref = weakref.ref(self)  # what the Loader holds of its pass (Loader._active)
         self._loader = loader
         self._next = loader._reader.next_function()  # the reader's next(), bound without pybind11's dispatch
-        self._pack = _collate.packer(loader.dataset, loader.collate_fn)
+        self._pack = _collate.packer(loader._source, loader.collate_fn)
         self.epoch = None
         self.position = self._start_position = 0
         self.offset = 0  # samples of the epoch's order read before this pass (a resume with another world size)
