@@ -15,14 +15,25 @@ std::string described(py::handle v) {
   return std::string(py::str(py::type::handle_of(v).attr("__name__"))) + " " + std::string(py::repr(v));
 }
 
-// An int (numpy's too, never a bool) in [low, high]; None for the automatic default (one outside them).
+// A bool, or a tensor or array of bools: ints to PyNumber_Index, never to an argument check.
+bool bool_like(py::handle v) {
+  if (PyBool_Check(v.ptr())) return true;
+  if (!py::hasattr(v, "dtype")) return false;
+  const std::string dtype = py::str(v.attr("dtype"));
+  return dtype == "bool" || dtype == "torch.bool";
+}
+
+// An int (numpy's too, or a one-element integer tensor; never a bool) in [low, high]; None for the
+// automatic default (one outside them).
 template <typename T>
 T int_from_py(py::handle v, const char* name, T init, T low, T high, const char* why) {
   if (v.is_none() && has_automatic(init, low, high)) return init;
-  if (PyBool_Check(v.ptr()) || !PyIndex_Check(v.ptr()))
+  const auto value = py::reinterpret_steal<py::int_>(
+      bool_like(v) || !PyIndex_Check(v.ptr()) ? nullptr : PyNumber_Index(v.ptr()));
+  if (!value) {  // a float tensor's __index__ raises its own TypeError, which does not name the argument
+    PyErr_Clear();
     throw py::type_error(std::string(name) + " must be an int, got " + described(v));
-  const auto value = py::reinterpret_steal<py::int_>(PyNumber_Index(v.ptr()));
-  if (!value) throw py::error_already_set();
+  }
   for (const bool below : {true, false}) {
     const py::int_ bound(below ? low : high);
     const int outside = PyObject_RichCompareBool(value.ptr(), bound.ptr(), below ? Py_LT : Py_GT);
