@@ -3,8 +3,8 @@
 the same thing (or an error naming the step that has no fused equivalent).
 
 Understood, in torchvision's v1 and v2 spellings: ``Compose``; the presets scripts wrap pipelines in, and
-the weights' ``ImageClassification`` (torchvision_presets.py); ``RandomResizedCrop`` and ``Resize`` (+
-``CenterCrop``), bilinear, bicubic or nearest, with the kernels of the path the image takes there (PIL's
+the weights' ``ImageClassification`` (torchvision_presets.py); ``RandomResizedCrop``, ``Resize`` (+
+``CenterCrop``) and ``Resize((h, w))`` alone, bilinear, bicubic or nearest, with the kernels of the path the image takes there (PIL's
 for a PIL image, torch's for a tensor after ``PILToTensor``/``ToImage``); ``CenterCrop``;
 ``RandomHorizontalFlip``; ``ToTensor``, ``PILToTensor``, ``ToImage``, ``ToDtype``/``ConvertImageDtype`` to
 float32, float16 or bfloat16 (scaled) or uint8; ``Normalize``; the per-sample augmentations
@@ -18,7 +18,7 @@ import torch
 from fastpipe.data import torchvision_presets as presets
 
 _SUPPORTED = ("Compose (and presets that only delegate to one), ImageClassification (weights.transforms()), "
-              "RandomResizedCrop, Resize + CenterCrop, CenterCrop, RandomHorizontalFlip, "
+              "RandomResizedCrop, Resize + CenterCrop, Resize((h, w)), CenterCrop, RandomHorizontalFlip, "
               "TrivialAugmentWide/RandAugment/AutoAugment/AugMix/ColorJitter/RandomGrayscale/GaussianBlur/RandomApply, "
               "ToTensor, PILToTensor, ToImage, ToDtype/ConvertImageDtype, Normalize, RandomErasing (last), ToPureTensor")
 _AUGMENTS = ("TrivialAugmentWide", "RandAugment", "AutoAugment", "AugMix", "ColorJitter", "RandomGrayscale",
@@ -138,12 +138,14 @@ class _Fusion:
             if isinstance(size, (list, tuple)) and len(size) == 1:
                 size = size[0]
             self.resize = tuple(size) if isinstance(size, (list, tuple)) else int(size)
+            if isinstance(self.resize, tuple):  # every image that size already: a CenterCrop may follow
+                self.geometry = ("center", self.resize, self.resize)
         elif self.geometry is None and name == "RandomResizedCrop":
             if self.resize is not None:
                 _refuse(step, "a Resize before it")
             self.sampling = self._sampling(step)
             self.geometry = ("random", tuple(step.size), tuple(step.scale), tuple(step.ratio))
-        elif self.geometry is None and name == "CenterCrop":
+        elif name == "CenterCrop" and self.geometry in (None, ("center", self.resize, self.resize)):
             self.geometry = ("center", tuple(step.size), self.resize)
         elif name == "RandomHorizontalFlip" and not self.augmented:
             self.mirror = float(step.p)
@@ -194,7 +196,8 @@ class _Fusion:
 
         if self.geometry is None:
             raise ValueError("fastpipe.Loader needs the torchvision pipeline to make every image the same size "
-                             "(RandomResizedCrop, or Resize + CenterCrop, or CenterCrop); its images differ in size")
+                             "(RandomResizedCrop, Resize + CenterCrop, Resize((h, w)) or CenterCrop); its images differ in "
+                             "size")
         if self.dtype is None:
             raise ValueError("the torchvision pipeline returns PIL images: end it with ToTensor(), or ToImage() + "
                              "ToDtype(...), for batches of tensors")

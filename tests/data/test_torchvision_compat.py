@@ -39,6 +39,19 @@ def test_eval_pipeline_matches_torchvision_dataloader(root):
             assert float(((x - rx) * std).abs().max()) <= EXACT_TOL  # in levels of 255
 
 
+def test_a_resize_to_height_and_width_alone_matches_torchvision(root):
+    """Resize((h, w)) makes every image that size (tutorials' fine-tuning pipelines): no crop needed. The
+    fixture's images shrink less than 2x on some side, so the fused path is the exact one."""
+    for T in (T1, T2):
+        to_tensor = [T1.ToTensor()] if T is T1 else [T2.ToImage(), T2.ToDtype(torch.float32, scale=True)]
+        ds = tv.datasets.ImageFolder(root, transform=T.Compose([T.Resize((48, 56)), T.RandomHorizontalFlip(0.0),
+                                                                *to_tensor]))
+        ours = torch.cat([x for x, _ in fastpipe.Loader(ds, batch_size=2)])
+        theirs = torch.cat([x for x, _ in torch.utils.data.DataLoader(ds, batch_size=2)])
+        assert ours.shape == theirs.shape == (5, 3, 48, 56)
+        assert float((ours - theirs).abs().max()) * 255 <= EXACT_TOL
+
+
 def test_train_pipeline_becomes_the_fused_transform(root):
     pipeline = T2.Compose([T2.RandomResizedCrop(32, scale=(0.3, 1.0)), T2.RandomHorizontalFlip(0.25),
                            T2.ToImage(), T2.ToDtype(torch.bfloat16, scale=True), T2.Normalize(MEAN, STD)])
