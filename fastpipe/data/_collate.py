@@ -18,9 +18,14 @@ def packer(dataset, collate_fn):
     """The function from what the reader's next() returns to what the loop receives; None where that is
     the batch already (the reader packs it: dataset._reader_pack)."""
     pack = dataset._pack if dataset._reader_pack == "list" else None
+    items = dataset._items
+    target = getattr(dataset, "target_transform", None)  # an image dataset's: the batch is (images, labels)
+    if target is not None:
+        if collate_fn is None:  # the images stay the batch's; the mapped labels are collated
+            return lambda batch: (batch[0], _torch_collate.default_collate([target(y) for y in batch[1].tolist()]))
+        return lambda batch: collate_fn([(x, target(y)) for x, y in items(batch)])
     if collate_fn is None:
         return pack
-    items = dataset._items
     if pack is None:
         return lambda batch: collate_fn(items(batch))
     return lambda tensors: collate_fn(items(pack(tensors)))

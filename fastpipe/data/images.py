@@ -72,9 +72,12 @@ class _Images(ColumnSource):
     _unit = "images"
     _decodes_images = True
 
-    def _init_common(self, transform, max_record_bytes):
+    def _init_common(self, transform, max_record_bytes, target_transform):
         self.transform = _check_transform(transform, "transform")
         self.max_record_bytes = checks.integer(max_record_bytes, "max_record_bytes", low=1)
+        if target_transform is not None and not callable(target_transform):
+            raise TypeError(f"target_transform must be callable, got {type(target_transform).__name__}")
+        self.target_transform = target_transform
 
     @property
     def class_to_idx(self):
@@ -137,6 +140,8 @@ class _Images(ColumnSource):
         spec = _C.ImageColumnSpec(self._source, transform._image_params(0), self.max_record_bytes,
                                   fallback=_pillow.decode_rgb)
         label = int(np.load(self._labels_path, mmap_mode="r")[i])
+        if self.target_transform is not None:
+            label = self.target_transform(label)
         return _C.read_image_record(spec, i, 0), label
 
     def _bad_reason(self, i):
@@ -160,6 +165,9 @@ class ImageFolder(_Images):
         The folder. With ``samples``, the folder they are under (default: their common folder).
     transform : RandomResizedCrop or CenterCrop, optional
         How images become batch-sized (the Loader's ``transforms={0: ...}`` overrides it).
+    target_transform : callable, optional
+        Maps each label (an int), as torchvision's: the Loader calls it per sample and collates the results
+        as DataLoader does.
     samples : list of (path, class_index), optional
         The files and their labels, as torchvision's ``samples``: relative paths are relative to the
         working directory (made absolute now). Default: the folder listed as torchvision lists it.
@@ -191,9 +199,9 @@ class ImageFolder(_Images):
     orientation is not applied (as torchvision's ImageFolder, which opens images with PIL, does not).
     """
 
-    def __init__(self, root=None, transform=None, *, samples=None, classes=None, cache_dir=None, rescan=False,
-                 num_threads=None, max_record_bytes=DEFAULT_MAX_RECORD_BYTES):
-        self._init_common(transform, max_record_bytes)
+    def __init__(self, root=None, transform=None, *, target_transform=None, samples=None, classes=None, cache_dir=None,
+                 rescan=False, num_threads=None, max_record_bytes=DEFAULT_MAX_RECORD_BYTES):
+        self._init_common(transform, max_record_bytes, target_transform)
         rescan = checks.flag(rescan, "rescan")
         threads = max(32, os.cpu_count() or 1) if num_threads is None else checks.integer(num_threads, "num_threads",
                                                                                           low=1)
@@ -288,7 +296,7 @@ class ImageDataset(_Images):
     ----------
     path : path or URL
         The folder write_images wrote, on local disk or uploaded as it is (``s3://bucket/imagenet-train``).
-    transform : RandomResizedCrop or CenterCrop, optional
+    transform, target_transform : optional
         As ImageFolder's.
     max_record_bytes : int
         As ImageFolder's.
@@ -297,8 +305,8 @@ class ImageDataset(_Images):
         :class:`WebDataset`'s shards are (the same settings; ``fetch_stats`` holds the counters).
     """
 
-    def __init__(self, path, transform=None, *, max_record_bytes=DEFAULT_MAX_RECORD_BYTES, storage_options=None,
-                 cache_dir=None, cache_limit=None):
+    def __init__(self, path, transform=None, *, target_transform=None, max_record_bytes=DEFAULT_MAX_RECORD_BYTES,
+                 storage_options=None, cache_dir=None, cache_limit=None):
         path = checks.path(path, "path")
         self.fetch_stats = None
         if remote.is_remote(path):
@@ -308,7 +316,7 @@ class ImageDataset(_Images):
             raise ValueError("ImageDataset: storage_options, cache_dir and cache_limit apply to remote URLs "
                              "(s3://, http(s)://); this is a local path")
         self.path = os.path.abspath(path)
-        self._init_common(transform, max_record_bytes)
+        self._init_common(transform, max_record_bytes, target_transform)
         meta_path = os.path.join(self.path, "meta.json")
         try:
             with open(meta_path) as f:

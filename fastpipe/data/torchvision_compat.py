@@ -4,8 +4,9 @@ the same thing (or an error naming the step that has no fused equivalent).
 
 Understood, in torchvision's v1 and v2 spellings: ``Compose``; the presets scripts wrap pipelines in, and
 the weights' ``ImageClassification`` (torchvision_presets.py); ``RandomResizedCrop``, ``Resize`` (+
-``CenterCrop``) and ``Resize((h, w))`` alone, bilinear, bicubic or nearest, with the kernels of the path the image takes there (PIL's
-for a PIL image, torch's for a tensor after ``PILToTensor``/``ToImage``); ``CenterCrop``;
+``CenterCrop``) and ``Resize((h, w))`` alone, bilinear, bicubic or nearest, with the kernels of the path
+the image takes there (PIL's for a PIL image, torch's for a tensor after ``PILToTensor``/``ToImage``);
+``CenterCrop``;
 ``RandomHorizontalFlip``; ``ToTensor``, ``PILToTensor``, ``ToImage``, ``ToDtype``/``ConvertImageDtype`` to
 float32, float16 or bfloat16 (scaled) or uint8; ``Normalize``; the per-sample augmentations
 ``TrivialAugmentWide``, ``RandAugment``, ``AutoAugment``, ``AugMix``, ``ColorJitter``, ``RandomGrayscale``,
@@ -196,8 +197,8 @@ class _Fusion:
 
         if self.geometry is None:
             raise ValueError("fastpipe.Loader needs the torchvision pipeline to make every image the same size "
-                             "(RandomResizedCrop, Resize + CenterCrop, Resize((h, w)) or CenterCrop); its images differ in "
-                             "size")
+                             "(RandomResizedCrop, Resize + CenterCrop, Resize((h, w)) or CenterCrop); its images "
+                             "differ in size")
         if self.dtype is None:
             raise ValueError("the torchvision pipeline returns PIL images: end it with ToTensor(), or ToImage() + "
                              "ToDtype(...), for batches of tensors")
@@ -224,13 +225,10 @@ def convert_dataset(dataset):
 
     from fastpipe.data.images import ImageFolder
 
-    if getattr(dataset, "target_transform", None) is not None:
-        raise ValueError("fastpipe.Loader cannot apply a torchvision target_transform: labels are the class "
-                         "indices; map them in the training loop")
     if getattr(dataset, "loader", default_loader) is not default_loader:
         raise ValueError("fastpipe.Loader reads torchvision ImageFolders that use the default (PIL) loader; "
                          "this one has a custom loader")
     transform = convert_transform(getattr(dataset, "transform", None))
     # Its own list: whatever its root (relative ones too), extensions, is_valid_file or a subclass's filter.
-    return ImageFolder(dataset.root, transform=transform, samples=list(dataset.samples),
-                       classes=list(dataset.classes))
+    return ImageFolder(dataset.root, transform=transform, target_transform=getattr(dataset, "target_transform", None),
+                       samples=list(dataset.samples), classes=list(dataset.classes))

@@ -96,7 +96,7 @@ class WebDataset(_Images):
         ``"s3://bucket/imagenet/train-{000000..001023}.tar"``, ``"https://host/train-{0..9}.tar"``. Remote
         shards are fetched into ``cache_dir`` while the Loader reads (those already there in the same
         version, by ETag and size, are not fetched again) and read from there.
-    transform : RandomResizedCrop or CenterCrop, optional
+    transform, target_transform : optional
         As ImageFolder's.
     label : str
         The extension of the member holding each sample's label (default ``"cls"``: a decimal integer).
@@ -173,10 +173,10 @@ class WebDataset(_Images):
     are skipped and counted in ``without_image`` (per shard), with a warning.
     """
 
-    def __init__(self, urls, transform=None, *, label="cls", label_field=None, num_threads=None,
+    def __init__(self, urls, transform=None, *, target_transform=None, label="cls", label_field=None, num_threads=None,
                  max_record_bytes=DEFAULT_MAX_RECORD_BYTES, storage_options=None, cache_dir=None, cache_limit=None,
                  index_cache=None, block_size="16MiB"):
-        self._init_common(transform, max_record_bytes)
+        self._init_common(transform, max_record_bytes, target_transform)
         if not isinstance(label, str) or not label or label.startswith("."):
             raise ValueError(f"label must be a member extension such as 'cls', got {label!r}")
         if label_field is not None and (not isinstance(label_field, str) or not label_field):

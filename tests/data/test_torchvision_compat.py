@@ -85,12 +85,30 @@ def test_steps_without_a_fused_equivalent_are_named(root, pipeline, match):
         fastpipe.Loader(tv.datasets.ImageFolder(root, transform=pipeline()), batch_size=2)
 
 
-def test_target_transform_and_custom_loader_are_refused(root):
+def test_a_custom_loader_is_refused(root):
     t = T1.Compose([T1.CenterCrop(8), T1.ToTensor()])
-    with pytest.raises(ValueError, match="target_transform"):
-        fastpipe.Loader(tv.datasets.ImageFolder(root, transform=t, target_transform=lambda y: y + 1), batch_size=2)
     with pytest.raises(ValueError, match="custom loader"):
         fastpipe.Loader(tv.datasets.ImageFolder(root, transform=t, loader=lambda p: p), batch_size=2)
+
+
+def test_target_transform_maps_each_label_as_torchvision_does(root):
+    """Each label mapped and collated as DataLoader collates the results (ints, one-hot tensors stacked); a
+    collate_fn gets the mapped samples; the dataset's own items are mapped too."""
+    t = T1.Compose([T1.Resize(48), T1.CenterCrop(40), T1.ToTensor()])
+    for target in (lambda y: 10 * y + 3, lambda y: torch.nn.functional.one_hot(torch.tensor(y), 4).float()):
+        ds = tv.datasets.ImageFolder(root, transform=t, target_transform=target)
+        ours = list(fastpipe.Loader(ds, batch_size=2))
+        theirs = list(torch.utils.data.DataLoader(ds, batch_size=2))
+        for (x, y), (rx, ry) in zip(ours, theirs, strict=True):
+            assert y.dtype == ry.dtype and torch.equal(y, ry)
+            assert float((x - rx).abs().max()) * 255 <= EXACT_TOL
+    ds = tv.datasets.ImageFolder(root, transform=t, target_transform=lambda y: y + 100)
+    got = list(fastpipe.Loader(ds, batch_size=3, collate_fn=lambda samples: [y for _, y in samples]))
+    assert sum(got, []) == [y + 100 for y in ds.targets]
+    own = fastpipe.ImageFolder(root, transform=fastpipe.transforms.CenterCrop(8), target_transform=lambda y: -y)
+    assert [own[i][1] for i in range(len(own))] == [-y for y in ds.targets]
+    with pytest.raises(TypeError, match="target_transform must be callable, got int"):
+        fastpipe.ImageFolder(root, target_transform=3)
 
 
 @pytest.mark.parametrize("which", ["MixUp", "CutMix"])
