@@ -5,9 +5,11 @@
 #include <sys/file.h>
 #include <sys/stat.h>
 #include <sys/statvfs.h>
+#include <time.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cctype>
 #include <cerrno>
 #include <chrono>
@@ -58,6 +60,22 @@ void remove_partial(const std::string& dir, const std::string& file) {
   while (dirent* e = ::readdir(d))
     if (std::string(e->d_name).rfind(prefix, 0) == 0) ::unlink((dir + "/" + e->d_name).c_str());
   ::closedir(d);
+}
+
+// Marks a cache file staged now, for eviction's order: its modification time, strictly later than every one
+// this process set before. The kernel's own file times advance by its clock tick (milliseconds), so two
+// stagings within a tick would tie and the more recent one could be evicted first.
+void mark_staged(const std::string& path) {
+  static std::atomic<int64_t> last{0};
+  timespec now{};
+  ::clock_gettime(CLOCK_REALTIME, &now);
+  const int64_t t_now = int64_t{now.tv_sec} * 1000000000 + now.tv_nsec;
+  int64_t prev = last.load(), t = 0;
+  do {
+    t = std::max(t_now, prev + 1);
+  } while (!last.compare_exchange_weak(prev, t));
+  const timespec times[2] = {{0, UTIME_OMIT}, {static_cast<time_t>(t / 1000000000), static_cast<long>(t % 1000000000)}};
+  ::utimensat(AT_FDCWD, path.c_str(), times, 0);  // best effort: a failure only blurs the order
 }
 
 // Evicts the cache's other files, least recently staged first, until `needed` more bytes fit in `limit`.
@@ -172,8 +190,10 @@ CacheDownload::Found CacheDownload::start(const std::string& dir, const std::str
 }
 
 Fd CacheDownload::finish(bool shared) {
-  if (::rename(temp_.c_str(), (dir_ + "/" + file_).c_str()) != 0)
+  const std::string path = dir_ + "/" + file_;
+  if (::rename(temp_.c_str(), path.c_str()) != 0)
     throw_syscall("cache_dir: renaming '" + temp_ + "'", errno, __FILE__, __LINE__);
+  mark_staged(path);
   temp_.clear();
   fd_.reset();
   Fd lock = std::move(lock_);
@@ -269,7 +289,7 @@ StagedShards stage_shards(const std::vector<RemoteObject>& objects, HttpTransfer
     total += out.infos[k].size;
     if (cache_file_complete(out.paths[k], out.infos[k].size)) {
       ++out.hits;
-      ::utimensat(AT_FDCWD, out.paths[k].c_str(), nullptr, 0);  // recently staged: evicted last
+      mark_staged(out.paths[k]);  // recently staged: evicted last
     } else {
       todo.push_back(objects[k]);
       todo_infos.push_back(out.infos[k]);
