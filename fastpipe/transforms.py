@@ -21,6 +21,7 @@ from fastpipe.augment import (FACTOR_OPS, OPS, AugMix, AutoAugment, ColorJitter,
                               RandomApply, RandomGrayscale, TrivialAugmentWide, augment_params)
 
 __all__ = ["AugMix", "AutoAugment", "CenterCrop", "ColorJitter", "CropMirrorNormalize", "GaussianBlur", "RandAugment",
+           "RandomCrop",
            "RandomApply", "RandomErasing", "RandomGrayscale", "RandomResizedCrop", "TrivialAugmentWide"]
 
 _OUT_DTYPES = {torch.float32: "float32", torch.float16: "float16", torch.bfloat16: "bfloat16"}
@@ -273,7 +274,8 @@ class _JpegTransform:
         list of (top, left, height, width, flipped)
             RandomResizedCrop: the crop box in the stored image, which is then resized to ``size`` (as
             torchvision's ``resized_crop(img, top, left, height, width, size)``) and flipped.
-            CenterCrop: the crop's place in the resized image (negative where the crop pads).
+            CenterCrop and RandomCrop: the crop's place in the resized image (negative where the crop
+            pads).
         """
         sizes = getattr(sizes, "image_sizes", sizes)
         params = self._image_params(seed)
@@ -422,3 +424,30 @@ class CenterCrop(_JpegTransform):
 
     def _repr_fields(self):
         return (("resize", self.resize),)
+
+
+class RandomCrop(CenterCrop):
+    """torchvision's ``Resize(resize)`` + ``RandomCrop(size)`` (+ flip, ``ToDtype``, ``Normalize``), fused
+    into the decode of JPEG records: as :class:`CenterCrop`, with the crop's top and left drawn uniformly
+    where it fits in the resized image (from the Loader's seed, the epoch and the sample, as every draw).
+
+    Parameters
+    ----------
+    size, resize, mean, std, out_dtype, layout, dct_scaling, augment, erase, interpolation, resize_as
+        As :class:`CenterCrop`'s.
+    mirror : float
+        Probability of a horizontal flip (default 0.5, as :class:`RandomResizedCrop`'s).
+
+    Notes
+    -----
+    Where the crop is larger than the resized image it is padded as CenterCrop pads (torchvision's
+    RandomCrop raises there unless ``pad_if_needed``). :meth:`boxes` says where each sample's crop lies.
+    """
+
+    _mode = "random"
+
+    def __init__(self, size, resize=None, mean=None, std=None, out_dtype=torch.float32, layout="NCHW",
+                 dct_scaling=True, mirror=0.5, augment=None, erase=None, interpolation="bilinear", resize_as="pil"):
+        super().__init__(size, resize, mean=mean, std=std, out_dtype=out_dtype, layout=layout,
+                         dct_scaling=dct_scaling, mirror=mirror, augment=augment, erase=erase,
+                         interpolation=interpolation, resize_as=resize_as)

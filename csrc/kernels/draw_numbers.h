@@ -7,7 +7,8 @@
 
 namespace fastpipe::draws {
 
-// CropMirrorNormalize (transforms.h): the crop's y and x offsets; the flip (also the image transforms').
+// The crop's y and x offsets: CropMirrorNormalize's (transforms.h) and the image RandomCrop's
+// (image_transform.h); the flip (also the image transforms').
 constexpr uint64_t kCropY = 0, kCropX = 1, kFlip = 2;
 // RandomResizedCrop's box (image_transform.h): try t of kTries draws kBox + kPerTry * t + k, k < kPerTry.
 constexpr uint64_t kTries = 10, kPerTry = 4;

@@ -6,7 +6,9 @@
 //   central fallback), from a counter-based hash of (seed, epoch, sample index, draw) and the image's
 //   stored size: a pure function, known before the image is decoded.
 // - CenterCrop resizes the shorter side (or to a fixed size) and crops the centre, as torchvision's
-//   Resize + CenterCrop do (zero padding where the crop is larger than the resized image).
+//   Resize + CenterCrop do (zero padding where the crop is larger than the resized image). RandomCrop is
+//   the same with the crop's offsets drawn uniformly where it fits (torchvision's Resize + RandomCrop;
+//   where it does not fit, it pads as the centre crop does: torchvision's RandomCrop raises there).
 // - Resampling is PIL's antialiased filter (torchvision's resize(antialias=True) follows it): output o
 //   of an axis samples source position in0 + (o + 0.5) * step with the filter stretched by max(step, 1),
 //   taps clamped to the crop (RandomResizedCrop crops, then resizes) or to the image (CenterCrop resizes,
@@ -32,7 +34,7 @@ namespace fastpipe::images {
 
 using transforms::OutDtype;
 
-enum class CropMode : int { kRandomResized = 0, kCenter = 1 };
+enum class CropMode : int { kRandomResized = 0, kCenter = 1, kRandom = 2 };
 
 constexpr int kChannels = 3;   // outputs are RGB
 constexpr int kMaxDctDenom = 8;
@@ -44,8 +46,8 @@ struct ImageTransformParams {
   // (width / height) log-uniform in [ratio_min, ratio_max].
   double area_min = 0.08, area_max = 1.0;
   double ratio_min = 3.0 / 4.0, ratio_max = 4.0 / 3.0;
-  // CenterCrop: the image is first resized so that its shorter side is resize_short, or to exactly
-  // resize_height x resize_width; all zero: cropped without a resize.
+  // CenterCrop and RandomCrop: the image is first resized so that its shorter side is resize_short, or to
+  // exactly resize_height x resize_width; all zero: cropped without a resize.
   int resize_short = 0, resize_height = 0, resize_width = 0;
   float mirror = 0.0f;  // probability of a horizontal flip
   bool out_nhwc = false;
@@ -70,7 +72,7 @@ struct Geometry {
   bool flip = false;
   int denom = 1;
   bool vertical_first = false;  // fixed-point sums: the vertical pass first (Pillow 13 on, by the sizes)
-  // RandomResizedCrop's box in the stored image (CenterCrop: the resized image's crop, for reports).
+  // RandomResizedCrop's box in the stored image (CenterCrop, RandomCrop: the resized image's crop).
   int top = 0, left = 0, height = 0, width = 0;
   EraseBox erase;  // in the output image
   SampleOps ops;   // the augmentations of the resized image, in order (augment_draws.h)
@@ -142,21 +144,23 @@ FASTPIPE_HD inline void resized_size(const ImageTransformParams& p, int height, 
   }
 }
 
-// The centre crop of `out` pixels from `resized` ones (torchvision's center_crop, padding included):
-// output o is resized pixel o + *start; outputs whose pixel is outside [0, resized) are padding.
-FASTPIPE_HD inline void center_axis(int source, int resized, int out, Axis* a, int* start) {
-  if (out > resized) {
-    *start = -((out - resized) / 2);  // center_crop pads (out - resized) // 2 on the leading side
-  } else {
-    *start = round_half_even((resized - out) / 2.0);
-  }
+// Where a crop of `out` pixels starts in `resized` ones: centred (torchvision's center_crop, padding
+// included), or drawn uniformly where it fits (`bits`: RandomCrop's draw).
+FASTPIPE_HD inline int crop_start(int resized, int out, bool drawn, uint64_t bits) {
+  if (out > resized) return -((out - resized) / 2);  // center_crop pads (out - resized) // 2 on the leading side
+  return drawn ? below(bits, resized - out + 1) : round_half_even((resized - out) / 2.0);
+}
+
+// The crop of `out` pixels from `resized` ones at `start`: output o is resized pixel o + start; outputs
+// whose pixel is outside [0, resized) are padding.
+FASTPIPE_HD inline void crop_axis(int source, int resized, int out, int start, Axis* a) {
   a->step = static_cast<double>(source) / resized;
   a->in0 = 0.0;
-  a->start = *start;
+  a->start = start;
   a->origin = 0;
   a->size = source;
-  a->valid_lo = *start < 0 ? -*start : 0;
-  a->valid_hi = resized - *start < out ? resized - *start : out;
+  a->valid_lo = start < 0 ? -start : 0;
+  a->valid_hi = resized - start < out ? resized - start : out;
 }
 
 // The largest of 1, 2, 4, 8 (up to max_denom) that the source covers on both axes at least that many
@@ -197,8 +201,11 @@ FASTPIPE_HD inline Geometry image_geometry(const ImageTransformParams& p, int he
   } else {
     int rh = 0, rw = 0;
     resized_size(p, height, width, &rh, &rw);
-    center_axis(height, rh, p.out_height, &g.y, &g.top);
-    center_axis(width, rw, p.out_width, &g.x, &g.left);
+    const bool drawn = p.mode == CropMode::kRandom;
+    g.top = crop_start(rh, p.out_height, drawn, transforms::sample_bits(p.seed, epoch, index, draws::kCropY));
+    g.left = crop_start(rw, p.out_width, drawn, transforms::sample_bits(p.seed, epoch, index, draws::kCropX));
+    crop_axis(height, rh, p.out_height, g.top, &g.y);
+    crop_axis(width, rw, p.out_width, g.left, &g.x);
     g.height = p.out_height;
     g.width = p.out_width;
   }
@@ -214,9 +221,9 @@ FASTPIPE_HD inline Geometry image_geometry(const ImageTransformParams& p, int he
   }
   if (fixed_point(p.filter, p.resize_as)) {
     // torch's bits depend on every resized pixel's weights: RandomResizedCrop's outputs, or the whole
-    // resized image that CenterCrop crops.
+    // resized image that CenterCrop and RandomCrop crop.
     int rh = p.out_height, rw = p.out_width, sh = g.height, sw = g.width;  // RandomResizedCrop: the box
-    if (p.mode == CropMode::kCenter) {
+    if (p.mode != CropMode::kRandomResized) {
       resized_size(p, height, width, &rh, &rw);
       sh = height;
       sw = width;

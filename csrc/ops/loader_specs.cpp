@@ -173,8 +173,11 @@ void bind_loader_specs(py::module& m) {
              p.filter = parse_choice<images::Filter>("interpolation", interpolation);
              p.resize_as = parse_choice<images::ResizeAs>("resize_as", resize_as);
              p.pil_vertical_first = pil_vertical_first;
-             TORCH_CHECK(mode == "random_resized" || mode == "center", "mode must be random_resized or center");
-             p.mode = mode == "center" ? images::CropMode::kCenter : images::CropMode::kRandomResized;
+             TORCH_CHECK(mode == "random_resized" || mode == "center" || mode == "random",
+                         "mode must be random_resized, center or random");
+             p.mode = mode == "center"   ? images::CropMode::kCenter
+                      : mode == "random" ? images::CropMode::kRandom
+                                         : images::CropMode::kRandomResized;
              TORCH_CHECK(out_height >= 1 && out_width >= 1, "the output size must be positive");
              TORCH_CHECK(area.first > 0 && area.first <= area.second, "area must be 0 < lo <= hi");
              TORCH_CHECK(ratio.first > 0 && ratio.first <= ratio.second, "ratio must be 0 < lo <= hi");

@@ -49,9 +49,9 @@ def _check_transform(transform, name):
     if transform is None or isinstance(transform, _transforms_module()._JpegTransform):
         return transform
     hint = (" (torchvision transforms run in Python per image; fastpipe's run in the reader threads: use "
-            "fastpipe.transforms.RandomResizedCrop or CenterCrop, which take the same arguments)"
+            "fastpipe.transforms.RandomResizedCrop, CenterCrop or RandomCrop, which take the same arguments)"
             if type(transform).__module__.startswith("torchvision") else "")
-    raise TypeError(f"{name} must be fastpipe.transforms.RandomResizedCrop or CenterCrop, got "
+    raise TypeError(f"{name} must be fastpipe.transforms.RandomResizedCrop, CenterCrop or RandomCrop, got "
                     f"{type(transform).__name__}{hint}")
 
 

@@ -4,10 +4,10 @@ the same thing (or an error naming the step that has no fused equivalent).
 
 Understood, in torchvision's v1 and v2 spellings: ``Compose``; the presets scripts wrap pipelines in, and
 the weights' ``ImageClassification`` (torchvision_presets.py); ``RandomResizedCrop``, ``Resize`` (+
-``CenterCrop``) and ``Resize((h, w))`` alone, bilinear, bicubic or nearest, with the kernels of the path
-the image takes there (PIL's for a PIL image, torch's for a tensor after ``PILToTensor``/``ToImage``);
-``CenterCrop``;
-``RandomHorizontalFlip``; ``ToTensor``, ``PILToTensor``, ``ToImage``, ``ToDtype``/``ConvertImageDtype`` to
+``CenterCrop`` or ``RandomCrop``) and ``Resize((h, w))`` alone, bilinear, bicubic or nearest, with the
+kernels of the path the image takes there (PIL's for a PIL image, torch's for a tensor after
+``PILToTensor``/``ToImage``); ``CenterCrop``; ``RandomCrop`` without padding; ``RandomHorizontalFlip``;
+``ToTensor``, ``PILToTensor``, ``ToImage``, ``ToDtype``/``ConvertImageDtype`` to
 float32, float16 or bfloat16 (scaled) or uint8; ``Normalize``; the per-sample augmentations
 ``TrivialAugmentWide``, ``RandAugment``, ``AutoAugment``, ``AugMix``, ``ColorJitter``, ``RandomGrayscale``,
 ``GaussianBlur`` and ``RandomApply`` of them, on the uint8 image: after the crop and flip, before any float
@@ -19,7 +19,8 @@ import torch
 from fastpipe.data import torchvision_presets as presets
 
 _SUPPORTED = ("Compose (and presets that only delegate to one), ImageClassification (weights.transforms()), "
-              "RandomResizedCrop, Resize + CenterCrop, Resize((h, w)), CenterCrop, RandomHorizontalFlip, "
+              "RandomResizedCrop, Resize + CenterCrop or RandomCrop, Resize((h, w)), CenterCrop, RandomCrop, "
+              "RandomHorizontalFlip, "
               "TrivialAugmentWide/RandAugment/AutoAugment/AugMix/ColorJitter/RandomGrayscale/GaussianBlur/RandomApply, "
               "ToTensor, PILToTensor, ToImage, ToDtype/ConvertImageDtype, Normalize, RandomErasing (last), ToPureTensor")
 _AUGMENTS = ("TrivialAugmentWide", "RandAugment", "AutoAugment", "AugMix", "ColorJitter", "RandomGrayscale",
@@ -102,7 +103,7 @@ class _Fusion:
     """The fused transform being read from a pipeline, one torchvision step at a time."""
 
     def __init__(self):
-        self.geometry = None  # ("random", size, scale, ratio) or ("center", size, resize)
+        self.geometry = None  # ("random", size, scale, ratio), or ("center" / "random_crop", size, resize)
         self.resize = None  # a Resize's size before the CenterCrop
         self.sampling = None  # (interpolation, resize_as) of the resize
         self.mirror = 0.0
@@ -146,8 +147,10 @@ class _Fusion:
                 _refuse(step, "a Resize before it")
             self.sampling = self._sampling(step)
             self.geometry = ("random", tuple(step.size), tuple(step.scale), tuple(step.ratio))
-        elif name == "CenterCrop" and self.geometry in (None, ("center", self.resize, self.resize)):
-            self.geometry = ("center", tuple(step.size), self.resize)
+        elif name in ("CenterCrop", "RandomCrop") and self.geometry in (None, ("center", self.resize, self.resize)):
+            if name == "RandomCrop" and (getattr(step, "padding", None) or getattr(step, "pad_if_needed", False)):
+                _refuse(step, "padding: the fused crop pads only where it is larger than the image, as CenterCrop")
+            self.geometry = ("center" if name == "CenterCrop" else "random_crop", tuple(step.size), self.resize)
         elif name == "RandomHorizontalFlip" and not self.augmented:
             self.mirror = float(step.p)
         elif name in _AUGMENTS and self.geometry is not None and self.dtype in (None, torch.uint8):
@@ -197,8 +200,8 @@ class _Fusion:
 
         if self.geometry is None:
             raise ValueError("fastpipe.Loader needs the torchvision pipeline to make every image the same size "
-                             "(RandomResizedCrop, Resize + CenterCrop, Resize((h, w)) or CenterCrop); its images "
-                             "differ in size")
+                             "(RandomResizedCrop, Resize + CenterCrop or RandomCrop, Resize((h, w)), CenterCrop or "
+                             "RandomCrop); its images differ in size")
         if self.dtype is None:
             raise ValueError("the torchvision pipeline returns PIL images: end it with ToTensor(), or ToImage() + "
                              "ToDtype(...), for batches of tensors")
@@ -208,7 +211,8 @@ class _Fusion:
                       resize_as=resize_as)
         if self.geometry[0] == "random":
             return ft.RandomResizedCrop(self.geometry[1], scale=self.geometry[2], ratio=self.geometry[3], **common)
-        return ft.CenterCrop(self.geometry[1], resize=self.geometry[2], **common)
+        crop = ft.CenterCrop if self.geometry[0] == "center" else ft.RandomCrop
+        return crop(self.geometry[1], resize=self.geometry[2], **common)
 
 
 def convert_transform(transform):

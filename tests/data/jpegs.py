@@ -95,8 +95,9 @@ def reference_resized_crop(im, top, left, height, width, size, flip):
     return np.asarray(out, np.float32)
 
 
-def reference_center_crop(im, size, resize):
-    """torchvision v2's Resize(resize) (PIL, antialiased bilinear) + CenterCrop(size), zero padding included."""
+def reference_center_crop(im, size, resize, at=None):
+    """torchvision v2's Resize(resize) (PIL, antialiased bilinear) + CenterCrop(size), zero padding included;
+    ``at``: (top, left) of a RandomCrop in the resized image instead (an axis the crop pads is centred)."""
     w, h = im.size
     if isinstance(resize, int):
         if w <= h:
@@ -116,6 +117,8 @@ def reference_center_crop(im, size, resize):
         a = padded
         ih, iw = a.shape[:2]
     top, left = int(round((ih - oh) / 2.0)), int(round((iw - ow) / 2.0))
+    if at is not None:  # an axis padded above is as large as the crop: it starts at 0
+        top, left = (max(0, v) for v in at)
     return a[top:top + oh, left:left + ow]
 
 

@@ -18,7 +18,7 @@ import torch
 
 import fastpipe
 from fastpipe.data import _device
-from fastpipe.transforms import CenterCrop, RandomErasing, RandomResizedCrop
+from fastpipe.transforms import CenterCrop, RandomCrop, RandomErasing, RandomResizedCrop
 
 from jpegs import CJPEG, NEEDS_CJPEG, SAMPLINGS, jpeg_bytes, picture, write
 
@@ -65,7 +65,8 @@ def device_batches(ds, transform, sim_delay=100, fail=None, layout="planar", **k
     CenterCrop(40, resize=44, out_dtype=torch.bfloat16, dct_scaling=False, **IMAGENET),
     CenterCrop(120, dct_scaling=False),  # larger than some images: padding
     RandomResizedCrop(40, dct_scaling=False, erase=RandomErasing(0.7, value=(1.0, -2.0, 0.5)), **IMAGENET),
-], ids=["rrc", "rrc-nhwc", "center-bf16", "center-pad", "rrc-erasing"])
+    RandomCrop((36, 44), resize=52, dct_scaling=False, **IMAGENET),
+], ids=["rrc", "rrc-nhwc", "center-bf16", "center-pad", "rrc-erasing", "random-crop"])
 @pytest.mark.parametrize("layout", ["planar", "rgb"])
 def test_device_decode_matches_the_host_path(folder, transform, layout):
     host = host_batches(folder, transform, seed=5, shuffle=True)

@@ -18,7 +18,7 @@ import torch
 
 import fastpipe
 from fastpipe.data import _device
-from fastpipe.transforms import CenterCrop, RandomResizedCrop
+from fastpipe.transforms import CenterCrop, RandomCrop, RandomResizedCrop
 
 from image_files import pil_rgb_array, pillow_bytes
 from jpegs import (EXACT_TOL, as_hwc_255, jpeg_bytes, make_tree, picture, pil_rgb, reference_center_crop,
@@ -150,6 +150,38 @@ def test_random_resized_crop_matches_torchvision_on_its_boxes(folder, size):
             ref = reference_resized_crop(pil_rgb(path), top, left, h, w, hw, flip)
             diff = np.abs(as_hwc_255(torch.from_numpy(x)) - ref)
             assert diff.max() <= EXACT_TOL, f"{os.path.basename(path)} box {(top, left, h, w, flip)}: {diff.max()}"
+
+
+@pytest.mark.parametrize("resize", [None, 150, (90, 200)])
+def test_random_crop_matches_torchvision_on_its_places(folder, resize):
+    """RandomCrop: the resized image cropped where boxes() says (torchvision's Resize + RandomCrop + flip on
+    PIL's pixels), padded as CenterCrop where the crop does not fit."""
+    size = (57, 91)
+    t = RandomCrop(size, resize=resize, dct_scaling=False)
+    for epoch in range(2):
+        ld = loader(folder, t, seed=5)
+        ld.set_epoch(epoch)
+        got = [x for xs, _ in batches(ld) for x in xs]
+        places = t.boxes(folder, range(len(folder)), epoch, seed=5)
+        for (path, _), x, (top, left, h, w, flip) in zip(folder.samples, got, places, strict=True):
+            assert (h, w) == size
+            ref = reference_center_crop(pil_rgb(path), size, resize, at=(top, left))
+            ref = ref[:, ::-1] if flip else ref
+            diff = np.abs(as_hwc_255(torch.from_numpy(x)) - ref)
+            assert diff.max() <= EXACT_TOL, f"{os.path.basename(path)} at {(top, left, flip)}: {diff.max()}"
+
+
+def test_random_crop_places_are_uniform_and_the_samples_own():
+    t = RandomCrop((57, 91), resize=(120, 200))
+    n = 4000
+    tops, lefts = (np.array(v) for v in zip(*[(b[0], b[1]) for b in t.boxes([(300, 400)] * n, range(n), 0)]))
+    for name, v, hi in (("top", tops, 120 - 57), ("left", lefts, 200 - 91)):
+        assert v.min() == 0 and v.max() == hi, f"{name} spans [{v.min()}, {v.max()}], not [0, {hi}]"
+        share = np.histogram(v, bins=4, range=(0, hi + 1))[0] / n
+        assert np.all(np.abs(share - 0.25) < 0.04), f"{name} quarters {share}"
+    assert t.boxes([(300, 400)] * 8, [7], 3) == t.boxes([(300, 400)] * 8, [7], 3), "a pure function of the sample"
+    other = [b[:2] for b in t.boxes([(300, 400)] * 50, range(50), 1)]
+    assert sum(a == b for a, b in zip(other, zip(tops[:50], lefts[:50]))) < 5, "a new epoch draws anew"
 
 
 def test_dct_scaling_on_large_images_stays_close_to_the_exact_resize(tmp_path, rng):

@@ -6,9 +6,10 @@ import pytest
 import torch
 
 import fastpipe
+from fastpipe.data import torchvision_compat
 from fastpipe.transforms import CenterCrop, RandomResizedCrop
 
-from jpegs import EXACT_TOL, make_tree
+from jpegs import EXACT_TOL, as_hwc_255, make_tree, pil_rgb, reference_center_crop
 
 tv = pytest.importorskip("torchvision")
 T1 = tv.transforms
@@ -83,6 +84,24 @@ def test_train_pipeline_becomes_the_fused_transform(root):
 def test_steps_without_a_fused_equivalent_are_named(root, pipeline, match):
     with pytest.raises(ValueError, match=match):
         fastpipe.Loader(tv.datasets.ImageFolder(root, transform=pipeline()), batch_size=2)
+
+
+def test_resize_then_random_crop_is_fused_and_crops_where_it_says(root):
+    """Resize + RandomCrop + RandomHorizontalFlip (older fine-tuning recipes): PIL's resize cropped at the
+    places the fused transform reports (its draws are fastpipe's, not torch's generator's)."""
+    steps = [T1.Resize(48), T1.RandomCrop(40), T1.RandomHorizontalFlip(), T1.ToTensor()]
+    ds = tv.datasets.ImageFolder(root, transform=T1.Compose(steps))
+    fused = torchvision_compat.convert_transform(ds.transform)
+    assert isinstance(fused, fastpipe.transforms.RandomCrop) and fused.resize == 48 and fused.mirror == 0.5
+    got = torch.cat([x for x, _ in fastpipe.Loader(ds, batch_size=2, seed=3)])
+    for (path, _), x, (top, left, _, _, flip) in zip(ds.samples, got, fused.boxes(
+            fastpipe.ImageFolder(root), range(len(ds)), 0, seed=3), strict=True):
+        ref = reference_center_crop(pil_rgb(path), (40, 40), 48, at=(top, left))
+        ref = ref[:, ::-1] if flip else ref
+        assert float(np.abs(as_hwc_255(x) - ref).max()) <= EXACT_TOL
+    for padded in (T1.RandomCrop(40, padding=4), T2.RandomCrop(40, pad_if_needed=True)):
+        with pytest.raises(ValueError, match="RandomCrop.*padding"):
+            fastpipe.Loader(tv.datasets.ImageFolder(root, transform=T1.Compose([padded, T1.ToTensor()])))
 
 
 def test_a_custom_loader_is_refused(root):
