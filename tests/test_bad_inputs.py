@@ -241,7 +241,7 @@ CASES = [
     ("folder-no-classes", lambda e: fastpipe.ImageFolder(str(e.dir / "empty"), cache_dir="off"), FileNotFoundError,
      "no class folder"),
     ("folder-transform-cmn", lambda e: fastpipe.ImageFolder(str(e.dir / "jpegs"), transform=cmn(), cache_dir="off"),
-     TypeError, "transform must be fastpipe.transforms.RandomResizedCrop or CenterCrop"),
+     TypeError, "transform must be fastpipe.transforms.RandomResizedCrop, CenterCrop or RandomCrop"),
     ("folder-max_record_bytes-zero", lambda e: fastpipe.ImageFolder(str(e.dir / "jpegs"), max_record_bytes=0),
      ValueError, "max_record_bytes must be at least 1"),
     ("folder-num_threads-zero", lambda e: fastpipe.ImageFolder(str(e.dir / "jpegs"), num_threads=0), ValueError,
@@ -278,7 +278,7 @@ CASES = [
     ("images-no-transform", lambda e: images(e), ValueError, "needs a transform that makes every image the same size"),
     ("images-label-field", lambda e: images(e, transforms={1: CenterCrop(4)}), KeyError, "is not the image field"),
     ("images-cmn", lambda e: images(e, transforms={0: cmn()}), TypeError,
-     "must be fastpipe.transforms.RandomResizedCrop or CenterCrop"),
+     "must be fastpipe.transforms.RandomResizedCrop, CenterCrop or RandomCrop"),
     # FusedConv2d
     ("fused-activation-unknown", lambda e: FusedConv2d(4, 8, 3, activation="swish"), ValueError,
      "activation must be one of"),

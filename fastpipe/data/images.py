@@ -163,7 +163,7 @@ class ImageFolder(_Images):
     ----------
     root : path, optional
         The folder. With ``samples``, the folder they are under (default: their common folder).
-    transform : RandomResizedCrop or CenterCrop, optional
+    transform : RandomResizedCrop, CenterCrop or RandomCrop, optional
         How images become batch-sized (the Loader's ``transforms={0: ...}`` overrides it).
     target_transform : callable, optional
         Maps each label (an int), as torchvision's: the Loader calls it per sample and collates the results

@@ -216,8 +216,8 @@ class _Fusion:
 
 
 def convert_transform(transform):
-    """The fused transform (fastpipe.transforms.RandomResizedCrop or CenterCrop) doing what a torchvision
-    pipeline does to a PIL image; ValueError naming the step it cannot fuse."""
+    """The fused transform (fastpipe.transforms.RandomResizedCrop, CenterCrop or RandomCrop) doing what a
+    torchvision pipeline does to a PIL image; ValueError naming the step it cannot fuse."""
     fusion = _Fusion()
     fusion.read(transform)
     return fusion.transform()
