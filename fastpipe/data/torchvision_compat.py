@@ -104,7 +104,7 @@ class _Fusion:
 
     def __init__(self):
         self.geometry = None  # ("random", size, scale, ratio), or ("center" / "random_crop", size, resize)
-        self.resize = None  # a Resize's size before the CenterCrop
+        self.resize = None  # a Resize's size before the CenterCrop or RandomCrop
         self.sampling = None  # (interpolation, resize_as) of the resize
         self.mirror = 0.0
         self.dtype = None  # None while the image is a PIL image
