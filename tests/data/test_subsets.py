@@ -6,9 +6,13 @@ import pytest
 import torch
 
 import fastpipe
+from fastpipe._ext import _C
 from fastpipe.transforms import RandomResizedCrop
 
 from jpegs import jpeg_bytes, make_tree, picture
+from remote_data import loader as remote_loader
+from remote_data import served, shards
+from servers import FAST
 from tar_files import tar_bytes
 
 
@@ -110,3 +114,23 @@ def test_bad_subsets_are_refused_with_the_reason(dataset_factory, tmp_path, rng)
     wds = fastpipe.WebDataset([str(tmp_path / "s.tar")], transform=RandomResizedCrop(16))
     with pytest.raises(ValueError, match="a Subset of it picks records"):
         fastpipe.Loader(torch.utils.data.Subset(wds, [1]), shuffle="blocks")
+
+
+@pytest.mark.skipif(not _C.HTTP_AVAILABLE, reason="built without libcurl (`make setup` installs it)")
+def test_a_subset_of_remote_shards_reads_what_the_local_subset_reads(faulty, tmp_path, rng):
+    """Remote shards fetched ahead in the Subset's order: the same batches as the local shards' Subset."""
+    urls, paths = served(faulty, tmp_path, shards(rng, 5, pad=False))
+    ds = fastpipe.WebDataset(urls, storage_options=FAST, cache_dir=tmp_path / "cache", index_cache="off")
+    local = fastpipe.WebDataset(paths, index_cache="off")
+    picked = rng.permutation(len(ds))[: len(ds) * 2 // 3].tolist()
+    seed = int(rng.integers(1 << 30))
+    ours = remote_loader(torch.utils.data.Subset(ds, picked), shuffle=True, seed=seed)
+    theirs = remote_loader(torch.utils.data.Subset(local, picked), shuffle=True, seed=seed)
+    for _ in range(2):
+        got = [(x.numpy(), y.numpy()) for x, y in ours]
+        want = [(x.numpy(), y.numpy()) for x, y in theirs]
+        assert len(got) == len(want) == -(-len(picked) // 3)
+        for (x, y), (rx, ry) in zip(got, want, strict=True):
+            np.testing.assert_array_equal(y, ry)
+            np.testing.assert_array_equal(x, rx)
+    assert sorted(np.concatenate([y for _, y in got]).tolist()) == sorted(local.targets[i] for i in picked)
