@@ -51,9 +51,13 @@ class CropMirrorNormalize:
         Per channel (or one value for all), in units of the image scaled to [0, 1], as torchvision's
         ``Normalize`` after ``ToTensor``: e.g. ImageNet's (0.485, 0.456, 0.406), (0.229, 0.224, 0.225).
     crop : None or (height, width)
-        The output size; None keeps the whole image. At most the image's size.
+        The output size; None keeps the image's size. At most the image's size plus twice ``padding``.
     random_crop : bool
         A random crop position per sample and epoch, else the centred crop.
+    padding : int
+        Zero pixels around the image before the crop (0 after the normalisation is ``-mean / std``), as
+        torchvision's ``RandomCrop(size, padding=padding)``: CIFAR's ``RandomCrop(32, padding=4)`` is
+        ``random_crop=True, padding=4`` on 32x32 images.
     mirror : float
         Probability of a horizontal flip per sample and epoch (0: never, 1: always).
     out_dtype : torch.float32, torch.float16 or torch.bfloat16
@@ -70,7 +74,7 @@ class CropMirrorNormalize:
     """
 
     def __init__(self, mean, std, crop=None, random_crop=False, mirror=0.0, out_dtype=torch.float32,
-                 layout="NCHW", in_layout="HWC"):
+                 layout="NCHW", in_layout="HWC", padding=0):
         self.mean = _per_channel(mean, "mean")
         self.std = _per_channel(std, "std", positive=True)
         if crop is not None:
@@ -79,6 +83,7 @@ class CropMirrorNormalize:
             crop = (checks.integer(crop[0], "crop height", low=1), checks.integer(crop[1], "crop width", low=1))
         self.crop = crop
         self.random_crop = checks.flag(random_crop, "random_crop")
+        self.padding = checks.integer(padding, "padding", low=0)
         self.mirror = checks.real(mirror, "mirror", low=0.0, high=1.0)
         if out_dtype not in _OUT_DTYPES:
             raise ValueError(f"out_dtype must be one of {list(_OUT_DTYPES)}, got {out_dtype!r}")
@@ -93,11 +98,12 @@ class CropMirrorNormalize:
     def __repr__(self):
         return (f"CropMirrorNormalize(mean={self.mean}, std={self.std}, crop={self.crop}, "
                 f"random_crop={self.random_crop}, mirror={self.mirror}, out_dtype={self.out_dtype}, "
-                f"layout={self.layout!r}, in_layout={self.in_layout!r})")
+                f"layout={self.layout!r}, in_layout={self.in_layout!r}, padding={self.padding})")
 
     def windows(self, record_shape, index, epoch, seed=0):
         """``[(y0, x0, flipped)]``: where the crop of each sample in ``index`` starts in ``epoch`` of a
-        Loader with ``seed``, and whether it is flipped (records of ``record_shape``)."""
+        Loader with ``seed`` (in the image: negative in the padding), and whether it is flipped (records of
+        ``record_shape``)."""
         params, _ = self._params(torch.uint8, record_shape, seed, "windows")
         return params.windows([int(i) for i in index], int(epoch))
 
@@ -121,13 +127,14 @@ class CropMirrorNormalize:
             raise ValueError(f"{where}: images have {c} channels but mean has {len(self.mean)} values and std "
                              f"{len(self.std)}")
         oh, ow = self.crop if self.crop is not None else (h, w)
-        if oh > h or ow > w:
-            raise ValueError(f"{where}: the crop {oh}x{ow} does not fit in images of {h}x{w}")
+        if oh > h + 2 * self.padding or ow > w + 2 * self.padding:
+            padded = f" padded by {self.padding}" if self.padding else ""
+            raise ValueError(f"{where}: the crop {oh}x{ow} does not fit in images of {h}x{w}{padded}")
         params = _C.CropMirrorNormalizeParams(
             in_height=h, in_width=w, channels=c, in_hwc=self.in_layout == "HWC", out_height=oh, out_width=ow,
             out_nhwc=self.layout == "NHWC", out_dtype=_OUT_DTYPES[self.out_dtype], random_crop=self.random_crop,
             mirror=self.mirror, scale=[1.0 / (255.0 * s) for s in std], shift=[-m / s for m, s in zip(mean, std)],
-            seed=int(seed) & ((1 << 64) - 1))
+            seed=int(seed) & ((1 << 64) - 1), pad=self.padding)
         shape = [c, oh, ow] if self.layout == "NCHW" else [oh, ow, c]
         return params, (_OUT_DTYPES[self.out_dtype], shape)
 

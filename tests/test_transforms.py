@@ -25,11 +25,14 @@ def bits(seed, epoch, index, what):
 
 
 def window(t, h, w, oh, ow, seed, epoch, index):
+    """(y0, x0, flip): where the crop starts in the image (negative in the padding), drawn as torchvision's
+    RandomCrop draws in the padded image."""
+    hh, ww = h + 2 * t.padding, w + 2 * t.padding
     if t.random_crop:
-        y0, x0 = bits(seed, epoch, index, 0) % (h - oh + 1), bits(seed, epoch, index, 1) % (w - ow + 1)
+        y0, x0 = bits(seed, epoch, index, 0) % (hh - oh + 1), bits(seed, epoch, index, 1) % (ww - ow + 1)
     else:
-        y0, x0 = (h - oh) // 2, (w - ow) // 2
-    return y0, x0, (bits(seed, epoch, index, 2) >> 40) < t.mirror * (1 << 24)
+        y0, x0 = (hh - oh) // 2, (ww - ow) // 2
+    return y0 - t.padding, x0 - t.padding, (bits(seed, epoch, index, 2) >> 40) < t.mirror * (1 << 24)
 
 
 def reference(t, images, index, seed, epoch):
@@ -40,9 +43,11 @@ def reference(t, images, index, seed, epoch):
     mean = np.broadcast_to(np.array(t.mean, np.float64), (c,))
     std = np.broadcast_to(np.array(t.std, np.float64), (c,))
     out = np.empty((n, oh, ow, c))
+    p = t.padding
+    padded = np.pad(hwc, ((0, 0), (p, p), (p, p), (0, 0)))  # zeros, as torchvision's RandomCrop(padding=p)
     for k, i in enumerate(index):
         y0, x0, flip = window(t, h, w, oh, ow, seed, epoch, int(i))
-        crop = hwc[k, y0:y0 + oh, x0:x0 + ow].astype(np.float64)
+        crop = padded[k, y0 + p:y0 + p + oh, x0 + p:x0 + p + ow].astype(np.float64)
         out[k] = ((crop[:, ::-1] if flip else crop) / 255 - mean) / std
     return out if t.layout == "NHWC" else out.transpose(0, 3, 1, 2)
 
@@ -76,8 +81,12 @@ def images(tmp_path, rng):
         dict(crop=(17, 19), mirror=1.0, layout="NHWC"),
         dict(crop=(5, 6), random_crop=True, mirror=0.3, out_dtype=torch.float16),
         dict(random_crop=True, mirror=0.5, out_dtype=torch.bfloat16, layout="NHWC"),
+        dict(random_crop=True, padding=4, mirror=0.5),  # CIFAR's RandomCrop(32, padding=4) + flip
+        dict(crop=(13, 9), random_crop=True, padding=2, layout="NHWC"),
+        dict(crop=(21, 24), padding=3, mirror=1.0),  # the centred crop reaches into the padding
     ],
-    ids=["plain", "centre-crop", "random-crop-mirror", "nhwc-always-flipped", "fp16", "bf16-nhwc"],
+    ids=["plain", "centre-crop", "random-crop-mirror", "nhwc-always-flipped", "fp16", "bf16-nhwc", "cifar-padding",
+         "padding-smaller-crop", "padding-centre"],
 )
 @pytest.mark.parametrize("in_layout", ["HWC", "CHW"])
 def test_batches_match_the_float64_reference(images, fp, kwargs, in_layout):

@@ -44,7 +44,9 @@ __global__ void crop_mirror_normalize_kernel(CropMirrorNormalizeKernel k) {
     }
     const transforms::SampleWindow w = transforms::sample_window(p, k.epoch, static_cast<uint64_t>(k.index[n]));
     const uint8_t* image = k.images + n * transforms::in_image_bytes(p);
-    transforms::store(p, k.out, i, transforms::cmn_value(p, w, image, c, y, x));
+    const float v = p.pad > 0 ? transforms::cmn_value<true>(p, w, image, c, y, x)
+                              : transforms::cmn_value<false>(p, w, image, c, y, x);
+    transforms::store(p, k.out, i, v);
   }
 }
 

@@ -24,7 +24,8 @@ struct CropMirrorNormalizeParams {
   // Input: uint8 images, in_height x in_width x channels (HWC) or channels x in_height x in_width (CHW).
   int in_height = 0, in_width = 0, channels = 0;
   bool in_hwc = true;
-  // Output: the crop (out_height x out_width, at most the input), NCHW or NHWC, in out_dtype.
+  // Output: the crop (out_height x out_width, at most the input with its padding), NCHW or NHWC, in
+  // out_dtype.
   int out_height = 0, out_width = 0;
   bool out_nhwc = false;
   OutDtype out_dtype = OutDtype::Float32;
@@ -34,6 +35,7 @@ struct CropMirrorNormalizeParams {
   float scale[kMaxChannels] = {};
   float shift[kMaxChannels] = {};
   uint64_t seed = 0;
+  int pad = 0;  // zero pixels around the input before the crop (torchvision's RandomCrop(padding=pad))
 };
 
 // splitmix64's finaliser: a bijective mix of 64 bits.
@@ -48,7 +50,8 @@ FASTPIPE_HD inline uint64_t sample_bits(uint64_t seed, uint64_t epoch, uint64_t 
   return mix64(mix64(mix64(mix64(seed) ^ epoch) ^ index) ^ what);
 }
 
-// Where a sample's crop starts and whether it is flipped.
+// Where a sample's crop starts in the input (negative, or past its end, in the padding) and whether it is
+// flipped.
 struct SampleWindow {
   int y0 = 0, x0 = 0;
   bool flip = false;
@@ -56,7 +59,7 @@ struct SampleWindow {
 
 FASTPIPE_HD inline SampleWindow sample_window(const CropMirrorNormalizeParams& p, uint64_t epoch, uint64_t index) {
   SampleWindow w;
-  const int dy = p.in_height - p.out_height, dx = p.in_width - p.out_width;
+  const int dy = p.in_height + 2 * p.pad - p.out_height, dx = p.in_width + 2 * p.pad - p.out_width;
   if (p.random_crop) {
     w.y0 = static_cast<int>(sample_bits(p.seed, epoch, index, draws::kCropY) % static_cast<uint64_t>(dy + 1));
     w.x0 = static_cast<int>(sample_bits(p.seed, epoch, index, draws::kCropX) % static_cast<uint64_t>(dx + 1));
@@ -64,6 +67,8 @@ FASTPIPE_HD inline SampleWindow sample_window(const CropMirrorNormalizeParams& p
     w.y0 = dy / 2;
     w.x0 = dx / 2;
   }
+  w.y0 -= p.pad;
+  w.x0 -= p.pad;
   // 24 random bits against the probability: exact for 0 and 1, and for every multiple of 2**-24.
   const uint32_t r = static_cast<uint32_t>(sample_bits(p.seed, epoch, index, draws::kFlip) >> 40);
   w.flip = static_cast<float>(r) < p.mirror * 16777216.0f;
@@ -82,11 +87,19 @@ FASTPIPE_HD inline int64_t out_offset(const CropMirrorNormalizeParams& p, int c,
                     : (static_cast<int64_t>(c) * p.out_height + y) * p.out_width + x;
 }
 
-// The normalised value of output element (c, y, x) of an image whose window is w.
+// Whether a window's crop lies inside the image (none of it in the padding).
+FASTPIPE_HD inline bool window_inside(const CropMirrorNormalizeParams& p, const SampleWindow& w) {
+  return w.y0 >= 0 && w.x0 >= 0 && w.y0 + p.out_height <= p.in_height && w.x0 + p.out_width <= p.in_width;
+}
+
+// The normalised value of output element (c, y, x) of an image whose window is w; kPadded: the window may
+// reach into the padding (zeros). The unchecked form is the hot loop's where the window is inside.
+template <bool kPadded = false>
 FASTPIPE_HD inline float cmn_value(const CropMirrorNormalizeParams& p, const SampleWindow& w, const uint8_t* image,
                                    int c, int y, int x) {
-  const int sx = w.flip ? p.out_width - 1 - x : x;
-  const float v = static_cast<float>(image[in_offset(p, c, w.y0 + y, w.x0 + sx)]);
+  const int sy = w.y0 + y, sx = w.x0 + (w.flip ? p.out_width - 1 - x : x);
+  const bool padding = kPadded && (sy < 0 || sy >= p.in_height || sx < 0 || sx >= p.in_width);
+  const float v = padding ? 0.0f : static_cast<float>(image[in_offset(p, c, sy, sx)]);
 #if defined(__CUDA_ARCH__)
   return __fmaf_rn(v, p.scale[c], p.shift[c]);
 #else
@@ -163,6 +176,15 @@ FASTPIPE_HD inline int64_t out_image_elements(const CropMirrorNormalizeParams& p
   return static_cast<int64_t>(p.out_height) * p.out_width * p.channels;
 }
 
+template <bool kPadded>
+inline void crop_mirror_normalize_image(const CropMirrorNormalizeParams& p, const SampleWindow& w,
+                                        const uint8_t* image, void* out, int64_t base) {
+  for (int c = 0; c < p.channels; ++c)
+    for (int y = 0; y < p.out_height; ++y)
+      for (int x = 0; x < p.out_width; ++x)
+        store(p, out, base + out_offset(p, c, y, x), cmn_value<kPadded>(p, w, image, c, y, x));
+}
+
 // The whole transform of `count` images on the host: images[k] is sample index[k] of `epoch`.
 inline void crop_mirror_normalize_host(const CropMirrorNormalizeParams& p, const uint8_t* images, void* out,
                                        int64_t count, const int64_t* index, uint64_t epoch) {
@@ -170,9 +192,10 @@ inline void crop_mirror_normalize_host(const CropMirrorNormalizeParams& p, const
     const SampleWindow w = sample_window(p, epoch, static_cast<uint64_t>(index[k]));
     const uint8_t* image = images + k * in_image_bytes(p);
     const int64_t base = k * out_image_elements(p);
-    for (int c = 0; c < p.channels; ++c)
-      for (int y = 0; y < p.out_height; ++y)
-        for (int x = 0; x < p.out_width; ++x) store(p, out, base + out_offset(p, c, y, x), cmn_value(p, w, image, c, y, x));
+    if (window_inside(p, w))
+      crop_mirror_normalize_image<false>(p, w, image, out, base);
+    else
+      crop_mirror_normalize_image<true>(p, w, image, out, base);
   }
 }
 

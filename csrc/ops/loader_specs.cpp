@@ -107,24 +107,28 @@ void bind_loader_specs(py::module& m) {
   py::class_<CropMirrorNormalizeParams, std::shared_ptr<CropMirrorNormalizeParams>>(m, "CropMirrorNormalizeParams")
       .def(py::init([](int in_height, int in_width, int channels, bool in_hwc, int out_height, int out_width,
                        bool out_nhwc, const std::string& out_dtype, bool random_crop, float mirror,
-                       const std::vector<float>& scale, const std::vector<float>& shift, uint64_t seed) {
+                       const std::vector<float>& scale, const std::vector<float>& shift, uint64_t seed, int pad) {
              auto p = std::make_shared<CropMirrorNormalizeParams>();
              TORCH_CHECK(channels >= 1 && channels <= transforms::kMaxChannels, "channels must be 1 to ",
                          transforms::kMaxChannels, ", got ", channels);
-             TORCH_CHECK(out_height >= 1 && out_height <= in_height && out_width >= 1 && out_width <= in_width,
-                         "the crop ", out_height, "x", out_width, " must fit in the image ", in_height, "x", in_width);
+             TORCH_CHECK(pad >= 0, "pad must be at least 0, got ", pad);
+             TORCH_CHECK(out_height >= 1 && out_height <= in_height + 2 * pad && out_width >= 1 &&
+                             out_width <= in_width + 2 * pad,
+                         "the crop ", out_height, "x", out_width, " must fit in the image ", in_height, "x", in_width,
+                         " padded by ", pad);
              TORCH_CHECK(scale.size() == static_cast<size_t>(channels) && shift.size() == scale.size(),
                          "scale and shift need one value per channel");
              const transforms::OutDtype dtype = parse_out_dtype(out_dtype, false);
              *p = CropMirrorNormalizeParams{in_height, in_width, channels, in_hwc, out_height, out_width, out_nhwc,
-                                            dtype, random_crop, mirror, {}, {}, seed};
+                                            dtype, random_crop, mirror, {}, {}, seed, pad};
              std::copy(scale.begin(), scale.end(), p->scale);
              std::copy(shift.begin(), shift.end(), p->shift);
              return p;
            }),
            py::kw_only(), py::arg("in_height"), py::arg("in_width"), py::arg("channels"), py::arg("in_hwc"),
            py::arg("out_height"), py::arg("out_width"), py::arg("out_nhwc"), py::arg("out_dtype"),
-           py::arg("random_crop"), py::arg("mirror"), py::arg("scale"), py::arg("shift"), py::arg("seed"))
+           py::arg("random_crop"), py::arg("mirror"), py::arg("scale"), py::arg("shift"), py::arg("seed"),
+           py::arg("pad") = 0)
       .def(
           "windows",
           [](const CropMirrorNormalizeParams& p, const std::vector<int64_t>& index, uint64_t epoch) {
@@ -135,7 +139,9 @@ void bind_loader_specs(py::module& m) {
             }
             return out;
           },
-          py::arg("index"), py::arg("epoch"), "(y0, x0, flip) of each sample of `epoch`: the crop and flip it gets.");
+          py::arg("index"), py::arg("epoch"),
+          "(y0, x0, flip) of each sample of `epoch`: where its crop starts in the image (negative in the padding) "
+          "and whether it is flipped.");
 
   // A column of records in a file (core/gather.h), built by the datasets with keyword arguments.
   py::class_<ColumnSpec>(m, "ColumnSpec")

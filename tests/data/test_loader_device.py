@@ -78,7 +78,7 @@ def test_transforms_on_the_device_are_bit_identical_to_the_cpu(sim, tmp_path, rn
     np.save(tmp_path / "x.npy", x)
     ds = fastpipe.NpyDataset([str(tmp_path / "x.npy")])
     for kw in (dict(crop=(8, 6), random_crop=True, mirror=0.5), dict(out_dtype=torch.bfloat16, layout="NHWC"),
-               dict(crop=(5, 5), mirror=1.0, out_dtype=torch.float16)):
+               dict(crop=(5, 5), mirror=1.0, out_dtype=torch.float16), dict(random_crop=True, padding=3, mirror=0.5)):
         t = CropMirrorNormalize((0.4, 0.5, 0.6), (0.2, 0.25, 0.3), **kw)
         cpu = fp.epoch(fp.loader(ds, 8, shuffle=True, seed=9, transforms={0: t}))
         dev = epoch(fp, sim, fp.loader(ds, 8, shuffle=True, seed=9, transforms={0: t}, device="cuda"))

@@ -40,12 +40,13 @@ def test_token_windows_on_the_gpu(tmp_path, rng, fp):
 
 @pytest.mark.parametrize("out_dtype", [torch.float32, torch.float16, torch.bfloat16], ids=str)
 @pytest.mark.parametrize("layout", ["NCHW", "NHWC"])
-def test_transforms_on_the_gpu_are_bit_identical_to_the_cpu(tmp_path, rng, fp, out_dtype, layout):
+@pytest.mark.parametrize("padding", [0, 4])
+def test_transforms_on_the_gpu_are_bit_identical_to_the_cpu(tmp_path, rng, fp, out_dtype, layout, padding):
     x = rng.integers(0, 256, size=(77, 40, 37, 3), dtype=np.uint8)
     np.save(tmp_path / "x.npy", x)
     ds = fastpipe.NpyDataset([str(tmp_path / "x.npy")])
     t = CropMirrorNormalize((0.485, 0.456, 0.406), (0.229, 0.224, 0.225), crop=(32, 29), random_crop=True,
-                            mirror=0.5, out_dtype=out_dtype, layout=layout)
+                            mirror=0.5, out_dtype=out_dtype, layout=layout, padding=padding)
     cpu = fp.epoch(fp.loader(ds, 16, shuffle=True, seed=3, transforms={0: t}))
     gpu = [fp.to_np(b) for b in fp.loader(ds, 16, shuffle=True, seed=3, transforms={0: t}, device="cuda")]
     assert fp.same_batches(cpu, gpu)
