@@ -459,5 +459,6 @@ class Loader(Resumable):
         self.close()
 
     def __repr__(self):
-        return (f"Loader({self.dataset!r}, batch_size={self.batch_size}, shuffle={self.shuffle}, "
+        dataset = repr(self.dataset) if self._records is None else f"Subset({len(self._records)} of {self._source!r})"
+        return (f"Loader({dataset}, batch_size={self.batch_size}, shuffle={self.shuffle}, "
                 f"rank={self.rank}/{self.world_size}, io={self.io_modes})")

@@ -26,6 +26,7 @@ def test_random_split_reads_each_part_in_order_and_shuffled(dataset_factory, fp,
     train, val = torch.utils.data.random_split(ds, [0.8, 0.2], generator=split)
     ordered = fp.loader(val, 6)
     assert len(ordered.dataset) == len(val) == 42 and len(ordered) == 7
+    assert repr(ordered).startswith("Loader(Subset(42 of NpyDataset(211 records;")
     assert fp.verify(fp.epoch(ordered), arrays).tolist() == list(val.indices)
     shuffled = fp.loader(train, 8, shuffle=True, drop_last=True)
     epochs = [fp.verify(fp.epoch(shuffled), arrays) for _ in range(2)]
