@@ -76,3 +76,15 @@ def byte_size(value, name):
             raise ValueError(f"{name} must be bytes as an int or a string such as '50GB' or '512MiB', got {value!r}")
         return int(float(m.group(1)) * _UNITS[m.group(2).lower()])
     return integer(value, name, low=0)
+
+
+def per_channel(value, name, positive=False):
+    """A finite number, or a non-empty sequence of them (one per channel), as a list of floats."""
+    if isinstance(value, (str, bytes)) or not isinstance(value, numbers.Real) and not hasattr(value, "__iter__"):
+        raise TypeError(f"{name} must be a number or a sequence of numbers, got {type(value).__name__} {value!r}")
+    if isinstance(value, numbers.Real):
+        value = [value]
+    values = [real(v, f"{name}[{i}]", positive=positive) for i, v in enumerate(value)]
+    if not values:
+        raise ValueError(f"{name} must not be empty")
+    return values

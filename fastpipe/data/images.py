@@ -30,8 +30,8 @@ _PACKED_FILES = ("images.bin", "offsets.npy", "heights.npy", "widths.npy", "labe
 
 
 def _transforms_module():
-    from fastpipe import transforms  # fastpipe.transforms imports nothing from fastpipe.data
-    return transforms
+    from fastpipe import image_transforms  # imports nothing from fastpipe.data
+    return image_transforms
 
 
 def _sizes_said(sizes):
