@@ -1,12 +1,33 @@
-"""DataLoader's keywords in the Loader's terms: those with no meaning here are refused with the reason, and
-the worker and prefetch counts, the generator and pinning become the reader's settings."""
+"""DataLoader's arguments in the Loader's terms: the dataset given becomes the fastpipe dataset read (a
+Subset's records, torchvision's datasets converted); keywords with no meaning here are refused with the
+reason, and the worker and prefetch counts, the generator and pinning become the reader's settings."""
 
 import warnings
 
 import torch
 
 from fastpipe import _checks as checks
-from fastpipe.data import _device
+from fastpipe.data import _device, subsets, torchvision_arrays, torchvision_compat
+from fastpipe.data._source import ColumnSource
+
+
+def source_of(dataset, transforms):
+    """(The fastpipe dataset read, the records a Subset's positions name or None, the transforms) for the
+    ``dataset`` and ``transforms`` given: a torchvision dataset's pipeline is fused (the Loader's own
+    ``transforms`` override it)."""
+    source, records = subsets.unwrap(dataset)
+    if torchvision_compat.is_torchvision_folder(source):
+        source = torchvision_compat.convert_dataset(source)  # the same folder, its transform fused
+    elif torchvision_arrays.is_arrays_dataset(source):  # CIFAR10, MNIST, ...: written once as .npy
+        source, fused = torchvision_arrays.convert_dataset(source)
+        transforms = {0: fused, **dict(transforms or {})}
+    if not isinstance(source, ColumnSource):
+        raise TypeError(f"fastpipe.Loader reads NpyDataset, TokenDataset, ImageFolder, ImageDataset and "
+                        f"WebDataset (and torchvision's ImageFolder, CIFAR and MNIST datasets), or a Subset of one, "
+                        f"got {type(source).__name__}: convert a map-style dataset once with "
+                        f"`ds = fastpipe.write_npy(dataset, out_dir)` (tensors) or `fastpipe.write_images(dataset, "
+                        f"out_dir)` (encoded images or paths, and labels) and pass that")
+    return source, records, transforms
 
 
 def refuse(*, worker_init_fn, batch_sampler, multiprocessing_context, persistent_workers, in_order):

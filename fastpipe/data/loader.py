@@ -8,8 +8,7 @@ import numpy as np
 
 from fastpipe import _checks as checks
 from fastpipe._ext import _C
-from fastpipe.data import _collate, _dataloader_args, _device, subsets, torchvision_compat
-from fastpipe.data._source import ColumnSource
+from fastpipe.data import _collate, _dataloader_args, _device
 from fastpipe.data.order import REMAINDER_POLICIES, block_order, distributed_defaults, epoch_order, shard, shard_size
 from fastpipe.data.passes import EpochIterator, OwnOrder, epoch_of
 from fastpipe.data.resume import Resumable
@@ -37,7 +36,9 @@ class Loader(Resumable):
     ----------
     dataset : NpyDataset, TokenDataset, ImageFolder, ImageDataset or WebDataset
         Or a ``torch.utils.data.Subset`` of one (``random_split``'s): its records are read, in positions of
-        the Subset (a sampler's indices, ``len(loader.dataset)``), as DataLoader does.
+        the Subset (a sampler's indices, ``len(loader.dataset)``), as DataLoader does. torchvision's
+        in-memory datasets (CIFAR10, CIFAR100, MNIST, ...) are written once as ``.npy`` columns under the
+        cache and their pipelines fused into CropMirrorNormalize (fastpipe/data/torchvision_arrays.py).
         Other datasets can be converted once with :func:`fastpipe.write_npy` (tensors) or
         :func:`fastpipe.write_images` (images). A torchvision ``ImageFolder`` is taken as it is: its own
         sample list is read by :class:`fastpipe.ImageFolder` and its transform pipeline becomes the fused one
@@ -167,17 +168,9 @@ class Loader(Resumable):
                  prefetch_factor=None, persistent_workers=False, collate_fn=None, worker_init_fn=None,
                  batch_sampler=None, multiprocessing_context=None, pin_memory_device="", in_order=True,
                  transforms=None, when_full="allocate", on_error="raise", image_decode="auto"):
-        source, self._records = subsets.unwrap(dataset)
-        if torchvision_compat.is_torchvision_folder(source):
-            source = torchvision_compat.convert_dataset(source)  # the same folder, its transform fused
+        source, self._records, transforms = _dataloader_args.source_of(dataset, transforms)
         if self._records is None:
             dataset = source
-        if not isinstance(source, ColumnSource):
-            raise TypeError(f"fastpipe.Loader reads NpyDataset, TokenDataset, ImageFolder, ImageDataset and "
-                            f"WebDataset (and torchvision's ImageFolder), or a Subset of one, got "
-                            f"{type(source).__name__}: convert a map-style dataset "
-                            f"once with `ds = fastpipe.write_npy(dataset, out_dir)` (tensors) or "
-                            f"`fastpipe.write_images(dataset, out_dir)` (encoded images or paths, and labels) and pass that")
         _dataloader_args.refuse(worker_init_fn=worker_init_fn, batch_sampler=batch_sampler,
                                 multiprocessing_context=multiprocessing_context,
                                 persistent_workers=persistent_workers, in_order=in_order)
