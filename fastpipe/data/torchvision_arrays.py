@@ -12,6 +12,7 @@ CIFAR's ``RandomCrop(32, padding=4)``); ``CenterCrop``; ``RandomHorizontalFlip``
 
 import hashlib
 import os
+import sys
 
 import numpy as np
 import torch
@@ -20,12 +21,13 @@ from fastpipe._cache_home import cache_home
 
 
 def is_arrays_dataset(dataset):
-    """Whether ``dataset`` is one of torchvision's datasets of uint8 images held in memory (``data``)."""
-    if not any(c.__module__.startswith("torchvision.datasets") for c in type(dataset).__mro__):
+    """Whether ``dataset`` is torchvision's CIFAR10/CIFAR100 (uint8 (N, H, W, 3) arrays) or MNIST,
+    FashionMNIST, KMNIST or EMNIST (uint8 (N, H, W) tensors): datasets whose item is the PIL image of
+    ``data[i]`` and ``targets[i]``. (SVHN keeps CHW data, QMNIST more than a label per target: not these.)"""
+    datasets = sys.modules.get("torchvision.datasets")  # imported wherever one of its datasets exists
+    if datasets is None or isinstance(dataset, datasets.QMNIST):
         return False
-    data = getattr(dataset, "data", None)
-    return (isinstance(data, (np.ndarray, torch.Tensor)) and data.dtype in (np.uint8, torch.uint8)
-            and data.ndim in (3, 4) and hasattr(dataset, "targets"))
+    return isinstance(dataset, (datasets.CIFAR10, datasets.MNIST))
 
 
 def convert_dataset(dataset):

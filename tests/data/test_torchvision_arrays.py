@@ -118,6 +118,15 @@ def test_what_cannot_be_fused_is_named(rng, steps, match):
         fastpipe.Loader(cifar(rng, 10, T1.Compose(steps)))
 
 
+def test_other_in_memory_datasets_are_not_taken_for_these(rng):
+    """SVHN keeps its images CHW: not read as CIFAR's HWC (the Loader refuses it as any other dataset)."""
+    svhn = tv.datasets.SVHN.__new__(tv.datasets.SVHN)
+    svhn.data, svhn.labels = rng.integers(0, 256, (10, 3, 32, 32), dtype=np.uint8), np.zeros(10, np.int64)
+    assert not torchvision_arrays.is_arrays_dataset(svhn)
+    with pytest.raises(TypeError, match="got SVHN"):
+        fastpipe.Loader(svhn)
+
+
 def test_a_target_transform_is_refused(rng):
     with pytest.raises(ValueError, match="target_transform"):
         fastpipe.Loader(cifar(rng, 10, T1.ToTensor(), target_transform=lambda y: y + 1))
