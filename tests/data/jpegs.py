@@ -95,9 +95,10 @@ def reference_resized_crop(im, top, left, height, width, size, flip):
     return np.asarray(out, np.float32)
 
 
-def reference_center_crop(im, size, resize, at=None):
+def reference_center_crop(im, size, resize, at=None, flip=False):
     """torchvision v2's Resize(resize) (PIL, antialiased bilinear) + CenterCrop(size), zero padding included;
-    ``at``: (top, left) of a RandomCrop in the resized image instead (an axis the crop pads is centred)."""
+    ``at``: (top, left) of a RandomCrop in the resized image instead (an axis the crop pads is centred);
+    then flipped where ``flip``."""
     w, h = im.size
     if isinstance(resize, int):
         if w <= h:
@@ -119,7 +120,8 @@ def reference_center_crop(im, size, resize, at=None):
     top, left = int(round((ih - oh) / 2.0)), int(round((iw - ow) / 2.0))
     if at is not None:  # an axis padded above is as large as the crop: it starts at 0
         top, left = (max(0, v) for v in at)
-    return a[top:top + oh, left:left + ow]
+    a = a[top:top + oh, left:left + ow]
+    return a[:, ::-1] if flip else a
 
 
 def as_hwc_255(x, layout="NCHW"):

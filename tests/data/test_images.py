@@ -137,19 +137,24 @@ def test_center_crop_matches_resize_and_center_crop(folder, size, resize):
         assert diff.mean() <= 0.35
 
 
-@pytest.mark.parametrize("size", [224, (57, 91)])
-def test_random_resized_crop_matches_torchvision_on_its_boxes(folder, size):
-    t = RandomResizedCrop(size, dct_scaling=False)
-    hw = (size, size) if isinstance(size, int) else size
+def check_on_boxes(folder, t, seed, reference):
+    """Two epochs of transform ``t``: each output within a level of ``reference(PIL image, box)`` at the box
+    ``t.boxes()`` reports for it."""
     for epoch in range(2):
-        ld = loader(folder, t, seed=11)
+        ld = loader(folder, t, seed=seed)
         ld.set_epoch(epoch)
         got = [x for xs, _ in batches(ld) for x in xs]
-        boxes = t.boxes(folder, range(len(folder)), epoch, seed=11)
-        for (path, _), x, (top, left, h, w, flip) in zip(folder.samples, got, boxes, strict=True):
-            ref = reference_resized_crop(pil_rgb(path), top, left, h, w, hw, flip)
-            diff = np.abs(as_hwc_255(torch.from_numpy(x)) - ref)
-            assert diff.max() <= EXACT_TOL, f"{os.path.basename(path)} box {(top, left, h, w, flip)}: {diff.max()}"
+        boxes = t.boxes(folder, range(len(folder)), epoch, seed=seed)
+        for (path, _), x, box in zip(folder.samples, got, boxes, strict=True):
+            diff = np.abs(as_hwc_255(torch.from_numpy(x)) - reference(pil_rgb(path), box))
+            assert diff.max() <= EXACT_TOL, f"{os.path.basename(path)} box {box}: {diff.max()}"
+
+
+@pytest.mark.parametrize("size", [224, (57, 91)])
+def test_random_resized_crop_matches_torchvision_on_its_boxes(folder, size):
+    hw = (size, size) if isinstance(size, int) else size
+    check_on_boxes(folder, RandomResizedCrop(size, dct_scaling=False), 11,
+                   lambda im, box: reference_resized_crop(im, *box[:4], hw, box[4]))
 
 
 @pytest.mark.parametrize("resize", [None, 150, (90, 200)])
@@ -157,18 +162,13 @@ def test_random_crop_matches_torchvision_on_its_places(folder, resize):
     """RandomCrop: the resized image cropped where boxes() says (torchvision's Resize + RandomCrop + flip on
     PIL's pixels), padded as CenterCrop where the crop does not fit."""
     size = (57, 91)
-    t = RandomCrop(size, resize=resize, dct_scaling=False)
-    for epoch in range(2):
-        ld = loader(folder, t, seed=5)
-        ld.set_epoch(epoch)
-        got = [x for xs, _ in batches(ld) for x in xs]
-        places = t.boxes(folder, range(len(folder)), epoch, seed=5)
-        for (path, _), x, (top, left, h, w, flip) in zip(folder.samples, got, places, strict=True):
-            assert (h, w) == size
-            ref = reference_center_crop(pil_rgb(path), size, resize, at=(top, left))
-            ref = ref[:, ::-1] if flip else ref
-            diff = np.abs(as_hwc_255(torch.from_numpy(x)) - ref)
-            assert diff.max() <= EXACT_TOL, f"{os.path.basename(path)} at {(top, left, flip)}: {diff.max()}"
+
+    def reference(im, box):
+        top, left, h, w, flip = box
+        assert (h, w) == size
+        return reference_center_crop(im, size, resize, at=(top, left), flip=flip)
+
+    check_on_boxes(folder, RandomCrop(size, resize=resize, dct_scaling=False), 5, reference)
 
 
 def test_random_crop_places_are_uniform_and_the_samples_own():
