@@ -1,6 +1,6 @@
 """DataLoader's arguments in the Loader's terms: the dataset given becomes the fastpipe dataset read (a
-Subset's records, torchvision's datasets converted); keywords with no meaning here are refused with the
-reason, and the worker and prefetch counts, the generator and pinning become the reader's settings."""
+Subset's records, torchvision's datasets converted); keywords for worker processes are taken and unused (there
+are none), and the worker and prefetch counts, the generator and pinning become the reader's settings."""
 
 import warnings
 
@@ -30,15 +30,9 @@ def source_of(dataset, transforms):
     return source, records, transforms
 
 
-def refuse(*, worker_init_fn, batch_sampler, multiprocessing_context, persistent_workers, in_order):
-    """Raises for what fastpipe has no use for; persistent_workers and in_order are what it always does."""
-    for name, value, why in (
-        ("worker_init_fn", worker_init_fn, "there are no worker processes, only reader threads"),
-        ("batch_sampler", batch_sampler, "use batch_size/shuffle/drop_last, or sampler= for a custom order"),
-        ("multiprocessing_context", multiprocessing_context, "there are no worker processes"),
-    ):
-        if value is not None:
-            raise ValueError(f"fastpipe.Loader does not take {name}: {why}")
+def accept_unused(*, persistent_workers, in_order):
+    """persistent_workers and in_order are what fastpipe always does; worker_init_fn and
+    multiprocessing_context (taken, never used) configure worker processes, which fastpipe has none of."""
     checks.flag(persistent_workers, "persistent_workers")
     checks.flag(in_order, "in_order")
 

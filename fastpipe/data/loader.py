@@ -8,7 +8,7 @@ import numpy as np
 
 from fastpipe import _checks as checks
 from fastpipe._ext import _C
-from fastpipe.data import _collate, _dataloader_args, _device
+from fastpipe.data import _collate, _dataloader_args, _device, batch_samplers
 from fastpipe.data.order import REMAINDER_POLICIES, block_order, distributed_defaults, epoch_order, shard, shard_size
 from fastpipe.data.passes import EpochIterator, OwnOrder, epoch_of
 from fastpipe.data.resume import Resumable
@@ -151,8 +151,13 @@ class Loader(Resumable):
     ``batch.to("cuda", non_blocking=True)`` is asynchronous; a slot is refilled only after the copies
     queued from its batch on ``pin_memory_device``'s current stream (default: the current device) are
     done, and on other streams that :func:`fastpipe.record_stream` names (without a usable CUDA device
-    it warns once per process and pins nothing). ``worker_init_fn``, ``batch_sampler`` and
-    ``multiprocessing_context`` are rejected with the reason.
+    it warns once per process and pins nothing). ``batch_sampler`` gives the batches: torch's
+    ``BatchSampler`` as its sampler, batch size and drop_last, another one as the indices of its batches in
+    turn, which must all have its ``batch_size`` attribute's length but the last (the arena's slots are sized
+    once; a batch of another size raises, naming it). ``worker_init_fn`` and ``multiprocessing_context`` are
+    taken and not used, as DataLoader does with ``num_workers=0``: there are no worker processes, no code of
+    yours runs in the reader threads, and the random transforms draw from ``seed`` (or ``generator``), not
+    from the generators a ``worker_init_fn`` seeds.
 
     Notes
     -----
@@ -171,9 +176,9 @@ class Loader(Resumable):
         source, self._records, transforms = _dataloader_args.source_of(dataset, transforms)
         if self._records is None:
             dataset = source
-        _dataloader_args.refuse(worker_init_fn=worker_init_fn, batch_sampler=batch_sampler,
-                                multiprocessing_context=multiprocessing_context,
-                                persistent_workers=persistent_workers, in_order=in_order)
+        _dataloader_args.accept_unused(persistent_workers=persistent_workers, in_order=in_order)
+        sampler, batch_size, drop_last = batch_samplers.from_batch_sampler(
+            batch_sampler, batch_size=batch_size, shuffle=shuffle, sampler=sampler, drop_last=drop_last)
         self.collate_fn = _collate.checked(collate_fn)
         self.device, reader_device = _device.resolve(device)
         checks.choice(image_decode, "image_decode", ("auto", "host", "device"))
@@ -218,6 +223,7 @@ class Loader(Resumable):
         self.seed = seed
         self.drop_last = drop_last
         self._sampler = sampler  # the user's; the `sampler` property also stands for the Loader's own order
+        self.batch_sampler = batch_sampler
         self.rank, self.world_size = distributed_defaults(rank, world_size)
         self.shard_remainder = shard_remainder
         self._pass = None  # the current pass: a weak reference to its iterator, or an EndedPass

@@ -407,26 +407,6 @@ def test_torch_samplers(dataset_factory, fp):
     assert sorted(fp.verify(fp.epoch(fp.loader(ds, 8, sampler=rnd)), arrays).tolist()) == list(range(90))
 
 
-@pytest.mark.parametrize(
-    "kw",
-    [
-        {"worker_init_fn": lambda w: None},
-        {"batch_sampler": [[0, 1], [2, 3]]},
-        {"multiprocessing_context": "fork"},
-    ],
-    ids=["worker_init_fn", "batch_sampler", "multiprocessing_context"],
-)
-def test_rejected_dataloader_keywords(dataset_factory, kw):
-    ds, _, _ = dataset_factory(10, {})
-    name = next(iter(kw))
-    with pytest.raises(ValueError) as ei:
-        fastpipe.Loader(ds, 2, **kw)
-    msg = str(ei.value)
-    print(msg)
-    assert name in msg, f"the message should name {name}: {msg}"
-    assert len(msg) > len(name) + 20, "the message should say why and what to do instead"
-
-
 # ---------------------------------------------------------------- truncation after open
 
 TRUNCATE_SCRIPT = r"""
