@@ -1,13 +1,14 @@
 """DataLoader's arguments in the Loader's terms: the dataset given becomes the fastpipe dataset read (a
-Subset's records, a ConcatDataset's image folders as one, torchvision's datasets converted); keywords for worker processes are taken and unused (there
-are none), and the worker and prefetch counts, the generator and pinning become the reader's settings."""
+Subset's records, a ConcatDataset's image folders as one, TensorDatasets and torchvision's datasets
+converted); keywords for worker processes are taken and unused (there are none), and the worker and
+prefetch counts, the generator and pinning become the reader's settings."""
 
 import warnings
 
 import torch
 
 from fastpipe import _checks as checks
-from fastpipe.data import _device, concat, subsets, torchvision_arrays, torchvision_compat
+from fastpipe.data import _device, concat, subsets, tensor_datasets, torchvision_arrays, torchvision_compat
 from fastpipe.data._source import ColumnSource
 
 
@@ -20,15 +21,17 @@ def source_of(dataset, transforms):
         source = concat.image_folder(source)  # the parts' samples in one ImageFolder
     elif torchvision_compat.is_torchvision_folder(source):
         source = torchvision_compat.convert_dataset(source)  # the same folder, its transform fused
+    elif tensor_datasets.is_tensor_dataset(source):
+        source = tensor_datasets.convert_dataset(source)  # written once as .npy columns of this process
     elif torchvision_arrays.is_arrays_dataset(source):  # CIFAR10, MNIST, ...: written once as .npy
         source, fused = torchvision_arrays.convert_dataset(source)
         transforms = {0: fused, **dict(transforms or {})}
     if not isinstance(source, ColumnSource):
-        raise TypeError(f"fastpipe.Loader reads NpyDataset, TokenDataset, ImageFolder, ImageDataset and "
-                        f"WebDataset (and torchvision's ImageFolder, CIFAR and MNIST datasets), a Subset of one, "
-                        f"or a ConcatDataset of image folders, got {type(source).__name__}: convert a map-style dataset once with "
-                        f"`ds = fastpipe.write_npy(dataset, out_dir)` (tensors) or `fastpipe.write_images(dataset, "
-                        f"out_dir)` (encoded images or paths, and labels) and pass that")
+        raise TypeError(f"fastpipe.Loader reads NpyDataset, TokenDataset, ImageFolder, ImageDataset and WebDataset "
+                        f"(and torch's TensorDataset, torchvision's ImageFolder, CIFAR and MNIST datasets), a Subset "
+                        f"of one, or a ConcatDataset of image folders, got {type(source).__name__}: convert a "
+                        f"map-style dataset once with `ds = fastpipe.write_npy(dataset, out_dir)` (tensors) or "
+                        f"`fastpipe.write_images(dataset, out_dir)` (encoded images or paths, and labels) and pass that")
     return source, records, transforms
 
 

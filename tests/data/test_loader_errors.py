@@ -296,9 +296,16 @@ def test_bad_batch_size(dataset_factory, bs):
         fastpipe.Loader(ds, bs)
 
 
+class MapStyle(torch.utils.data.Dataset):
+    def __len__(self):
+        return 10
+
+    def __getitem__(self, i):
+        return torch.zeros(3)
+
+
 def test_not_a_fastpipe_dataset(dataset_factory):
-    tds = torch.utils.data.TensorDataset(torch.zeros(10, 3))
-    for obj in (tds, [1, 2, 3], np.zeros((10, 3))):
+    for obj in (MapStyle(), [1, 2, 3], np.zeros((10, 3))):
         with pytest.raises(TypeError, match="write_npy"):
             fastpipe.Loader(obj, 2)
 

@@ -1,0 +1,68 @@
+"""torch's TensorDataset given to the Loader: the batches DataLoader makes of it, byte for byte."""
+
+import glob
+import os
+import tempfile
+
+import numpy as np
+import pytest
+import torch
+
+import fastpipe
+
+
+def tensors(rng, n):
+    """Columns of the dtypes and shapes a TensorDataset holds: features, labels, a mask, token ids."""
+    return (torch.from_numpy(rng.standard_normal((n, 7)).astype(np.float32)),
+            torch.from_numpy(rng.integers(0, 10, n)),
+            torch.from_numpy(rng.integers(0, 2, (n, 3)).astype(bool)),
+            torch.from_numpy(rng.integers(-300, 300, (n, 2, 5)).astype(np.int16)),
+            torch.from_numpy(rng.standard_normal(n)).half())
+
+
+@pytest.mark.parametrize("shuffle", [False, True])
+def test_batches_are_dataloaders(fp, rng, shuffle):
+    n, bs = int(rng.integers(100, 300)), int(rng.integers(3, 40))
+    ds = torch.utils.data.TensorDataset(*tensors(rng, n))
+    loader = fp.loader(ds, bs, shuffle=shuffle, seed=5)
+    assert len(loader) == -(-n // bs) and len(loader.dataset) == n
+    order = list(loader.sampler)  # the Loader's own order for its next pass, DataLoader's sampler below
+    assert sorted(order) == list(range(n)) and (order != list(range(n))) == shuffle
+    ours = [tuple(t.clone() for t in b) for b in loader]
+    theirs = list(torch.utils.data.DataLoader(ds, bs, sampler=order))
+    assert len(ours) == len(theirs)
+    for a, b in zip(ours, theirs):
+        assert len(a) == len(b) == 5
+        for x, y in zip(a, b):
+            assert x.dtype == y.dtype and x.shape == y.shape and torch.equal(x, y)
+
+
+def test_subset_and_non_contiguous_tensors(fp, rng):
+    x = torch.from_numpy(rng.integers(0, 1000, (40, 6))).t().contiguous().t()  # column-major: no longer contiguous
+    y = torch.arange(40.0, requires_grad=True)  # a tensor that requires grad: read as its values
+    assert not x.is_contiguous()
+    ds = torch.utils.data.TensorDataset(x, y)
+    part = torch.utils.data.Subset(ds, [39, 0, 17, 5])
+    (bx, by), = list(fp.loader(part, 4))
+    assert torch.equal(bx, x[[39, 0, 17, 5]]) and torch.equal(by, y.detach()[[39, 0, 17, 5]])
+
+
+def test_the_written_copy_goes_with_the_loader(fp, rng):
+    before = set(glob.glob(os.path.join(tempfile.gettempdir(), "fastpipe-tensors-*")))
+    loader = fp.loader(torch.utils.data.TensorDataset(torch.arange(30)), 8)
+    made = set(glob.glob(os.path.join(tempfile.gettempdir(), "fastpipe-tensors-*"))) - before
+    assert len(made) == 1
+    batches = [b.clone() for b, in loader]
+    assert torch.equal(torch.cat(batches), torch.arange(30))
+    loader.close()
+    del loader
+    assert not any(os.path.exists(m) for m in made), "the temporary columns outlived the Loader"
+
+
+def test_what_cannot_be_read_is_refused(fp):
+    with pytest.raises(ValueError, match=r"tensors\[1\] is torch.bfloat16.*tensor.float\(\)"):
+        fp.loader(torch.utils.data.TensorDataset(torch.zeros(4), torch.zeros(4, dtype=torch.bfloat16)))
+    with pytest.raises(ValueError, match=r"tensors\[0\] is torch.complex64"):
+        fp.loader(torch.utils.data.TensorDataset(torch.zeros(4, dtype=torch.complex64)))
+    with pytest.raises(ValueError, match="holds no tensors"):
+        fp.loader(torch.utils.data.TensorDataset())
