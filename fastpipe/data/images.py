@@ -10,17 +10,14 @@ first and only the rows (and, for JPEG and WebP, the columns) it needs are decod
 
 import json
 import os
-import shutil
-import tempfile
 import warnings
-import weakref
 
 import numpy as np
 import torch
 
 from fastpipe import _checks as checks
 from fastpipe._ext import _C
-from fastpipe.data import _pillow, image_index, remote
+from fastpipe.data import _pillow, _scratch, image_index, remote
 from fastpipe.data._source import ColumnSource
 
 DEFAULT_MAX_RECORD_BYTES = 64 << 20
@@ -219,10 +216,8 @@ class ImageFolder(_Images):
                                                          **listing)
         # The labels the readers read, in a file of this dataset's own: a cached index may be replaced
         # under it (the tree changed, and another dataset of it scanned again).
-        labels_dir = tempfile.mkdtemp(prefix="fastpipe-imagefolder-")
-        weakref.finalize(self, shutil.rmtree, labels_dir, True)
-        self._labels_path = os.path.join(labels_dir, "labels.npy")
-        np.save(self._labels_path, index["labels"])
+        self._scratch = _scratch.ScratchArrays()
+        self._labels_path = self._scratch.add(index["labels"])
         self.classes = index["classes"]
         self._names, self._name_offsets = index["names"], index["name_offsets"]
         self.image_sizes = np.stack([index["heights"], index["widths"]], axis=1)

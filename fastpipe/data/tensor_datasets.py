@@ -1,15 +1,11 @@
 """torch's ``TensorDataset`` given to ``fastpipe.Loader`` as it is given to DataLoader: its tensors written
-once, when the Loader is made, as ``.npy`` columns in a temporary folder of this process (the page cache
-holds them, so they are read at memory speed; the folder goes with the dataset), read by
-:class:`fastpipe.NpyDataset`. Changes made to the tensors after that are not seen: make a new Loader."""
+once, when the Loader is made, as ``.npy`` columns that go with the dataset (_scratch.py; the page cache
+holds them, so they are read at memory speed), read by :class:`fastpipe.NpyDataset`. Changes made to the
+tensors after that are not seen: make a new Loader."""
 
-import os
-import shutil
-import tempfile
-import weakref
-
-import numpy as np
 import torch
+
+from fastpipe.data import _scratch
 
 # What a .npy column holds (NpyDataset's dtypes), as torch names them.
 _DTYPES = (torch.bool, torch.uint8, torch.int8, torch.int16, torch.uint16, torch.int32, torch.int64, torch.float16,
@@ -27,17 +23,9 @@ def convert_dataset(dataset):
     arrays = [_array(t, k) for k, t in enumerate(dataset.tensors)]
     if not arrays:
         raise ValueError("the TensorDataset holds no tensors")
-    folder = tempfile.mkdtemp(prefix="fastpipe-tensors-")
-    try:
-        paths = []
-        for k, a in enumerate(arrays):
-            paths.append(os.path.join(folder, f"{k}.npy"))
-            np.save(paths[-1], a)
-        ds = NpyDataset(paths)
-    except BaseException:
-        shutil.rmtree(folder, ignore_errors=True)
-        raise
-    weakref.finalize(ds, shutil.rmtree, folder, True)  # a reader that still maps a file keeps it until closed
+    scratch = _scratch.ScratchArrays()
+    ds = NpyDataset([scratch.add(a) for a in arrays])
+    ds._scratch = scratch  # the files go with the dataset
     return ds
 
 

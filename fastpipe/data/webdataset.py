@@ -4,16 +4,13 @@
 
 import os
 import re
-import shutil
-import tempfile
 import warnings
-import weakref
 
 import numpy as np
 
 from fastpipe import _checks as checks
 from fastpipe._ext import _C
-from fastpipe.data import image_index, remote, webdataset_index
+from fastpipe.data import _scratch, image_index, remote, webdataset_index
 from fastpipe.data.images import DEFAULT_MAX_RECORD_BYTES, _Images
 from fastpipe.data.webdataset_blocks import Blocks, first_use
 
@@ -224,10 +221,8 @@ class WebDataset(_Images):
         self.image_formats = [_C.IMAGE_FORMATS[f] for f in index["formats"]]
         labels = index["labels"]
         self.classes = [str(c) for c in range(int(labels.max()) + 1)]
-        labels_dir = tempfile.mkdtemp(prefix="fastpipe-webdataset-")
-        weakref.finalize(self, shutil.rmtree, labels_dir, True)
-        self._labels_path = os.path.join(labels_dir, "labels.npy")
-        np.save(self._labels_path, labels)
+        self._scratch = _scratch.ScratchArrays()
+        self._labels_path = self._scratch.add(labels)
         self._where = self.urls[0] if len(self.urls) == 1 else os.path.commonprefix(self.urls).rpartition("/")[0]
         self.block_size = block_size
         names, unit_of, offsets = self._split_into_blocks(index["offsets"])

@@ -1,6 +1,5 @@
 """torch's TensorDataset given to the Loader: the batches DataLoader makes of it, byte for byte."""
 
-import glob
 import os
 import tempfile
 
@@ -47,16 +46,48 @@ def test_subset_and_non_contiguous_tensors(fp, rng):
     assert torch.equal(bx, x[[39, 0, 17, 5]]) and torch.equal(by, y.detach()[[39, 0, 17, 5]])
 
 
-def test_the_written_copy_goes_with_the_loader(fp, rng):
-    before = set(glob.glob(os.path.join(tempfile.gettempdir(), "fastpipe-tensors-*")))
+def test_the_written_copy_goes_with_the_loader(fp, tmp_path, monkeypatch):
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
     loader = fp.loader(torch.utils.data.TensorDataset(torch.arange(30)), 8)
-    made = set(glob.glob(os.path.join(tempfile.gettempdir(), "fastpipe-tensors-*"))) - before
-    assert len(made) == 1
-    batches = [b.clone() for b, in loader]
-    assert torch.equal(torch.cat(batches), torch.arange(30))
+    assert os.listdir(tmp_path) == [], "the columns' files are unlinked once written"
+    path, = loader._source.paths
+    assert "fastpipe-" in os.readlink(path) and os.readlink(path).endswith("(deleted)")
+    assert torch.equal(torch.cat([b.clone() for b, in loader]), torch.arange(30))
     loader.close()
     del loader
-    assert not any(os.path.exists(m) for m in made), "the temporary columns outlived the Loader"
+    try:
+        assert "fastpipe-" not in os.readlink(path), "the column's file outlived the Loader"
+    except FileNotFoundError:
+        pass  # closed, its number not reused
+
+
+@pytest.mark.parametrize("make", ["TensorDataset", "ImageFolder"])
+def test_a_killed_process_leaves_nothing_behind(fp, tmp_path, rng, make):
+    """SIGKILL while a Loader reads: the files the datasets wrote for their readers die with the process."""
+    from jpegs import make_tree
+
+    make_tree(tmp_path / "images", rng, [(20, 30), (31, 24)])
+    scratch = tmp_path / "scratch"
+    scratch.mkdir()
+    proc = fp.run_python(f"""
+        import os, signal, torch, fastpipe
+        if {make!r} == "TensorDataset":
+            ds = torch.utils.data.TensorDataset(torch.randn(1000, 16), torch.arange(1000))
+        else:
+            ds = fastpipe.ImageFolder({str(tmp_path / "images")!r}, transform=fastpipe.transforms.CenterCrop(16))
+        it = iter(fastpipe.Loader(ds, 2, timeout=60))
+        next(it)
+        def target(fd):
+            try:
+                return os.readlink(f"/proc/self/fd/{{fd}}")
+            except FileNotFoundError:  # listdir's own descriptor, closed since
+                return ""
+        print([t for t in map(target, os.listdir("/proc/self/fd")) if "fastpipe-" in t], flush=True)
+        os.kill(os.getpid(), signal.SIGKILL)
+        """, env={"TMPDIR": str(scratch)})
+    assert proc.returncode == -9, fp.describe_exit(proc) + proc.stderr
+    assert str(scratch) in proc.stdout, f"the files were not made in TMPDIR: {proc.stdout}"
+    assert os.listdir(scratch) == []
 
 
 def test_what_cannot_be_read_is_refused(fp):
