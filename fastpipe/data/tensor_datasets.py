@@ -3,14 +3,10 @@ once, when the Loader is made, as ``.npy`` columns that go with the dataset (_sc
 holds them, so they are read at memory speed), read by :class:`fastpipe.NpyDataset`. Changes made to the
 tensors after that are not seen: make a new Loader."""
 
+import numpy as np
 import torch
 
-from fastpipe.data import _scratch
-
-# What a .npy column holds (NpyDataset's dtypes), as torch names them.
-_DTYPES = (torch.bool, torch.uint8, torch.int8, torch.int16, torch.uint16, torch.int32, torch.int64, torch.float16,
-           torch.float32, torch.float64)
-
+from fastpipe.data import _scratch, writer
 
 def is_tensor_dataset(dataset):
     return isinstance(dataset, torch.utils.data.TensorDataset)
@@ -36,10 +32,6 @@ def _array(tensor, k):
         raise ValueError(f"TensorDataset's tensors[{k}] is on {tensor.device}: fastpipe.Loader reads host memory "
                          f"(a dataset already on the device is batched fastest by indexing it there, "
                          f"tensor[batch_indices])")
-    if tensor.dtype not in _DTYPES:
-        raise ValueError(f"TensorDataset's tensors[{k}] is {tensor.dtype}, which fastpipe does not read (it reads "
-                         f"{', '.join(str(d).replace('torch.', '') for d in _DTYPES)}): convert it, e.g. "
-                         f"tensor.float()")
     if tensor.dim() == 0:
         raise ValueError(f"TensorDataset's tensors[{k}] has no dimension to index")
-    return tensor.detach().contiguous().numpy()
+    return np.ascontiguousarray(writer.to_numpy(tensor, f"TensorDataset's tensors[{k}]"))

@@ -79,7 +79,7 @@ def _check_nested(value, where):
                             f"stack it into one array or make each part a field of its own")
 
 
-def _to_numpy(value, where):
+def to_numpy(value, where):
     if isinstance(value, torch.Tensor):
         if value.dtype == torch.bfloat16:
             raise TypeError(f"{where}: bfloat16 has no .npy representation; convert with .float() first")
@@ -129,7 +129,7 @@ def _columns(source):
                             f"{'key' if structure == 'dict' else 'element'}, each a tensor or array of one row per "
                             f"record; column {k!r} is a {type(v).__name__}{' of 0 dimensions' if hasattr(v, 'ndim') else ''}"
                             f" (for a dataset of items, give a list or a map-style dataset)")
-    arrays = [_to_numpy(v, f"column {k!r}") for k, v in zip(names, values)]
+    arrays = [to_numpy(v, f"column {k!r}") for k, v in zip(names, values)]
     for k, a in zip(names[1:], arrays[1:]):
         if len(a) != len(arrays[0]):
             raise ValueError(f"write_npy: column {k!r} has {len(a)} rows but column {names[0]!r} has "
@@ -235,7 +235,7 @@ def write_npy(dataset, out_dir, *, progress=True, chunk_size=1024):
     if columns is None:
         # Item 0 fixes the fields, shapes and dtypes; nothing is created before it is known to be writable.
         structure, names, values = _fields(_get(dataset, 0), 0)
-        firsts = [_to_numpy(v, f"item 0, field {k!r}") for k, v in zip(names, values)]
+        firsts = [to_numpy(v, f"item 0, field {k!r}") for k, v in zip(names, values)]
         del values
 
         def chunk(start, stop):
@@ -243,7 +243,7 @@ def write_npy(dataset, out_dir, *, progress=True, chunk_size=1024):
             for i in range(start, stop):
                 item_values = _match(_get(dataset, i), i, structure, names)
                 for buf, first, k, v in zip(bufs, firsts, names, item_values):
-                    a = _to_numpy(v, f"item {i}, field {k!r}")
+                    a = to_numpy(v, f"item {i}, field {k!r}")
                     if a.shape != first.shape or a.dtype != first.dtype:
                         raise ValueError(f"item {i}, field {k!r}: shape {a.shape} dtype {a.dtype} differs from item "
                                          f"0's shape {first.shape} dtype {first.dtype}")
