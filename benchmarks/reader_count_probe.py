@@ -54,6 +54,8 @@ def main():
     ap.add_argument("--workers", default="1,2", help="num_workers values to set against the default")
     ap.add_argument("--threads", default="", help="num_threads values too (their reader threads always read)")
     ap.add_argument("--only", default="cifar,imagenet,tokens")
+    ap.add_argument("--step", type=float, default=2.0,
+                    help="the sleeping step in batch gathers (the suite's 2; under 1: a fast GPU step's host side)")
     args = ap.parse_args()
     print(f"{platform.processor() or platform.machine()}, {os.cpu_count()} CPUs; fastpipe {fastpipe.__version__}, "
           f"python {sys.version.split()[0]}")
@@ -66,7 +68,7 @@ def main():
         loaders = {k: suite.make_fastpipe_loader(spec, files, kw.pop("num_threads", None), **kw)
                    for k, kw in configs.items()}
         cap = 3000 if spec["kind"] == "tokens" else None
-        step = 2 * gather_seconds(spec, files, np.array(list(loaders["default"].sampler)))
+        step = args.step * gather_seconds(spec, files, np.array(list(loaders["default"].sampler)))
         sleep_arg, _ = calibrate_sleep(step if spec["kind"] == "images" else 0.0)
         threads = {k: ld.stats()["num_threads"] for k, ld in loaders.items()}
         print(f"\n## {name}: batch {spec['batch']}, step {step * 1e3:.3f} ms; reader threads {threads}")

@@ -169,9 +169,7 @@ BatchReader::BatchReader(std::vector<ColumnSpec> columns, ReaderOptions opt) : o
   } else if (opt.num_threads == 0) {
     bool any_direct = false;
     for (const Column& c : st->columns) any_direct |= c.source && c.source->mode() == IoMode::kDirect;
-    // next() reads chunks while it waits (help_locked), except where a slot is fenced before it is filled.
-    const bool consumer_reads = !opt.before_slot_fill && !st->streams;
-    opt.num_threads = default_num_threads(usable_cores(), any_direct, decodes, consumer_reads);
+    opt.num_threads = default_num_threads(usable_cores(), any_direct, decodes);
   }
   st->opt = opt;
   st->chunk_records = chunk_records(opt.batch_size, opt.num_threads, record_bytes_total, decodes);

@@ -110,15 +110,11 @@ IoMode choose_mode(IoMode io, int64_t record_bytes, int64_t total_data_bytes, in
   return IoMode::kMmap;
 }
 
-int default_num_threads(long cores, bool any_direct, bool decodes, bool consumer_reads) {
-  // Decoding: at least 2 (on 2 cores both read, kept off the loop's core while it computes; issue 21).
-  // Copying, where next() reads chunks while it waits: one core is the consumer's, so on 2 cores one
-  // reader (2 readers and a reading next() outnumbered the cores: 1 reader was faster in 10 of 12 runs
-  // of the loader suite and added less to a short step in 9 of 10; issue 41).
-  long threads = decodes ? std::clamp<long>(cores - 1, 2, kMaxReaderThreads)
-                         : std::clamp<long>(consumer_reads ? cores - 1 : cores, consumer_reads ? 1 : 2,
-                                            kMaxDefaultThreads);
-  return static_cast<int>(any_direct ? std::max<long>(threads, kDirectDefaultThreads) : threads);
+int default_num_threads(long cores, bool any_direct, bool decodes) {
+  // At least 2 either way: on 2 cores both read, kept off the loop's core while it computes (issue 21).
+  const int threads = static_cast<int>(decodes ? std::clamp<long>(cores - 1, 2, kMaxReaderThreads)
+                                               : std::clamp<long>(cores, 2, kMaxDefaultThreads));
+  return any_direct ? std::max(threads, kDirectDefaultThreads) : threads;
 }
 
 int default_prefetch(int64_t batch_bytes) {

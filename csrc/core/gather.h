@@ -43,11 +43,10 @@ struct ColumnSpec {
 // How a column is read: as `io` says, or for kAuto a mapping, except records of 64 KiB or more whose
 // data exceeds half the available memory, read with O_DIRECT.
 IoMode choose_mode(IoMode io, int64_t record_bytes, int64_t total_data_bytes, int64_t mem_available);
-// Reader threads when none are asked for: the cores, 2 to 8, or where next() reads chunks while it waits
-// (`consumer_reads`: CPU batches) every core but its, 1 to 8; where records decode (images) every core but
-// the training loop's (at least 2); at least 16 when a column is read with O_DIRECT (its threads mostly
-// wait on the device).
-int default_num_threads(long cores, bool any_direct, bool decodes, bool consumer_reads);
+// Reader threads when none are asked for: the cores, 2 to 8, or where records decode (images) every core
+// but the training loop's (at least 2); at least 16 when a column is read with O_DIRECT (its threads
+// mostly wait on the device).
+int default_num_threads(long cores, bool any_direct, bool decodes);
 // Batches read ahead when none are asked for: about 8 MiB of batches, 2 to 16 (small batches need a
 // deeper queue to keep the readers busy between the training loop's requests).
 int default_prefetch(int64_t batch_bytes);

@@ -166,7 +166,7 @@ type is a TypeError and a wrong value a ValueError, naming the setting. ``fields
       },
       py::arg("io"), py::arg("record_bytes"), py::arg("total_bytes"), py::arg("mem_available"));
   m.def("_default_num_threads", &default_num_threads, py::arg("cores"), py::arg("any_direct"),
-        py::arg("decodes") = false, py::arg("consumer_reads") = false);
+        py::arg("decodes") = false);
   m.def("_default_prefetch", &default_prefetch, py::arg("batch_bytes"));
 }
 

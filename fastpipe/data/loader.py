@@ -70,11 +70,11 @@ class Loader(Resumable):
         that the current stream waits for (the host never does). Use :func:`fastpipe.record_stream`
         when a batch is also used on another stream.
     num_threads : int, optional
-        Reader threads; default: for CPU batches every core but the training loop's, which reads
-        chunks in ``next()`` while it waits (1 to 8), for pinned or device batches the cores (2 to 8),
-        for image datasets (decoding is CPU-bound) every core but the training loop's, at least 2 (at
-        least 16 when reading with O_DIRECT, whose threads mostly wait on the device). 0: no reader threads; ``next()`` reads each batch when
-        it is asked for, its records spread over torch's intra-op threads (``torch.get_num_threads()``).
+        Reader threads; default: the cores, between 2 and 8, or for image datasets (decoding is
+        CPU-bound) every core but the training loop's, at least 2 (at least 16 when reading with
+        O_DIRECT, whose threads mostly wait on the device). 0: no reader threads; ``next()`` reads each
+        batch when it is asked for, its records spread over torch's intra-op threads
+        (``torch.get_num_threads()``).
         For a training step that itself keeps every core busy with torch ops (CPU training with torch's
         default threads), where reader threads would compete with it for the cores; CPU batches only.
         Unset (CPU batches): reader threads, and the loader watches the CPU the training step uses

@@ -416,16 +416,6 @@ def test_default_thread_policy(cores, direct, decodes, threads):
     assert fastpipe._C._default_num_threads(cores, direct, decodes) == threads
 
 
-@pytest.mark.parametrize(
-    "cores,direct,decodes,threads",
-    # Copying with next() reading while it waits: every core but the consumer's, 1 to 8.
-    [(1, False, False, 1), (2, False, False, 1), (3, False, False, 2), (9, False, False, 8), (64, False, False, 8),
-     (2, True, False, 16), (2, False, True, 2), (16, False, True, 15)],
-)
-def test_default_thread_policy_where_next_reads(cores, direct, decodes, threads):
-    assert fastpipe._C._default_num_threads(cores, direct, decodes, consumer_reads=True) == threads
-
-
 @pytest.mark.parametrize("batch_bytes,prefetch", [(0, 16), (44, 16), (524288, 16), (524289, 16), (559240, 16),
                                                    (559241, 15), (1052672, 8), (3 << 20, 3), (1 << 23, 2), (1 << 40, 2)])
 def test_default_prefetch_policy(batch_bytes, prefetch):
@@ -434,9 +424,8 @@ def test_default_prefetch_policy(batch_bytes, prefetch):
 
 
 def test_default_threads_and_prefetch(dataset_factory, fp):
-    """Without num_threads (CPU batches of records that do not decode): every usable core but the one next()
-    reads on while it waits (1 to 8); without prefetch: about 8 MiB of batches read ahead, 2 to 16 batches,
-    so the arena holds prefetch + 2."""
+    """Without num_threads (records that do not decode): the usable cores (2 to 8); without prefetch: about 8 MiB of batches read
+    ahead, 2 to 16 batches, so the arena holds prefetch + 2."""
     cores = len(os.sched_getaffinity(0))
     # batch bytes 44 (16: the cap), 1.05 MB (ceil 7.97), 9.4 MB (2: the floor), 682 KB (ceil 12.3)
     for record, batch, prefetch in [((3,), 4, 16), ((1 << 11,), 512, 8), ((1 << 20,), 9, 2), ((333,), 2000, 13)]:
@@ -444,7 +433,7 @@ def test_default_threads_and_prefetch(dataset_factory, fp):
         ld = fp.loader(ds, batch)
         st = ld.stats()
         assert (st["prefetch"], st["num_slots"]) == (prefetch, prefetch + 2), (record, batch, st)
-        assert st["num_threads"] == min(8, max(1, cores - 1))
+        assert st["num_threads"] == min(8, max(2, cores))
         ld.close()
 
 
