@@ -19,11 +19,13 @@ def packer(dataset, collate_fn):
     the batch already (the reader packs it: dataset._reader_pack)."""
     pack = dataset._pack if dataset._reader_pack == "list" else None
     items = dataset._items
-    target = getattr(dataset, "target_transform", None)  # an image dataset's: the batch is (images, labels)
+    # An image dataset's (torchvision's CIFAR and MNIST converted too): the batch is (images, labels), and
+    # the function takes each label as an int, as torchvision's datasets give it.
+    target = getattr(dataset, "target_transform", None)
     if target is not None:
         if collate_fn is None:  # the images stay the batch's; the mapped labels are collated
             return lambda batch: (batch[0], _torch_collate.default_collate([target(y) for y in batch[1].tolist()]))
-        return lambda batch: collate_fn([(x, target(y)) for x, y in items(batch)])
+        return lambda batch: collate_fn([(x, target(int(y))) for x, y in items(batch)])
     if collate_fn is None:
         return pack
     if pack is None:

@@ -31,12 +31,10 @@ def is_arrays_dataset(dataset):
 
 
 def convert_dataset(dataset):
-    """(NpyDataset of (image, label) records, its CropMirrorNormalize) for torchvision's ``dataset``."""
+    """(NpyDataset of (image, label) records, its CropMirrorNormalize) for torchvision's ``dataset``; its
+    ``target_transform`` maps the labels of each batch (fastpipe/data/_collate.py)."""
     from fastpipe.data.npy import NpyDataset
 
-    if getattr(dataset, "target_transform", None) is not None:
-        raise ValueError(f"fastpipe.Loader cannot apply the target_transform of torchvision's "
-                         f"{type(dataset).__name__}: map the labels in the training loop")
     transform = convert_transform(getattr(dataset, "transform", None))
     data = dataset.data.numpy() if isinstance(dataset.data, torch.Tensor) else np.asarray(dataset.data)
     if data.ndim == 3:  # MNIST's (N, H, W): one channel
@@ -46,7 +44,9 @@ def convert_dataset(dataset):
     if targets.shape != (len(data),):
         raise ValueError(f"{type(dataset).__name__} has {len(data)} images but {targets.shape} targets")
     images, labels = _written(type(dataset).__name__, np.ascontiguousarray(data), targets)
-    return NpyDataset((images, labels)), transform
+    ds = NpyDataset((images, labels))
+    ds.target_transform = getattr(dataset, "target_transform", None)  # applied per label, as by image datasets
+    return ds, transform
 
 
 def _written(name, data, targets):

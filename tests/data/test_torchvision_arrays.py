@@ -127,6 +127,19 @@ def test_other_in_memory_datasets_are_not_taken_for_these(rng):
         fastpipe.Loader(svhn)
 
 
-def test_a_target_transform_is_refused(rng):
-    with pytest.raises(ValueError, match="target_transform"):
-        fastpipe.Loader(cifar(rng, 10, T1.ToTensor(), target_transform=lambda y: y + 1))
+@pytest.mark.parametrize("collate", [None, "list"])
+def test_a_target_transform_maps_each_label_as_dataloader_does(rng, collate):
+    """torchvision's target_transform gets each label as an int; its results are collated as DataLoader's
+    (one-hot tensors stacked, here), and a collate_fn sees them per sample."""
+    def one_hot(y):
+        assert type(y) is int
+        return torch.nn.functional.one_hot(torch.tensor(y), 10).float() * (y + 1)
+
+    ds = cifar(rng, 57, T1.ToTensor(), target_transform=one_hot)
+    collate_fn = None if collate is None else (lambda items: [torch.stack(c) for c in zip(*items)])
+    ours = [(x.clone(), y.clone()) for x, y in fastpipe.Loader(ds, batch_size=16, collate_fn=collate_fn)]
+    theirs = list(torch.utils.data.DataLoader(ds, batch_size=16, collate_fn=collate_fn))
+    assert len(ours) == len(theirs) == 4
+    for (x, y), (rx, ry) in zip(ours, theirs, strict=True):
+        assert y.shape == ry.shape == (len(x), 10) and torch.equal(y, ry)
+        torch.testing.assert_close(x, rx, atol=2e-6, rtol=0)
