@@ -19,13 +19,19 @@ class ScratchArrays:
         self._fds = []
         weakref.finalize(self, _close_all, self._fds)
 
-    def add(self, array):
-        """Writes ``array`` as a .npy file; returns the path that reads it."""
-        fd, path = tempfile.mkstemp(prefix="fastpipe-", suffix=".npy")
-        self._fds.append(fd)
-        os.unlink(path)
-        with os.fdopen(os.dup(fd), "wb") as f:
-            np.save(f, array)
+    def add(self, array, what):
+        """Writes ``array`` (``what``: for messages) as a .npy file; returns the path that reads it."""
+        folder = tempfile.gettempdir()
+        try:
+            fd, path = tempfile.mkstemp(prefix="fastpipe-", suffix=".npy", dir=folder)
+            self._fds.append(fd)
+            os.unlink(path)
+            with os.fdopen(os.dup(fd), "wb") as f:
+                np.save(f, array)
+        except OSError as e:
+            raise OSError(e.errno, f"writing {what} ({array.nbytes:,} bytes) for the reader threads into the "
+                                   f"temporary folder {folder} failed: {e.strerror}; set TMPDIR to a folder with "
+                                   f"room for it") from e
         return f"/proc/self/fd/{fd}"
 
 

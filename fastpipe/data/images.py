@@ -217,7 +217,7 @@ class ImageFolder(_Images):
         # The labels the readers read, in a file of this dataset's own: a cached index may be replaced
         # under it (the tree changed, and another dataset of it scanned again).
         self._scratch = _scratch.ScratchArrays()
-        self._labels_path = self._scratch.add(index["labels"])
+        self._labels_path = self._scratch.add(index["labels"], "the labels")
         self.classes = index["classes"]
         self._names, self._name_offsets = index["names"], index["name_offsets"]
         self.image_sizes = np.stack([index["heights"], index["widths"]], axis=1)

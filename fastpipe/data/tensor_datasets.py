@@ -20,7 +20,7 @@ def convert_dataset(dataset):
     if not arrays:
         raise ValueError("the TensorDataset holds no tensors")
     scratch = _scratch.ScratchArrays()
-    ds = NpyDataset([scratch.add(a) for a in arrays])
+    ds = NpyDataset([scratch.add(a, f"TensorDataset's tensors[{k}]") for k, a in enumerate(arrays)])
     ds._scratch = scratch  # the files go with the dataset
     return ds
 

@@ -222,7 +222,7 @@ class WebDataset(_Images):
         labels = index["labels"]
         self.classes = [str(c) for c in range(int(labels.max()) + 1)]
         self._scratch = _scratch.ScratchArrays()
-        self._labels_path = self._scratch.add(labels)
+        self._labels_path = self._scratch.add(labels, "the labels")
         self._where = self.urls[0] if len(self.urls) == 1 else os.path.commonprefix(self.urls).rpartition("/")[0]
         self.block_size = block_size
         names, unit_of, offsets = self._split_into_blocks(index["offsets"])

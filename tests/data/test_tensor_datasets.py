@@ -97,3 +97,14 @@ def test_what_cannot_be_read_is_refused(fp):
         fp.loader(torch.utils.data.TensorDataset(torch.zeros(4, dtype=torch.complex64)))
     with pytest.raises(ValueError, match="holds no tensors"):
         fp.loader(torch.utils.data.TensorDataset())
+
+
+def test_a_full_temporary_folder_says_what_to_do(fp, monkeypatch):
+    """np.save into a folder without room: the error names the tensor, the folder and TMPDIR."""
+    def full(*args, **kwargs):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(np, "save", full)
+    with pytest.raises(OSError, match=r"writing TensorDataset's tensors\[0\] \(480 bytes\) .* failed: No space left "
+                                      r"on device; set TMPDIR"):
+        fp.loader(torch.utils.data.TensorDataset(torch.zeros(4, 30)))
