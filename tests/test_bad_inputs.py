@@ -83,7 +83,7 @@ CASES = [
     ("batch_size-float", lambda e: loader(e, batch_size=2.5), TypeError, "batch_size must be an int"),
     ("batch_size-str", lambda e: loader(e, batch_size="4"), TypeError, "batch_size must be an int"),
     ("batch_size-bool", lambda e: loader(e, batch_size=True), TypeError, "batch_size must be an int"),
-    ("batch_size-none", lambda e: loader(e, batch_size=None), TypeError, "batch_size must be an int"),
+    ("batch_size-none", lambda e: loader(e, batch_size=None), TypeError, r"batch_size=None \(DataLoader.s items one by one, unbatched\) is not supported"),
     ("batch_size-float-tensor", lambda e: loader(e, batch_size=torch.tensor(4.0)), TypeError,
      "batch_size must be an int, got Tensor"),
     ("batch_size-bool-tensor", lambda e: loader(e, batch_size=torch.tensor(True)), TypeError,

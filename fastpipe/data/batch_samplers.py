@@ -11,6 +11,9 @@ def from_batch_sampler(batch_sampler, *, batch_size, shuffle, sampler, drop_last
     """(sampler, batch_size, drop_last) that read the batches ``batch_sampler`` lists (as given where it is
     None)."""
     if batch_sampler is None:
+        if batch_size is None:
+            raise TypeError("batch_size=None (DataLoader's items one by one, unbatched) is not supported: fastpipe "
+                            "reads batches; use batch_size=1 and take each tensor's [0]")
         return sampler, batch_size, drop_last
     if batch_size != 1 or shuffle or sampler is not None or drop_last:
         raise ValueError("batch_sampler is mutually exclusive with batch_size, shuffle, sampler and drop_last (as in "

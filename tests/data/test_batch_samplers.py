@@ -141,6 +141,8 @@ def test_batch_sampler_refusals(dataset_factory, fp):
     for kw in ({"batch_size": 4}, {"shuffle": True}, {"sampler": range(20)}, {"drop_last": True}):
         with pytest.raises(ValueError, match="mutually exclusive"):
             fp.loader(ds, batch_sampler=batches, **kw)
+    with pytest.raises(TypeError, match="batch_size=None .* use batch_size=1"):
+        fp.loader(ds, None)
     with pytest.raises(TypeError, match="no batch_size attribute"):
         fp.loader(ds, batch_sampler=[[0, 1], [2, 3]])
     with pytest.raises(TypeError, match="iterable of batches"):
