@@ -177,8 +177,6 @@ class Loader(Resumable):
                  batch_sampler=None, multiprocessing_context=None, pin_memory_device="", in_order=True,
                  transforms=None, when_full="allocate", on_error="raise", image_decode="auto"):
         source, self._records, transforms = _dataloader_args.source_of(dataset, transforms)
-        if self._records is None:
-            dataset = source
         _dataloader_args.accept_unused(persistent_workers=persistent_workers, in_order=in_order)
         sampler, batch_size, drop_last = batch_samplers.from_batch_sampler(
             batch_sampler, batch_size=batch_size, shuffle=shuffle, sampler=sampler, drop_last=drop_last)
@@ -219,7 +217,8 @@ class Loader(Resumable):
                                  gather=gather, when_full=when_full, on_error=on_error, seed=seed)
         batch_size, seed = config.batch_size, config.seed
         pin = _dataloader_args.pinning(pin_memory, pin_memory_device, reader_device)
-        self.dataset = dataset  # as DataLoader's: what was given (len(loader.dataset) counts a Subset's records)
+        self.dataset = dataset  # as DataLoader's: what was given (a Subset, a torchvision or torch dataset), of
+        # the length of `source`'s records read
         self._source = source  # the fastpipe dataset read
         self.batch_size = batch_size
         self.shuffle = shuffle
@@ -461,6 +460,6 @@ class Loader(Resumable):
         self.close()
 
     def __repr__(self):
-        dataset = repr(self.dataset) if self._records is None else f"Subset({len(self._records)} of {self._source!r})"
+        dataset = repr(self._source) if self._records is None else f"Subset({len(self._records)} of {self._source!r})"
         return (f"Loader({dataset}, batch_size={self.batch_size}, shuffle={self.shuffle}, "
                 f"rank={self.rank}/{self.world_size}, io={self.io_modes})")

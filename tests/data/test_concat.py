@@ -23,7 +23,7 @@ def test_parts_read_in_turn_with_their_labels(tmp_path, rng):
     picked = [8, 0, 5]
     concat = torch.utils.data.ConcatDataset([a, torch.utils.data.Subset(b, picked), a])
     loader = fastpipe.Loader(concat, batch_size=4, timeout=60)
-    assert len(loader.dataset) == len(concat) == 17
+    assert loader.dataset is concat and len(loader.dataset) == 17, "the dataset given, as DataLoader's"
     batches = list(loader)
     images = torch.cat([x for x, _ in batches])
     labels = torch.cat([y for _, y in batches])

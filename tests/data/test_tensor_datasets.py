@@ -24,7 +24,7 @@ def test_batches_are_dataloaders(fp, rng, shuffle):
     n, bs = int(rng.integers(100, 300)), int(rng.integers(3, 40))
     ds = torch.utils.data.TensorDataset(*tensors(rng, n))
     loader = fp.loader(ds, bs, shuffle=shuffle, seed=5)
-    assert len(loader) == -(-n // bs) and len(loader.dataset) == n
+    assert len(loader) == -(-n // bs) and loader.dataset is ds and len(loader.dataset) == n
     order = list(loader.sampler)  # the Loader's own order for its next pass, DataLoader's sampler below
     assert sorted(order) == list(range(n)) and (order != list(range(n))) == shuffle
     ours = [tuple(t.clone() for t in b) for b in loader]

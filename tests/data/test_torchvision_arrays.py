@@ -43,7 +43,9 @@ def test_cifar_eval_pipelines_match_torchvisions_dataloader(rng):
                   [T2.ToImage(), T2.ToDtype(torch.float32, scale=True), T2.Normalize(CIFAR_MEAN, CIFAR_STD)],
                   [T1.CenterCrop(24), T1.ToTensor()]):
         ds = cifar(rng, 203, T1.Compose(steps))
-        ours = [(x.clone(), y.clone()) for x, y in fastpipe.Loader(ds, batch_size=20)]
+        loader = fastpipe.Loader(ds, batch_size=20)
+        assert loader.dataset is ds, "the dataset given, as DataLoader's"
+        ours = [(x.clone(), y.clone()) for x, y in loader]
         theirs = list(torch.utils.data.DataLoader(ds, batch_size=20))
         assert len(ours) == len(theirs) == 11
         for (x, y), (rx, ry) in zip(ours, theirs, strict=True):

@@ -30,7 +30,9 @@ def test_eval_pipeline_matches_torchvision_dataloader(root):
         to_float = [T1.ToTensor()] if T is T1 else [T2.ToImage(), T2.ToDtype(torch.float32, scale=True)]
         ds = tv.datasets.ImageFolder(root, transform=T.Compose([T.Resize(48), T.CenterCrop(40), *to_float,
                                                                 T.Normalize(MEAN, STD)]))
-        ours = list(fastpipe.Loader(ds, batch_size=2))
+        loader = fastpipe.Loader(ds, batch_size=2)
+        assert loader.dataset is ds, "the dataset given, as DataLoader's"
+        ours = list(loader)
         theirs = list(torch.utils.data.DataLoader(ds, batch_size=2))
         assert len(ours) == len(theirs)
         std = torch.tensor(STD).view(1, 3, 1, 1) * 255
