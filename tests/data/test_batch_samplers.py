@@ -36,7 +36,7 @@ def test_torch_batch_sampler(dataset_factory, fp, rng, drop_last):
 
 class ByLabel:
     """A batch sampler of the kind scripts write: each batch one label's indices, the labels' batches
-    interleaved; a label's short remainder goes to the end, where only one may stand."""
+    interleaved; the labels' remainders pooled into batches at the end (only the last may be short)."""
 
     def __init__(self, labels, batch_size, seed):
         self.labels, self.batch_size, self.seed = labels, batch_size, seed
