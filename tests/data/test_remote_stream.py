@@ -182,6 +182,9 @@ def stalled_dataset(faulty, tmp_path, rng):
 
 def test_closing_a_loader_ends_its_readers_wait_for_a_stalled_shard(faulty, tmp_path, rng):
     _, ds = stalled_dataset(faulty, tmp_path, rng)
+    # Every GET held, not only each shard's first: parts are asked for many at once, and under load the
+    # first to reach the server was sometimes a later part, so the first batch's arrived (no TimeoutError).
+    faulty.hold = lambda path, start: True
     ld = loader(ds, shuffle=False, timeout=0.5)
     with pytest.raises(TimeoutError):
         next(iter(ld))
