@@ -18,7 +18,7 @@ def source_of(dataset, transforms):
     ``transforms`` override it)."""
     source, records = subsets.unwrap(dataset)
     if concat.is_concat(source):
-        source = concat.image_folder(source)  # the parts' samples in one ImageFolder
+        source = concat.convert_dataset(source)  # the parts in one ImageFolder or TensorDataset
     elif torchvision_compat.is_torchvision_folder(source):
         source = torchvision_compat.convert_dataset(source)  # the same folder, its transform fused
     elif tensor_datasets.is_tensor_dataset(source):
@@ -29,9 +29,10 @@ def source_of(dataset, transforms):
     if not isinstance(source, ColumnSource):
         raise TypeError(f"fastpipe.Loader reads NpyDataset, TokenDataset, ImageFolder, ImageDataset and WebDataset "
                         f"(and torch's TensorDataset, torchvision's ImageFolder, CIFAR and MNIST datasets), a Subset "
-                        f"of one, or a ConcatDataset of image folders, got {type(source).__name__}: convert a "
-                        f"map-style dataset once with `ds = fastpipe.write_npy(dataset, out_dir)` (tensors) or "
-                        f"`fastpipe.write_images(dataset, out_dir)` (encoded images or paths, and labels) and pass that")
+                        f"of one, or a ConcatDataset of image folders or TensorDatasets, got "
+                        f"{type(source).__name__}: convert a map-style dataset once with `ds = fastpipe.write_npy("
+                        f"dataset, out_dir)` (tensors) or `fastpipe.write_images(dataset, out_dir)` (encoded images or "
+                        f"paths, and labels) and pass that")
     return source, records, transforms
 
 

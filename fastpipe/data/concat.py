@@ -1,28 +1,56 @@
-"""A ``torch.utils.data.ConcatDataset`` of image folders (fastpipe's or torchvision's, or Subsets of them),
-given to the Loader as it is given to DataLoader: read as one ImageFolder of the parts' samples in turn,
-each with its own label. Other parts are refused with what to do instead."""
+"""A ``torch.utils.data.ConcatDataset`` given to the Loader as it is given to DataLoader: of image folders
+(fastpipe's or torchvision's, or Subsets of them), read as one ImageFolder of the parts' samples in turn,
+each with its own label; of TensorDatasets (or Subsets), as one TensorDataset of their tensors joined. Other
+parts are refused with what to do instead."""
 
 import torch
 
-from fastpipe.data import subsets, torchvision_compat
+from fastpipe.data import subsets, tensor_datasets, torchvision_compat
 
 
 def is_concat(dataset):
     return isinstance(dataset, torch.utils.data.ConcatDataset)
 
 
-def image_folder(dataset):
-    """fastpipe.ImageFolder of ``dataset``'s parts' samples, in the ConcatDataset's order."""
+def convert_dataset(dataset):
+    """The fastpipe dataset that reads ``dataset``'s parts in turn: one ImageFolder of image folders' samples,
+    or one TensorDataset's columns of TensorDatasets' tensors."""
+    parts = [subsets.unwrap(part) for part in dataset.datasets]
+    if parts and all(tensor_datasets.is_tensor_dataset(source) for source, _ in parts):
+        return tensor_datasets.convert_dataset(_joined_tensors(parts))
+    return _image_folder(parts)
+
+
+def _joined_tensors(parts):
+    """One TensorDataset of the parts' tensors (at a Subset's records), column by column."""
+    widths = {len(source.tensors) for source, _ in parts}
+    if len(widths) != 1:
+        raise ValueError(f"the TensorDatasets of a ConcatDataset given to fastpipe.Loader hold different numbers of "
+                         f"tensors ({sorted(widths)}): their items would not batch together")
+    columns = []
+    for c in range(widths.pop()):
+        pieces = [source.tensors[c] if records is None else source.tensors[c][torch.from_numpy(records)]
+                  for source, records in parts]
+        if len({(t.dtype, t.shape[1:]) for t in pieces}) != 1:
+            raise ValueError(f"tensors[{c}] of the ConcatDataset's TensorDatasets differ in dtype or shape "
+                             f"({', '.join(f'{t.dtype} {tuple(t.shape[1:])}' for t in pieces)}): DataLoader's "
+                             f"collate could not stack them either")
+        columns.append(torch.cat([t.detach() for t in pieces]))
+    return torch.utils.data.TensorDataset(*columns)
+
+
+def _image_folder(parts):
+    """fastpipe.ImageFolder of the parts' samples, in the ConcatDataset's order."""
     from fastpipe.data.images import ImageFolder
 
     samples, folders = [], []
-    for k, part in enumerate(dataset.datasets):
-        source, records = subsets.unwrap(part)
+    for k, (source, records) in enumerate(parts):
         if torchvision_compat.is_torchvision_folder(source):
             source = torchvision_compat.convert_dataset(source)
         if not isinstance(source, ImageFolder):
             raise TypeError(f"fastpipe.Loader reads a ConcatDataset of image folders (fastpipe's or torchvision's "
-                            f"ImageFolder, or Subsets of them); part {k} is {type(source).__name__}: write the "
+                            f"ImageFolder) or of TensorDatasets, or Subsets of them; part {k} is "
+                            f"{type(source).__name__}: write the "
                             f"ConcatDataset once as one dataset, `fastpipe.write_npy(concat, out_dir)` (tensors) or "
                             f"`fastpipe.write_images(concat, out_dir)` (images and labels), and pass that")
         part_samples = source.samples

@@ -37,7 +37,8 @@ class Loader(Resumable):
     dataset : NpyDataset, TokenDataset, ImageFolder, ImageDataset or WebDataset
         Or a ``torch.utils.data.Subset`` of one (``random_split``'s): its records are read, in positions of
         the Subset (a sampler's indices, ``len(loader.dataset)``), as DataLoader does; a ``ConcatDataset``
-        of image folders reads as one ImageFolder of its parts' samples (fastpipe/data/concat.py), a
+        of image folders reads as one ImageFolder of its parts' samples, of TensorDatasets as one
+        TensorDataset (fastpipe/data/concat.py), a
         ``TensorDataset``'s tensors are written once as .npy columns (tensor_datasets.py). torchvision's
         in-memory datasets (CIFAR10, CIFAR100, MNIST, ...) are written once as ``.npy`` columns under the
         cache and their pipelines fused into CropMirrorNormalize (fastpipe/data/torchvision_arrays.py).

@@ -1,6 +1,8 @@
-"""A torch ConcatDataset of image folders given to the Loader: the parts' samples in turn, each with its own
-label, against each part read alone and against torchvision's DataLoader."""
+"""A torch ConcatDataset given to the Loader: of image folders, the parts' samples in turn, each with its own
+label, against each part read alone and against torchvision's DataLoader; of TensorDatasets, against
+DataLoader."""
 
+import numpy as np
 import pytest
 import torch
 
@@ -80,3 +82,28 @@ def test_parts_that_cannot_be_read_as_one_are_refused(tmp_path, rng, dataset_fac
     relabelled = fastpipe.ImageFolder(str(tmp_path / "a"), transform=CenterCrop(16), target_transform=lambda y: y + 1)
     with pytest.raises(ValueError, match="must share one target_transform"):
         fastpipe.Loader(torch.utils.data.ConcatDataset([a, relabelled]))
+
+
+def test_tensor_datasets_joined_as_dataloader_reads_them(rng):
+    def part(n):
+        return torch.utils.data.TensorDataset(torch.from_numpy(rng.standard_normal((n, 3)).astype(np.float32)),
+                                              torch.from_numpy(rng.integers(0, 9, n)))
+
+    a, b = part(40), part(27)
+    concat = torch.utils.data.ConcatDataset([a, torch.utils.data.Subset(b, [26, 3, 3, 10]), a])
+    loader = fastpipe.Loader(concat, batch_size=9, timeout=60)
+    assert loader.dataset is concat and len(loader) == 10
+    ours = [tuple(t.clone() for t in batch) for batch in loader]
+    theirs = list(torch.utils.data.DataLoader(concat, batch_size=9))
+    assert len(ours) == len(theirs)
+    for (x, y), (rx, ry) in zip(ours, theirs, strict=True):
+        assert torch.equal(x, rx) and torch.equal(y, ry)
+
+
+def test_tensor_datasets_that_do_not_batch_together_are_refused(rng):
+    a = torch.utils.data.TensorDataset(torch.zeros(4, 3), torch.zeros(4))
+    with pytest.raises(ValueError, match="hold different numbers of tensors"):
+        fastpipe.Loader(torch.utils.data.ConcatDataset([a, torch.utils.data.TensorDataset(torch.zeros(4, 3))]))
+    with pytest.raises(ValueError, match=r"tensors\[0\] of the ConcatDataset's TensorDatasets differ"):
+        fastpipe.Loader(torch.utils.data.ConcatDataset([a, torch.utils.data.TensorDataset(torch.zeros(4, 5),
+                                                                                          torch.zeros(4))]))

@@ -107,7 +107,7 @@ def test_bad_subsets_are_refused_with_the_reason(dataset_factory, tmp_path, rng)
         fastpipe.Loader(torch.utils.data.Subset(ds, [0.5, 1.0]))
     with pytest.raises(ValueError, match="the dataset is empty"):
         fastpipe.Loader(torch.utils.data.Subset(ds, []))
-    with pytest.raises(TypeError, match="or a ConcatDataset of image folders, got list"):
+    with pytest.raises(TypeError, match="or a ConcatDataset of image folders or TensorDatasets, got list"):
         fastpipe.Loader(torch.utils.data.Subset([1, 2, 3], [0]))
     members = [(f"{k}.{ext}", data) for k in "ab" for ext, data in (("jpg", jpeg_bytes(picture(rng, 20, 20))),
                                                                       ("cls", b"1"))]
