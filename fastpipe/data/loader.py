@@ -38,8 +38,8 @@ class Loader(Resumable):
         Or a ``torch.utils.data.Subset`` of one (``random_split``'s): its records are read, in positions of
         the Subset (a sampler's indices, ``len(loader.dataset)``), as DataLoader does; a ``ConcatDataset``
         of image folders reads as one ImageFolder of its parts' samples, of TensorDatasets as one
-        TensorDataset (fastpipe/data/concat.py), a
-        ``TensorDataset``'s tensors are written once as .npy columns (tensor_datasets.py). torchvision's
+        TensorDataset (fastpipe/data/concat.py); a ``TensorDataset``'s tensors are written once as .npy
+        columns (tensor_datasets.py). ``loader.dataset`` is the object given, whatever it is. torchvision's
         in-memory datasets (CIFAR10, CIFAR100, MNIST, ...) are written once as ``.npy`` columns under the
         cache and their pipelines fused into CropMirrorNormalize (fastpipe/data/torchvision_arrays.py).
         Other datasets can be converted once with :func:`fastpipe.write_npy` (tensors) or
