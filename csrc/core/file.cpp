@@ -19,6 +19,24 @@
 namespace fastpipe {
 namespace {
 
+// Small records in random order: each copy starts cold, and one core keeps too few cache misses in
+// flight to reach the memory's bandwidth. Asking for the lines of the records about kPrefetchAhead
+// bytes ahead (into L2) while one is copied took a 2-thread gather of shuffled records from the page
+// cache (benchmarks/gather_ceiling.cpp, Intel VM) from 4.2-4.4 to 4.8-4.9 M records/s at 3 KB, 6.3 to
+// 7.0 M at 2 KB (one record ahead), 10.3 to 11.6 M at 1 KB (two), 19.5 to 35 M at 256 B (eight). At
+// 8 KB and more the hardware's own prefetch does as well and the requests only compete with the copy's
+// (issue 41). GCC drops the prefetches of a function that only prefetches: they are written out inline.
+constexpr int64_t kPrefetchLargest = 4 << 10;
+constexpr int64_t kPrefetchAhead = 2 << 10;
+constexpr int64_t kPrefetchMostRecords = 16;
+constexpr int64_t kCacheLine = 64;
+
+// How many records ahead of the copy to prefetch (0: none).
+int64_t prefetch_distance(int64_t len) {
+  if (len <= 0 || len > kPrefetchLargest) return 0;
+  return std::clamp<int64_t>(kPrefetchAhead / len, 1, kPrefetchMostRecords);
+}
+
 int64_t mtime_ns(const struct stat& st) {
   return static_cast<int64_t>(st.st_mtim.tv_sec) * 1000000000 + st.st_mtim.tv_nsec;
 }
@@ -176,6 +194,9 @@ bool File::visit_mapped(const int64_t* offsets, int64_t count, int64_t len, Mapp
   }
   tl_guard = &env;
   std::atomic_signal_fence(std::memory_order_seq_cst);
+  // The prefetches are written out here: GCC inlines nothing into a function that calls sigsetjmp.
+  const int64_t ahead = prefetch_distance(len);
+  int64_t fetched = 0;  // records prefetched (or copied) so far
   for (int64_t k = 0; k < count; ++k) {
     progress = k;
     // A range past the mapped length would fault whatever the file holds now.
@@ -183,6 +204,12 @@ bool File::visit_mapped(const int64_t* offsets, int64_t count, int64_t len, Mapp
       tl_guard = nullptr;
       *done = k;
       return false;
+    }
+    for (fetched = std::max(fetched, k + 1); ahead && fetched < count && fetched <= k + ahead; ++fetched) {
+      const int64_t at = offsets[fetched];
+      if (at < 0 || at + len > static_cast<int64_t>(map_len_)) continue;  // a hint stays within the mapping
+      for (int64_t o = 0; o < len; o += kCacheLine) __builtin_prefetch(map_ + at + o, 0, 2);
+      __builtin_prefetch(map_ + at + len - 1, 0, 2);  // a record not aligned to lines ends in one more
     }
     fn(ctx, k, map_ + offsets[k]);
   }
