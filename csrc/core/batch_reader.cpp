@@ -166,11 +166,12 @@ BatchReader::BatchReader(std::vector<ColumnSpec> columns, ReaderOptions opt) : o
       for (const Column& c : st->columns)
         if (c.source) warm_source(*c.source, [] { return false; }, /*populate=*/false);
     st->warm_page_cache = false;
-  } else if (opt.num_threads == 0) {
-    bool any_direct = false;
-    for (const Column& c : st->columns) any_direct |= c.source && c.source->mode() == IoMode::kDirect;
-    opt.num_threads = default_num_threads(usable_cores(), any_direct, decodes);
   }
+  bool any_direct = false;
+  for (const Column& c : st->columns) any_direct |= c.source && c.source->mode() == IoMode::kDirect;
+  if (opt.num_threads == 0)
+    opt.num_threads = default_num_threads(usable_cores(), any_direct, decodes);
+  st->step_back = !any_direct;
   st->opt = opt;
   st->chunk_records = chunk_records(opt.batch_size, opt.num_threads, record_bytes_total, decodes);
 

@@ -60,12 +60,14 @@ int64_t injected() {
 ssize_t pread(int fd, const std::string& path, void* buf, size_t count, off_t offset, size_t align) {
   Kind kind;
   constexpr unsigned kPreadKinds = 1u << static_cast<int>(Kind::kEintr) | 1u << static_cast<int>(Kind::kEagain) |
-                                   1u << static_cast<int>(Kind::kShort) | 1u << static_cast<int>(Kind::kEio);
+                                   1u << static_cast<int>(Kind::kShort) | 1u << static_cast<int>(Kind::kEio) |
+                                   1u << static_cast<int>(Kind::kSlow);
   if (!armed() || !take(path, kPreadKinds, &kind)) return ::pread(fd, buf, count, offset);
   switch (kind) {
     case Kind::kEintr: errno = EINTR; return -1;
     case Kind::kEagain: errno = EAGAIN; return -1;
     case Kind::kEio: errno = EIO; return -1;
+    case Kind::kSlow: ::usleep(kSlowReadMicroseconds); break;
     case Kind::kShort: {
       const size_t half = count / 2 / align * align;
       return ::pread(fd, buf, half ? half : count, offset);

@@ -15,7 +15,10 @@ enum class Kind {
   kEagain,  // pread fails with EAGAIN (non-blocking or network filesystems): retried
   kShort,   // pread returns fewer bytes than asked, not at end of file: the rest is read next
   kEio,     // pread fails with EIO, a mapped page cannot be read: the batch fails
+  kSlow,    // pread takes kSlowRead longer: a device's latency, which readers wait out off the cores
 };
+
+constexpr int64_t kSlowReadMicroseconds = 1000;
 
 struct Plan {
   Kind kind = Kind::kEintr;
@@ -32,7 +35,7 @@ bool armed();
 int64_t injected();  // faults injected since the last arm()
 
 // File::read_at_most's pread under the plan: -1 with errno set, a read of fewer bytes (at most half of
-// `count`, rounded down to `align`, which O_DIRECT needs), or the plain pread.
+// `count`, rounded down to `align`, which O_DIRECT needs), the plain pread after a wait, or the plain pread.
 ssize_t pread(int fd, const std::string& path, void* buf, size_t count, off_t offset, size_t align);
 
 // Whether a read of `path` through its mapping faults now (kEio on an mmap file: the SIGBUS of a page

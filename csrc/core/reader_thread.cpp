@@ -138,7 +138,8 @@ void reader_loop(std::shared_ptr<ReaderState> sp, int thread_index) {
   for (;;) {
     st.wait_for_work(lk);
     if (st.stop) return;
-    if (st.consumers_reading > 0 && st.readers_reading + st.consumers_reading + 1 > st.cores) {  // see cores
+    if (st.step_back && st.consumers_reading > 0 &&
+        st.readers_reading + st.consumers_reading + 1 > st.cores) {  // see cores
       ++st.stepped_back;
       st.work_cv.wait_for(lk, kPollInterval);
       continue;

@@ -119,14 +119,14 @@ void bind_loader_test_hooks(py::module& m) {
          uint64_t seed) {
         static const std::pair<const char*, fault::Kind> kKinds[] = {
             {"eintr", fault::Kind::kEintr}, {"eagain", fault::Kind::kEagain}, {"short", fault::Kind::kShort},
-            {"eio", fault::Kind::kEio}};
+            {"eio", fault::Kind::kEio}, {"slow", fault::Kind::kSlow}};
         for (const auto& [name, k] : kKinds) {
           if (kind == name) {
             fault::arm(fault::Plan{k, path, every, after, limit, seed});
             return;
           }
         }
-        throw py::value_error("fault kind must be eintr, eagain, short or eio, got '" + kind + "'");
+        throw py::value_error("fault kind must be eintr, eagain, short, eio or slow, got '" + kind + "'");
       },
       py::arg("kind"), py::arg("path") = "", py::arg("every") = 1, py::arg("after") = 0, py::arg("limit") = -1,
       py::arg("seed") = 0);

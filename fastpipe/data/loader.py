@@ -414,7 +414,8 @@ class Loader(Resumable):
             because the program held every slot), next_batches (read by ``next()`` itself, on torch's
             threads), helped_chunks (chunks ``next()`` read while it waited for the reader threads),
             stepped_back (times a reader thread polled instead of reading while ``next()`` read, where
-            the reader threads and ``next()`` would have outnumbered the cores),
+            the reader threads and ``next()`` would have outnumbered the cores; never with an
+            ``io='direct'`` column, whose readers wait on the device),
             gathering_in_next (where the next batches are read), step_cores (unset
             ``num_threads``: the cores the training step used in the last window; None before one),
             spare_cpu (the core the reader threads keep off now: the training loop's; None: none),

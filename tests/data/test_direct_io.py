@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 import fastpipe
+from fastpipe import _C
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -116,6 +117,26 @@ def test_direct_matches_pread_batch_for_batch(disk_dir, fp, rng):
         got = fp.epoch(ld)
         fp.verify(got, arrays)  # the bytes against numpy; the order against pread's, batch for batch
         assert fp.same_batches(ref, got), f"direct with {threads} threads differs from pread"
+
+
+def test_direct_readers_never_step_back_beside_next(disk_dir, fp, rng):
+    """Reader threads of a direct column wait on the device, not on a core: while next() reads a chunk
+    itself they go on reading however many they are (stats()["stepped_back"] stays 0; stepping back as
+    copying readers do kept 16 readers to about 2 reads in flight). Each read is made 1 ms slower, a
+    device's latency, so that readers are reading whenever next() reads. The batches stay pread's."""
+    paths, arrays = fp.write_columns(disk_dir / "d", 301, {"x": ("uint8", (20_000,))}, rng)
+    ds = fastpipe.NpyDataset(paths)
+    want = fp.epoch(fastpipe.Loader(ds, 32, shuffle=True, seed=3, io="pread", timeout=30.0))
+    fp.verify(want, arrays)
+    ld, _ = direct_loader(ds, 32, shuffle=True, seed=3, num_threads=len(os.sched_getaffinity(0)) + 2)
+    _C._fault_arm("slow", path=paths["x"])
+    try:
+        assert fp.same_batches(want, fp.epoch(ld))
+        assert _C._fault_count() > 0
+    finally:
+        _C._fault_disarm()
+    st = ld.stats()
+    assert st["helped_chunks"] > 0 and st["stepped_back"] == 0, st
 
 
 def test_direct_unshuffled_last_record_ends_at_eof(disk_dir, fp, rng):

@@ -92,7 +92,7 @@ def _fail_then_recover(fp, faults, ds, arrays, paths, io_mode, device):
 
 
 def test_fault_kinds_are_checked():
-    with pytest.raises(ValueError, match="fault kind must be eintr, eagain, short or eio, got 'enospc'"):
+    with pytest.raises(ValueError, match="fault kind must be eintr, eagain, short, eio or slow, got 'enospc'"):
         _C._fault_arm("enospc")
 
 
