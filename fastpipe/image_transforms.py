@@ -14,6 +14,21 @@ INTERPOLATIONS = _C.IMAGE_CHOICES["interpolation"]
 RESIZE_AS = _C.IMAGE_CHOICES["resize_as"]
 _IMAGE_OUT_DTYPES = {torch.float32: "float32", torch.float16: "float16", torch.bfloat16: "bfloat16",
                      torch.uint8: "uint8"}
+_MAX_PADDING = 1 << 16  # a side's padding: past any image, and the padded axis stays far from int overflow
+
+
+def padding_sides(padding):
+    """torchvision's RandomCrop padding (an int, or 1, 2 or 4 of them) as (left, top, right, bottom)."""
+    if isinstance(padding, (tuple, list)):
+        sides = [checks.integer(v, "padding", low=0, high=_MAX_PADDING) for v in padding]
+        if len(sides) not in (1, 2, 4):
+            raise ValueError(f"padding must be an int or a sequence of 1, 2 or 4 ints, got {len(sides)} of them")
+        if len(sides) == 1:
+            sides *= 4
+        elif len(sides) == 2:
+            sides *= 2
+        return tuple(sides)
+    return (checks.integer(padding, "padding", low=0, high=_MAX_PADDING),) * 4
 
 
 def _size_pair(size, name):
@@ -134,7 +149,11 @@ class _JpegTransform:
             seed=int(seed) & ((1 << 64) - 1), max_dct_denom=8 if self.dct_scaling else 1,
             interpolation=self.interpolation, resize_as=self.resize_as,
             pil_vertical_first=self.interpolation == "bicubic" and self.resize_as == "pil" and pil_resize.vertical_first(),
-            **extra)
+            **self._padding(), **extra)
+
+    def _padding(self):
+        """RandomCrop's padding arguments of _C.ImageTransformParams (the other crops have none)."""
+        return {}
 
     def _output(self):
         """(dtype name, shape) of one output image."""
@@ -311,9 +330,10 @@ class CenterCrop(_JpegTransform):
 
 
 class RandomCrop(CenterCrop):
-    """torchvision's ``Resize(resize)`` + ``RandomCrop(size)`` (+ flip, ``ToDtype``, ``Normalize``), fused
-    into the decode of JPEG records: as :class:`CenterCrop`, with the crop's top and left drawn uniformly
-    where it fits in the resized image (from the Loader's seed, the epoch and the sample, as every draw).
+    """torchvision's ``Resize(resize)`` + ``RandomCrop(size, padding, pad_if_needed)`` (+ flip, ``ToDtype``,
+    ``Normalize``), fused into the decode of image records: as :class:`CenterCrop`, with the crop's top and
+    left drawn uniformly in the resized image with its padding (from the Loader's seed, the epoch and the
+    sample, as every draw).
 
     Parameters
     ----------
@@ -321,17 +341,35 @@ class RandomCrop(CenterCrop):
         As :class:`CenterCrop`'s.
     mirror : float
         Probability of a horizontal flip (default 0.5, as :class:`RandomResizedCrop`'s).
+    padding : int or sequence of int
+        Zero pixels around the (resized) image before the crop, as torchvision's: one int on every side,
+        (left/right, top/bottom), or (left, top, right, bottom). CIFAR's recipe on 32x32 images is
+        ``RandomCrop(32, padding=4)``.
+    pad_if_needed : bool
+        An axis of the padded image shorter than the crop is padded on both sides by the difference, as
+        torchvision's.
 
     Notes
     -----
-    Where the crop is larger than the resized image it is padded as CenterCrop pads (torchvision's
-    RandomCrop raises there unless ``pad_if_needed``). :meth:`boxes` says where each sample's crop lies.
+    Where the crop is larger than the padded image it is padded as CenterCrop pads (torchvision's
+    RandomCrop raises there). Padding is black (0) before ``Normalize``, as torchvision pads the image.
+    :meth:`boxes` says where each sample's crop lies.
     """
 
     _mode = "random"
 
     def __init__(self, size, resize=None, mean=None, std=None, out_dtype=torch.float32, layout="NCHW",
-                 dct_scaling=True, mirror=0.5, augment=None, erase=None, interpolation="bilinear", resize_as="pil"):
+                 dct_scaling=True, mirror=0.5, augment=None, erase=None, interpolation="bilinear", resize_as="pil",
+                 padding=0, pad_if_needed=False):
         super().__init__(size, resize, mean=mean, std=std, out_dtype=out_dtype, layout=layout,
                          dct_scaling=dct_scaling, mirror=mirror, augment=augment, erase=erase,
                          interpolation=interpolation, resize_as=resize_as)
+        self.padding = padding_sides(padding)
+        self.pad_if_needed = checks.flag(pad_if_needed, "pad_if_needed")
+
+    def _padding(self):
+        left, top, right, bottom = self.padding
+        return dict(pad=(top, left, bottom, right), pad_if_needed=self.pad_if_needed)
+
+    def _repr_fields(self):
+        return super()._repr_fields() + (("padding", self.padding), ("pad_if_needed", self.pad_if_needed))

@@ -7,8 +7,9 @@
 //   stored size: a pure function, known before the image is decoded.
 // - CenterCrop resizes the shorter side (or to a fixed size) and crops the centre, as torchvision's
 //   Resize + CenterCrop do (zero padding where the crop is larger than the resized image). RandomCrop is
-//   the same with the crop's offsets drawn uniformly where it fits (torchvision's Resize + RandomCrop;
-//   where it does not fit, it pads as the centre crop does: torchvision's RandomCrop raises there).
+//   the same with the crop's offsets drawn uniformly in the resized image with its padding (torchvision's
+//   Resize + RandomCrop(padding, pad_if_needed); where the crop does not fit even so, it pads as the
+//   centre crop does: torchvision's RandomCrop raises there).
 // - Resampling is PIL's antialiased filter (torchvision's resize(antialias=True) follows it): output o
 //   of an axis samples source position in0 + (o + 0.5) * step with the filter stretched by max(step, 1),
 //   taps clamped to the crop (RandomResizedCrop crops, then resizes) or to the image (CenterCrop resizes,
@@ -49,6 +50,10 @@ struct ImageTransformParams {
   // CenterCrop and RandomCrop: the image is first resized so that its shorter side is resize_short, or to
   // exactly resize_height x resize_width; all zero: cropped without a resize.
   int resize_short = 0, resize_height = 0, resize_width = 0;
+  // RandomCrop: zero pixels around the resized image before the crop's place is drawn (torchvision's
+  // padding), and pad_if_needed: an axis still shorter than the crop padded by the difference on both sides.
+  int pad_top = 0, pad_left = 0, pad_bottom = 0, pad_right = 0;
+  bool pad_if_needed = false;
   float mirror = 0.0f;  // probability of a horizontal flip
   bool out_nhwc = false;
   OutDtype out_dtype = OutDtype::Float32;
@@ -144,11 +149,23 @@ FASTPIPE_HD inline void resized_size(const ImageTransformParams& p, int height, 
   }
 }
 
-// Where a crop of `out` pixels starts in `resized` ones: centred (torchvision's center_crop, padding
-// included), or drawn uniformly where it fits (`bits`: RandomCrop's draw).
-FASTPIPE_HD inline int crop_start(int resized, int out, bool drawn, uint64_t bits) {
+// Where a centred crop of `out` pixels starts in `resized` ones (torchvision's center_crop, padding included).
+FASTPIPE_HD inline int center_crop_start(int resized, int out) {
   if (out > resized) return -((out - resized) / 2);  // center_crop pads (out - resized) // 2 on the leading side
-  return drawn ? below(bits, resized - out + 1) : round_half_even((resized - out) / 2.0);
+  return round_half_even((resized - out) / 2.0);
+}
+
+// Where RandomCrop's crop of `out` pixels starts in `resized` ones: torchvision pads `lo` and `hi` zeros
+// around them (pad_if_needed: then, while shorter than the crop, the difference on both sides) and draws
+// the crop's place uniformly in the padded axis (`bits`). A crop longer than even that is centred.
+FASTPIPE_HD inline int random_crop_start(int resized, int out, int lo, int hi, bool if_needed, uint64_t bits) {
+  int padded = resized + lo + hi;
+  if (if_needed && padded < out) {
+    lo += out - padded;
+    padded = 2 * out - padded;
+  }
+  if (out > padded) return center_crop_start(resized, out);
+  return below(bits, padded - out + 1) - lo;
 }
 
 // The crop of `out` pixels from `resized` ones at `start`: output o is resized pixel o + start; outputs
@@ -201,9 +218,15 @@ FASTPIPE_HD inline Geometry image_geometry(const ImageTransformParams& p, int he
   } else {
     int rh = 0, rw = 0;
     resized_size(p, height, width, &rh, &rw);
-    const bool drawn = p.mode == CropMode::kRandom;
-    g.top = crop_start(rh, p.out_height, drawn, transforms::sample_bits(p.seed, epoch, index, draws::kCropY));
-    g.left = crop_start(rw, p.out_width, drawn, transforms::sample_bits(p.seed, epoch, index, draws::kCropX));
+    if (p.mode == CropMode::kRandom) {
+      g.top = random_crop_start(rh, p.out_height, p.pad_top, p.pad_bottom, p.pad_if_needed,
+                                transforms::sample_bits(p.seed, epoch, index, draws::kCropY));
+      g.left = random_crop_start(rw, p.out_width, p.pad_left, p.pad_right, p.pad_if_needed,
+                                 transforms::sample_bits(p.seed, epoch, index, draws::kCropX));
+    } else {
+      g.top = center_crop_start(rh, p.out_height);
+      g.left = center_crop_start(rw, p.out_width);
+    }
     crop_axis(height, rh, p.out_height, g.top, &g.y);
     crop_axis(width, rw, p.out_width, g.left, &g.x);
     g.height = p.out_height;

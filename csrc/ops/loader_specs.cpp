@@ -174,7 +174,8 @@ void bind_loader_specs(py::module& m) {
                        const std::vector<float>& augment_magnitudes, const std::vector<int>& augment_fill,
                        const std::string& augment_interpolation, int augment_blend, const std::vector<float>& augment_fill_value,
                        std::tuple<bool, bool, bool> augment_rounding, const std::string& interpolation,
-                       const std::string& resize_as, bool pil_vertical_first) {
+                       const std::string& resize_as, bool pil_vertical_first, std::tuple<int, int, int, int> pad,
+                       bool pad_if_needed) {
              ImageTransformParams p;
              p.filter = parse_choice<images::Filter>("interpolation", interpolation);
              p.resize_as = parse_choice<images::ResizeAs>("resize_as", resize_as);
@@ -200,6 +201,16 @@ void bind_loader_specs(py::module& m) {
              p.resize_short = resize_short;
              p.resize_height = resize_height;
              p.resize_width = resize_width;
+             const auto [pad_top, pad_left, pad_bottom, pad_right] = pad;
+             TORCH_CHECK(pad_top >= 0 && pad_left >= 0 && pad_bottom >= 0 && pad_right >= 0,
+                         "padding must not be negative");
+             TORCH_CHECK(p.mode == images::CropMode::kRandom || (pad == std::make_tuple(0, 0, 0, 0) && !pad_if_needed),
+                         "padding and pad_if_needed are RandomCrop's");
+             p.pad_top = pad_top;
+             p.pad_left = pad_left;
+             p.pad_bottom = pad_bottom;
+             p.pad_right = pad_right;
+             p.pad_if_needed = pad_if_needed;
              p.mirror = mirror;
              p.out_nhwc = out_nhwc;
              p.out_dtype = parse_out_dtype(out_dtype, true);
@@ -247,7 +258,8 @@ void bind_loader_specs(py::module& m) {
            py::arg("augment_interpolation") = "nearest", py::arg("augment_blend") = 0,
            py::arg("augment_fill_value") = std::vector<float>{0.0f, 0.0f, 0.0f},
            py::arg("augment_rounding") = std::make_tuple(true, true, true), py::arg("interpolation") = "bilinear",
-           py::arg("resize_as") = "pil", py::arg("pil_vertical_first") = true)
+           py::arg("resize_as") = "pil", py::arg("pil_vertical_first") = true,
+           py::arg("pad") = std::make_tuple(0, 0, 0, 0), py::arg("pad_if_needed") = false)
       .def(
           "geometry",
           [](const ImageTransformParams& p, int height, int width, uint64_t epoch, uint64_t index) {

@@ -6,7 +6,8 @@ Understood, in torchvision's v1 and v2 spellings: ``Compose``; the presets scrip
 the weights' ``ImageClassification`` (torchvision_presets.py); ``RandomResizedCrop``, ``Resize`` (+
 ``CenterCrop`` or ``RandomCrop``) and ``Resize((h, w))`` alone, bilinear, bicubic or nearest, with the
 kernels of the path the image takes there (PIL's for a PIL image, torch's for a tensor after
-``PILToTensor``/``ToImage``); ``CenterCrop``; ``RandomCrop`` without padding; ``RandomHorizontalFlip``;
+``PILToTensor``/``ToImage``); ``CenterCrop``; ``RandomCrop`` (padding with zeros, pad_if_needed);
+``RandomHorizontalFlip``;
 ``ToTensor``, ``PILToTensor``, ``ToImage``, ``ToDtype``/``ConvertImageDtype`` to
 float32, float16 or bfloat16 (scaled) or uint8; ``Normalize``; the per-sample augmentations
 ``TrivialAugmentWide``, ``RandAugment``, ``AutoAugment``, ``AugMix``, ``ColorJitter``, ``RandomGrayscale``,
@@ -103,7 +104,9 @@ class _Fusion:
     """The fused transform being read from a pipeline, one torchvision step at a time."""
 
     def __init__(self):
-        self.geometry = None  # ("random", size, scale, ratio), or ("center" / "random_crop", size, resize)
+        # ("random", size, scale, ratio), ("center", size, resize), or ("random_crop", size, resize, padding,
+        # pad_if_needed)
+        self.geometry = None
         self.resize = None  # a Resize's size before the CenterCrop or RandomCrop
         self.sampling = None  # (interpolation, resize_as) of the resize
         self.mirror = 0.0
@@ -148,9 +151,10 @@ class _Fusion:
             self.sampling = self._sampling(step)
             self.geometry = ("random", tuple(step.size), tuple(step.scale), tuple(step.ratio))
         elif name in ("CenterCrop", "RandomCrop") and self.geometry in (None, ("center", self.resize, self.resize)):
-            if name == "RandomCrop" and (getattr(step, "padding", None) or getattr(step, "pad_if_needed", False)):
-                _refuse(step, "padding: the fused crop pads only where it is larger than the image, as CenterCrop")
-            self.geometry = ("center" if name == "CenterCrop" else "random_crop", tuple(step.size), self.resize)
+            if name == "CenterCrop":
+                self.geometry = ("center", tuple(step.size), self.resize)
+            else:
+                self.geometry = ("random_crop", tuple(step.size), self.resize) + self._crop_padding(step)
         elif name == "RandomHorizontalFlip" and not self.augmented:
             self.mirror = float(step.p)
         elif name in _AUGMENTS and self.geometry is not None and self.dtype in (None, torch.uint8):
@@ -182,6 +186,28 @@ class _Fusion:
         else:
             _refuse(step, "not supported here, or not at this place in the pipeline")
 
+    def _crop_padding(self, step):
+        """(padding, pad_if_needed) of a RandomCrop: zeros of the uint8 image, as the fused crop pads."""
+        padding = step.padding or 0
+        if not padding and not step.pad_if_needed:
+            return 0, False
+        fills = []
+        for f in step.fill.values() if isinstance(step.fill, dict) else [step.fill]:  # v2: a fill per input type
+            fills += f if isinstance(f, (list, tuple)) else [f]
+        if step.padding_mode != "constant" or any(f not in (0, None) for f in fills):
+            _refuse(step, f"padding_mode={step.padding_mode!r}, fill={step.fill!r}: the fused crop pads with zeros")
+        if self.mean is not None:
+            _refuse(step, "padding after Normalize: torchvision pads the normalized image, the fused crop pads pixels")
+        if type(step).__module__.startswith("torchvision.transforms.v2") and padding:
+            left, right, top, bottom = padding  # v2 keeps its padding parsed, in this order
+            padding = (left, top, right, bottom)
+        from fastpipe.image_transforms import padding_sides
+
+        left, _, right, _ = padding_sides(padding)
+        if self.mirror and left != right:
+            _refuse(step, "padding unequal left and right after RandomHorizontalFlip: the fused crop flips last")
+        return padding, bool(step.pad_if_needed)
+
     def _sampling(self, step):
         """(interpolation, resize_as) of a resize step: the kernels of the path the image takes there (a PIL
         image: PIL's; a uint8 tensor: torch's uint8 kernels in v2, its float ones in v1)."""
@@ -211,8 +237,10 @@ class _Fusion:
                       resize_as=resize_as)
         if self.geometry[0] == "random":
             return ft.RandomResizedCrop(self.geometry[1], scale=self.geometry[2], ratio=self.geometry[3], **common)
-        crop = ft.CenterCrop if self.geometry[0] == "center" else ft.RandomCrop
-        return crop(self.geometry[1], resize=self.geometry[2], **common)
+        if self.geometry[0] == "center":
+            return ft.CenterCrop(self.geometry[1], resize=self.geometry[2], **common)
+        return ft.RandomCrop(self.geometry[1], resize=self.geometry[2], padding=self.geometry[3],
+                             pad_if_needed=self.geometry[4], **common)
 
 
 def convert_transform(transform):

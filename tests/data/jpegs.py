@@ -95,10 +95,9 @@ def reference_resized_crop(im, top, left, height, width, size, flip):
     return np.asarray(out, np.float32)
 
 
-def reference_center_crop(im, size, resize, at=None, flip=False):
-    """torchvision v2's Resize(resize) (PIL, antialiased bilinear) + CenterCrop(size), zero padding included;
-    ``at``: (top, left) of a RandomCrop in the resized image instead (an axis the crop pads is centred);
-    then flipped where ``flip``."""
+def reference_resize(im, resize):
+    """torchvision's Resize(resize) of a PIL image (antialiased bilinear; an int: the shorter side), as float
+    (H, W, 3); None: the image as it is."""
     w, h = im.size
     if isinstance(resize, int):
         if w <= h:
@@ -108,7 +107,26 @@ def reference_center_crop(im, size, resize, at=None, flip=False):
         im = im.resize((nw, nh), Image.BILINEAR)
     elif resize is not None:
         im = im.resize((resize[1], resize[0]), Image.BILINEAR)
-    a = np.asarray(im, np.float32)
+    return np.asarray(im, np.float32)
+
+
+def reference_padded_crop(im, size, resize, top, left, flip=False):
+    """torchvision's Resize(resize) + RandomCrop(size, padding) at the crop's place (top, left) in the
+    resized image, where negative or past its end is the zero padding; then flipped where ``flip``."""
+    a = reference_resize(im, resize)
+    oh, ow = size
+    m = max(oh, ow) + max(a.shape[:2])  # zeros on every side, more than any place reaches
+    padded = np.zeros((a.shape[0] + 2 * m, a.shape[1] + 2 * m, 3), np.float32)
+    padded[m:m + a.shape[0], m:m + a.shape[1]] = a
+    out = padded[top + m:top + m + oh, left + m:left + m + ow]
+    return out[:, ::-1] if flip else out
+
+
+def reference_center_crop(im, size, resize, at=None, flip=False):
+    """torchvision v2's Resize(resize) (PIL, antialiased bilinear) + CenterCrop(size), zero padding included;
+    ``at``: (top, left) of a RandomCrop in the resized image instead (an axis the crop pads is centred);
+    then flipped where ``flip``."""
+    a = reference_resize(im, resize)
     oh, ow = size
     ih, iw = a.shape[:2]
     if oh > ih or ow > iw:  # torchvision pads (d // 2 before, the rest after), then crops the centre

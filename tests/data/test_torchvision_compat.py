@@ -100,9 +100,6 @@ def test_resize_then_random_crop_is_fused_and_crops_where_it_says(root):
             fastpipe.ImageFolder(root), range(len(ds)), 0, seed=3), strict=True):
         ref = reference_center_crop(pil_rgb(path), (40, 40), 48, at=(top, left), flip=flip)
         assert float(np.abs(as_hwc_255(x) - ref).max()) <= EXACT_TOL
-    for padded in (T1.RandomCrop(40, padding=4), T2.RandomCrop(40, pad_if_needed=True)):
-        with pytest.raises(ValueError, match="RandomCrop.*padding"):
-            fastpipe.Loader(tv.datasets.ImageFolder(root, transform=T1.Compose([padded, T1.ToTensor()])))
 
 
 def test_a_custom_loader_is_refused(root):
