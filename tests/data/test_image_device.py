@@ -66,7 +66,8 @@ def device_batches(ds, transform, sim_delay=100, fail=None, layout="planar", **k
     CenterCrop(120, dct_scaling=False),  # larger than some images: padding
     RandomResizedCrop(40, dct_scaling=False, erase=RandomErasing(0.7, value=(1.0, -2.0, 0.5)), **IMAGENET),
     RandomCrop((36, 44), resize=52, dct_scaling=False, **IMAGENET),
-], ids=["rrc", "rrc-nhwc", "center-bf16", "center-pad", "rrc-erasing", "random-crop"])
+    RandomCrop(48, padding=(2, 5, 7, 1), pad_if_needed=True, dct_scaling=False),
+], ids=["rrc", "rrc-nhwc", "center-bf16", "center-pad", "rrc-erasing", "random-crop", "random-crop-padded"])
 @pytest.mark.parametrize("layout", ["planar", "rgb"])
 def test_device_decode_matches_the_host_path(folder, transform, layout):
     host = host_batches(folder, transform, seed=5, shuffle=True)
