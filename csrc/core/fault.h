@@ -15,7 +15,7 @@ enum class Kind {
   kEagain,  // pread fails with EAGAIN (non-blocking or network filesystems): retried
   kShort,   // pread returns fewer bytes than asked, not at end of file: the rest is read next
   kEio,     // pread fails with EIO, a mapped page cannot be read: the batch fails
-  kSlow,    // pread takes kSlowRead longer: a device's latency, which readers wait out off the cores
+  kSlow,    // pread waits kSlowReadMicroseconds first: a device's latency, which readers wait out off the cores
 };
 
 constexpr int64_t kSlowReadMicroseconds = 1000;
