@@ -177,8 +177,8 @@ class _JpegTransform:
         list of (top, left, height, width, flipped)
             RandomResizedCrop: the crop box in the stored image, which is then resized to ``size`` (as
             torchvision's ``resized_crop(img, top, left, height, width, size)``) and flipped.
-            CenterCrop and RandomCrop: the crop's place in the resized image (negative where the crop
-            pads).
+            CenterCrop and RandomCrop: the crop's place in the resized image (negative, or reaching past
+            its end, where the crop takes padding).
         """
         sizes = getattr(sizes, "image_sizes", sizes)
         params = self._image_params(seed)
