@@ -5,9 +5,9 @@ the :class:`fastpipe.transforms.CropMirrorNormalize` that does the same (or an e
 has none).
 
 Understood, in torchvision's v1 and v2 spellings: ``Compose``; ``RandomCrop`` (``padding`` an int, zeros:
-CIFAR's ``RandomCrop(32, padding=4)``); ``CenterCrop``; ``RandomHorizontalFlip``; ``ToTensor``, or
-``ToImage`` / ``PILToTensor`` + ``ToDtype(torch.float32, scale=True)``; ``Normalize``; v2's
-``ToPureTensor``.
+CIFAR's ``RandomCrop(32, padding=4)``, or ``Pad(4)`` + ``RandomCrop(32)``); ``CenterCrop``;
+``RandomHorizontalFlip``; ``ToTensor``, or ``ToImage`` / ``PILToTensor`` + ``ToDtype(torch.float32,
+scale=True)``; ``Normalize``; v2's ``ToPureTensor``.
 """
 
 import hashlib
@@ -75,19 +75,22 @@ def convert_transform(transform):
     steps = list(getattr(transform, "transforms", None) or ([] if transform is None else [transform]))
     crop = None
     random_crop, padding, mirror, to_float, mean, std = False, 0, 0.0, False, None, None
+    padded = None  # a Pad waiting for its RandomCrop: the zeros on every side
     for step in steps:
         name = type(step).__name__
         if name == "ToPureTensor":
             continue
-        if crop is None and not to_float and name in ("RandomCrop", "CenterCrop"):
+        if padded is not None and name != "RandomCrop":
+            _refuse(step, "after a Pad: a Pad is fused as the padding of the RandomCrop right after it")
+        if crop is None and not to_float and name == "Pad" and padded is None:
+            padded = _even_zero_padding(step)
+        elif crop is None and not to_float and name in ("RandomCrop", "CenterCrop"):
             size = tuple(step.size)
             if name == "RandomCrop":
-                pad = step.padding
-                pad = pad[0] if isinstance(pad, (list, tuple)) and len(set(pad)) == 1 else pad
-                if step.pad_if_needed or (pad and (not isinstance(pad, int) or step.fill not in (0, None)
-                                                   or step.padding_mode != "constant")):
-                    _refuse(step, "padding other than one int of zeros")
-                random_crop, padding = True, int(pad or 0)
+                if step.pad_if_needed:
+                    _refuse(step, "pad_if_needed")
+                random_crop, padding = True, (padded or 0) + (_even_zero_padding(step) if step.padding else 0)
+                padded = None
             crop = size
         elif name == "RandomHorizontalFlip" and not to_float:
             mirror = float(step.p)
@@ -103,6 +106,9 @@ def convert_transform(transform):
             mean, std = [float(m) for m in step.mean], [float(s) for s in step.std]
         else:
             _refuse(step, "not supported here, or not at this place in the pipeline")
+    if padded is not None:
+        raise ValueError("fastpipe.Loader fuses torchvision's Pad only as the padding of a RandomCrop right after it; "
+                         "this pipeline has none there")
     if not to_float:
         raise ValueError("fastpipe.Loader needs the torchvision pipeline to end in float tensors (ToTensor(), or "
                          "ToImage() + ToDtype(torch.float32, scale=True)), as DataLoader's collate needs tensors")
@@ -110,8 +116,18 @@ def convert_transform(transform):
                                random_crop=random_crop, padding=padding, mirror=mirror)
 
 
+def _even_zero_padding(step):
+    """A Pad's or RandomCrop's padding as the one int of zeros on every side that CropMirrorNormalize pads."""
+    pad = step.padding
+    pad = pad[0] if isinstance(pad, (list, tuple)) and len(set(pad)) == 1 else pad
+    if not isinstance(pad, int) or step.fill not in (0, None) or step.padding_mode != "constant":
+        _refuse(step, "padding other than one int of zeros")
+    return pad
+
+
 def _refuse(step, why):
     raise ValueError(f"fastpipe.Loader cannot fuse torchvision's {type(step).__name__} of an in-memory dataset "
-                     f"({why}). It fuses RandomCrop (zero padding), CenterCrop, RandomHorizontalFlip, ToTensor "
-                     f"(or ToImage + ToDtype(float32, scale=True)), Normalize; or write the dataset once with "
+                     f"({why}). It fuses RandomCrop (zero padding, a Pad of zeros before it), CenterCrop, "
+                     f"RandomHorizontalFlip, ToTensor (or ToImage + ToDtype(float32, scale=True)), Normalize; "
+                     f"or write the dataset once with "
                      f"fastpipe.write_npy(dataset, out_dir) and give CropMirrorNormalize your own steps")

@@ -6,8 +6,8 @@ Understood, in torchvision's v1 and v2 spellings: ``Compose``; the presets scrip
 the weights' ``ImageClassification`` (torchvision_presets.py); ``RandomResizedCrop``, ``Resize`` (+
 ``CenterCrop`` or ``RandomCrop``) and ``Resize((h, w))`` alone, bilinear, bicubic or nearest, with the
 kernels of the path the image takes there (PIL's for a PIL image, torch's for a tensor after
-``PILToTensor``/``ToImage``); ``CenterCrop``; ``RandomCrop`` (padding with zeros, pad_if_needed);
-``RandomHorizontalFlip``;
+``PILToTensor``/``ToImage``); ``CenterCrop``; ``RandomCrop`` (padding with zeros, pad_if_needed; a ``Pad``
+of zeros just before it is its padding); ``RandomHorizontalFlip``;
 ``ToTensor``, ``PILToTensor``, ``ToImage``, ``ToDtype``/``ConvertImageDtype`` to
 float32, float16 or bfloat16 (scaled) or uint8; ``Normalize``; the per-sample augmentations
 ``TrivialAugmentWide``, ``RandAugment``, ``AutoAugment``, ``AugMix``, ``ColorJitter``, ``RandomGrayscale``,
@@ -20,7 +20,7 @@ import torch
 from fastpipe.data import torchvision_presets as presets
 
 _SUPPORTED = ("Compose (and presets that only delegate to one), ImageClassification (weights.transforms()), "
-              "RandomResizedCrop, Resize + CenterCrop or RandomCrop, Resize((h, w)), CenterCrop, RandomCrop, "
+              "RandomResizedCrop, Resize + CenterCrop or RandomCrop, Resize((h, w)), CenterCrop, (Pad +) RandomCrop, "
               "RandomHorizontalFlip, "
               "TrivialAugmentWide/RandAugment/AutoAugment/AugMix/ColorJitter/RandomGrayscale/GaussianBlur/RandomApply, "
               "ToTensor, PILToTensor, ToImage, ToDtype/ConvertImageDtype, Normalize, RandomErasing (last), ToPureTensor")
@@ -108,6 +108,7 @@ class _Fusion:
         # pad_if_needed)
         self.geometry = None
         self.resize = None  # a Resize's size before the CenterCrop or RandomCrop
+        self.pad = None  # a Pad's (left, top, right, bottom) waiting for the RandomCrop it pads for
         self.sampling = None  # (interpolation, resize_as) of the resize
         self.mirror = 0.0
         self.dtype = None  # None while the image is a PIL image
@@ -132,6 +133,8 @@ class _Fusion:
         name = type(step).__name__
         if name == "ToPureTensor":  # v2: a tv_tensors.Image to a plain tensor, as fastpipe's batches are
             return
+        if self.pad is not None and name != "RandomCrop":
+            _refuse(step, "after a Pad: a Pad is fused as the padding of the RandomCrop that follows it")
         if self.erase is not None:
             _refuse(step, "after RandomErasing: fastpipe erases the finished output, as torchvision's recipes "
                           "place RandomErasing last")
@@ -150,6 +153,8 @@ class _Fusion:
                 _refuse(step, "a Resize before it")
             self.sampling = self._sampling(step)
             self.geometry = ("random", tuple(step.size), tuple(step.scale), tuple(step.ratio))
+        elif name == "Pad" and self.geometry in (None, ("center", self.resize, self.resize)) and self.pad is None:
+            self.pad = self._zero_padding(step, step.padding)
         elif name in ("CenterCrop", "RandomCrop") and self.geometry in (None, ("center", self.resize, self.resize)):
             if name == "CenterCrop":
                 self.geometry = ("center", tuple(step.size), self.resize)
@@ -187,10 +192,25 @@ class _Fusion:
             _refuse(step, "not supported here, or not at this place in the pipeline")
 
     def _crop_padding(self, step):
-        """(padding, pad_if_needed) of a RandomCrop: zeros of the uint8 image, as the fused crop pads."""
+        """(padding as (left, top, right, bottom), pad_if_needed) of a RandomCrop, a Pad just before it
+        included: zeros of the uint8 image, as the fused crop pads."""
         padding = step.padding or 0
-        if not padding and not step.pad_if_needed:
-            return 0, False
+        if type(step).__module__.startswith("torchvision.transforms.v2") and padding:
+            left, right, top, bottom = padding  # v2 keeps a RandomCrop's padding parsed, in this order
+            padding = (left, top, right, bottom)
+        sides = self._zero_padding(step, padding) if padding or step.pad_if_needed else (0, 0, 0, 0)
+        if self.pad is not None:
+            sides = tuple(a + b for a, b in zip(self.pad, sides))
+            self.pad = None
+        if self.mirror and sides[0] != sides[2]:
+            _refuse(step, "padding unequal left and right after RandomHorizontalFlip: the fused crop flips last")
+        return sides, bool(step.pad_if_needed)
+
+    def _zero_padding(self, step, padding):
+        """A Pad's or RandomCrop's padding (torchvision's order) as (left, top, right, bottom), refused unless
+        it pads the uint8 image with zeros."""
+        from fastpipe.image_transforms import padding_sides
+
         fills = []
         for f in step.fill.values() if isinstance(step.fill, dict) else [step.fill]:  # v2: a fill per input type
             fills += f if isinstance(f, (list, tuple)) else [f]
@@ -198,15 +218,10 @@ class _Fusion:
             _refuse(step, f"padding_mode={step.padding_mode!r}, fill={step.fill!r}: the fused crop pads with zeros")
         if self.mean is not None:
             _refuse(step, "padding after Normalize: torchvision pads the normalized image, the fused crop pads pixels")
-        if type(step).__module__.startswith("torchvision.transforms.v2") and padding:
-            left, right, top, bottom = padding  # v2 keeps its padding parsed, in this order
-            padding = (left, top, right, bottom)
-        from fastpipe.image_transforms import padding_sides
-
-        left, _, right, _ = padding_sides(padding)
-        if self.mirror and left != right:
-            _refuse(step, "padding unequal left and right after RandomHorizontalFlip: the fused crop flips last")
-        return padding, bool(step.pad_if_needed)
+        try:
+            return padding_sides(padding)
+        except (TypeError, ValueError) as e:
+            _refuse(step, str(e))
 
     def _sampling(self, step):
         """(interpolation, resize_as) of a resize step: the kernels of the path the image takes there (a PIL
@@ -224,6 +239,9 @@ class _Fusion:
     def transform(self):
         from fastpipe import transforms as ft
 
+        if self.pad is not None:
+            raise ValueError("fastpipe.Loader fuses torchvision's Pad only as the padding of a RandomCrop right after "
+                             "it; this pipeline has none there")
         if self.geometry is None:
             raise ValueError("fastpipe.Loader needs the torchvision pipeline to make every image the same size "
                              "(RandomResizedCrop, Resize + CenterCrop or RandomCrop, Resize((h, w)), CenterCrop or "

@@ -100,19 +100,20 @@ T2 = pytest.importorskip("torchvision.transforms.v2")
 
 
 @pytest.mark.parametrize("crop,sides", [
-    (lambda T: T.RandomCrop(36, padding=4), (4, 4, 4, 4)),
-    (lambda T: T.RandomCrop(36, padding=(1, 2, 3, 5), pad_if_needed=True, fill=(0, 0, 0)), (1, 2, 3, 5)),
-], ids=["padding 4", "left top right bottom, pad_if_needed"])
+    (lambda T: [T.RandomCrop(36, padding=4)], (4, 4, 4, 4)),
+    (lambda T: [T.RandomCrop(36, padding=(1, 2, 3, 5), pad_if_needed=True, fill=(0, 0, 0))], (1, 2, 3, 5)),
+    (lambda T: [T.Pad((1, 2, 3, 1)), T.RandomCrop(36, padding=(2, 1))], (3, 3, 5, 2)),  # a Pad's sides added
+], ids=["padding 4", "left top right bottom, pad_if_needed", "pad then crop"])
 @pytest.mark.parametrize("T", [T1, T2], ids=["v1", "v2"])
 def test_torchvision_random_crop_with_padding_is_fused(folder, T, crop, sides):
     """The recipes' RandomCrop(padding) + RandomHorizontalFlip + ToTensor: fused with the same padding on
     either side, each image the padded crop at the place the fused transform reports."""
-    steps = [crop(T), T.RandomHorizontalFlip()] + ([T.ToTensor()] if T is T1 else
+    steps = crop(T) + [T.RandomHorizontalFlip()] + ([T.ToTensor()] if T is T1 else
                                                    [T.ToImage(), T.ToDtype(torch.float32, scale=True)])
     ds = tv.datasets.ImageFolder(folder.root, transform=T.Compose(steps))
     fused = torchvision_compat.convert_transform(ds.transform)
     assert isinstance(fused, RandomCrop) and fused.padding == sides and fused.mirror == 0.5
-    assert fused.pad_if_needed == (sides != (4, 4, 4, 4))
+    assert fused.pad_if_needed == (sides == (1, 2, 3, 5))
     got = [x for xs, _ in fastpipe.Loader(ds, batch_size=3, seed=5) for x in xs]
     for (path, _), x, (top, left, _, _, flip) in zip(ds.samples, got, fused.boxes(folder, range(len(ds)), 0, seed=5),
                                                      strict=True):
@@ -129,6 +130,9 @@ def test_torchvision_random_crop_with_padding_is_fused(folder, T, crop, sides):
      "padding after Normalize"),
     (lambda: [T1.RandomHorizontalFlip(), T1.RandomCrop(36, padding=(1, 0, 3, 0)), T1.ToTensor()],
      "after RandomHorizontalFlip"),
+    (lambda: [T1.Pad(4), T1.CenterCrop(36), T1.ToTensor()], "after a Pad"),
+    (lambda: [T1.Pad(4), T1.ToTensor()], "after a Pad"),
+    (lambda: [T1.Pad(4, padding_mode="edge"), T1.RandomCrop(36), T1.ToTensor()], "padding_mode='edge'"),
 ])
 def test_paddings_the_fused_crop_cannot_do_are_named(folder, steps, match):
     with pytest.raises(ValueError, match=match):

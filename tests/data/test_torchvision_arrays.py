@@ -53,11 +53,19 @@ def test_cifar_eval_pipelines_match_torchvisions_dataloader(rng):
             torch.testing.assert_close(x, rx, atol=2e-6, rtol=0)
 
 
-def test_cifar_train_pipeline_crops_where_its_windows_say(rng):
-    """RandomCrop(32, padding=4) + flip: each image is numpy's crop of the zero-padded image at the window
-    the fused transform reports (its draws are fastpipe's, not torch's generator's)."""
-    ds = cifar(rng, 150, T1.Compose([T1.RandomCrop(32, padding=4), T1.RandomHorizontalFlip(), T1.ToTensor(),
-                                     T1.Normalize(CIFAR_MEAN, CIFAR_STD)]))
+@pytest.mark.parametrize("crop", [
+    lambda T: [T.RandomCrop(32, padding=4)],
+    lambda T: [T.Pad(4), T.RandomCrop(32)],  # older CIFAR scripts' spelling
+    lambda T: [T.Pad(1), T.RandomCrop(32, padding=3)],
+], ids=["padding", "pad-then-crop", "both"])
+@pytest.mark.parametrize("T", [T1, T2], ids=["v1", "v2"])
+def test_cifar_train_pipeline_crops_where_its_windows_say(rng, T, crop):
+    """RandomCrop(32, padding=4) + flip (or a Pad before the crop): each image is numpy's crop of the
+    zero-padded image at the window the fused transform reports (its draws are fastpipe's, not torch's
+    generator's)."""
+    to_float = [T.ToTensor()] if T is T1 else [T.ToImage(), T.ToDtype(torch.float32, scale=True)]
+    ds = cifar(rng, 150, T.Compose(crop(T) + [T.RandomHorizontalFlip()] + to_float +
+                                   [T.Normalize(CIFAR_MEAN, CIFAR_STD)]))
     fused = torchvision_arrays.convert_transform(ds.transform)
     assert (fused.crop, fused.random_crop, fused.padding, fused.mirror) == ((32, 32), True, 4, 0.5)
     loader = fastpipe.Loader(ds, batch_size=16, seed=5)
@@ -114,7 +122,11 @@ def test_a_random_split_of_cifar(rng):
     ([T1.RandomCrop(32, padding=(2, 4)), T1.ToTensor()], "padding other than one int of zeros"),
     ([T1.RandomCrop(32)], "float tensors"),
     ([T1.PILToTensor()], "float tensors"),
-], ids=["rotation", "reflect", "uneven", "pil", "uint8"])
+    ([T1.Pad(4), T1.CenterCrop(32), T1.ToTensor()], "after a Pad"),
+    ([T1.Pad(4, fill=1), T1.RandomCrop(32), T1.ToTensor()], "padding other than one int of zeros"),
+    ([T1.Pad(4)], "Pad only as the padding of a RandomCrop"),
+    ([T1.RandomCrop(32, pad_if_needed=True), T1.ToTensor()], "pad_if_needed"),
+], ids=["rotation", "reflect", "uneven", "pil", "uint8", "pad-centre", "pad-fill", "pad-alone", "if-needed"])
 def test_what_cannot_be_fused_is_named(rng, steps, match):
     with pytest.raises(ValueError, match=match):
         fastpipe.Loader(cifar(rng, 10, T1.Compose(steps)))
