@@ -8,6 +8,7 @@ import torch
 
 from fastpipe.data import _scratch, writer
 
+
 def is_tensor_dataset(dataset):
     return isinstance(dataset, torch.utils.data.TensorDataset)
 

@@ -118,11 +118,15 @@ def convert_transform(transform):
 
 def _even_zero_padding(step):
     """A Pad's or RandomCrop's padding as the one int of zeros on every side that CropMirrorNormalize pads."""
-    pad = step.padding
-    pad = pad[0] if isinstance(pad, (list, tuple)) and len(set(pad)) == 1 else pad
-    if not isinstance(pad, int) or step.fill not in (0, None) or step.padding_mode != "constant":
+    from fastpipe.data.torchvision_compat import zero_padding
+
+    try:
+        sides = set(zero_padding(step, step.padding))
+    except (TypeError, ValueError) as e:
+        _refuse(step, f"padding other than one int of zeros: {e}")
+    if len(sides) != 1:
         _refuse(step, "padding other than one int of zeros")
-    return pad
+    return sides.pop()
 
 
 def _refuse(step, why):

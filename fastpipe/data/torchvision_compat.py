@@ -50,6 +50,19 @@ def _refuse(step, why):
                      f"fastpipe.transforms.RandomResizedCrop/CenterCrop and apply the rest to the batch")
 
 
+def zero_padding(step, padding):
+    """A Pad's or RandomCrop's ``padding`` (torchvision's order: an int, or 1, 2 or 4 of them) as (left, top,
+    right, bottom); ValueError (or TypeError) saying why unless it pads with zeros, as the fused crops do."""
+    from fastpipe.image_transforms import padding_sides
+
+    fills = []
+    for f in step.fill.values() if isinstance(step.fill, dict) else [step.fill]:  # v2: a fill per input type
+        fills += f if isinstance(f, (list, tuple)) else [f]
+    if step.padding_mode != "constant" or any(f not in (0, None) for f in fills):
+        raise ValueError(f"padding_mode={step.padding_mode!r}, fill={step.fill!r}: the fused crop pads with zeros")
+    return padding_sides(padding)
+
+
 def _interpolation_value(step):
     mode = step.interpolation
     if isinstance(mode, int):  # PIL's numbers, which torchvision also takes
@@ -207,19 +220,11 @@ class _Fusion:
         return sides, bool(step.pad_if_needed)
 
     def _zero_padding(self, step, padding):
-        """A Pad's or RandomCrop's padding (torchvision's order) as (left, top, right, bottom), refused unless
-        it pads the uint8 image with zeros."""
-        from fastpipe.image_transforms import padding_sides
-
-        fills = []
-        for f in step.fill.values() if isinstance(step.fill, dict) else [step.fill]:  # v2: a fill per input type
-            fills += f if isinstance(f, (list, tuple)) else [f]
-        if step.padding_mode != "constant" or any(f not in (0, None) for f in fills):
-            _refuse(step, f"padding_mode={step.padding_mode!r}, fill={step.fill!r}: the fused crop pads with zeros")
+        """zero_padding() of a step of this pipeline, refused where it cannot be fused."""
         if self.mean is not None:
             _refuse(step, "padding after Normalize: torchvision pads the normalized image, the fused crop pads pixels")
         try:
-            return padding_sides(padding)
+            return zero_padding(step, padding)
         except (TypeError, ValueError) as e:
             _refuse(step, str(e))
 

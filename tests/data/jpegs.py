@@ -148,6 +148,14 @@ def as_hwc_255(x, layout="NCHW"):
     return x.transpose(1, 2, 0) if layout == "NCHW" else x
 
 
+def assert_on_boxes(samples, outputs, boxes, reference):
+    """Each output image (a float tensor of the loader, values x / 255) within a level of
+    ``reference(PIL image, box)`` at the box reported for its sample."""
+    for (path, _), x, box in zip(samples, outputs, boxes, strict=True):
+        diff = np.abs(as_hwc_255(x) - reference(pil_rgb(path), box))
+        assert diff.max() <= EXACT_TOL, f"{os.path.basename(path)} box {box}: {diff.max()}"
+
+
 def make_tree(root, rng, sizes, classes=("b_class", "a_class")):
     """An ImageFolder tree: images of the given (height, width) sizes spread over the classes (created in
     unsorted order, one in a nested folder, one with an upper-case extension), plus a non-image file.

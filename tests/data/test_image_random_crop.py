@@ -11,7 +11,7 @@ import fastpipe
 from fastpipe.data import torchvision_compat
 from fastpipe.transforms import RandomCrop
 
-from jpegs import EXACT_TOL, as_hwc_255, make_tree, pil_rgb, reference_padded_crop
+from jpegs import assert_on_boxes, make_tree, reference_padded_crop
 
 pytestmark = pytest.mark.timeout(180, method="thread")
 # CIFAR's and Tiny-ImageNet's sizes, odd ones, one narrower than the crops below, one of a pixel.
@@ -31,15 +31,20 @@ def outputs(ds, t, seed, epoch):
     return [x.clone() for xs, _ in ld for x in xs]
 
 
+def padded_crop(size, resize):
+    """The reference of a box boxes() reports: the padded crop of that size at its place, flipped or not."""
+    def reference(im, box):
+        top, left, h, w, flip = box
+        assert (h, w) == size
+        return reference_padded_crop(im, size, resize, top, left, flip)
+    return reference
+
+
 def check_on_places(folder, t, size, resize, seed):
     """Two epochs of ``t``: each output within a level of the padded crop at the place boxes() reports."""
     for epoch in range(2):
-        got = outputs(folder, t, seed, epoch)
-        for (path, _), x, (top, left, h, w, flip) in zip(folder.samples, got, t.boxes(folder, range(len(folder)),
-                                                                                      epoch, seed=seed), strict=True):
-            assert (h, w) == size
-            diff = np.abs(as_hwc_255(x) - reference_padded_crop(pil_rgb(path), size, resize, top, left, flip))
-            assert diff.max() <= EXACT_TOL, f"{path} at {(top, left)}: {diff.max()}"
+        assert_on_boxes(folder.samples, outputs(folder, t, seed, epoch),
+                        t.boxes(folder, range(len(folder)), epoch, seed=seed), padded_crop(size, resize))
 
 
 @pytest.mark.parametrize("padding,pad_if_needed,resize", [
@@ -115,10 +120,7 @@ def test_torchvision_random_crop_with_padding_is_fused(folder, T, crop, sides):
     assert isinstance(fused, RandomCrop) and fused.padding == sides and fused.mirror == 0.5
     assert fused.pad_if_needed == (sides == (1, 2, 3, 5))
     got = [x for xs, _ in fastpipe.Loader(ds, batch_size=3, seed=5) for x in xs]
-    for (path, _), x, (top, left, _, _, flip) in zip(ds.samples, got, fused.boxes(folder, range(len(ds)), 0, seed=5),
-                                                     strict=True):
-        ref = reference_padded_crop(pil_rgb(path), (36, 36), None, top, left, flip)
-        assert float(np.abs(as_hwc_255(x) - ref).max()) <= EXACT_TOL
+    assert_on_boxes(ds.samples, got, fused.boxes(folder, range(len(ds)), 0, seed=5), padded_crop((36, 36), None))
 
 
 @pytest.mark.parametrize("steps,match", [

@@ -1,7 +1,6 @@
 """torchvision's ImageFolder handed to fastpipe.Loader as it is (the one-line switch): the same files and
 labels, its transform pipeline fused, checked against torchvision's own DataLoader output."""
 
-import numpy as np
 import pytest
 import torch
 
@@ -9,7 +8,7 @@ import fastpipe
 from fastpipe.data import torchvision_compat
 from fastpipe.transforms import CenterCrop, RandomResizedCrop
 
-from jpegs import EXACT_TOL, as_hwc_255, make_tree, pil_rgb, reference_center_crop
+from jpegs import EXACT_TOL, assert_on_boxes, make_tree, reference_center_crop
 
 tv = pytest.importorskip("torchvision")
 T1 = tv.transforms
@@ -96,10 +95,8 @@ def test_resize_then_random_crop_is_fused_and_crops_where_it_says(root):
     fused = torchvision_compat.convert_transform(ds.transform)
     assert isinstance(fused, fastpipe.transforms.RandomCrop) and fused.resize == 48 and fused.mirror == 0.5
     got = torch.cat([x for x, _ in fastpipe.Loader(ds, batch_size=2, seed=3)])
-    for (path, _), x, (top, left, _, _, flip) in zip(ds.samples, got, fused.boxes(
-            fastpipe.ImageFolder(root), range(len(ds)), 0, seed=3), strict=True):
-        ref = reference_center_crop(pil_rgb(path), (40, 40), 48, at=(top, left), flip=flip)
-        assert float(np.abs(as_hwc_255(x) - ref).max()) <= EXACT_TOL
+    assert_on_boxes(ds.samples, got, fused.boxes(fastpipe.ImageFolder(root), range(len(ds)), 0, seed=3),
+                    lambda im, box: reference_center_crop(im, (40, 40), 48, at=box[:2], flip=box[4]))
 
 
 def test_a_custom_loader_is_refused(root):
