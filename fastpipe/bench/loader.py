@@ -25,8 +25,8 @@ from fastpipe.bench.baselines import image_baselines, token_baselines
 from fastpipe.bench.loader_direct import DD_BLOCK, DIRECT_REPS, run_direct
 from fastpipe.bench.loader_report import report_dataset, shown_best, summarize
 from fastpipe.bench.loader_timing import (FASTPIPE_EPOCH, FASTPIPE_SEED, STEP_OVER_GATHER, WARMUP_BATCHES, Case,
-                                          calibrate_sleep, fastpipe_epoch, fastpipe_stats, rotated, run_delay,
-                                          steps_alone, timed_pass, touch_with_torch)
+                                          block_steps, calibrate_sleep, fastpipe_epoch, fastpipe_stats, rotated,
+                                          stepped_pass, timed_pass, touch_with_torch)
 
 # --------------------------------------------------------------------------------------------------
 # Batch sizes: what a training job of each kind really uses (one GPU's share).
@@ -368,19 +368,19 @@ def run_dataset(name, spec, files, args, out, budget):
     cases = [c for c in cases if c.error is None] + [c for c in cases if c.error is not None]
     live = [c for c in cases if c.error is None]
 
-    def measure(c: Case, into: list, **kw):
+    def measure(c: Case, into: list, **step):
+        """A pass of c alone, or with `step` (stepped_pass's arguments) against the steps alone."""
         if c.error is not None:
             return
         try:
-            into.append(timed_pass(c.make_iter, c.cap, probe=c.probe, **kw))
+            into.append(stepped_pass(c.make_iter, c.cap, probe=c.probe, **step) if step else
+                        timed_pass(c.make_iter, c.cap, probe=c.probe))
         except Exception as e:  # a failing loader loses its row, the others go on
             c.error = f"{type(e).__name__}: {e}"
             c.alone.clear()
             c.overlap.clear()
             c.busy.clear()
-            c.busy_run_delay.clear()
             c.torch.clear()
-            c.overlap_run_delay.clear()
             out.log(f"  {c.label}: failed: {c.error}")
 
     # (1) loader alone: repetitions interleaved (rotated order), so drift on a shared machine hits all.
@@ -423,53 +423,45 @@ def run_dataset(name, spec, files, args, out, budget):
             res.setdefault("default_placement", {})[kind] = {
                 "read_in_next": (after[0] - before[0]) / n, "readers_off_step_core": (after[1] - before[1]) / n}
 
-    # (2) overlap: each batch followed by time.sleep(step); compared with the same number of pure steps.
-    pure = []
+    # (2) overlap: each batch followed by time.sleep(step); compared with as many steps alone, run between
+    # the pass's blocks of steps (stepped_pass).
     counters = placement_counters()
-    n_pure = min(200, res["batches_per_epoch"])
     # The steps alone's batch: torch tensors, as every row but the bound's yields (the loop's own bookkeeping
     # on a tensor, b[0].shape[0], costs ~1 us more than on an array after a sleeping step: not a loader's).
     fixed = None if args.no_overlap else tuple(torch.from_numpy(np.array(a)) for a in next(iter(gather())))
     if not args.no_overlap:
+        sleeping = dict(batch=fixed, step=sleep_arg, block=block_steps(sleep_actual))
         with out.progress(total=oreps * len(live), desc=f"{name}: overlap", unit="pass") as bar:
             for r in budget.repeat(f"{name} overlap", MIN_REPS, oreps):
-                pure.append(steps_alone(n_pure, fixed, sleep_arg)[0] / n_pure)
                 for c in rotated(live, r):
-                    d0 = run_delay()
-                    measure(c, c.overlap, step=sleep_arg)
-                    c.overlap_run_delay.append(run_delay() - d0)
+                    measure(c, c.overlap, **sleeping)
                     bar.update()
-                pure.append(steps_alone(n_pure, fixed, sleep_arg)[0] / n_pure)
         record_placement("sleeping", counters)
     # (3) the training-thread delay (issue 21): the same loop where the step computes on the training
     # thread, against the same steps alone. "busy" spins (fastpipe's rows; with the seconds the training
     # thread waited for a core, where a loader that takes its core shows); "torch" first reads every byte
     # of the batch with torch ops on the intra-op threads, as a CPU training step does, which then compete
     # with the loader's threads (fastpipe's rows and the gathers that run on the training thread).
-    step_pure = {"busy": [], "torch": []}
     fp_cases = [c for c in live if c.kind == "fastpipe"]
     inline = [c for c in live if c.key in ("bound", "index_select")]
     res["torch_threads"] = torch.get_num_threads()
     if fp_cases and not args.no_overlap:
         for kind, consume, group in (("busy", None, fp_cases), ("torch", touch_with_torch, fp_cases + inline)):
             counters = placement_counters()
+            computing = dict(batch=fixed, step=step, block=block_steps(step), busy=True, consume=consume)
             with out.progress(total=oreps * len(group), desc=f"{name}: {kind} step", unit="pass") as bar:
                 for r in budget.repeat(f"{name} {kind}", MIN_REPS, oreps):
-                    step_pure[kind].append(steps_alone(n_pure, fixed, step, busy=True, consume=consume))
                     for c in rotated(group, r):
-                        d0 = run_delay()
-                        measure(c, getattr(c, kind), step=step, busy=True, consume=consume)
-                        if kind == "busy":
-                            c.busy_run_delay.append(run_delay() - d0)
+                        measure(c, getattr(c, kind), **computing)
                         bar.update()
-                    step_pure[kind].append(steps_alone(n_pure, fixed, step, busy=True, consume=consume))
             record_placement(kind, counters)
-            res[f"{kind}_step_seconds_measured"] = bc.median([t / n_pure for t, _ in step_pure[kind]])
-            res[f"{kind}_step_run_delay_ms"] = bc.median([1e3 * d / n_pure for _, d in step_pure[kind]])
+            passes = [p for c in group for p in getattr(c, kind) if p.batches]
+            res[f"{kind}_step_seconds_measured"] = bc.median([p.alone_seconds / p.batches for p in passes])
+            res[f"{kind}_step_run_delay_ms"] = bc.median([1e3 * p.alone_run_delay / p.batches for p in passes])
 
+    pure = [p.alone_seconds / p.batches for c in live for p in c.overlap if p.batches]
     pure_step = bc.median(pure) if pure else float("nan")
     res["pure_step_seconds_measured"] = pure_step
-    res["pure_step_seconds_reps"] = pure
     res["step_effective_over_requested"] = bc.ratio(pure_step, step)
 
     if loader is not None:
@@ -505,32 +497,23 @@ def run_dataset(name, spec, files, args, out, budget):
                "samples_per_s_best": max(rates) if rates else float("nan"),
                "fastpipe_over_this_best": bc.ratio(best(fp_case), best(c)),
                "this_over_bound_best": bc.ratio(best(c), best(bound_case))}
-        if c.overlap:
-            # each repetition against the mean of the pure-step loops run just before and after it
-            added = [100.0 * (t / (k * (pure[2 * r] + pure[2 * r + 1]) / 2) - 1.0)
-                     for r, (t, s, k, w) in enumerate(c.overlap)]
-            row.update(overlap_reps=[{"seconds": t, "samples": s, "batches": k, "consumer_wait_seconds": w}
-                                     for t, s, k, w in c.overlap],
-                       overlap_seconds_per_batch=bc.median([t / k for t, s, k, w in c.overlap]),
-                       overlap_added_pct=bc.median(added), overlap_added_pct_best=min(added),
-                       overlap_added_pct_reps=added,
-                       overlap_run_delay_ms_per_step=bc.median([1e3 * d / k for d, (t, s, k, w)
-                                                                in zip(c.overlap_run_delay, c.overlap)]))
-        for kind in ("busy", "torch"):
-            passes = getattr(c, kind)
+        # each repetition against the steps alone run between its blocks
+        for kind in ("overlap", "busy", "torch"):
+            passes = [p for p in getattr(c, kind) if p.batches]
             if not passes:
                 continue
-            bp = [t / n_pure for t, _ in step_pure[kind]]
-            added = [100.0 * (t / (k * (bp[2 * r] + bp[2 * r + 1]) / 2) - 1.0) for r, (t, s, k, w) in enumerate(passes)]
+            added = [p.added_pct() for p in passes]
             row.update({f"{kind}_added_pct": bc.median(added), f"{kind}_added_pct_best": min(added),
-                        f"{kind}_added_pct_reps": added})
-        if c.busy:
-            row["busy_run_delay_ms_per_step"] = bc.median([1e3 * d / k for d, (t, s, k, w)
-                                                           in zip(c.busy_run_delay, c.busy)])
+                        f"{kind}_added_pct_reps": added,
+                        f"{kind}_run_delay_ms_per_step": bc.median([1e3 * p.run_delay / p.batches for p in passes]),
+                        f"{kind}_reps": [p._asdict() for p in passes]})
+        if c.overlap:
+            row["overlap_seconds_per_batch"] = bc.median([p.seconds / p.batches for p in c.overlap if p.batches])
         if c.probe is not None:
             row["consumer_wait_per_batch_ms_alone"] = bc.median([1e3 * w / k for t, s, k, w in c.alone])
             if c.overlap:
-                row["consumer_wait_per_batch_ms_overlap"] = bc.median([1e3 * w / k for t, s, k, w in c.overlap])
+                row["consumer_wait_per_batch_ms_overlap"] = bc.median([1e3 * p.probed / p.batches
+                                                                      for p in c.overlap if p.batches])
         rows[c.key] = row
     res["loaders"] = rows
     report_dataset(name, res, out)

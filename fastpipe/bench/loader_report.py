@@ -36,7 +36,8 @@ def report_dataset(name, res, out):
     if not math.isnan(res.get("pure_step_seconds_measured", float("nan"))):
         step, pure = res["step_seconds"], res["pure_step_seconds_measured"]
         out.note(f"\nOverlap: step = {STEP_OVER_GATHER:g} x gather time of one batch = {1e3 * step:.3f} ms; "
-                 f"time.sleep({1e3 * res['sleep_argument_seconds']:.3f} ms) measured {1e3 * pure:.3f} ms per pure step")
+                 f"time.sleep({1e3 * res['sleep_argument_seconds']:.3f} ms) measured {1e3 * pure:.3f} ms per step alone "
+                 "(steps alone run between each pass's blocks of steps)")
         if pure > 1.25 * step:
             out.note(f"NOTE: time.sleep cannot be shorter than ~{1e3 * pure:.2f} ms here: the step is "
                      f"{pure / step:.1f}x the asked-for one, so this overlap test is easier than specified")
@@ -46,7 +47,7 @@ def report_dataset(name, res, out):
                 ot.append([r["label"], bc.fmt(1e3 * r["overlap_seconds_per_batch"], ".3f"),
                            bc.fmt(r["overlap_added_pct"], ".1f") + "%",
                            bc.fmt(r["overlap_added_pct_best"], ".1f") + "%"])
-        out.table(["loader", "ms/batch with step", "added over pure steps", "best rep"], ot)
+        out.table(["loader", "ms/batch with step", "added over the steps alone", "best rep"], ot)
     delay = [(r["label"], r) for r in rows.values() if "busy_added_pct" in r or "torch_added_pct" in r]
     if delay:
         out.note(f"\nTraining-thread delay (issue 21): steps that compute on the training thread instead of "

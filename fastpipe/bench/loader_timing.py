@@ -4,7 +4,9 @@ the simulated training step, and fastpipe's shared epoch."""
 from __future__ import annotations
 
 import itertools
+import math
 import time
+from typing import NamedTuple
 
 import numpy as np
 import torch
@@ -14,6 +16,10 @@ import torch
 WARMUP_BATCHES = 3
 # A simulated training step after each batch (overlap mode) lasts this many gather times of a batch.
 STEP_OVER_GATHER = 2.0
+# A pass with a step alternates blocks of its steps with blocks of the steps alone (stepped_pass), each
+# block at least this long and this many steps.
+BLOCK_SECONDS = 0.025
+MIN_BLOCK_STEPS = 32
 FASTPIPE_SEED = 0
 FASTPIPE_EPOCH = 0  # every fastpipe pass is set to this epoch, so all passes (and baselines) share one order
 
@@ -25,11 +31,9 @@ class Case:
         self.key, self.label, self.make_iter, self.kind, self.cap, self.note = key, label, make_iter, kind, cap, note
         self.probe = probe
         self.alone = []    # (seconds, samples, batches, probe delta) per repetition
-        self.overlap = []  # (seconds, samples, batches, probe delta) per repetition
-        self.busy = []     # the same with a busy step (fastpipe's rows)
-        self.busy_run_delay = []  # seconds the training thread waited for a core, per busy repetition
-        self.torch = []    # the same with a torch step (fastpipe's rows and the inline peers)
-        self.overlap_run_delay = []  # the same per sleeping-step repetition (a late wake-up shows here)
+        self.overlap = []  # Stepped, per repetition, with a sleeping step
+        self.busy = []     # Stepped with a busy step (fastpipe's rows)
+        self.torch = []    # Stepped with a torch step (fastpipe's rows and the inline peers)
         self.error = None
 
     def rates(self):
@@ -44,6 +48,26 @@ def nsamples(b) -> int:
     return int(b.shape[0])
 
 
+def _steps(it, n: int | None, step: float | None, busy: bool, consume) -> tuple[float, int, int]:
+    """(seconds, samples, batches) of up to n batches of iterator `it` (None: to its end), each followed by
+    the step: time.sleep(step), or with busy=True spin(step) after consume(batch) (if given)."""
+    k = samples = 0
+    b = None
+    t0 = time.perf_counter()
+    for b in it:
+        samples += nsamples(b)
+        k += 1
+        if consume is not None:
+            consume(b)
+        if step is not None:
+            spin(step) if busy else time.sleep(step)
+        if n is not None and k >= n:
+            break
+    dt = time.perf_counter() - t0
+    del b
+    return dt, samples, k
+
+
 def timed_pass(make_iter, cap, step: float | None = None, warmup: int = WARMUP_BATCHES, probe=None, busy=False,
                consume=None):
     """Consumes `warmup` batches, then times up to `cap` batches (None: to the end of the epoch).
@@ -56,27 +80,68 @@ def timed_pass(make_iter, cap, step: float | None = None, warmup: int = WARMUP_B
     it = iter(make_iter())
     for _ in range(warmup):
         next(it)
-    n = samples = 0
-    b = None
     p0 = probe() if probe else None
-    t0 = time.perf_counter()
-    for b in it:
-        samples += nsamples(b)
-        n += 1
-        if consume is not None:
-            consume(b)
-        if step is not None:
-            spin(step) if busy else time.sleep(step)
-        if cap is not None and n >= cap:
-            break
-    dt = time.perf_counter() - t0
+    dt, samples, n = _steps(it, cap, step, busy, consume)
     probed = probe() - p0 if probe else None
-    del b
+    _close(it)
+    return dt, samples, n, probed
+
+
+class Stepped(NamedTuple):
+    """A pass with a training step after each batch, and as many steps alone run between its blocks."""
+    seconds: float
+    samples: int
+    batches: int
+    probed: float | None     # timed_pass's probe over the pass
+    alone_seconds: float     # the steps alone
+    run_delay: float         # seconds the training thread waited for a core in the pass's steps
+    alone_run_delay: float   # ... in the steps alone
+
+    def added_pct(self) -> float:
+        """What the loader adds to a step, in % of the step alone."""
+        return 100.0 * (self.seconds / self.alone_seconds - 1.0)
+
+
+def stepped_pass(make_iter, cap, batch, step: float, block: int, busy=False, consume=None, probe=None,
+                 warmup: int = WARMUP_BATCHES) -> Stepped:
+    """timed_pass with a step, its batches taken in blocks of `block` with as many steps alone after each
+    (the same loop over `batch` again, from an iterator that costs nothing): a loader's step and the step
+    alone are then measured at the same moments, and the machine's drift (seconds long on a VM, and as
+    large as a small step's loader cost) falls on both alike. A loader slower than the step reads ahead
+    during the steps alone: by its read-ahead depth over `block` steps it looks better than it is (never
+    a loader that keeps up, as fastpipe's rows do)."""
+    it = iter(make_iter())
+    for _ in range(warmup):
+        next(it)
+    alone = itertools.repeat(batch)
+    seconds = alone_seconds = delay = alone_delay = 0.0
+    samples = batches = 0
+    p0 = probe() if probe else None
+    while cap is None or batches < cap:
+        want = block if cap is None else min(block, cap - batches)
+        d0 = run_delay()
+        dt, s, k = _steps(it, want, step, busy, consume)
+        d1 = run_delay()
+        seconds, samples, batches, delay = seconds + dt, samples + s, batches + k, delay + d1 - d0
+        if k:
+            alone_seconds += _steps(alone, k, step, busy, consume)[0]
+            alone_delay += run_delay() - d1
+        if k < want:  # the epoch ended
+            break
+    probed = probe() - p0 if probe else None
+    _close(it)
+    return Stepped(seconds, samples, batches, probed, alone_seconds, delay, alone_delay)
+
+
+def block_steps(step_seconds: float) -> int:
+    """Steps per block of stepped_pass: >= BLOCK_SECONDS of steps, and >= MIN_BLOCK_STEPS."""
+    return max(MIN_BLOCK_STEPS, math.ceil(BLOCK_SECONDS / max(step_seconds, 1e-9)))
+
+
+def _close(it) -> None:
     close = getattr(it, "close", None)
     if close is not None:
         close()
-    del it
-    return dt, samples, n, probed
 
 
 def spin(seconds: float) -> None:
@@ -102,15 +167,6 @@ def touch_with_torch(batch) -> None:
     parts = batch.values() if isinstance(batch, dict) else batch if isinstance(batch, (tuple, list)) else [batch]
     for t in parts:
         (t if isinstance(t, torch.Tensor) else torch.from_numpy(np.asarray(t))).sum()
-
-
-def steps_alone(n: int, batch, step: float, busy=False, consume=None) -> tuple[float, float]:
-    """(seconds, seconds waited for a core) of n steps alone: timed_pass's own loop, the same batch again
-    from an iterator that costs nothing, so that a loader's row differs from these only by the loader (the
-    loop's bookkeeping, ~1 us a batch, is not the loader's: a token window step is ~70 us)."""
-    d0 = run_delay()
-    seconds = timed_pass(lambda: itertools.repeat(batch), n, step=step, busy=busy, consume=consume)[0]
-    return seconds, run_delay() - d0
 
 
 def pure_steps_median(arg: float, n: int) -> float:
