@@ -202,7 +202,7 @@ bool BatchReader::gather_in_next_locked() {
   const bool in_next = forced >= 0 ? forced != 0 : policy_->on_batch(Clock::now(), st.helped_cpu_ns.load());
   if (in_next != st.readers_paused) {
     st.readers_paused = in_next;
-    st.spare_cpu = -1;  // paused, they read nothing; the next batch taken places them again
+    st.set_spare_cpu_locked(-1);  // paused, they read nothing; the next batch taken places them again
     if (placement_) placement_->restart();
     if (!in_next) st.work_cv.notify_all();
   }
@@ -215,7 +215,8 @@ void BatchReader::place_readers_locked(double waited) {
   if (!placement_ || st.readers_paused) return;
   const int cpu = sched_getcpu();
   const int forced = st.forced_spare.load(std::memory_order_relaxed);
-  st.spare_cpu = forced >= 0 ? (forced ? cpu : -1) : placement_->on_batch(Clock::now(), st.read_ns.load(), waited, cpu);
+  st.set_spare_cpu_locked(forced >= 0 ? (forced ? cpu : -1)
+                                      : placement_->on_batch(Clock::now(), st.read_ns.load(), waited, cpu));
   if (st.spare_cpu >= 0) ++st.spared_batches;
 }
 
@@ -258,7 +259,7 @@ std::shared_ptr<Lease> BatchReader::next(double timeout_s, const std::function<v
     help_any = st.spare_cpu < 0;
     // While the consumer waits its core is free: the chunks readers take meanwhile may run there (the
     // first batches of a pass, a slow one). Taking the batch places them again.
-    if (st.forced_spare.load(std::memory_order_relaxed) < 0) st.spare_cpu = -1;
+    if (st.forced_spare.load(std::memory_order_relaxed) < 0) st.set_spare_cpu_locked(-1);
   }
   // The caller's poll (a pending Ctrl-C), with the lock released; what it throws ends the wait.
   auto last_poll = t0;

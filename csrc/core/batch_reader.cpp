@@ -237,6 +237,7 @@ void BatchReader::close() {
   state_->work_cv.notify_all();
   state_->ready_cv.notify_all();
   state_->gate_cv.notify_all();
+  state_->park_cv.notify_all();
   for (auto& t : threads_) t.join();
   threads_.clear();
   std::lock_guard<std::mutex> lk(state_->mu);
@@ -309,6 +310,7 @@ ReaderStats BatchReader::stats() const {
   if (policy_ && policy_->last_step_cores() >= 0) s.step_cores = policy_->last_step_cores();
   if (st.spare_cpu >= 0) s.spare_cpu = st.spare_cpu;
   s.spared_batches = st.spared_batches;
+  s.parked_readers = st.parked_readers;
   if (placement_ && placement_->last_demand() >= 0) s.reader_cores = placement_->last_demand();
   s.images_replaced = st.images_replaced.load();
   for (const Column& c : st.columns)

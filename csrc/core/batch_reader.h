@@ -81,6 +81,7 @@ struct ReaderOptions : ReaderConfig {
   /* kept off the consumer's core, their reading time per second of the last window. */                            \
   X(std::optional<int>, spare_cpu)                                                                                 \
   X(int64_t, spared_batches)                                                                                       \
+  X(int, parked_readers)       /* readers waiting while the others keep off the consumer's core */                 \
   X(std::optional<double>, reader_cores)                                                                           \
   X(int64_t, images_replaced)  /* bad images replaced by other records (OnError::kReplace) */                      \
   X(int64_t, images_pillow)    /* decoded by an image column's fallback decoder (the binding's Pillow) */          \

@@ -136,8 +136,12 @@ void reader_loop(std::shared_ptr<ReaderState> sp, int thread_index) {
 
   std::unique_lock<std::mutex> lk(st.mu);
   for (;;) {
-    st.wait_for_work(lk);
+    st.wait_for_work(lk, thread_index);
     if (st.stop) return;
+    if (st.parked(thread_index)) {
+      st.park(lk, thread_index);
+      continue;
+    }
     if (st.step_back && st.consumers_reading > 0 &&
         st.readers_reading + st.consumers_reading + 1 > st.cores) {  // see cores
       ++st.stepped_back;

@@ -419,7 +419,9 @@ class Loader(Resumable):
             gathering_in_next (where the next batches are read), step_cores (unset
             ``num_threads``: the cores the training step used in the last window; None before one),
             spare_cpu (the core the reader threads keep off now: the training loop's; None: none),
-            spared_batches (taken while they kept off it), reader_cores (seconds the readers spent
+            spared_batches (taken while they kept off it), parked_readers (reader threads beyond the
+            cores left to them, waiting while the others keep off the training loop's core; never with
+            an ``io='direct'`` column), reader_cores (seconds the readers spent
             reading per second of the last window, summed over them: the cores they kept busy, more
             when they shared cores; None before one),
             images_replaced and replaced (on_error="replace": how many bad images were substituted, and

@@ -194,3 +194,23 @@ def test_direct_on_tmpfs(fp, rng):
             assert list(ld.io_modes) == ["pread", "pread"]
             assert len(warns) == 2 and all("io='direct' unavailable" in m for m in warns), warns
         ld.close()
+
+
+def test_direct_readers_never_park(disk_dir, fp, rng):
+    """Readers of a direct column kept off the training thread's core all go on reading
+    (stats()["parked_readers"] stays 0): they wait on the device, and fewer would keep fewer reads in
+    flight. Copying readers beyond the cores left to them park (test_loader_placement.py)."""
+    cores = len(os.sched_getaffinity(0))
+    if cores < 2:
+        pytest.skip("the readers keep off a core only where 2 are usable")
+    paths, arrays = fp.write_columns(disk_dir / "d", 301, {"x": ("uint8", (20_000,))}, rng)
+    ld, _ = direct_loader(fastpipe.NpyDataset(paths), 32, shuffle=True, seed=3, num_threads=cores + 1)
+    ld._reader._force_spare_core(1)
+    for _ in range(2):
+        got = []
+        for b in ld:
+            got.append(fp.to_np(b))
+            del b
+            assert ld.stats()["parked_readers"] == 0, ld.stats()
+        assert sorted(fp.verify(got, arrays).tolist()) == list(range(301))
+    assert ld.stats()["spared_batches"] > 0, ld.stats()

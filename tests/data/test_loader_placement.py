@@ -62,6 +62,28 @@ def test_reader_keeps_off_the_training_threads_core(dataset_factory, fp, home_af
     ld.close()
 
 
+def test_readers_beyond_the_cores_left_to_them_wait_while_they_keep_off_one(dataset_factory, fp):
+    """Readers kept off the training thread's core have one core fewer: those beyond it wait (parked)
+    rather than take turns with the others, and read again once the readers may use every core."""
+    threads = len(CORES) + 1  # one core is kept off: 2 readers more than the cores left
+    ds, arrays, _ = dataset_factory(997, {"x": ("uint8", (3, 9, 11)), "y": ("int64", ())})
+    ld = fp.loader(ds, 13, shuffle=True, num_threads=threads, prefetch=3)
+    feed = Feed(fp, ld, arrays)
+    s = feed.until(lambda: None, lambda s: s["batches"] >= 5, 10)
+    assert s["parked_readers"] == 0 and s["spare_cpu"] is None, s
+    ld._reader._force_spare_core(1)
+    # Each checked batch after the readers are told: some were dispatched before, the rest read by the
+    # readers that read on (the parked ones wait on their own condition, a busy one parks after its chunk).
+    s = feed.until(lambda: time.sleep(0.001), lambda s: s["parked_readers"] == 2, 300)
+    for _ in range(2 * len(ld)):
+        s = feed.take(lambda: None)
+    assert s["parked_readers"] == 2 and s["spare_cpu"] is not None, s
+    ld._reader._force_spare_core(0)
+    s = feed.until(lambda: None, lambda s: s["parked_readers"] == 0, 300)
+    assert s["spare_cpu"] is None, s
+    ld.close()
+
+
 def test_readers_may_use_the_core_of_a_training_thread_that_waits(dataset_factory, fp):
     ds, arrays, _ = dataset_factory(1001, {"x": ("uint8", (3, 9, 11))})
     ld = fp.loader(ds, 13, shuffle=True, num_threads=1, prefetch=2)
