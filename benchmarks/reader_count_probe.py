@@ -26,7 +26,8 @@ import numpy as np
 import fastpipe
 from fastpipe.bench import loader as suite
 from fastpipe.bench.baselines import image_baselines, token_baselines
-from fastpipe.bench.loader_timing import WARMUP_BATCHES, calibrate_sleep, steps_alone, timed_pass, touch_with_torch
+from fastpipe.bench.loader_timing import (WARMUP_BATCHES, block_steps, calibrate_sleep, stepped_pass, timed_pass,
+                                          touch_with_torch)
 
 DATA = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data")
 
@@ -69,7 +70,7 @@ def main():
                    for k, kw in configs.items()}
         cap = 3000 if spec["kind"] == "tokens" else None
         step = args.step * gather_seconds(spec, files, np.array(list(loaders["default"].sampler)))
-        sleep_arg, _ = calibrate_sleep(step if spec["kind"] == "images" else 0.0)
+        sleep_arg, sleep_actual = calibrate_sleep(step if spec["kind"] == "images" else 0.0)
         threads = {k: ld.stats()["num_threads"] for k, ld in loaders.items()}
         print(f"\n## {name}: batch {spec['batch']}, step {step * 1e3:.3f} ms; reader threads {threads}")
         rows = {k: {"alone": [], "sleep": [], "torch": []} for k in loaders}
@@ -88,12 +89,12 @@ def main():
                         dt, samples, _, _ = timed_pass(lambda: ld, cap)
                         rows[k]["alone"].append(samples / dt)
                     elif phase == "sleep":
-                        pure = steps_alone(n, batch, sleep_arg)[0]
-                        rows[k]["sleep"].append(timed_pass(lambda: ld, n, step=sleep_arg)[0] / pure - 1)
+                        p = stepped_pass(lambda: ld, n, batch, sleep_arg, block_steps(sleep_actual))
+                        rows[k]["sleep"].append(p.added_pct() / 100)
                     else:
-                        pure = steps_alone(n, batch, step, busy=True, consume=touch_with_torch)[0]
-                        rows[k]["torch"].append(timed_pass(lambda: ld, n, step=step, busy=True,
-                                                           consume=touch_with_torch)[0] / pure - 1)
+                        p = stepped_pass(lambda: ld, n, batch, step, block_steps(step), busy=True,
+                                         consume=touch_with_torch)
+                        rows[k]["torch"].append(p.added_pct() / 100)
         print("| configuration | alone samples/s (median, range) | x default | sleeping step added | torch step added |")
         print("|---|---:|---:|---:|---:|")
         base = rows["default"]["alone"]
