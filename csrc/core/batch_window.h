@@ -1,7 +1,8 @@
 // The windows of batches the loader's policies measure over (gather_policy.h: the step's CPU;
-// reader_placement.h: the readers' time and the consumer's waits). A window opens kSettleBatches
-// batches after restart(), since the first batches after the readers start are waited for whatever
-// they do, and closes once it spans kBatches batches and a minimum time; the next one opens there.
+// reader_placement.h: the readers' time and the consumer's waits). A window opens at the `settle`-th
+// batch after restart() (kSettleBatches: the first batch after the readers start is waited for
+// whatever they do), and closes once it spans `batches` batches (kBatches) and a minimum time; the
+// next one opens there.
 #pragma once
 
 #include <chrono>
@@ -17,25 +18,27 @@ class BatchWindow {
   static constexpr int kSettleBatches = 2;
   enum class Step { kSettling, kOpened, kInside, kClosed };
 
+  explicit BatchWindow(int batches = kBatches, int settle = kSettleBatches) : min_batches_(batches), settle_(settle) {}
+
   // Counts a batch taken at `now`: kOpened, a window starts at it; kClosed, the window ends at it
   // (batches() and seconds() describe it) and the next one starts.
   Step on_batch(Clock::time_point now, double min_seconds = kSeconds) {
     ++batches_;
     if (!open_) {
-      if (batches_ < kSettleBatches) return Step::kSettling;
+      if (batches_ < settle_) return Step::kSettling;
       open_ = true;
       batches_ = 0;
       t0_ = now;
       return Step::kOpened;
     }
     seconds_ = std::chrono::duration<double>(now - t0_).count();
-    if (batches_ < kBatches || seconds_ < min_seconds) return Step::kInside;
+    if (batches_ < min_batches_ || seconds_ < min_seconds) return Step::kInside;
     closed_batches_ = batches_;
     batches_ = 0;
     t0_ = now;
     return Step::kClosed;
   }
-  // No window until kSettleBatches more batches.
+  // The next window opens at the `settle`-th batch from now.
   void restart() {
     open_ = false;
     batches_ = 0;
@@ -48,6 +51,7 @@ class BatchWindow {
   double seconds() const { return seconds_; }
 
  private:
+  int min_batches_, settle_;
   bool open_ = false;
   int64_t batches_ = 0;  // since the window opened, or since restart()
   int64_t closed_batches_ = 0;

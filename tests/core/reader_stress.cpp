@@ -7,6 +7,7 @@
 #include <fcntl.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <chrono>
@@ -59,7 +60,7 @@ void run(const std::string& path, IoMode io, int threads, GatherIn gather) {
   opt.io = io;
   opt.gather = gather;
   // next()'s batches on two threads of its own, as torch's intra-op team would run them.
-  opt.parallel_for = [](int64_t n, const std::function<void(int64_t, int64_t, int)>& body) {
+  opt.parallel_for = [](int64_t n, int64_t, const std::function<void(int64_t, int64_t, int)>& body) {
     std::thread other([&] { body(n / 2, n, 1); });
     body(0, n / 2, 0);
     other.join();
@@ -136,17 +137,19 @@ void check_policy() {
     if (batch(0.2)) fail("a step that leaves a core idle was read in next()");
   if (p.last_step_cores() < 0.19 || p.last_step_cores() > 0.21) fail("step cores misread");
   // A busy step: next() by the end of the first window all of whose batches are busy; then the readers
-  // are tried for one window after 64, 128, 256, 512 and 512 batches.
+  // are tried for one window after 64, 128, 256, 512 and 512 batches. A window of 5 ms steps: 2 batches,
+  // and 20 ms.
+  const int window_batches = std::max<int>(GatherPolicy::kWindowBatches, BatchWindow::kSeconds / 0.005 + 0.5);
   int threads_run = 0;
   while (!batch(1.9))
-    if (++threads_run > 2 * BatchWindow::kBatches) return fail("busy step missed");
+    if (++threads_run > 2 * window_batches) return fail("busy step missed");
   for (int64_t want : {64, 128, 256, 512, 512}) {
     int64_t run = 1;
     while (batch(1.9)) ++run;
     if (run != want) fail("in next() for the wrong number of batches before the readers were tried again");
     int window = 1;
-    while (!batch(1.9))
-      if (++window > BatchWindow::kSettleBatches + BatchWindow::kBatches) return fail("retry window too long");
+    while (!batch(1.9)) ++window;
+    if (window != window_batches + 1) fail("retry window of the wrong length");
   }
   // The step turns idle: the next retry keeps the readers.
   int64_t run = 1;
