@@ -95,18 +95,23 @@ void BatchReader::fill_in_next_locked(std::unique_lock<std::mutex>& lk) {
   st.next_chunk = 0;
   const int s = st.ring[b % st.opt.prefetch];
   const WorkItem batch{st.gen, s, b, 0, 0, st.indices, st.epoch};
-  const int64_t chunks = st.batch_chunks(b);
+  const int64_t records = st.batch_records(b);
+  const int64_t piece = st.chunk_records;
   ++st.next_batches;
   lk.unlock();
-  std::vector<std::exception_ptr> errors(static_cast<size_t>(chunks));
+  std::vector<std::exception_ptr> errors(static_cast<size_t>(records));  // by a piece's first record
   std::atomic<int64_t> bytes{0};
   const auto t0 = Clock::now();
-  // Every failure stays in `errors` (the slot's error, raised by take_locked), none escapes: a slot left
-  // filling would never return to the pool.
+  // Each worker reads an even share of the records (at least a chunk's), in pieces of at most a chunk (what
+  // its buffers hold): shares of whole chunks split 11 chunks of ImageNet-like records 6:5 between two
+  // threads, and the step's parallel region waited for the larger. Every failure stays in `errors` (the
+  // slot's error, raised by take_locked), none escapes: a slot left filling would never return to the pool.
   auto body = [&](int64_t begin, int64_t end, int worker) {
     ThreadBuffers* tb = nullptr;
-    for (int64_t c = begin; c < end; ++c) {
-      const WorkItem w = chunk_of(st, batch, c);
+    for (int64_t first = begin; first < end; first += piece) {
+      WorkItem w = batch;
+      w.first = first;
+      w.count = std::min(piece, end - first);
       int64_t n = 0;
       try {
         if (!tb) {
@@ -119,14 +124,14 @@ void BatchReader::fill_in_next_locked(std::unique_lock<std::mutex>& lk) {
         read_chunk(st, w, *tb, &n);
         bytes += n;
       } catch (...) {
-        errors[static_cast<size_t>(c)] = std::current_exception();
+        errors[static_cast<size_t>(first)] = std::current_exception();
       }
     }
   };
   if (st.opt.parallel_for) {
-    st.opt.parallel_for(chunks, body);
+    st.opt.parallel_for(records, piece, body);
   } else {
-    body(0, chunks, 0);
+    body(0, records, 0);
   }
   st.read_ns += std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now() - t0).count();
   st.bytes_read += bytes.load();

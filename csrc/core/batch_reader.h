@@ -26,9 +26,11 @@
 
 namespace fastpipe {
 
-// Runs body(begin, end, worker) over [0, n) split among workers (torch's intra-op threads, from the ops
-// layer; `worker` numbers the thread running it); null: serially on the calling thread.
-using ParallelFor = std::function<void(int64_t n, const std::function<void(int64_t, int64_t, int)>& body)>;
+// Runs body(begin, end, worker) over [0, n) split among workers, at least `grain` each (torch's intra-op
+// threads, from the ops layer; `worker` numbers the thread running it); null: serially on the calling
+// thread.
+using ParallelFor =
+    std::function<void(int64_t n, int64_t grain, const std::function<void(int64_t, int64_t, int)>& body)>;
 
 // The user's settings (reader_config.h), resolved here: num_threads and prefetch 0 become the defaults for
 // the columns; and what the layers above add.

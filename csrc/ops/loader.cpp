@@ -164,8 +164,8 @@ class PyReader {
                         "Loader reads ahead on its copy stream and needs reader threads (num_threads >= 1)");
       // The batch's chunks on torch's intra-op threads: the ones a CPU training step keeps busy.
       if (opt.gather == GatherIn::kNext) opt.num_threads = at::get_num_threads();
-      opt.parallel_for = [](int64_t n, const std::function<void(int64_t, int64_t, int)>& body) {
-        at::parallel_for(0, n, 1, [&](int64_t begin, int64_t end) { body(begin, end, at::get_thread_num()); });
+      opt.parallel_for = [](int64_t n, int64_t grain, const std::function<void(int64_t, int64_t, int)>& body) {
+        at::parallel_for(0, n, grain, [&](int64_t begin, int64_t end) { body(begin, end, at::get_thread_num()); });
       };
     }
     const bool allocate = opt.when_full == WhenFull::kAllocate;
