@@ -111,13 +111,14 @@ struct ReaderState {
   // (parked): readers that take turns on one core only add switches and wake-ups between them, which
   // cost the training step beside them (a token batch's loop +1.5-2% with two readers on 2 cores against
   // one). Not where a column is read with O_DIRECT (step_back: those threads wait on the device). A
-  // change of spare_cpu wakes the readers it parks or lets read; it comes with a placement's decision
-  // or a wait of the consumer, not with each batch.
+  // change of spare_cpu wakes the readers it parks (where some may: num_threads >= cores) or lets read;
+  // it comes with a placement's decision or a wait of the consumer, not with each batch.
   std::condition_variable park_cv;
   int parked_readers = 0;
   bool parked(int reader) const { return step_back && spare_cpu >= 0 && reader >= cores - 1; }
   void set_spare_cpu_locked(int cpu) {
-    const bool park = spare_cpu < 0 && cpu >= 0, unpark = spare_cpu >= 0 && cpu < 0;
+    const bool park = spare_cpu < 0 && cpu >= 0 && step_back && opt.num_threads >= cores;
+    const bool unpark = spare_cpu >= 0 && cpu < 0 && parked_readers > 0;
     spare_cpu = cpu;
     if (park) work_cv.notify_all();
     if (unpark) park_cv.notify_all();
