@@ -79,7 +79,7 @@ class Loader(Resumable):
         For a training step that itself keeps every core busy with torch ops (CPU training with torch's
         default threads), where reader threads would compete with it for the cores; CPU batches only.
         Unset (CPU batches): reader threads, and the loader watches the CPU the training step uses
-        (every thread but its readers, per second, over windows of >= 8 batches and 20 ms). While the
+        (every thread but its readers, per second, over windows of >= 2 batches and 20 ms). While the
         step leaves less than half a core idle, ``next()`` reads the batches on torch's threads as with
         0, and the readers wait; they are tried again after 64 to 512 batches.
         ``stats()["gathering_in_next"]``, ``["next_batches"]`` and ``["step_cores"]`` show the choice.
