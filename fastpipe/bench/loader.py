@@ -581,7 +581,7 @@ def run(args, out) -> dict:
               title="Targets (issue 2; this 2-core VM, page-cached"
                     + ("; QUICK run, indicative only" if args.quick else "") + ")")
     out.note("Status uses the medians. 'range': the repetitions' values (min-max; the torch step: fastpipe's added "
-             "time minus index_select's, per repetition). 'best pass' compares each loader's least-disturbed pass "
+             "time minus index_select's, per repetition, whose median is in brackets and decides). 'best pass' compares each loader's least-disturbed pass "
              "(noise only slows a pass).")
     return {
         "settings": {"batch_sizes": {"cifar": CIFAR_BATCH, "imagenet": IMAGENET_BATCH, "tokens": TOKEN_BATCH},

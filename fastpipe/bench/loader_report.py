@@ -134,13 +134,15 @@ def summarize(results) -> list[dict]:
     # issue 21: a step whose torch ops use the cores the loader needs; the default, and num_threads=0
     for ds, (key, which) in itertools.product(("cifar", "imagenet"), (("fastpipe", "default"),
                                                                      ("fastpipe_0t", "num_threads=0"))):
+        # Each repetition runs both back to back: the median of their differences, as the ratios are
+        # medians of per-repetition ratios (the difference of the two medians ignores the pairing).
         v, peer = loader(ds, key, "torch_added_pct"), loader(ds, "index_select", "torch_added_pct")
+        diffs = [a - b for a, b in zip(loader(ds, key, "torch_added_pct_reps") or [],
+                                       loader(ds, "index_select", "torch_added_pct_reps") or [])]
         add(f"torch step: fastpipe {which} adds no more than torch.index_select in the loop, {ds}",
-            None if v is None or peer is None else v - peer, lambda a: a <= 0.0,
-            f"{pct(v)} vs {pct(peer)}", loader(ds, key, "torch_added_pct_best"),
-            reps=[a - b for a, b in zip(loader(ds, key, "torch_added_pct_reps") or [],
-                                        loader(ds, "index_select", "torch_added_pct_reps") or [])],
-            unit=lambda d: f"{d:+.1f}")
+            None if v is None or peer is None or not diffs else bc.median(diffs), lambda a: a <= 0.0,
+            f"{pct(v)} vs {pct(peer)} ({bc.median(diffs):+.1f})" if diffs else "-",
+            loader(ds, key, "torch_added_pct_best"), reps=diffs, unit=lambda d: f"{d:+.1f}")
     v = loader("cifar", "fastpipe_1t", "fastpipe_over_this")
     add("default threads >= 1.0x num_threads=1, cifar", v, lambda a: a >= 1.0, x(v),
         loader("cifar", "fastpipe_1t", "fastpipe_over_this_best"), reps=loader("cifar", "fastpipe_1t",
