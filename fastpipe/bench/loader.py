@@ -60,6 +60,7 @@ FULL_CAPS = {
     "tokens": {"default": 3000, "dl_sample_w0": 400, "dl_sample_w2": 400, "dl_batch_w2": 600, "mm_nanogpt": 600},
 }
 QUICK_CAPS = {"default": 30}
+WARMUP_FASTPIPE_BATCHES = 40  # a warm-up pass of fastpipe's rows: 2x its largest arena (prefetch 16 + 2 slots)
 FULL_REPS = 7
 OVERLAP_REPS = 5
 MIN_REPS = 3  # the fewest repetitions a time budget chooses for a loop: a median and a range
@@ -360,13 +361,14 @@ def run_dataset(name, spec, files, args, out, budget):
 
     # Warm-up: short passes of every loader (starts persistent DataLoader workers, touches code paths), twice:
     # the workers forked share the process's pages copy-on-write, and the first write to each page after a
-    # fork copies it, the Python objects' and fastpipe's arenas alike (the first passes after the forks ran
-    # at 0.13-0.19x the gather bound on --quick's CIFAR-like data, 5-7 M samples/s later).
+    # fork copies it, the Python objects' and fastpipe's arenas alike. fastpipe's passes are long enough to
+    # write every slot of its arena (prefetch + 2): the first timed pass after the forks otherwise took ~400
+    # page faults and read at 0.13-0.5x the gather bound on --quick's CIFAR-like data, 4-7 M samples/s later.
     for c in out.progress(cases * 2, desc=f"{name}: warm-up", unit="pass"):
         if c.error is not None:
             continue
         try:
-            timed_pass(c.make_iter, 5, warmup=1)
+            timed_pass(c.make_iter, WARMUP_FASTPIPE_BATCHES if c.kind == "fastpipe" else 5, warmup=1)
         except Exception as e:
             c.error = f"{type(e).__name__}: {e}"
             out.log(f"  {c.label}: failed in warm-up: {c.error}")
