@@ -171,7 +171,7 @@ BatchReader::BatchReader(std::vector<ColumnSpec> columns, ReaderOptions opt) : o
   for (const Column& c : st->columns) any_direct |= c.source && c.source->mode() == IoMode::kDirect;
   if (opt.num_threads == 0)
     opt.num_threads = default_num_threads(usable_cores(), any_direct, decodes);
-  st->step_back = !any_direct;
+  st->copying_readers = !any_direct;
   st->opt = opt;
   st->chunk_records = chunk_records(opt.batch_size, opt.num_threads, record_bytes_total, decodes);
 

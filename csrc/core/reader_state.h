@@ -110,26 +110,26 @@ struct ReaderState {
   // While the readers keep off the consumer's core, those beyond the cores left to them wait on park_cv
   // (parked): readers that take turns on one core only add switches and wake-ups between them, which
   // cost the training step beside them (a token batch's 78 us step: +0.6-1.6 points with two readers on
-  // 2 cores against one). Not where a column is read with O_DIRECT (step_back: those threads wait on the
-  // device). A change of spare_cpu wakes the readers it parks (where some may: num_threads >= cores) or
-  // lets read; it comes with a placement's decision or a wait of the consumer, not with each batch.
+  // 2 cores against one). Not where a column is read with O_DIRECT (copying_readers: those threads wait on
+  // the device). A change of spare_cpu wakes the readers it parks (where the last one may) or lets read;
+  // it comes with a placement's decision or a wait of the consumer, not with each batch.
   std::condition_variable park_cv;
   int parked_readers = 0;
-  bool parked(int reader) const { return step_back && spare_cpu >= 0 && reader >= cores - 1; }
+  bool parked(int reader) const { return copying_readers && spare_cpu >= 0 && reader >= cores - 1; }
   void set_spare_cpu_locked(int cpu) {
-    const bool park = spare_cpu < 0 && cpu >= 0 && step_back && opt.num_threads >= cores;
-    const bool unpark = spare_cpu >= 0 && cpu < 0 && parked_readers > 0;
+    const bool was_spared = spare_cpu >= 0;
     spare_cpu = cpu;
-    if (park) work_cv.notify_all();
-    if (unpark) park_cv.notify_all();
+    if (!was_spared && parked(opt.num_threads - 1)) work_cv.notify_all();
+    if (was_spared && cpu < 0 && parked_readers > 0) park_cv.notify_all();
   }
   // Threads reading chunks now: readers, and next() (help_locked). A reader that would make them more
   // than the cores steps back to polling while next() reads (reader_loop): three threads copying on two
-  // cores lose 4-10% to switching between them, and next() is the reader that must not wait. Not where
-  // a column is read with O_DIRECT: those threads wait on the device, whose random reads need many in
-  // flight (stepping back, 16 readers kept about 2 reads in flight: 63% of dd's sequential rate).
+  // cores lose 4-10% to switching between them, and next() is the reader that must not wait. Only where
+  // the readers copy (copying_readers: no column read with O_DIRECT; those threads wait on the device,
+  // whose random reads need many in flight: stepping back, 16 readers kept about 2 reads in flight, 63%
+  // of dd's sequential rate), as parking.
   int cores = 1;
-  bool step_back = true;
+  bool copying_readers = true;
   int readers_reading = 0;
   int consumers_reading = 0;  // threads in next() reading a chunk (more than one may call next())
 

@@ -142,7 +142,7 @@ void reader_loop(std::shared_ptr<ReaderState> sp, int thread_index) {
       st.park(lk, thread_index);
       continue;
     }
-    if (st.step_back && st.consumers_reading > 0 &&
+    if (st.copying_readers && st.consumers_reading > 0 &&
         st.readers_reading + st.consumers_reading + 1 > st.cores) {  // see cores
       ++st.stepped_back;
       st.work_cv.wait_for(lk, kPollInterval);

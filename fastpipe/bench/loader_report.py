@@ -139,9 +139,9 @@ def summarize(results) -> list[dict]:
         v, peer = loader(ds, key, "torch_added_pct"), loader(ds, "index_select", "torch_added_pct")
         diffs = [a - b for a, b in zip(loader(ds, key, "torch_added_pct_reps") or [],
                                        loader(ds, "index_select", "torch_added_pct_reps") or [])]
+        d = bc.median(diffs) if diffs and v is not None and peer is not None else None
         add(f"torch step: fastpipe {which} adds no more than torch.index_select in the loop, {ds}",
-            None if v is None or peer is None or not diffs else bc.median(diffs), lambda a: a <= 0.0,
-            f"{pct(v)} vs {pct(peer)} ({bc.median(diffs):+.1f})" if diffs else "-",
+            d, lambda a: a <= 0.0, f"{pct(v)} vs {pct(peer)} ({d:+.1f})" if d is not None else "-",
             loader(ds, key, "torch_added_pct_best"), reps=diffs, unit=lambda d: f"{d:+.1f}")
     v = loader("cifar", "fastpipe_1t", "fastpipe_over_this")
     add("default threads >= 1.0x num_threads=1, cifar", v, lambda a: a >= 1.0, x(v),
