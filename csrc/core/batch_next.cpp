@@ -102,7 +102,7 @@ void BatchReader::fill_in_next_locked(std::unique_lock<std::mutex>& lk) {
   std::vector<std::exception_ptr> errors(static_cast<size_t>(records));  // by a piece's first record
   std::atomic<int64_t> bytes{0};
   const auto t0 = Clock::now();
-  // Each worker reads an even share of the records (at least a chunk's), in pieces of at most a chunk (what
+  // Each worker reads an even share of the records (at least share_records), in pieces of at most a chunk (what
   // its buffers hold): shares of whole chunks split 11 chunks of ImageNet-like records 6:5 between two
   // threads, and the step's parallel region waited for the larger. Every failure stays in `errors` (the
   // slot's error, raised by take_locked), none escapes: a slot left filling would never return to the pool.
@@ -129,7 +129,7 @@ void BatchReader::fill_in_next_locked(std::unique_lock<std::mutex>& lk) {
     }
   };
   if (st.opt.parallel_for) {
-    st.opt.parallel_for(records, piece, body);
+    st.opt.parallel_for(records, st.share_records, body);
   } else {
     body(0, records, 0);
   }

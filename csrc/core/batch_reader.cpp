@@ -173,7 +173,8 @@ BatchReader::BatchReader(std::vector<ColumnSpec> columns, ReaderOptions opt) : o
     opt.num_threads = default_num_threads(usable_cores(), any_direct, decodes);
   st->copying_readers = !any_direct;
   st->opt = opt;
-  st->chunk_records = chunk_records(opt.batch_size, opt.num_threads, record_bytes_total, decodes);
+  st->chunk_records = chunk_records(opt.batch_size, opt.prefetch, opt.num_threads, record_bytes_total, decodes);
+  st->share_records = share_records(record_bytes_total, decodes);
 
   // One allocation for every slot; touched now so that the first batches do not pay page faults.
   st->arena = std::make_unique<AlignedBuffer>(static_cast<size_t>(st->slot_bytes * opt.num_slots));

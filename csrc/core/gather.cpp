@@ -17,10 +17,8 @@ int64_t align_up(int64_t v, int64_t a) { return (v + a - 1) / a * a; }
 // Records smaller than this are read with no read-ahead (in random order it fetches other batches'
 // pages); larger ones keep the kernel's read-ahead, which then runs within the record.
 constexpr int64_t kSmallRecord = 64 << 10;
-// A work item (chunk) carries at most about this many bytes (large enough for sequential records to
-// coalesce into big reads), and a batch has at least one chunk per thread where it can, but no chunk
-// is smaller than kMinChunkBytes: below that, handing work between threads costs more than it saves.
-constexpr int64_t kChunkBytes = 1 << 20;
+// A work item (chunk) of copied records carries no less than this: below it, handing work between
+// threads costs more than it saves.
 constexpr int64_t kMinChunkBytes = 256 << 10;
 // Reader threads by default: the usable cores up to 8 for gathers (memory-bound copies), every core but
 // the training loop's for records that decode (CPU-bound: an H200's 16 cores fed at most 8 readers and
@@ -122,13 +120,16 @@ int default_prefetch(int64_t batch_bytes) {
   return static_cast<int>(std::clamp<int64_t>((kPrefetchBytes + bytes - 1) / bytes, kMinPrefetch, kMaxPrefetch));
 }
 
-int64_t chunk_records(int64_t batch_size, int num_threads, int64_t record_bytes, bool decodes) {
-  const int64_t per_thread = (batch_size + num_threads - 1) / num_threads;
-  if (decodes) return std::clamp<int64_t>(per_thread, 1, kImageChunk);
-  const int64_t bytes = std::max<int64_t>(1, record_bytes);
-  const int64_t at_least = std::max<int64_t>(1, kMinChunkBytes / bytes);
-  const int64_t at_most = std::max<int64_t>(1, kChunkBytes / bytes);
-  return std::min(at_most, std::max(at_least, per_thread));
+int64_t chunk_records(int64_t batch_size, int prefetch, int num_threads, int64_t record_bytes, bool decodes) {
+  if (decodes) return std::clamp<int64_t>((batch_size + num_threads - 1) / num_threads, 1, kImageChunk);
+  // Two chunks in the read-ahead window for each reader thread and for next(), which reads beside them.
+  const int64_t per_batch = (2 * (static_cast<int64_t>(num_threads) + 1) + prefetch - 1) / std::max(prefetch, 1);
+  const int64_t records = (batch_size + per_batch - 1) / per_batch;
+  return std::min(batch_size, std::max(share_records(record_bytes, false), records));
+}
+
+int64_t share_records(int64_t record_bytes, bool decodes) {
+  return decodes ? 1 : std::max<int64_t>(1, kMinChunkBytes / std::max<int64_t>(1, record_bytes));
 }
 
 int64_t mem_available_bytes() {

@@ -67,6 +67,7 @@ struct ReaderState {
   int64_t slot_bytes = 0;
   int64_t index_offset = 0;  // of the sample indices in a slot (ReaderOptions::index_output)
   int64_t chunk_records = 1;
+  int64_t share_records = 1;  // next()'s smallest share of a batch it reads itself, per torch thread
   std::unique_ptr<AlignedBuffer> arena;
   pid_t owner_pid = 0;
   // GatherIn::kNext and kAuto: each parallel worker's buffers, made at its first chunk.

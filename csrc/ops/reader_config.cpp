@@ -168,6 +168,8 @@ type is a TypeError and a wrong value a ValueError, naming the setting. ``fields
   m.def("_default_num_threads", &default_num_threads, py::arg("cores"), py::arg("any_direct"),
         py::arg("decodes") = false);
   m.def("_default_prefetch", &default_prefetch, py::arg("batch_bytes"));
+  m.def("_chunk_records", &chunk_records, py::arg("batch_size"), py::arg("prefetch"), py::arg("num_threads"),
+        py::arg("record_bytes"), py::arg("decodes") = false);
 }
 
 }  // namespace fastpipe
