@@ -17,8 +17,11 @@ int64_t align_up(int64_t v, int64_t a) { return (v + a - 1) / a * a; }
 // Records smaller than this are read with no read-ahead (in random order it fetches other batches'
 // pages); larger ones keep the kernel's read-ahead, which then runs within the record.
 constexpr int64_t kSmallRecord = 64 << 10;
-// A work item (chunk) of copied records carries no less than this: below it, handing work between
-// threads costs more than it saves.
+// A work item (chunk) of copied records carries no less than kMinChunkBytes (below it, handing work
+// between threads costs more than it saves) and no more than about kChunkBytes: a longer one holds its
+// reader longer than a step waits for its batch (ImageNet-like chunks of 3.3 MB on 2 cores: the loop
+// waited on enough batches that the readers kept off its core for 9-64% of a busy step's batches, not 90%).
+constexpr int64_t kChunkBytes = 1 << 20;
 constexpr int64_t kMinChunkBytes = 256 << 10;
 // Reader threads by default: the usable cores up to 8 for gathers (memory-bound copies), every core but
 // the training loop's for records that decode (CPU-bound: an H200's 16 cores fed at most 8 readers and
@@ -125,7 +128,8 @@ int64_t chunk_records(int64_t batch_size, int prefetch, int num_threads, int64_t
   // Two chunks in the read-ahead window for each reader thread and for next(), which reads beside them.
   const int64_t per_batch = (2 * (static_cast<int64_t>(num_threads) + 1) + prefetch - 1) / std::max(prefetch, 1);
   const int64_t records = (batch_size + per_batch - 1) / per_batch;
-  return std::min(batch_size, std::max(share_records(record_bytes, false), records));
+  const int64_t at_most = std::max<int64_t>(1, kChunkBytes / std::max<int64_t>(1, record_bytes));
+  return std::min({batch_size, at_most, std::max(share_records(record_bytes, false), records)});
 }
 
 int64_t share_records(int64_t record_bytes, bool decodes) {

@@ -53,9 +53,9 @@ int default_prefetch(int64_t batch_bytes);
 // Records per work item (chunk) of a batch. Records that decode (images, milliseconds each): at most
 // kImageChunk, small chunks that keep the threads evenly busy. Records that are copied: as few chunks as
 // leave each reader thread, and next() reading beside them, two in the read-ahead window (`prefetch`
-// batches), each at least share_records(): every hand-off of a chunk takes the loader's lock and often
-// wakes a thread (issue 41, 2 cores, loader alone: CIFAR-like batches of 512 in chunks of 171 / 256 /
-// 340 / 512 records read 0.98 / 1 / 1.03 / 1.09x as fast, ImageNet-like chunks of 6 / 32 records 1 / 1.13x).
+// batches), each at least share_records() and at most about 1 MiB: every hand-off of a chunk takes the
+// loader's lock and often wakes a thread (issue 41, 2 cores, loader alone: CIFAR-like batches of 512 in
+// chunks of 171 / 256 / 340 / 512 records read 0.98 / 1 / 1.03 / 1.09x as fast).
 int64_t chunk_records(int64_t batch_size, int prefetch, int num_threads, int64_t record_bytes, bool decodes = false);
 // The fewest records next() gives one of torch's threads when it reads a batch itself (at least
 // kMinChunkBytes' worth of copied records, one image).

@@ -425,10 +425,10 @@ def test_default_prefetch_policy(batch_bytes, prefetch):
 
 @pytest.mark.parametrize(
     "batch,prefetch,threads,record,decodes,chunk",
-    [(512, 6, 2, 3080, False, 512),  # CIFAR-like on 2 cores: 6 chunks in the window, one a batch
+    [(512, 6, 2, 3080, False, 340),  # CIFAR-like on 2 cores: 6 chunks in the window, one a batch up to 1 MiB
      (512, 6, 8, 3080, False, 171),  # 18 chunks: 3 a batch
      (513, 6, 8, 3080, False, 171),  # a partial last chunk
-     (64, 2, 2, 150536, False, 22),  # ImageNet-like: 3 a batch
+     (64, 2, 2, 150536, False, 6),  # ImageNet-like: 3 a batch, up to 1 MiB
      (64, 2, 16, 150536, False, 4),  # O_DIRECT's 16 readers: 17 a batch
      (7, 2, 64, 150536, False, 1),  # more chunks wanted than records
      (32, 16, 2, 2050, False, 32),  # token windows: at least 256 KiB a chunk, at most the batch
@@ -438,7 +438,7 @@ def test_default_prefetch_policy(batch_bytes, prefetch):
 )
 def test_chunk_policy(batch, prefetch, threads, record, decodes, chunk):
     """Copied records: as few chunks as leave each reader thread and next() two in the read-ahead window,
-    each at least 256 KiB (or the batch); images: at most 4 a chunk."""
+    each at least 256 KiB (or the batch) and at most 1 MiB; images: at most 4 a chunk."""
     assert fastpipe._C._chunk_records(batch, prefetch, threads, record, decodes) == chunk
 
 
