@@ -20,7 +20,8 @@ constexpr int64_t kSmallRecord = 64 << 10;
 // A work item (chunk) of copied records carries no less than kMinChunkBytes (below it, handing work
 // between threads costs more than it saves) and no more than about kChunkBytes: a longer one holds its
 // reader longer than a step waits for its batch (ImageNet-like chunks of 3.3 MB on 2 cores: the loop
-// waited on enough batches that the readers kept off its core for 9-64% of a busy step's batches, not 90%).
+// waited on enough batches that the readers kept off its core for 37-57% of a sleeping step's batches,
+// not 81-93%).
 constexpr int64_t kChunkBytes = 1 << 20;
 constexpr int64_t kMinChunkBytes = 256 << 10;
 // Reader threads by default: the usable cores up to 8 for gathers (memory-bound copies), every core but
